@@ -1,0 +1,225 @@
+"""Exceptions and the stable error codes stored on ``jobs.error_code``.
+
+::
+
+    ReconcileError                      code: INTERNAL
+    ├── InvalidParam                    INVALID_PARAM (400)
+    ├── InsufficientCredits             INSUFFICIENT_CREDITS (402)
+    ├── LedgerError                     a ledger invariant was about to break
+    ├── JobNotFound                     JOB_NOT_FOUND (404)
+    ├── Conflict                        SUBMISSION_RECONCILIATION_REQUIRED | JOB_NOT_CANCELABLE (409)
+    ├── ProviderError                   any upstream answer we cannot use as success
+    │   ├── CreateRejected              the provider confirmed it did NOT create (terminal)
+    │   ├── CreateRateLimited           429 / KIE 455: documented as not created; retry later
+    │   ├── CreateUncertain             transport error, timeout, 5xx, unparseable 2xx: unknown
+    │   ├── SyncCallFailed              a sync call failed; nothing to look up later
+    │   ├── ReadFailed                  a status/result read failed (retryable)
+    │   └── MalformedResponse           a 2xx we cannot parse
+    ├── MediaError                      fetching or storing an output
+    │   ├── UnsafeMediaURL              scheme / address refused (SSRF guard)
+    │   ├── MediaTooLarge
+    │   ├── MediaExpired                403/404 on a result URL
+    │   └── MediaFetchFailed            other fetch failures (retryable)
+    └── WebhookError                    a delivery we refuse (HTTP 400/401)
+        ├── WebhookSignatureError
+        ├── WebhookTimestampError
+        └── WebhookPayloadError
+
+Dashboards read ``code``, never message text.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    INVALID_PARAM = "INVALID_PARAM"
+    INSUFFICIENT_CREDITS = "INSUFFICIENT_CREDITS"
+    UPSTREAM_INVALID_INPUT = "UPSTREAM_INVALID_INPUT"
+    UPSTREAM_SUBMISSION_FAILED = "UPSTREAM_SUBMISSION_FAILED"
+    UPSTREAM_RATE_LIMITED = "UPSTREAM_RATE_LIMITED"
+    UPSTREAM_SUBMISSION_UNCERTAIN = "UPSTREAM_SUBMISSION_UNCERTAIN"
+    UPSTREAM_TIMEOUT = "UPSTREAM_TIMEOUT"
+    UPSTREAM_FAILED = "UPSTREAM_FAILED"
+    UPSTREAM_WEBHOOK_ERROR = "UPSTREAM_WEBHOOK_ERROR"
+    UPSTREAM_EMPTY_RESULT = "UPSTREAM_EMPTY_RESULT"
+    UPSTREAM_UNKNOWN_STATUS = "UPSTREAM_UNKNOWN_STATUS"
+    UPSTREAM_TASK_NOT_FOUND = "UPSTREAM_TASK_NOT_FOUND"
+    UPSTREAM_MEDIA_EXPIRED = "UPSTREAM_MEDIA_EXPIRED"
+    RECONCILE_NO_RECOVERY = "RECONCILE_NO_RECOVERY"
+    CANCELED = "CANCELED"
+    JOB_NOT_FOUND = "JOB_NOT_FOUND"
+    SUBMISSION_RECONCILIATION_REQUIRED = "SUBMISSION_RECONCILIATION_REQUIRED"
+    JOB_NOT_CANCELABLE = "JOB_NOT_CANCELABLE"
+    INTERNAL = "INTERNAL"
+
+
+RAW_BODY_LIMIT = 4096  # bytes of a provider body kept for evidence
+
+
+def bounded(text: str | bytes | None, limit: int = RAW_BODY_LIMIT) -> str | None:
+    """A provider body cut to ``limit`` characters, safe to store on the row."""
+    if text is None:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    return text if len(text) <= limit else text[:limit] + "…[truncated]"
+
+
+class ReconcileError(Exception):
+    """Internal error."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or self.code).strip().splitlines()[0])
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidParam(ReconcileError):
+    """The request is invalid."""
+
+    code = ErrorCode.INVALID_PARAM
+
+    def __init__(self, message: str | None = None, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class InsufficientCredits(ReconcileError):
+    """The balance is too low for this job."""
+
+    code = ErrorCode.INSUFFICIENT_CREDITS
+
+
+class LedgerError(ReconcileError):
+    """The credit ledger refused an operation that would unbalance it."""
+
+
+class JobNotFound(ReconcileError):
+    """No such job."""
+
+    code = ErrorCode.JOB_NOT_FOUND
+
+
+class Conflict(ReconcileError):
+    """The job cannot change that way now."""
+
+    def __init__(self, code: ErrorCode, message: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ProviderError(ReconcileError):
+    """The provider's answer cannot be used as a success."""
+
+    code = ErrorCode.UPSTREAM_FAILED
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        code: ErrorCode | None = None,
+        status: int | None = None,
+        provider_code: str | None = None,
+        request_id: str | None = None,
+        body: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.status = status
+        self.provider_code = provider_code
+        self.request_id = request_id
+        self.body = bounded(body)
+        self.retry_after = retry_after
+
+    def detail(self) -> dict[str, Any]:
+        """What is stored in ``jobs.error_detail`` (never invented: absent keys stay absent)."""
+        out: dict[str, Any] = {}
+        for key in ("status", "provider_code", "request_id", "body", "retry_after"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        out["message"] = self.message
+        return out
+
+
+class CreateRejected(ProviderError):
+    """The provider rejected the submission; nothing was created."""
+
+    code = ErrorCode.UPSTREAM_SUBMISSION_FAILED
+
+
+class CreateRateLimited(ProviderError):
+    """The provider rate-limited the submission; it is documented as not created."""
+
+    code = ErrorCode.UPSTREAM_RATE_LIMITED
+
+
+class CreateUncertain(ProviderError):
+    """The submission's outcome is unknown; never resubmit it blindly."""
+
+    code = ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN
+
+
+class SyncCallFailed(ProviderError):
+    """A synchronous provider call failed."""
+
+    code = ErrorCode.UPSTREAM_FAILED
+
+
+class ReadFailed(ProviderError):
+    """A status or result read failed; it may be retried."""
+
+    code = ErrorCode.UPSTREAM_FAILED
+
+
+class MalformedResponse(ProviderError):
+    """The provider answered with a body we cannot parse."""
+
+    code = ErrorCode.UPSTREAM_UNKNOWN_STATUS
+
+
+class MediaError(ReconcileError):
+    """An output could not be fetched or stored."""
+
+
+class UnsafeMediaURL(MediaError):
+    """The media URL is not allowed (scheme or resolved address)."""
+
+
+class MediaTooLarge(MediaError):
+    """The media body exceeds the size bound."""
+
+
+class MediaExpired(MediaError):
+    """The media URL has expired (403/404)."""
+
+    code = ErrorCode.UPSTREAM_MEDIA_EXPIRED
+
+
+class MediaFetchFailed(MediaError):
+    """The media could not be fetched; it may be retried."""
+
+
+class WebhookError(ReconcileError):
+    """The webhook delivery was refused."""
+
+
+class WebhookSignatureError(WebhookError):
+    """The webhook signature is missing or wrong."""
+
+
+class WebhookTimestampError(WebhookError):
+    """The webhook timestamp is missing or outside the tolerance."""
+
+
+class WebhookPayloadError(WebhookError):
+    """The webhook body is not a payload we understand."""

@@ -1,0 +1,127 @@
+"""HTTP discipline shared by every provider client.
+
+* every request has explicit connect and read timeouts;
+* :meth:`HttpClient.read` retries GETs (and other reads) on 429/5xx and transport errors with
+  exponential backoff, honouring ``Retry-After``;
+* :meth:`HttpClient.send_once` never retries: creates go through it, and the caller classifies
+  the outcome (a create is never blindly retried — see DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import requests
+
+from ..errors import ReadFailed
+
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
+
+
+def parse_retry_after(value: str | None, *, now: Callable[[], datetime] | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date), or None."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    current = now() if now else datetime.now(UTC)
+    return max(0.0, (when - current).total_seconds())
+
+
+class HttpClient:
+    """A thin wrapper over an injected ``requests.Session`` bound to one base URL."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        session: requests.Session | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+        read_retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.headers = dict(headers or {})
+        self.session = session or requests.Session()
+        self.timeout = (connect_timeout, read_timeout)
+        self.read_retries = read_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.sleep = sleep
+
+    def url(self, path: str) -> str:
+        if path.startswith(("http://", "https://")):
+            return path
+        return f"{self.base_url}/{path.lstrip('/')}"
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        timeout = kwargs.pop("timeout", self.timeout)
+        return self.session.request(method, self.url(path), headers=headers, timeout=timeout, **kwargs)
+
+    def send_once(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """One attempt, no retry. Transport errors propagate (``requests.RequestException``)."""
+        return self._request(method, path, **kwargs)
+
+    def read(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """A read: retried on 429/5xx and transport errors; returns the last response.
+
+        Raises :class:`ReadFailed` when every attempt failed at the transport level.
+        """
+        attempt = 0
+        while True:
+            try:
+                response = self._request(method, path, **kwargs)
+            except requests.RequestException as exc:
+                if attempt >= self.read_retries:
+                    raise ReadFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
+                self.sleep(self._delay(attempt, None))
+                attempt += 1
+                continue
+            if response.status_code not in RETRYABLE_STATUSES or attempt >= self.read_retries:
+                return response
+            if response.headers.get("x-should-retry", "").lower() == "false":
+                return response
+            self.sleep(self._delay(attempt, parse_retry_after(response.headers.get("Retry-After"))))
+            attempt += 1
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.max_backoff)
+        return min(self.backoff * (2**attempt), self.max_backoff)
+
+
+def json_or_none(response: requests.Response) -> Any:
+    """The response's JSON, or None when the body is not JSON."""
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def header(response: requests.Response, *names: str) -> str | None:
+    """The first present header among ``names`` (e.g. the provider's request id)."""
+    for name in names:
+        value = response.headers.get(name)
+        if value:
+            return value
+    return None

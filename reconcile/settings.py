@@ -1,0 +1,74 @@
+"""The one place the environment is read.
+
+Every setting is ``RECONCILE_<NAME>``; build a :class:`Settings` at the edge (worker start,
+CLI, request handler) and pass it in. Durations in the library are ``timedelta`` and are
+multiplied by ``TIME_SCALE`` (demo and tests only) through :meth:`Settings.scaled`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SQLITE_URL = "sqlite:///reconcile.db"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RECONCILE_", extra="ignore")
+
+    # Storage and plumbing
+    database_url: str = DEFAULT_SQLITE_URL
+    broker_url: str = "filesystem://"
+    broker_folder: str = ".reconcile-broker"
+    storage_url: str = "file://./reconcile-media"
+    s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+    media_public_base_url: str | None = None
+    media_allowed_hosts: list[str] = Field(default_factory=list)
+    media_max_bytes: int = 512 * 1024 * 1024
+    media_timeout: float = 120.0
+    webhook_base_url: str | None = None
+    events_redis_url: str | None = None
+
+    # Sweep
+    sweep_interval: float = 300.0  # seconds
+    legacy_sweep: bool = True
+    legacy_exclude_job_types: list[str] = Field(default_factory=list)
+    observe_only_kinds: list[str] = Field(default_factory=list)
+    sweep_time_budget: float = 20.0  # seconds handled inline per tick
+    time_scale: float = 1.0
+
+    # Providers
+    kie_base_url: str = "https://api.kie.ai"
+    kie_api_key: str = ""
+    replicate_base_url: str = "https://api.replicate.com"
+    replicate_api_key: str = ""
+    elevenlabs_base_url: str = "https://api.elevenlabs.io"
+    elevenlabs_api_key: str = ""
+    fal_base_url: str = "https://queue.fal.run"
+    fal_sync_base_url: str = "https://fal.run"
+    fal_api_key: str = ""
+    anthropic_base_url: str = "https://api.anthropic.com"
+    anthropic_api_key: str = ""
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    sync_read_timeout: float = 300.0
+
+    # Webhook secrets
+    replicate_webhook_secret: str | None = None
+    kie_webhook_hmac_key: str | None = None
+    elevenlabs_webhook_secret: str | None = None
+    fal_jwks_url: str = "https://rest.fal.ai/.well-known/jwks.json"
+
+    def scaled(self, duration: timedelta) -> timedelta:
+        """``duration`` multiplied by ``TIME_SCALE`` (1.0 in production)."""
+        return duration * self.time_scale
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings read from the environment (edges only)."""
+    return Settings()
