@@ -1,0 +1,175 @@
+"""Helpers shared by the Alembic revisions, and a programmatic ``upgrade``/``downgrade``.
+
+PostgreSQL gets deploy-safe DDL: a ``lock_timeout``, ``ADD COLUMN IF NOT EXISTS`` (no table
+rewrite: constant defaults are metadata-only since PG 11), ``CREATE INDEX CONCURRENTLY IF NOT
+EXISTS`` outside the transaction. What the library creates on a platform's tables is recorded in
+``reconcile_created_objects`` so a downgrade removes exactly that and nothing of the platform's.
+SQLite (embedded default) takes the same steps through the inspector.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import op
+
+LOCK_TIMEOUT = "5s"
+# an upper bound for any one statement (a concurrent index build over a large jobs table is the
+# slowest); a migration that needs longer should be run by hand
+STATEMENT_TIMEOUT = "30min"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def is_pg() -> bool:
+    return op.get_context().dialect.name == "postgresql"
+
+
+def set_lock_timeout() -> None:
+    """Fail fast rather than queue behind a long transaction and block the platform's traffic."""
+    if is_pg():
+        op.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+        op.execute(f"SET statement_timeout = '{STATEMENT_TIMEOUT}'")
+
+
+def _sqlite_has_table(name: str) -> bool:
+    return sa.inspect(op.get_bind()).has_table(name)
+
+
+def sqlite_has_column(table: str, column: str) -> bool:
+    return any(c["name"] == column for c in sa.inspect(op.get_bind()).get_columns(table))
+
+
+def record(name: str) -> None:
+    op.execute(
+        sa.text("INSERT INTO reconcile_created_objects (name) VALUES (:n)").bindparams(n=name)
+        if not is_pg()
+        else f"INSERT INTO reconcile_created_objects (name) VALUES ('{name}') ON CONFLICT DO NOTHING"
+    )
+
+
+def create_table_if_absent(name: str, pg_ddl: str, sqlite_ddl: str | None = None) -> None:
+    """Create a platform table only where the platform does not have it, and remember that."""
+    if is_pg():
+        op.execute(
+            f"""DO $$ BEGIN
+  IF to_regclass('{name}') IS NULL THEN
+    {pg_ddl};
+    INSERT INTO reconcile_created_objects (name) VALUES ('table:{name}');
+  END IF;
+END $$"""
+        )
+    elif not _sqlite_has_table(name):
+        op.execute(sqlite_ddl or pg_ddl)
+        record(f"table:{name}")
+
+
+def add_column_if_absent(table: str, column: str, ddl_type: str) -> None:
+    """Add a column the platform may lack, and remember that the library added it."""
+    if is_pg():
+        op.execute(
+            f"""DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                 WHERE table_schema = current_schema() AND table_name = '{table}'
+                   AND column_name = '{column}') THEN
+    ALTER TABLE {table} ADD COLUMN {column} {ddl_type};
+    INSERT INTO reconcile_created_objects (name) VALUES ('column:{table}.{column}');
+  END IF;
+END $$"""
+        )
+    elif not sqlite_has_column(table, column):
+        op.execute(f"ALTER TABLE {table} ADD COLUMN {column} {ddl_type}")
+        record(f"column:{table}.{column}")
+
+
+def record_missing_columns(table: str, columns: list[str]) -> None:
+    """Before an ``ADD COLUMN IF NOT EXISTS``, note which of ``columns`` the library will add."""
+    if is_pg():
+        values = ", ".join(f"('{c}')" for c in columns)
+        op.execute(
+            f"""INSERT INTO reconcile_created_objects (name)
+SELECT 'column:{table}.' || c.name FROM (VALUES {values}) AS c(name)
+WHERE NOT EXISTS (SELECT 1 FROM information_schema.columns
+                  WHERE table_schema = current_schema() AND table_name = '{table}'
+                    AND column_name = c.name)
+ON CONFLICT DO NOTHING"""
+        )
+    else:
+        for column in columns:
+            if not sqlite_has_column(table, column):
+                record(f"column:{table}.{column}")
+
+
+def create_index_concurrently(name: str, table: str, columns: str, where: str | None = None) -> None:
+    """``CREATE INDEX CONCURRENTLY IF NOT EXISTS`` outside the migration's transaction (PG)."""
+    predicate = f" WHERE {where}" if where else ""
+    if is_pg():
+        with op.get_context().autocommit_block():
+            op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} ({columns}){predicate}")
+        set_lock_timeout()  # the autocommit block ran on the same session; keep the guard
+    else:
+        op.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns}){predicate}")
+
+
+def drop_index_concurrently(name: str) -> None:
+    if is_pg():
+        with op.get_context().autocommit_block():
+            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+    else:
+        op.execute(f"DROP INDEX IF EXISTS {name}")
+
+
+def drop_recorded(prefix: str, only: set[str] | None = None) -> None:
+    """Drop what the library recorded creating: every ``table:`` or ``column:`` record, or just
+    the records named in ``only``. Objects the platform had before are never recorded."""
+    bind = op.get_bind()
+    names = [
+        row[0]
+        for row in bind.execute(
+            sa.text("SELECT name FROM reconcile_created_objects WHERE name LIKE :p ORDER BY name"),
+            {"p": prefix + "%"},
+        )
+        if only is None or row[0] in only
+    ]
+    for name in names:
+        target = name[len(prefix):]
+        if prefix == "table:":
+            op.execute(f"DROP TABLE IF EXISTS {target}")
+        else:
+            table, column = target.split(".", 1)
+            if is_pg():
+                op.execute(f"ALTER TABLE {table} DROP COLUMN IF EXISTS {column}")
+            elif sqlite_has_column(table, column):
+                op.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        bind.execute(sa.text("DELETE FROM reconcile_created_objects WHERE name = :n"), {"n": name})
+
+
+def alembic_config(url: str):  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ROOT / "alembic"))
+    cfg.cmd_opts = None
+    cfg.attributes["x_url"] = url
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Run the library's migrations on ``url`` (what ``alembic -x url=… upgrade head`` does)."""
+    from alembic import command
+
+    command.upgrade(_with_x(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    from alembic import command
+
+    command.downgrade(_with_x(url), revision)
+
+
+def _with_x(url: str):  # type: ignore[no-untyped-def]
+    from argparse import Namespace
+
+    cfg = alembic_config(url)
+    cfg.cmd_opts = Namespace(x=[f"url={url}"])
+    return cfg

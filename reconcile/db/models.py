@@ -1,0 +1,262 @@
+"""The schema: the platform's tables the library works on, and the library's own.
+
+The platform tables (``jobs``, ``usage_logs``, ``workflow_executions``) are mapped with the
+columns of DESIGN.md §2.1 plus the library's additions (§2.2). Migrations in ``alembic/``
+create exactly this (``alembic check`` proves it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Numeric,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    func,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from .types import JSONType, UTCDateTime
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+BIGID = BigInteger().with_variant(Integer, "sqlite")
+IN_FLIGHT = text("status IN ('pending', 'processing')")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    # --- the platform's columns (DESIGN.md §2.1) ---
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    user_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    job_type: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    input_data: Mapped[Any | None] = mapped_column(JSONType)
+    output_data: Mapped[Any | None] = mapped_column(JSONType)
+    error_message: Mapped[str | None] = mapped_column(Text)
+    progress: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    should_watermark: Mapped[bool | None] = mapped_column(Boolean)
+    is_public: Mapped[bool | None] = mapped_column(Boolean)
+    workflow_execution_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    node_id: Mapped[str | None] = mapped_column(Text)
+    provider: Mapped[str | None] = mapped_column(Text)
+    provider_cost: Mapped[Decimal | None] = mapped_column(Numeric(12, 6))
+    display_cost: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=func.now())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    # --- seed migration 135 ---
+    provider_kind: Mapped[str | None] = mapped_column(Text)
+    provider_task_id: Mapped[str | None] = mapped_column(Text)
+    provider_call_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    reconcile_attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    reconcile_last_error: Mapped[str | None] = mapped_column(Text)
+
+    # --- the library's columns (DESIGN.md §2.2) ---
+    # NULL: a row the library never submitted (legacy or another subsystem's)
+    submission_state: Mapped[str | None] = mapped_column(Text)
+    provider_model: Mapped[str | None] = mapped_column(Text)
+    claim_token: Mapped[str | None] = mapped_column(Text)
+    claim_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    poll_generation: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    poll_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    poll_lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    error_code: Mapped[str | None] = mapped_column(Text)
+    error_detail: Mapped[Any | None] = mapped_column(JSONType)
+    credits_actual: Mapped[int | None] = mapped_column(BigInteger)
+    # settlement retry time only (never a poll schedule); only the library sets it
+    next_poll_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    settle_attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    reconcile_last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    create_not_before: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    create_rate_limit_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    create_enqueue_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    create_enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index("jobs_inflight_idx", "provider_call_started_at",
+              postgresql_where=IN_FLIGHT, sqlite_where=IN_FLIGHT),
+        # failed/cancelled rows whose refund has not settled: only the library sets next_poll_at
+        Index("jobs_unsettled_idx", "next_poll_at",
+              postgresql_where=text("next_poll_at IS NOT NULL"),
+              sqlite_where=text("next_poll_at IS NOT NULL")),
+        # webhook → job lookup, in flight only
+        Index("jobs_inflight_task_idx", "provider_task_id",
+              postgresql_where=text("status IN ('pending', 'processing') AND provider_task_id IS NOT NULL"),
+              sqlite_where=text("status IN ('pending', 'processing') AND provider_task_id IS NOT NULL")),
+    )
+
+
+class UsageLog(Base):
+    __tablename__ = "usage_logs"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    user_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    status: Mapped[str] = mapped_column(Text)  # reserved | committed | refunded
+    credits: Mapped[int] = mapped_column(BigInteger)
+    metadata_: Mapped[Any | None] = mapped_column("metadata", JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=func.now())
+
+    __table_args__ = (Index("reconcile_usage_logs_job_idx", "job_id"),)
+
+
+class WorkflowExecution(Base):
+    __tablename__ = "workflow_executions"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    status: Mapped[str] = mapped_column(Text)
+    failed_nodes: Mapped[Any | None] = mapped_column(JSONType)
+    error_message: Mapped[str | None] = mapped_column(Text)
+
+
+class CreatedObject(Base):
+    """What the library itself created, so a downgrade removes only that."""
+
+    __tablename__ = "reconcile_created_objects"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)  # "table:jobs", "column:t.c"
+
+
+# ----------------------------------------------------------------------------- ledger
+
+
+class CreditBalance(Base):
+    __tablename__ = "credit_balances"
+
+    user_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    sub: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    topup: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=func.now())
+
+
+class CreditLot(Base):
+    __tablename__ = "credit_lots"
+
+    id: Mapped[int] = mapped_column(BIGID, Identity(), primary_key=True)
+    user_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    pool: Mapped[str] = mapped_column(Text)  # sub | topup
+    kind: Mapped[str] = mapped_column(Text)  # GRANT | REFUND | RELEASE
+    source_txn_id: Mapped[str] = mapped_column(Text, unique=True)
+    amount: Mapped[int] = mapped_column(BigInteger)
+    remaining_amount: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=func.now())
+
+    __table_args__ = (
+        # FIFO consumption touches only lots with something left
+        Index("credit_lots_open_idx", "user_id", "pool", "id",
+              postgresql_where=text("remaining_amount > 0"),
+              sqlite_where=text("remaining_amount > 0")),
+    )
+
+
+class CreditTransaction(Base):
+    """Append-only. Ids are deterministic (``job-usage:{job}``, ``job-refund:{job}``, …)."""
+
+    __tablename__ = "credit_transactions"
+
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    user_id: Mapped[uuid.UUID] = mapped_column(Uuid, index=True)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    type: Mapped[str] = mapped_column(Text)  # GRANT | USAGE | COMMIT | RELEASE | REFUND
+    amount: Mapped[int] = mapped_column(BigInteger)
+    from_sub: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    from_topup: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=func.now())
+
+
+# ----------------------------------------------------------------------------- evidence & outputs
+
+
+class WebhookDelivery(Base):
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[int] = mapped_column(BIGID, Identity(), primary_key=True)
+    provider: Mapped[str] = mapped_column(Text)
+    delivery_id: Mapped[str] = mapped_column(Text)
+    upstream_id: Mapped[str | None] = mapped_column(Text, index=True)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)  # the planted job id
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    payload_digest: Mapped[str] = mapped_column(Text)
+    status: Mapped[str | None] = mapped_column(Text)
+    payload: Mapped[Any | None] = mapped_column(JSONType)
+
+    __table_args__ = (UniqueConstraint("provider", "delivery_id"),)
+
+
+class Asset(Base):
+    __tablename__ = "assets"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    user_id: Mapped[uuid.UUID] = mapped_column(Uuid, index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    storage_key: Mapped[str] = mapped_column(Text)
+    media_type: Mapped[str | None] = mapped_column(Text)
+    is_public: Mapped[bool] = mapped_column(Boolean)
+    watermarked: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=func.now())
+
+    __table_args__ = (UniqueConstraint("job_id", "index"),)
+
+
+class CreditAnomaly(Base):
+    __tablename__ = "credit_anomalies"
+
+    id: Mapped[int] = mapped_column(BIGID, Identity(), primary_key=True)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    user_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    kind: Mapped[str] = mapped_column(Text)
+    detail: Mapped[Any | None] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=func.now())
+
+
+class JobEvent(Base):
+    """Outbox: written with the state change, published after commit, at least once."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(BIGID, Identity(), primary_key=True)
+    event_id: Mapped[str] = mapped_column(Text, unique=True)  # consumers dedupe on it
+    job_id: Mapped[uuid.UUID] = mapped_column(Uuid, index=True)
+    user_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    type: Mapped[str] = mapped_column(Text)
+    payload: Mapped[Any | None] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index("job_events_unpublished_idx", "created_at",
+              postgresql_where=text("published_at IS NULL"),
+              sqlite_where=text("published_at IS NULL")),
+    )
+
+
+__all__ = [
+    "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
+    "CreditTransaction", "Job", "JobEvent", "UsageLog", "WebhookDelivery", "WorkflowExecution",
+]

@@ -1,0 +1,542 @@
+"""Webhook signature schemes: verify a delivery and parse it into a :class:`WebhookEvent`.
+
+Verification and parsing only: storing deliveries, deduping them and finishing jobs happen
+elsewhere. Every verifier takes the raw ``headers`` (looked up case-insensitively), the raw
+``body`` bytes, the callback URL's ``query`` (where the library plants ``job_id``), the secret
+and an injected ``now``; it returns a :class:`WebhookEvent` or raises a
+:class:`~reconcile.errors.WebhookError` subclass — never anything else for bad input.
+
+========== ===================================================== ============= ==========
+provider   signed message                                        tolerance     body signed
+========== ===================================================== ============= ==========
+replicate  ``{webhook-id}.{webhook-timestamp}.{body}`` HMAC-SHA256 5 min         yes
+kie        ``{taskId}.{timestamp}`` HMAC-SHA256, base64          5 min         **no**
+elevenlabs ``{t}.{body}`` HMAC-SHA256, hex                        30 min        yes
+fal        ``{request_id}\\n{user_id}\\n{ts}\\n{sha256(body)}`` Ed25519 300 s         yes
+========== ===================================================== ============= ==========
+
+KIE signs only the task id and the timestamp, so its status fields are hints
+(``signed_body=False``): re-read the task before acting on it. ``planted_job_id`` comes from
+the unsigned callback URL (or ElevenLabs' echoed metadata), so it is a hint too: match the
+event's ``task_id`` against the job's stored upstream id before finishing anything.
+
+Replicate and ``standardwebhooks``: ``Webhook.verify`` (v1.1) reads the wall clock
+(``datetime.now``) with a fixed 5-minute window and cannot take an injected clock. So the
+timestamp window is checked here against ``now``, and the library's pure ``Webhook.sign`` (which
+also owns the ``whsec_`` key decoding) computes the expected signature, compared constant-time
+against every ``v1,`` entry — the same algorithm as ``verify``, without its clock.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import requests
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from standardwebhooks import Webhook
+
+from .errors import (
+    ReadFailed,
+    WebhookPayloadError,
+    WebhookSignatureError,
+    WebhookTimestampError,
+)
+
+REPLICATE_TOLERANCE = timedelta(minutes=5)
+KIE_TOLERANCE = timedelta(minutes=5)
+ELEVENLABS_TOLERANCE = timedelta(minutes=30)
+FAL_TOLERANCE = timedelta(seconds=300)
+JWKS_MAX_AGE = timedelta(hours=24)
+# A signature that matches no cached key may mean fal rotated keys; refetch, but not more
+# often than this, so forged deliveries cannot turn us into a JWKS request flood.
+JWKS_MIN_REFRESH = timedelta(minutes=5)
+
+_UNIX_SECONDS = re.compile(r"\d{1,12}")  # bounded so float conversion can never overflow
+
+
+@dataclass(frozen=True)
+class WebhookEvent:
+    """One verified delivery, normalised across providers."""
+
+    provider: str
+    delivery_id: str  # stable per delivery: the dedupe key
+    task_id: str | None  # the upstream id (prediction / taskId / request id)
+    planted_job_id: str | None  # a hint: check it against the job's stored task id
+    status: str | None  # the provider's own status token, as sent
+    succeeded: bool | None  # None: the delivery does not say
+    failed: bool | None
+    error: str | None
+    payload: dict[str, Any]
+    signed_body: bool  # False: the body may have been altered; re-read before acting
+
+
+def payload_digest(body: bytes) -> str:
+    """The sha256 hex digest of a raw body (evidence and dedupe)."""
+    return hashlib.sha256(body).hexdigest()
+
+
+# -- shared helpers ---------------------------------------------------------------------
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    wanted = name.lower()
+    for key, value in headers.items():
+        if isinstance(key, str) and key.lower() == wanted and isinstance(value, str):
+            return value.strip() or None
+    return None
+
+
+def _require_secret(secret: str | None, provider: str) -> str:
+    # Fail closed: a delivery we cannot verify is refused, and the message names the setting.
+    if not secret:
+        raise WebhookSignatureError(
+            f"no {provider} webhook secret is configured; refusing delivery"
+        )
+    return secret
+
+
+def _timestamp(headers: Mapping[str, str], header: str, now: datetime, tolerance: timedelta) -> str:
+    """The header's timestamp text, checked to lie within ``tolerance`` of ``now``."""
+    raw = _header(headers, header)
+    if raw is None:
+        raise WebhookTimestampError(f"missing {header} header")
+    if not _UNIX_SECONDS.fullmatch(raw):
+        raise WebhookTimestampError(f"{header} is not a unix timestamp in seconds: {raw[:40]!r}")
+    ts = int(raw)
+    if now.tzinfo is None:  # a naive clock is taken as UTC, never as local time
+        now = now.replace(tzinfo=UTC)
+    skew = now.timestamp() - ts
+    if abs(skew) > tolerance.total_seconds():
+        direction = "old" if skew > 0 else "far in the future"
+        raise WebhookTimestampError(f"{header} {ts} is too {direction} (tolerance {tolerance})")
+    return raw
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise WebhookPayloadError(f"body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise WebhookPayloadError(f"body is JSON {type(data).__name__}, not an object")
+    return data
+
+
+def _text(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return str(value)
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _planted(query: Mapping[str, str]) -> str | None:
+    value = query.get("job_id")
+    return value if isinstance(value, str) and value else None
+
+
+def _hmac_sha256(key: bytes, message: str) -> bytes:
+    try:
+        return hmac.new(key, message.encode(), hashlib.sha256).digest()
+    except UnicodeEncodeError:  # e.g. a lone surrogate smuggled into a header
+        raise WebhookSignatureError("signed fields are not valid text") from None
+
+
+# -- Replicate (Standard Webhooks) ------------------------------------------------------
+
+_REPLICATE_OK = {"succeeded"}
+_REPLICATE_FAILED = {"failed", "canceled", "aborted"}
+_REPLICATE_RUNNING = {"starting", "processing"}
+
+
+def verify_replicate(
+    headers: Mapping[str, str],
+    body: bytes,
+    query: Mapping[str, str],
+    secret: str | None,
+    now: datetime,
+) -> WebhookEvent:
+    """Verify a Replicate (Standard Webhooks) delivery whose body is a prediction."""
+    key = _require_secret(secret, "replicate")
+    msg_id = _header(headers, "webhook-id")
+    signatures = _header(headers, "webhook-signature")
+    if msg_id is None or signatures is None:
+        raise WebhookSignatureError("missing webhook-id or webhook-signature header")
+    ts = int(_timestamp(headers, "webhook-timestamp", now, REPLICATE_TOLERANCE))
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        raise WebhookPayloadError("body is not UTF-8") from None
+    try:
+        signer = Webhook(key)
+    except Exception:  # binascii.Error, EmptyWebhookSecretError: a bad configured secret
+        raise WebhookSignatureError("the replicate secret is not a whsec_ key") from None
+    try:
+        signed = signer.sign(msg_id, datetime.fromtimestamp(ts, UTC), text)
+    except UnicodeEncodeError:
+        raise WebhookSignatureError("signed fields are not valid text") from None
+    expected = base64.b64decode(signed.partition(",")[2])
+    if not any(_matches_v1(expected, part) for part in signatures.split()):
+        raise WebhookSignatureError("no webhook-signature entry matches (replicate)")
+
+    data = _json_object(body)
+    task_id, status = data.get("id"), data.get("status")
+    if not isinstance(task_id, str) or not task_id:
+        raise WebhookPayloadError("replicate delivery has no prediction id")
+    status = status if isinstance(status, str) else None
+    known = status in _REPLICATE_OK | _REPLICATE_FAILED | _REPLICATE_RUNNING
+    return WebhookEvent(
+        provider="replicate",
+        delivery_id=msg_id,
+        task_id=task_id,
+        planted_job_id=_planted(query),
+        status=status,
+        succeeded=(status in _REPLICATE_OK) if known else None,
+        failed=(status in _REPLICATE_FAILED) if known else None,
+        error=_text(data.get("error")),
+        payload=data,
+        signed_body=True,
+    )
+
+
+def _matches_v1(expected: bytes, entry: str) -> bool:
+    version, _, encoded = entry.partition(",")
+    if version != "v1":
+        return False
+    try:
+        given = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return hmac.compare_digest(expected, given)
+
+
+# -- KIE (HMAC over taskId.timestamp; body NOT signed) ----------------------------------
+
+_KIE_STATE = {"success": True, "fail": False}  # market / Runway `state`
+_KIE_CALLBACK = {"complete": True, "error": False}  # Suno `callbackType`
+
+
+def verify_kie(
+    headers: Mapping[str, str],
+    body: bytes,
+    query: Mapping[str, str],
+    key: str | None,
+    now: datetime,
+) -> WebhookEvent:
+    """Verify a KIE callback; only its task id and timestamp are authenticated."""
+    hmac_key = _require_secret(key, "kie")
+    given = _header(headers, "X-Webhook-Signature")
+    if given is None:
+        raise WebhookSignatureError("missing X-Webhook-Signature header (kie)")
+    raw_ts = _timestamp(headers, "X-Webhook-Timestamp", now, KIE_TOLERANCE)
+
+    data = _json_object(body)  # needed first: the signed task id lives in the body
+    inner = data.get("data")
+    inner = inner if isinstance(inner, dict) else {}
+    task_id = inner.get("taskId") or inner.get("task_id")
+    if not isinstance(task_id, str) or not task_id:
+        raise WebhookPayloadError("kie callback has no data.taskId / data.task_id")
+    expected = base64.b64encode(_hmac_sha256(hmac_key.encode(), f"{task_id}.{raw_ts}"))
+    if not hmac.compare_digest(expected, given.encode()):
+        raise WebhookSignatureError("X-Webhook-Signature does not match taskId.timestamp (kie)")
+
+    status, ok = _kie_status(data, inner)
+    error = None
+    if ok is False:
+        error = _text(inner.get("failMsg") or inner.get("errorMessage") or data.get("msg"))
+    return WebhookEvent(
+        provider="kie",
+        delivery_id=f"{task_id}:{raw_ts}",
+        task_id=task_id,
+        planted_job_id=_planted(query),
+        status=status,
+        succeeded=None if ok is None else ok,
+        failed=None if ok is None else not ok,
+        error=error,
+        payload=data,
+        signed_body=False,
+    )
+
+
+def _kie_status(data: dict[str, Any], inner: dict[str, Any]) -> tuple[str | None, bool | None]:
+    """(raw status token, True success / False failure / None still running or unknown)."""
+    state = inner.get("state")
+    if isinstance(state, str):
+        return state, _KIE_STATE.get(state)
+    flag = inner.get("successFlag")
+    if isinstance(flag, int) and not isinstance(flag, bool):
+        # Veo/Flux/Luma: 0 running, 1 success, 2/3 failed, 4 callback failed but generated.
+        return str(flag), {1: True, 2: False, 3: False, 4: True}.get(flag)
+    callback = inner.get("callbackType")
+    if isinstance(callback, str):
+        return callback, _KIE_CALLBACK.get(callback)
+    code = data.get("code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        # Veo/Runway callbacks carry only the envelope code: 200 done, anything else failed.
+        return str(code), code == 200
+    return None, None
+
+
+# -- ElevenLabs (t=…,v0=… over t.body) ---------------------------------------------------
+
+_ELEVENLABS_IDS = ("transcription_id", "request_id", "dubbing_id", "conversation_id")
+
+
+def verify_elevenlabs(
+    headers: Mapping[str, str],
+    body: bytes,
+    query: Mapping[str, str],
+    secret: str | None,
+    now: datetime,
+) -> WebhookEvent:
+    """Verify an ElevenLabs workspace webhook (speech-to-text results among others)."""
+    key = _require_secret(secret, "elevenlabs")
+    header = _header(headers, "ElevenLabs-Signature")
+    if header is None:
+        raise WebhookSignatureError("missing ElevenLabs-Signature header")
+    fields: dict[str, list[str]] = {}
+    for part in header.split(","):
+        name, _, value = part.strip().partition("=")
+        fields.setdefault(name, []).append(value.strip())
+    t = {"ElevenLabs-Signature t": (fields.get("t") or [""])[0]}
+    raw_ts = _timestamp(t, "ElevenLabs-Signature t", now, ELEVENLABS_TOLERANCE)
+    candidates = fields.get("v0")
+    if not candidates:
+        raise WebhookSignatureError("ElevenLabs-Signature has no v0= signature")
+    # The SDK signs f"{t}.{body}" as text; hashing the bytes directly is the same thing for
+    # UTF-8 bodies and still well-defined for any other bytes.
+    expected = hmac.new(key.encode(), f"{raw_ts}.".encode() + body, hashlib.sha256).hexdigest()
+    if not any(hmac.compare_digest(expected.encode(), c.lower().encode()) for c in candidates):
+        raise WebhookSignatureError("ElevenLabs-Signature v0 does not match the body")
+
+    data = _json_object(body)
+    inner = data.get("data")
+    inner = inner if isinstance(inner, dict) else {}
+    task_id = next((inner[k] for k in _ELEVENLABS_IDS if isinstance(inner.get(k), str)), None)
+    transcription = inner.get("transcription")
+    if task_id is None and isinstance(transcription, dict):
+        nested = transcription.get("transcription_id")
+        task_id = nested if isinstance(nested, str) else None
+    error = _text(inner.get("error") or data.get("error"))
+    succeeded: bool | None = None
+    if error is not None:
+        succeeded = False
+    elif isinstance(transcription, dict):
+        succeeded = True
+    event_type = data.get("type")
+    return WebhookEvent(
+        provider="elevenlabs",
+        delivery_id=f"{raw_ts}:{payload_digest(body)}",
+        task_id=task_id,
+        planted_job_id=_metadata_job_id(inner.get("webhook_metadata")) or _planted(query),
+        status=event_type if isinstance(event_type, str) else None,
+        succeeded=succeeded,
+        failed=None if succeeded is None else not succeeded,
+        error=error,
+        payload=data,
+        signed_body=True,
+    )
+
+
+def _metadata_job_id(metadata: Any) -> str | None:
+    """``webhook_metadata`` is echoed back as sent: a JSON string or an object."""
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except (ValueError, RecursionError):
+            return None
+    if isinstance(metadata, dict):
+        value = metadata.get("job_id")
+        return value if isinstance(value, str) and value else None
+    return None
+
+
+# -- fal (Ed25519 over a JWKS) ----------------------------------------------------------
+
+
+def parse_jwks(document: Any) -> tuple[Ed25519PublicKey, ...]:
+    """Every usable OKP/Ed25519 key of a JWKS document; unusable entries are skipped."""
+    keys = document.get("keys") if isinstance(document, Mapping) else None
+    found: list[Ed25519PublicKey] = []
+    for jwk in keys if isinstance(keys, list) else []:
+        if not isinstance(jwk, Mapping) or jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
+            continue
+        x = jwk.get("x")
+        if not isinstance(x, str):
+            continue
+        try:
+            raw = base64.urlsafe_b64decode(x + "=" * (-len(x) % 4))
+            found.append(Ed25519PublicKey.from_public_bytes(raw))
+        except (binascii.Error, ValueError):
+            continue
+    return tuple(found)
+
+
+class JwksCache:
+    """fal's JWKS, fetched with an injected session and kept at most ``max_age`` (24 h)."""
+
+    def __init__(
+        self,
+        url: str,
+        session: requests.Session,
+        *,
+        max_age: timedelta = JWKS_MAX_AGE,
+        timeout: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.session = session
+        self.max_age = min(max_age, JWKS_MAX_AGE)
+        self.timeout = timeout
+        self._keys: tuple[Ed25519PublicKey, ...] = ()
+        self._fetched_at: datetime | None = None
+        self._lock = threading.Lock()
+
+    def keys(self, now: datetime, *, refresh: bool = False) -> tuple[Ed25519PublicKey, ...]:
+        """The cached keys, refetched when older than ``max_age`` or when ``refresh`` allows.
+
+        Raises :class:`~reconcile.errors.ReadFailed` (retryable: answer 5xx so fal retries) when
+        the keys are missing or expired and cannot be fetched. A failed *early* refresh (key
+        rotation suspected) keeps serving the unexpired keys; expired keys are never used.
+        """
+        with self._lock:
+            fetched = self._fetched_at
+            expired = fetched is None or now - fetched >= self.max_age
+            forced = refresh and (fetched is None or now - fetched >= JWKS_MIN_REFRESH)
+            if expired or forced:
+                try:
+                    self._keys = self._fetch()
+                    self._fetched_at = now
+                except ReadFailed:
+                    if expired:
+                        self._keys, self._fetched_at = (), None
+                        raise
+            return self._keys
+
+    def can_refresh(self, now: datetime) -> bool:
+        return self._fetched_at is None or now - self._fetched_at >= JWKS_MIN_REFRESH
+
+    def _fetch(self) -> tuple[Ed25519PublicKey, ...]:
+        try:
+            response = self.session.get(self.url, timeout=self.timeout)
+            response.raise_for_status()
+            keys = parse_jwks(response.json())
+        except (requests.RequestException, ValueError) as exc:
+            raise ReadFailed(f"could not fetch the fal JWKS from {self.url}: {exc}") from exc
+        if not keys:
+            raise ReadFailed(f"the fal JWKS at {self.url} holds no Ed25519 key")
+        return keys
+
+
+def verify_fal(
+    headers: Mapping[str, str],
+    body: bytes,
+    query: Mapping[str, str],
+    jwks: JwksCache | Mapping[str, Any],
+    now: datetime,
+) -> WebhookEvent:
+    """Verify a fal queue webhook against every Ed25519 key of the JWKS (a cache or a document)."""
+    request_id = _header(headers, "X-Fal-Webhook-Request-Id")
+    user_id = _header(headers, "X-Fal-Webhook-User-Id")
+    signature_hex = _header(headers, "X-Fal-Webhook-Signature")
+    if request_id is None or user_id is None or signature_hex is None:
+        raise WebhookSignatureError(
+            "missing X-Fal-Webhook-Request-Id, -User-Id or -Signature header"
+        )
+    raw_ts = _timestamp(headers, "X-Fal-Webhook-Timestamp", now, FAL_TOLERANCE)
+    try:
+        signature = bytes.fromhex(signature_hex)
+        message = "\n".join((request_id, user_id, raw_ts, payload_digest(body))).encode()
+    except (ValueError, UnicodeEncodeError):
+        raise WebhookSignatureError(
+            "X-Fal-Webhook-Signature is not hex, or fields are not text"
+        ) from None
+
+    if isinstance(jwks, JwksCache):
+        verified = _ed25519_any(jwks.keys(now), signature, message)
+        if not verified and jwks.can_refresh(now):  # maybe fal rotated its keys
+            verified = _ed25519_any(jwks.keys(now, refresh=True), signature, message)
+    else:
+        verified = _ed25519_any(parse_jwks(jwks), signature, message)
+    if not verified:
+        raise WebhookSignatureError("X-Fal-Webhook-Signature matches no key in the fal JWKS")
+
+    data = _json_object(body)
+    status = data.get("status")
+    status = status if isinstance(status, str) else None
+    known = status in ("OK", "ERROR")
+    task_id = data.get("request_id")
+    return WebhookEvent(
+        provider="fal",
+        delivery_id=request_id,  # fal retries one delivery per request; handlers key on it
+        task_id=task_id if isinstance(task_id, str) and task_id else request_id,
+        planted_job_id=_planted(query),
+        status=status,
+        succeeded=(status == "OK") if known else None,
+        failed=(status == "ERROR") if known else None,
+        error=_text(data.get("error") or data.get("payload_error")),
+        payload=data,
+        signed_body=True,
+    )
+
+
+def _ed25519_any(keys: tuple[Ed25519PublicKey, ...], signature: bytes, message: bytes) -> bool:
+    for key in keys:
+        try:
+            key.verify(signature, message)
+            return True
+        except InvalidSignature:
+            continue
+    return False
+
+
+# -- dispatch ---------------------------------------------------------------------------
+
+_VERIFIERS = {
+    "replicate": verify_replicate,
+    "kie": verify_kie,
+    "elevenlabs": verify_elevenlabs,
+    "fal": verify_fal,
+}
+PROVIDERS = tuple(_VERIFIERS)
+
+
+def verify(
+    provider: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    query: Mapping[str, str],
+    key: Any,
+    now: datetime,
+) -> WebhookEvent:
+    """Verify a delivery for ``provider``; ``key`` is its secret (fal: a JwksCache or JWKS)."""
+    verifier = _VERIFIERS.get(provider)
+    if verifier is None:
+        raise WebhookPayloadError(f"no webhook scheme for provider {provider!r}")
+    return verifier(headers, body, query, key, now)
+
+
+__all__ = [
+    "PROVIDERS",
+    "JwksCache",
+    "WebhookEvent",
+    "parse_jwks",
+    "payload_digest",
+    "verify",
+    "verify_elevenlabs",
+    "verify_fal",
+    "verify_kie",
+    "verify_replicate",
+]
