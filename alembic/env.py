@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
-from alembic import context
 from sqlalchemy import Engine
 
+from alembic import context
 from reconcile.db.models import Base
 from reconcile.db.session import make_engine, normalise_url
 from reconcile.settings import Settings

@@ -10,7 +10,6 @@ Revises:
 """
 
 from alembic import op
-
 from reconcile.db.migrate import (
     add_column_if_absent,
     create_table_if_absent,

@@ -11,7 +11,6 @@ Revises: 0001
 """
 
 from alembic import op
-
 from reconcile.db.migrate import (
     create_index_concurrently,
     drop_index_concurrently,

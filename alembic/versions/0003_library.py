@@ -10,8 +10,8 @@ Revises: 0002
 """
 
 import sqlalchemy as sa
-from alembic import op
 
+from alembic import op
 from reconcile.db.migrate import (
     create_index_concurrently,
     drop_index_concurrently,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import sqlalchemy as sa
+
 from alembic import op
 
 LOCK_TIMEOUT = "5s"

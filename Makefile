@@ -1,0 +1,36 @@
+# reconcile — the two commands a new user needs: `make demo` and `make test`.
+PY      ?= python3
+VENV    ?= .venv
+BIN      = $(VENV)/bin
+STAMP    = $(VENV)/.installed
+PG_ADMIN ?= postgresql://postgres@127.0.0.1:5432/postgres
+
+.PHONY: setup services test test-fast lint demo bench chaos clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+services:
+	@bash scripts/services.sh
+
+test: setup services
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check reconcile tests alembic
+	@tmp=$$(mktemp -d); \
+	  db=lint_$$$$; \
+	  psql "$(PG_ADMIN)" -qc "CREATE DATABASE $$db" && \
+	  $(BIN)/alembic -x url=postgresql+psycopg://postgres@127.0.0.1:5432/$$db upgrade 0001:head --sql > $$tmp/m.sql && \
+	  $(BIN)/squawk --reporter gcc $$tmp/m.sql && \
+	  $(BIN)/alembic -x url=postgresql+psycopg://postgres@127.0.0.1:5432/$$db upgrade head && \
+	  $(BIN)/alembic -x url=postgresql+psycopg://postgres@127.0.0.1:5432/$$db check; \
+	  rc=$$?; psql "$(PG_ADMIN)" -qc "DROP DATABASE IF EXISTS $$db"; rm -rf $$tmp; exit $$rc
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis reconcile.db* reconcile-media .reconcile-broker
