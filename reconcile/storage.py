@@ -44,9 +44,9 @@ class Storage(Protocol):
 
 
 def _segment(value: str) -> str:
-    """One path segment that cannot climb out or nest: ``a/../b`` → ``a_.._b`` → ``a__b``."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", value)
-    cleaned = re.sub(r"\.{2,}", "_", cleaned).lstrip(".")
+    """One path segment that cannot climb out or nest: ``../../etc`` → ``_etc``."""
+    # Each run of unsafe characters and dot-dots becomes one "_"; safe names pass unchanged.
+    cleaned = re.sub(r"(?:[^A-Za-z0-9_.-]|\.{2,})+", "_", value).lstrip(".")
     return cleaned or "_"
 
 

@@ -6,14 +6,13 @@ elsewhere. Every verifier takes the raw ``headers`` (looked up case-insensitivel
 and an injected ``now``; it returns a :class:`WebhookEvent` or raises a
 :class:`~reconcile.errors.WebhookError` subclass — never anything else for bad input.
 
-========== ===================================================== ============= ==========
-provider   signed message                                        tolerance     body signed
-========== ===================================================== ============= ==========
-replicate  ``{webhook-id}.{webhook-timestamp}.{body}`` HMAC-SHA256 5 min         yes
-kie        ``{taskId}.{timestamp}`` HMAC-SHA256, base64          5 min         **no**
-elevenlabs ``{t}.{body}`` HMAC-SHA256, hex                        30 min        yes
-fal        ``{request_id}\\n{user_id}\\n{ts}\\n{sha256(body)}`` Ed25519 300 s         yes
-========== ===================================================== ============= ==========
+- replicate: HMAC-SHA256 of ``{webhook-id}.{webhook-timestamp}.{body}`` (Standard Webhooks,
+  base64, ``v1,`` entries); ±5 min; body signed.
+- kie: base64 HMAC-SHA256 of ``{taskId}.{X-Webhook-Timestamp}``; ±5 min; body **not** signed.
+- elevenlabs: hex HMAC-SHA256 of ``{t}.{body}`` (``ElevenLabs-Signature: t=…,v0=…``); ±30 min;
+  body signed.
+- fal: Ed25519 over ``{request_id}\\n{user_id}\\n{timestamp}\\n{sha256_hex(body)}`` by any key
+  of fal's JWKS; ±300 s; body signed.
 
 KIE signs only the task id and the timestamp, so its status fields are hints
 (``signed_body=False``): re-read the task before acting on it. ``planted_job_id`` comes from
@@ -107,9 +106,12 @@ def _require_secret(secret: str | None, provider: str) -> str:
 
 
 def _timestamp(headers: Mapping[str, str], header: str, now: datetime, tolerance: timedelta) -> str:
-    """The header's timestamp text, checked to lie within ``tolerance`` of ``now``."""
-    raw = _header(headers, header)
-    if raw is None:
+    return _fresh(_header(headers, header), header, now, tolerance)
+
+
+def _fresh(raw: str | None, header: str, now: datetime, tolerance: timedelta) -> str:
+    """The timestamp text, checked to lie within ``tolerance`` of ``now`` (either side)."""
+    if not raw:
         raise WebhookTimestampError(f"missing {header} header")
     if not _UNIX_SECONDS.fullmatch(raw):
         raise WebhookTimestampError(f"{header} is not a unix timestamp in seconds: {raw[:40]!r}")
@@ -143,6 +145,17 @@ def _text(value: Any) -> str | None:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+# Outcomes, so every provider maps to (succeeded, failed) the same way: a known in-flight
+# status is (False, False); a status we do not recognise is (None, None).
+SUCCEEDED, FAILED, RUNNING = "succeeded", "failed", "running"
+
+
+def _outcome(outcome: str | None) -> tuple[bool | None, bool | None]:
+    if outcome is None:
+        return None, None
+    return outcome == SUCCEEDED, outcome == FAILED
+
+
 def _planted(query: Mapping[str, str]) -> str | None:
     value = query.get("job_id")
     return value if isinstance(value, str) and value else None
@@ -157,9 +170,9 @@ def _hmac_sha256(key: bytes, message: str) -> bytes:
 
 # -- Replicate (Standard Webhooks) ------------------------------------------------------
 
-_REPLICATE_OK = {"succeeded"}
-_REPLICATE_FAILED = {"failed", "canceled", "aborted"}
-_REPLICATE_RUNNING = {"starting", "processing"}
+# canceled/aborted end without output: failed here; ``status`` keeps the exact word.
+_REPLICATE = {"succeeded": SUCCEEDED, "failed": FAILED, "canceled": FAILED, "aborted": FAILED,
+              "starting": RUNNING, "processing": RUNNING}  # fmt: skip
 
 
 def verify_replicate(
@@ -197,15 +210,15 @@ def verify_replicate(
     if not isinstance(task_id, str) or not task_id:
         raise WebhookPayloadError("replicate delivery has no prediction id")
     status = status if isinstance(status, str) else None
-    known = status in _REPLICATE_OK | _REPLICATE_FAILED | _REPLICATE_RUNNING
+    succeeded, failed = _outcome(_REPLICATE.get(status or ""))
     return WebhookEvent(
         provider="replicate",
         delivery_id=msg_id,
         task_id=task_id,
         planted_job_id=_planted(query),
         status=status,
-        succeeded=(status in _REPLICATE_OK) if known else None,
-        failed=(status in _REPLICATE_FAILED) if known else None,
+        succeeded=succeeded,
+        failed=failed,
         error=_text(data.get("error")),
         payload=data,
         signed_body=True,
@@ -225,8 +238,13 @@ def _matches_v1(expected: bytes, entry: str) -> bool:
 
 # -- KIE (HMAC over taskId.timestamp; body NOT signed) ----------------------------------
 
-_KIE_STATE = {"success": True, "fail": False}  # market / Runway `state`
-_KIE_CALLBACK = {"complete": True, "error": False}  # Suno `callbackType`
+# market `state` (Runway spells its queue states wait/queueing)
+_KIE_STATE = {"success": SUCCEEDED, "fail": FAILED, "waiting": RUNNING, "queuing": RUNNING,
+              "generating": RUNNING, "wait": RUNNING, "queueing": RUNNING}  # fmt: skip
+# Veo/Flux/Luma `successFlag`: 4 = the callback failed but the generation succeeded
+_KIE_FLAG = {0: RUNNING, 1: SUCCEEDED, 2: FAILED, 3: FAILED, 4: SUCCEEDED}
+# Suno `callbackType`: text and first arrive before the last track
+_KIE_CALLBACK = {"complete": SUCCEEDED, "error": FAILED, "text": RUNNING, "first": RUNNING}
 
 
 def verify_kie(
@@ -253,9 +271,10 @@ def verify_kie(
     if not hmac.compare_digest(expected, given.encode()):
         raise WebhookSignatureError("X-Webhook-Signature does not match taskId.timestamp (kie)")
 
-    status, ok = _kie_status(data, inner)
+    status, outcome = _kie_status(data, inner)
+    succeeded, failed = _outcome(outcome)
     error = None
-    if ok is False:
+    if failed:
         error = _text(inner.get("failMsg") or inner.get("errorMessage") or data.get("msg"))
     return WebhookEvent(
         provider="kie",
@@ -263,30 +282,29 @@ def verify_kie(
         task_id=task_id,
         planted_job_id=_planted(query),
         status=status,
-        succeeded=None if ok is None else ok,
-        failed=None if ok is None else not ok,
+        succeeded=succeeded,
+        failed=failed,
         error=error,
         payload=data,
         signed_body=False,
     )
 
 
-def _kie_status(data: dict[str, Any], inner: dict[str, Any]) -> tuple[str | None, bool | None]:
-    """(raw status token, True success / False failure / None still running or unknown)."""
+def _kie_status(data: dict[str, Any], inner: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(the raw status token, its outcome) from the first field the callback carries."""
     state = inner.get("state")
     if isinstance(state, str):
         return state, _KIE_STATE.get(state)
     flag = inner.get("successFlag")
     if isinstance(flag, int) and not isinstance(flag, bool):
-        # Veo/Flux/Luma: 0 running, 1 success, 2/3 failed, 4 callback failed but generated.
-        return str(flag), {1: True, 2: False, 3: False, 4: True}.get(flag)
+        return str(flag), _KIE_FLAG.get(flag)
     callback = inner.get("callbackType")
     if isinstance(callback, str):
         return callback, _KIE_CALLBACK.get(callback)
     code = data.get("code")
     if isinstance(code, int) and not isinstance(code, bool):
         # Veo/Runway callbacks carry only the envelope code: 200 done, anything else failed.
-        return str(code), code == 200
+        return str(code), SUCCEEDED if code == 200 else FAILED
     return None, None
 
 
@@ -311,8 +329,9 @@ def verify_elevenlabs(
     for part in header.split(","):
         name, _, value = part.strip().partition("=")
         fields.setdefault(name, []).append(value.strip())
-    t = {"ElevenLabs-Signature t": (fields.get("t") or [""])[0]}
-    raw_ts = _timestamp(t, "ElevenLabs-Signature t", now, ELEVENLABS_TOLERANCE)
+    raw_ts = _fresh(
+        (fields.get("t") or [""])[0], "ElevenLabs-Signature t=", now, ELEVENLABS_TOLERANCE
+    )
     candidates = fields.get("v0")
     if not candidates:
         raise WebhookSignatureError("ElevenLabs-Signature has no v0= signature")
@@ -331,11 +350,11 @@ def verify_elevenlabs(
         nested = transcription.get("transcription_id")
         task_id = nested if isinstance(nested, str) else None
     error = _text(inner.get("error") or data.get("error"))
-    succeeded: bool | None = None
-    if error is not None:
-        succeeded = False
-    elif isinstance(transcription, dict):
-        succeeded = True
+    # No status field: an error means failure, a transcript means success.
+    outcome = (
+        FAILED if error is not None else SUCCEEDED if isinstance(transcription, dict) else None
+    )
+    succeeded, failed = _outcome(outcome)
     event_type = data.get("type")
     return WebhookEvent(
         provider="elevenlabs",
@@ -344,7 +363,7 @@ def verify_elevenlabs(
         planted_job_id=_metadata_job_id(inner.get("webhook_metadata")) or _planted(query),
         status=event_type if isinstance(event_type, str) else None,
         succeeded=succeeded,
-        failed=None if succeeded is None else not succeeded,
+        failed=failed,
         error=error,
         payload=data,
         signed_body=True,
@@ -476,7 +495,7 @@ def verify_fal(
     data = _json_object(body)
     status = data.get("status")
     status = status if isinstance(status, str) else None
-    known = status in ("OK", "ERROR")
+    succeeded, failed = _outcome({"OK": SUCCEEDED, "ERROR": FAILED}.get(status or ""))
     task_id = data.get("request_id")
     return WebhookEvent(
         provider="fal",
@@ -484,8 +503,8 @@ def verify_fal(
         task_id=task_id if isinstance(task_id, str) and task_id else request_id,
         planted_job_id=_planted(query),
         status=status,
-        succeeded=(status == "OK") if known else None,
-        failed=(status == "ERROR") if known else None,
+        succeeded=succeeded,
+        failed=failed,
         error=_text(data.get("error") or data.get("payload_error")),
         payload=data,
         signed_body=True,

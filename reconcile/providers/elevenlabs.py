@@ -1,4 +1,4 @@
-"""ElevenLabs: dubbing and webhook-mode speech-to-text (async), everything else sync (PROVIDERS.md §3).
+"""ElevenLabs: dubbing and webhook-mode STT (async), everything else sync (PROVIDERS.md §3).
 
 Async model strings (``CreateRequest.model``, also passed to ``poll``):
 
@@ -69,6 +69,31 @@ from .base import (
 )
 from .http import HttpClient, parse_retry_after
 
+__all__ = [
+    "JOB_NAME_PREFIX",
+    "ApiErrorDetail",
+    "Dubbing",
+    "DubbingCreated",
+    "ElevenLabsAsyncClient",
+    "ElevenLabsSyncClient",
+    "Preview",
+    "SttAccepted",
+    "SyncCall",
+    "VoiceDesign",
+    "async_client",
+    "async_operation",
+    "audio_url",
+    "build_create",
+    "build_sync",
+    "form_parts",
+    "parse_create",
+    "parse_dubbing",
+    "parse_sync",
+    "parse_transcript",
+    "sync_client",
+    "to_error",
+]
+
 Op = Literal["create", "read", "sync"]
 AsyncOperation = Literal["dubbing", "speech-to-text"]
 
@@ -107,7 +132,7 @@ class Dubbing(BaseModel):
 
 
 class ApiErrorDetail(BaseModel):
-    """``detail`` of an error: current ``{type, code, message, request_id}`` or legacy ``{status, message}``."""
+    """``detail``: ``{type, code, message, request_id}`` or legacy ``{status, message}``."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -167,7 +192,12 @@ def _describe(body: Any) -> tuple[str | None, str | None, str | None, bool]:
         items = [d for d in detail if isinstance(d, Mapping)]
         messages = [str(d.get("msg")) for d in items if d.get("msg") is not None]
         first_type = items[0].get("type") if items else None
-        return "; ".join(messages) or None, str(first_type) if first_type else "validation_error", None, True
+        return (
+            "; ".join(messages) or None,
+            str(first_type) if first_type else "validation_error",
+            None,
+            True,
+        )
     if isinstance(detail, Mapping):
         try:
             parsed = ApiErrorDetail.model_validate(detail)
@@ -261,12 +291,14 @@ def async_operation(model: str | None) -> tuple[AsyncOperation, str | None]:
         return "dubbing", None
     if head in ("speech-to-text", "stt"):
         return "speech-to-text", model_id or None
-    raise InvalidParam(f"elevenlabs async model must be dubbing or speech-to-text[:model], got {model!r}",
-                       param="model")
+    raise InvalidParam(
+        f"elevenlabs async model must be dubbing or speech-to-text[:model], got {model!r}",
+        param="model",
+    )
 
 
 def build_create(request: CreateRequest) -> tuple[str, FormParts]:
-    """Path and multipart parts of an async create; the job id goes to ``name``/``webhook_metadata``."""
+    """Path and multipart parts of an async create (job id in ``name``/``webhook_metadata``)."""
     operation, model_id = async_operation(request.model)
     fields = dict(request.input)
     if operation == "dubbing":
@@ -284,8 +316,9 @@ def build_create(request: CreateRequest) -> tuple[str, FormParts]:
     if model_id:
         fields["model_id"] = model_id
     if not fields.get("model_id"):
-        raise InvalidParam("speech-to-text needs a model_id (stt:<model_id> or input.model_id)",
-                           param="model_id")
+        raise InvalidParam(
+            "speech-to-text needs a model_id (stt:<model_id> or input.model_id)", param="model_id"
+        )
     return "/v1/speech-to-text", form_parts(fields)
 
 
@@ -296,7 +329,7 @@ def parse_create(
     *,
     operation: AsyncOperation = "dubbing",
 ) -> Created:
-    """The upstream id of a dubbing or webhook-mode transcription, or the outcome as an exception."""
+    """The id of a dubbing or webhook-mode transcription, or the outcome as an exception."""
     if not 200 <= status_code < 300:
         raise to_error("create", status_code, body, headers)
     data, _ = unwrap_sdk(_json(body))
@@ -315,7 +348,8 @@ def parse_create(
 
 def audio_url(base_url: str, dubbing_id: str, language: str) -> str:
     """The download endpoint of one dubbed language (needs the ``xi-api-key`` header)."""
-    return f"{base_url.rstrip('/')}/v1/dubbing/{quote(dubbing_id, safe='')}/audio/{quote(language, safe='')}"
+    dub, lang = quote(dubbing_id, safe=""), quote(language, safe="")
+    return f"{base_url.rstrip('/')}/v1/dubbing/{dub}/audio/{lang}"
 
 
 def parse_dubbing(
@@ -326,7 +360,7 @@ def parse_dubbing(
     base_url: str = "https://api.elevenlabs.io",
     task_id: str | None = None,
 ) -> PollResult:
-    """One ``GET /v1/dubbing/{id}`` answer; ``dubbed`` yields one download URL per target language."""
+    """One ``GET /v1/dubbing/{id}`` answer; ``dubbed`` gives a download URL per target language."""
     if status_code == 404:
         return PollResult(status=PollStatus.NOT_FOUND, raw_status="404")
     if not 200 <= status_code < 300:
@@ -341,7 +375,9 @@ def parse_dubbing(
     common: dict[str, Any] = {
         "raw_status": dubbing.status,
         "request_id": wrapped_id or _header(headers, *_REQUEST_ID_HEADERS),
-        "planted_job_id": name.removeprefix(JOB_NAME_PREFIX) if name.startswith(JOB_NAME_PREFIX) else None,
+        "planted_job_id": name.removeprefix(JOB_NAME_PREFIX)
+        if name.startswith(JOB_NAME_PREFIX)
+        else None,
         "raw": data,
     }
     if dubbing.status in _RUNNING:
@@ -351,7 +387,10 @@ def parse_dubbing(
             raise to_error("read", status_code, body, headers)
         media_type = (dubbing.media_metadata or {}).get("content_type")
         outputs = tuple(
-            Output(url=audio_url(base_url, dubbing_id, lang), media_type=media_type if isinstance(media_type, str) else None)
+            Output(
+                url=audio_url(base_url, dubbing_id, lang),
+                media_type=media_type if isinstance(media_type, str) else None,
+            )
             for lang in dubbing.target_languages
         )
         return PollResult(status=PollStatus.SUCCEEDED, outputs=outputs, **common)
@@ -362,7 +401,9 @@ def parse_dubbing(
     return PollResult(status=PollStatus.UNKNOWN, **common)
 
 
-def parse_transcript(status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None) -> PollResult:
+def parse_transcript(
+    status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
+) -> PollResult:
     """One ``GET /v1/speech-to-text/transcripts/{id}`` answer: the transcript JSON as one Output."""
     if status_code == 404:
         return PollResult(status=PollStatus.NOT_FOUND, raw_status="404")
@@ -407,7 +448,9 @@ def build_sync(model: str, input: Mapping[str, Any]) -> SyncCall:
             raise InvalidParam("tts model must be tts:<voice_id>[:<model_id>]", param="model")
         if model_id:
             body["model_id"] = model_id
-        return SyncCall(f"/v1/text-to-speech/{quote(voice_id, safe='')}", "audio", json=body, params=params)
+        return SyncCall(
+            f"/v1/text-to-speech/{quote(voice_id, safe='')}", "audio", json=body, params=params
+        )
     if head == "sound-effects":
         if rest:
             body["model_id"] = rest
@@ -417,7 +460,9 @@ def build_sync(model: str, input: Mapping[str, Any]) -> SyncCall:
         if rest:
             body["model_id"] = rest
         if not body.get("model_id"):
-            raise InvalidParam("stt needs a model_id (stt:<model_id> or input.model_id)", param="model_id")
+            raise InvalidParam(
+                "stt needs a model_id (stt:<model_id> or input.model_id)", param="model_id"
+            )
         return SyncCall("/v1/speech-to-text", "json", form=form_parts(body), params=params)
     if head == "voice-design":
         if rest:
@@ -437,7 +482,10 @@ def build_sync(model: str, input: Mapping[str, Any]) -> SyncCall:
 
 
 def parse_sync(
-    kind: ResponseKind, status_code: int, body: bytes | str | None, headers: Mapping[str, str] | None = None
+    kind: ResponseKind,
+    status_code: int,
+    body: bytes | str | None,
+    headers: Mapping[str, str] | None = None,
 ) -> SyncResult:
     """A sync answer as outputs: audio bytes, a JSON document, or decoded voice previews."""
     if not 200 <= status_code < 300:
@@ -453,7 +501,9 @@ def parse_sync(
     if not isinstance(data, Mapping):
         raise to_error("sync", status_code, body, headers)
     if kind == "json":
-        return SyncResult((Output(text=json.dumps(data), media_type="application/json"),), request_id, raw=data)
+        return SyncResult(
+            (Output(text=json.dumps(data), media_type="application/json"),), request_id, raw=data
+        )
     try:
         design = VoiceDesign.model_validate(data)
         outputs = tuple(
@@ -470,8 +520,13 @@ def parse_sync(
 # --- I/O --------------------------------------------------------------------------------------
 
 
-def _http(settings: Settings, session: requests.Session | None, read_timeout: float,
-          sleep: Callable[[float], None], read_retries: int) -> HttpClient:
+def _http(
+    settings: Settings,
+    session: requests.Session | None,
+    read_timeout: float,
+    sleep: Callable[[float], None],
+    read_retries: int,
+) -> HttpClient:
     return HttpClient(
         settings.elevenlabs_base_url,
         headers={"xi-api-key": settings.elevenlabs_api_key},
@@ -488,8 +543,14 @@ class ElevenLabsAsyncClient:
 
     name = "elevenlabs-async"
 
-    def __init__(self, settings: Settings, session: requests.Session | None = None, *,
-                 sleep: Callable[[float], None] = time.sleep, read_retries: int = 3) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        session: requests.Session | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        read_retries: int = 3,
+    ) -> None:
         self.api_key = settings.elevenlabs_api_key
         self.max_bytes = settings.media_max_bytes
         self.http = _http(settings, session, settings.read_timeout, sleep, read_retries)
@@ -501,7 +562,9 @@ class ElevenLabsAsyncClient:
             response = self.http.send_once("POST", path, files=parts)
         except requests.RequestException as exc:
             raise to_error("create", exc=exc) from exc
-        return parse_create(response.status_code, response.content, response.headers, operation=operation)
+        return parse_create(
+            response.status_code, response.content, response.headers, operation=operation
+        )
 
     def poll(self, task_id: str, *, model: str | None = None) -> PollResult:
         operation, _ = async_operation(model)
@@ -510,8 +573,13 @@ class ElevenLabsAsyncClient:
             response = self.http.read("GET", f"/v1/speech-to-text/transcripts/{quoted}")
             return parse_transcript(response.status_code, response.content, response.headers)
         response = self.http.read("GET", f"/v1/dubbing/{quoted}")
-        return parse_dubbing(response.status_code, response.content, response.headers,
-                             base_url=self.http.base_url, task_id=task_id)
+        return parse_dubbing(
+            response.status_code,
+            response.content,
+            response.headers,
+            base_url=self.http.base_url,
+            task_id=task_id,
+        )
 
     def cancel(self, task_id: str, *, model: str | None = None) -> bool:
         # Dubbing v1 only has DELETE (which destroys the project) and STT has nothing: no cancel.
@@ -547,7 +615,9 @@ class ElevenLabsAsyncClient:
             if response.status_code in (403, 404):
                 raise MediaExpired(f"dubbing audio unavailable (HTTP {response.status_code})")
             if not 200 <= response.status_code < 300:
-                raise MediaFetchFailed(f"dubbing audio download answered HTTP {response.status_code}")
+                raise MediaFetchFailed(
+                    f"dubbing audio download answered HTTP {response.status_code}"
+                )
             chunks, size = [], 0
             for chunk in response.iter_content(64 * 1024):
                 size += len(chunk)
@@ -562,26 +632,40 @@ class ElevenLabsSyncClient:
 
     name = "elevenlabs-sync"
 
-    def __init__(self, settings: Settings, session: requests.Session | None = None, *,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        session: requests.Session | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.http = _http(settings, session, settings.sync_read_timeout, sleep, 0)
 
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:
         request = build_sync(model, input)
         try:
             # Sync calls are billed work: one attempt; the platform's request decides on retries.
-            response = self.http.send_once("POST", request.path, json=request.json, files=request.form,
-                                           params=request.params or None)
+            response = self.http.send_once(
+                "POST",
+                request.path,
+                json=request.json,
+                files=request.form,
+                params=request.params or None,
+            )
         except requests.RequestException as exc:
             raise to_error("sync", exc=exc) from exc
         return parse_sync(request.kind, response.status_code, response.content, response.headers)
 
 
-def async_client(settings: Settings, session: requests.Session | None = None) -> ElevenLabsAsyncClient:
+def async_client(
+    settings: Settings, session: requests.Session | None = None
+) -> ElevenLabsAsyncClient:
     """Factory for the ``elevenlabs-async`` kind."""
     return ElevenLabsAsyncClient(settings, session)
 
 
-def sync_client(settings: Settings, session: requests.Session | None = None) -> ElevenLabsSyncClient:
+def sync_client(
+    settings: Settings, session: requests.Session | None = None
+) -> ElevenLabsSyncClient:
     """Factory for the ``elevenlabs-sync`` kind."""
     return ElevenLabsSyncClient(settings, session)

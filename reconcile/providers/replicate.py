@@ -39,8 +39,25 @@ from ..errors import (
     SyncCallFailed,
 )
 from ..settings import Settings
-from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus
+from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
 from .http import HttpClient, parse_retry_after
+
+__all__ = [
+    "MAX_LIST_PAGES",
+    "ListPage",
+    "Prediction",
+    "Problem",
+    "ReplicateClient",
+    "build_create",
+    "extract_outputs",
+    "parse_create",
+    "parse_list",
+    "parse_status",
+    "planted_job_id",
+    "prediction_client",
+    "to_error",
+    "training_client",
+]
 
 Op = Literal["create", "read", "sync"]
 Resource = Literal["predictions", "trainings"]
@@ -237,28 +254,35 @@ def to_error(
     return SyncCallFailed(text, code=ErrorCode.UPSTREAM_SUBMISSION_FAILED, **kw)
 
 
-def build_create(request: CreateRequest, resource: Resource = "predictions") -> tuple[str, dict[str, Any]]:
+def build_create(
+    request: CreateRequest, resource: Resource = "predictions"
+) -> tuple[str, dict[str, Any]]:
     """The path and JSON body of a create; raises InvalidParam for a model string we can't use."""
     model = request.model.strip()
     deployment = model.startswith("deployment:")
     ref, _, version = model.removeprefix("deployment:").partition(":")
     owner, _, name = ref.partition("/")
     if not owner or not name or "/" in name:
-        raise InvalidParam(f"replicate model must look like owner/name[:version], got {model!r}",
-                           param="model")
+        raise InvalidParam(
+            f"replicate model must look like owner/name[:version], got {model!r}", param="model"
+        )
     body: dict[str, Any] = {"input": dict(request.input)}
     if request.webhook_url:
         body["webhook"] = request.webhook_url
         # "completed" is the event that carries the outcome; callers may ask for more.
-        body["webhook_events_filter"] = list(request.extra.get("webhook_events_filter", ["completed"]))
+        body["webhook_events_filter"] = list(
+            request.extra.get("webhook_events_filter", ["completed"])
+        )
     base = f"/v1/models/{quote(owner)}/{quote(name)}"
     if resource == "trainings":
         destination = request.extra.get("destination")
         if not version or deployment:
             raise InvalidParam("a replicate training needs owner/name:version", param="model")
         if not isinstance(destination, str) or "/" not in destination:
-            raise InvalidParam("a replicate training needs extra['destination'] = 'owner/model'",
-                               param="destination")
+            raise InvalidParam(
+                "a replicate training needs extra['destination'] = 'owner/model'",
+                param="destination",
+            )
         return f"{base}/versions/{quote(version)}/trainings", {"destination": destination, **body}
     if deployment:
         if version:
@@ -269,29 +293,33 @@ def build_create(request: CreateRequest, resource: Resource = "predictions") -> 
     return f"{base}/predictions", body
 
 
-def parse_create(status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None) -> Created:
+def parse_create(
+    status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
+) -> Created:
     """The created prediction's id, or the create's outcome as an exception."""
     if not 200 <= status_code < 300:
         raise to_error("create", status_code, body, headers)
-    data = _json(body)
+    data, wrapped_id = unwrap_sdk(_json(body))
     try:
         prediction = Prediction.model_validate(data)
     except ValidationError:
         raise to_error("create", status_code, body, headers) from None
     return Created(
         task_id=prediction.id,
-        request_id=_header(headers, "x-request-id", "request-id"),
+        request_id=wrapped_id or _header(headers, "x-request-id", "request-id"),
         raw=data,
     )
 
 
-def parse_status(status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None) -> PollResult:
+def parse_status(
+    status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
+) -> PollResult:
     """One ``GET /v1/predictions/{id}`` (or trainings) answer, normalised."""
     if status_code == 404:
         return PollResult(status=PollStatus.NOT_FOUND, raw_status="404")
     if not 200 <= status_code < 300:
         raise to_error("read", status_code, body, headers)
-    data = _json(body)
+    data, wrapped_id = unwrap_sdk(_json(body))
     try:
         prediction = Prediction.model_validate(data)
     except ValidationError:
@@ -300,13 +328,15 @@ def parse_status(status_code: int, body: str | bytes | None, headers: Mapping[st
     common: dict[str, Any] = {
         "raw_status": raw_status,
         "planted_job_id": planted_job_id(prediction.webhook),
-        "request_id": _header(headers, "x-request-id", "request-id"),
+        "request_id": wrapped_id or _header(headers, "x-request-id", "request-id"),
         "raw": data,
     }
     if raw_status in _RUNNING:
         return PollResult(status=PollStatus.RUNNING, **common)
     if raw_status == "succeeded":
-        return PollResult(status=PollStatus.SUCCEEDED, outputs=extract_outputs(prediction.output), **common)
+        return PollResult(
+            status=PollStatus.SUCCEEDED, outputs=extract_outputs(prediction.output), **common
+        )
     if raw_status == "failed":
         error = prediction.error
         message = error if isinstance(error, str) else (json.dumps(error) if error else None)
@@ -320,7 +350,9 @@ def _aware(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def parse_list(status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None) -> ListPage:
+def parse_list(
+    status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
+) -> ListPage:
     """One page of a listing; items we cannot parse are skipped (this is evidence, not truth)."""
     if not 200 <= status_code < 300:
         raise to_error("read", status_code, body, headers)
@@ -388,7 +420,9 @@ class ReplicateClient:
         # Cancelling is idempotent upstream, but best-effort here: a transport error is "not
         # confirmed", which the caller treats like any refused cancel.
         try:
-            response = self.http.send_once("POST", f"/v1/{self.resource}/{quote(task_id, safe='')}/cancel")
+            response = self.http.send_once(
+                "POST", f"/v1/{self.resource}/{quote(task_id, safe='')}/cancel"
+            )
         except requests.RequestException:
             return False
         return 200 <= response.status_code < 300
@@ -408,7 +442,9 @@ class ReplicateClient:
             response = self.http.read("GET", path, params=params)
             page = parse_list(response.status_code, response.content, response.headers)
             for task in page.tasks:
-                if task.planted_job_id == job_id and (task.created_at is None or task.created_at >= since):
+                if task.planted_job_id == job_id and (
+                    task.created_at is None or task.created_at >= since
+                ):
                     return task
             dated = [t.created_at for t in page.tasks if t.created_at is not None]
             if not page.next or not self._same_origin(page.next) or (dated and max(dated) < since):
@@ -422,7 +458,9 @@ class ReplicateClient:
         return (here.scheme, here.netloc) == (there.scheme, there.netloc)
 
 
-def prediction_client(settings: Settings, session: requests.Session | None = None) -> ReplicateClient:
+def prediction_client(
+    settings: Settings, session: requests.Session | None = None
+) -> ReplicateClient:
     """Factory for the ``replicate-prediction`` kind."""
     return ReplicateClient(settings, session, resource="predictions")
 

@@ -1,0 +1,358 @@
+"""fal.ai queue (PROVIDERS.md §4).
+
+``CreateRequest.model`` is the fal model id, e.g. ``fal-ai/flux/dev``. Submit is
+``POST {fal_base_url}/{model_id}?fal_webhook=<webhook_url>`` with the model input as the JSON
+body; the job id rides in the webhook URL's query. Status, result and cancel live under the
+app, which DROPS the model subpath (``fal-ai/flux/dev`` → ``fal-ai/flux``) — that is why
+``poll``/``cancel`` need the model:
+
+* status ``GET {base}/{owner}/{app}/requests/{id}/status``
+* result ``GET {base}/{owner}/{app}/requests/{id}``
+* cancel ``PUT {base}/{owner}/{app}/requests/{id}/cancel``
+
+fal has no FAILED status: a failed request still ends ``COMPLETED``, and only the result fetch
+tells success from failure, so ``COMPLETED`` always costs one more read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
+from typing import Any, Literal
+from urllib.parse import quote
+
+import requests
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import (
+    CreateRateLimited,
+    CreateRejected,
+    CreateUncertain,
+    ErrorCode,
+    InvalidParam,
+    MalformedResponse,
+    ProviderError,
+    ReadFailed,
+    SyncCallFailed,
+)
+from ..settings import Settings
+from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
+from .http import HttpClient, parse_retry_after
+
+__all__ = [
+    "MEDIA_KEYS",
+    "FalQueueClient",
+    "QueueStatus",
+    "Submitted",
+    "app_path",
+    "extract_media",
+    "parse_create",
+    "parse_result",
+    "parse_status",
+    "queue_client",
+    "to_error",
+]
+
+Op = Literal["create", "read", "sync"]
+
+_RUNNING = frozenset({"IN_QUEUE", "IN_PROGRESS"})
+# Keys under which fal models put media objects ({"url", "content_type", …}).
+MEDIA_KEYS = frozenset(
+    {"image", "images", "video", "videos", "audio", "audio_file", "file", "files"}
+)
+_MAX_DEPTH = 32
+_REQUEST_ID_HEADERS = ("x-fal-request-id",)
+
+
+class Submitted(BaseModel):
+    """The submit answer: ``{request_id, response_url, status_url, cancel_url, …}``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    request_id: str = Field(min_length=1)
+
+
+class QueueStatus(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    status: str  # queue_position / logs / metrics are kept in ``raw`` via extra="allow"
+
+
+# --- pure helpers -----------------------------------------------------------------------------
+
+
+def _json(body: str | bytes | None) -> Any:
+    if body is None or body == b"" or body == "":
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _text(body: str | bytes | None) -> str | None:
+    return body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
+
+
+def _header(headers: Mapping[str, str] | None, *names: str) -> str | None:
+    if not headers:
+        return None
+    lowered = {str(k).lower(): v for k, v in headers.items()}
+    for name in names:
+        if lowered.get(name.lower()):
+            return str(lowered[name.lower()])
+    return None
+
+
+def app_path(model: str | None) -> str:
+    """``owner/app`` of a model id (status/result/cancel drop the subpath)."""
+    segments = (model or "").strip("/").split("/")
+    if len(segments) < 2 or not all(segments[:2]) or any(s in (".", "..") for s in segments):
+        raise InvalidParam(
+            f"fal model must look like owner/app[/path], got {model!r}", param="model"
+        )
+    return "/".join(quote(s, safe="") for s in segments[:2])
+
+
+def _describe(body: Any, headers: Mapping[str, str] | None) -> tuple[str | None, str | None, bool]:
+    """(message, error type, well-formed?) of a fal error body.
+
+    Shapes: ``{"detail": [{loc, msg, type}]}`` (422), ``{"detail": "…", "error_type": "…"}``
+    (infra, with ``X-Fal-Error-Type``), and ``{"error": "…"}``.
+    """
+    error_type = _header(headers, "x-fal-error-type")
+    if not isinstance(body, Mapping) or not ({"detail", "error", "error_type"} & set(body)):
+        return None, error_type, False
+    if isinstance(body.get("error_type"), str):
+        error_type = body["error_type"]
+    detail = body.get("detail", body.get("error"))
+    if isinstance(detail, list):
+        items = [d for d in detail if isinstance(d, Mapping)]
+        parts = []
+        for item in items:
+            loc = item.get("loc")
+            where = ".".join(str(x) for x in loc) if isinstance(loc, list) else None
+            parts.append(f"{where}: {item.get('msg')}" if where else str(item.get("msg")))
+        message = "; ".join(parts) or None
+        if error_type is None and items and isinstance(items[0].get("type"), str):
+            error_type = items[0]["type"]
+        return message, error_type, True
+    return (detail if isinstance(detail, str) else None), error_type, True
+
+
+def to_error(
+    op: Op,
+    status: int | None = None,
+    body: str | bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    exc: BaseException | None = None,
+) -> ProviderError:
+    """The one place a fal answer (or a transport failure) becomes an exception."""
+    if exc is not None:
+        text = f"{type(exc).__name__}: {exc}"
+        if op == "create":
+            return CreateUncertain(f"fal create outcome unknown: {text}")
+        if op == "sync":
+            timeout = isinstance(exc, requests.Timeout)
+            return SyncCallFailed(text, code=ErrorCode.UPSTREAM_TIMEOUT if timeout else None)
+        return ReadFailed(f"fal read failed: {text}")
+    message, error_type, well_formed = _describe(_json(body), headers)
+    kw: dict[str, Any] = {
+        "status": status,
+        "provider_code": error_type,
+        "request_id": _header(headers, *_REQUEST_ID_HEADERS),
+        "body": _text(body),
+    }
+    text = f"fal {op} answered HTTP {status}" + (f": {message}" if message else "")
+    ok = status is not None and 200 <= status < 300
+    if op == "read":
+        return MalformedResponse(text, **kw) if ok else ReadFailed(text, **kw)
+    if status == 429:
+        kw["retry_after"] = parse_retry_after(_header(headers, "Retry-After"))
+        if op == "create":
+            return CreateRateLimited(text, **kw)
+        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_RATE_LIMITED, **kw)
+    # 499 is fal's client_disconnected/cancelled: like 408, the request may have gone through.
+    client_error = status is not None and 400 <= status < 500 and status not in (408, 499)
+    if op == "create":
+        if not (client_error and well_formed):
+            return CreateUncertain(text, **kw)
+        if status in (400, 422):
+            return CreateRejected(text, code=ErrorCode.UPSTREAM_INVALID_INPUT, **kw)
+        return CreateRejected(text, **kw)
+    if status == 408:
+        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_TIMEOUT, **kw)
+    if not client_error:
+        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_FAILED, **kw)
+    if status in (400, 422):
+        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_INVALID_INPUT, **kw)
+    return SyncCallFailed(text, code=ErrorCode.UPSTREAM_SUBMISSION_FAILED, **kw)
+
+
+def _media(node: Any, in_media: bool, depth: int) -> Iterator[Output]:
+    if depth > _MAX_DEPTH:
+        return
+    if isinstance(node, Mapping):
+        url = node.get("url")
+        if (
+            isinstance(url, str)
+            and url.startswith(("https://", "http://"))
+            and (in_media or "content_type" in node)
+        ):
+            content_type = node.get("content_type")
+            yield Output(
+                url=url, media_type=content_type if isinstance(content_type, str) else None
+            )
+            return  # a media object's own fields (thumbnails…) are not separate outputs
+        for key, value in node.items():
+            yield from _media(value, key in MEDIA_KEYS, depth + 1)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _media(item, True, depth + 1)
+
+
+def extract_media(payload: Any) -> tuple[Output, ...]:
+    """Every media object of a result, in document order.
+
+    Finds ``images[].url``, ``image.url``, ``video.url``, ``audio.url`` and, generally, any
+    ``url`` of a dict that has a ``content_type`` or sits in a list.
+    """
+    return tuple(_media(payload, False, 0))
+
+
+def parse_create(
+    status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
+) -> Created:
+    """The queued request's id (kept exactly), or the submit's outcome as an exception."""
+    if not 200 <= status_code < 300:
+        raise to_error("create", status_code, body, headers)
+    data, _ = unwrap_sdk(_json(body))
+    try:
+        submitted = Submitted.model_validate(data)
+    except ValidationError:
+        raise to_error("create", status_code, body, headers) from None
+    return Created(submitted.request_id, _header(headers, *_REQUEST_ID_HEADERS), data)
+
+
+def parse_status(
+    status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
+) -> PollResult | None:
+    """One status read; None means ``COMPLETED`` — only the result fetch can decide the outcome."""
+    if status_code == 404:
+        return PollResult(status=PollStatus.NOT_FOUND, raw_status="404")
+    if not 200 <= status_code < 300:
+        raise to_error("read", status_code, body, headers)
+    data = _json(body)
+    try:
+        status = QueueStatus.model_validate(data)
+    except ValidationError:
+        raise to_error("read", status_code, body, headers) from None
+    if status.status == "COMPLETED":
+        return None
+    kind = PollStatus.RUNNING if status.status in _RUNNING else PollStatus.UNKNOWN
+    return PollResult(
+        status=kind,
+        raw_status=status.status,
+        request_id=_header(headers, *_REQUEST_ID_HEADERS),
+        raw=data,
+    )
+
+
+def parse_result(
+    status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
+) -> PollResult:
+    """The result of a ``COMPLETED`` request.
+
+    2xx → SUCCEEDED with every media output (none: the lifecycle's UPSTREAM_EMPTY_RESULT);
+    a 4xx with an error body → FAILED; a 5xx → FAILED only when fal names an ``error_type``
+    (a bare gateway 5xx says nothing about the request, so it is a retryable read failure).
+    """
+    if status_code == 404:
+        return PollResult(status=PollStatus.NOT_FOUND, raw_status="COMPLETED")
+    if 200 <= status_code < 300:
+        data = _json(body)
+        if data is None:
+            raise to_error("read", status_code, body, headers)
+        payload, wrapped_id = unwrap_sdk(data)
+        return PollResult(
+            status=PollStatus.SUCCEEDED,
+            outputs=extract_media(payload),
+            raw_status="COMPLETED",
+            request_id=wrapped_id or _header(headers, *_REQUEST_ID_HEADERS),
+            raw=payload if isinstance(payload, Mapping) else {"result": payload},
+        )
+    message, error_type, well_formed = _describe(_json(body), headers)
+    failed = well_formed and 400 <= status_code < 500 and status_code != 429
+    if failed or (status_code >= 500 and error_type):
+        return PollResult(
+            status=PollStatus.FAILED,
+            raw_status="COMPLETED",
+            error_code=error_type,
+            error_message=message or f"HTTP {status_code}",
+            request_id=_header(headers, *_REQUEST_ID_HEADERS),
+        )
+    raise to_error("read", status_code, body, headers)
+
+
+# --- I/O --------------------------------------------------------------------------------------
+
+
+class FalQueueClient:
+    """The fal queue (an :class:`AsyncProvider`)."""
+
+    name = "fal-queue"
+
+    def __init__(
+        self,
+        settings: Settings,
+        session: requests.Session | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        read_retries: int = 3,
+    ) -> None:
+        self.http = HttpClient(
+            settings.fal_base_url,
+            headers={"Authorization": f"Key {settings.fal_api_key}"},
+            session=session,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            read_retries=read_retries,
+            sleep=sleep,
+        )
+
+    def create(self, request: CreateRequest) -> Created:
+        app_path(request.model)  # refuse an unusable model id before anything is sent
+        path = "/".join(quote(s, safe="") for s in request.model.strip("/").split("/"))
+        params = {"fal_webhook": request.webhook_url} if request.webhook_url else None
+        try:
+            response = self.http.send_once("POST", path, json=dict(request.input), params=params)
+        except requests.RequestException as exc:
+            raise to_error("create", exc=exc) from exc
+        return parse_create(response.status_code, response.content, response.headers)
+
+    def poll(self, task_id: str, *, model: str | None = None) -> PollResult:
+        base = f"{app_path(model)}/requests/{quote(task_id, safe='')}"
+        response = self.http.read("GET", f"{base}/status")
+        result = parse_status(response.status_code, response.content, response.headers)
+        if result is not None:
+            return result
+        response = self.http.read("GET", base)
+        return parse_result(response.status_code, response.content, response.headers)
+
+    def cancel(self, task_id: str, *, model: str | None = None) -> bool:
+        path = f"{app_path(model)}/requests/{quote(task_id, safe='')}/cancel"
+        try:
+            response = self.http.send_once("PUT", path)
+        except requests.RequestException:
+            return False
+        return 200 <= response.status_code < 300
+
+    def find_created(self, job_id: str, created_after: datetime) -> ListedTask | None:
+        return None  # fal has no request listing to search
+
+
+def queue_client(settings: Settings, session: requests.Session | None = None) -> FalQueueClient:
+    """Factory for the ``fal-queue`` kind."""
+    return FalQueueClient(settings, session)
