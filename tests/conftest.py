@@ -97,3 +97,7 @@ def redis_url() -> str:
     except redis.RedisError as exc:  # pragma: no cover - environment
         pytest.fail(f"Redis is required at {REDIS_URL}: {exc}", pytrace=False)
     return REDIS_URL
+
+
+# the shipped simulator fixtures (simulator, simulator_session, simulator_env)
+from reconcile.testing.fixtures import simulator, simulator_env, simulator_session  # noqa: E402,F401

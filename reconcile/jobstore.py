@@ -1,0 +1,203 @@
+"""Every guarded write to ``jobs``: one compare-and-set UPDATE each, returning whether it won.
+
+``False`` (or ``None``) always means "someone else got there first, or the row is no longer in
+the state this step expects" — the caller then does nothing more. No other module updates
+``jobs`` directly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
+
+from .db.models import Job
+from .states import IN_FLIGHT, Status, Submission
+
+
+def load(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job | None:
+    stmt = select(Job).where(Job.id == job_id)
+    if lock:
+        stmt = stmt.with_for_update()
+    return session.execute(stmt).scalar_one_or_none()
+
+
+def _cas(session: Session, *where: Any, **values: Any) -> Job | None:
+    """UPDATE jobs SET values WHERE where RETURNING the row (None: lost)."""
+    stmt = update(Job).where(*where).values(**values).returning(Job)
+    # populate_existing: the returned object carries the values just written, even when the
+    # session had loaded the row before the UPDATE
+    row = session.execute(
+        stmt, execution_options={"synchronize_session": False, "populate_existing": True}
+    ).scalar_one_or_none()
+    return row
+
+
+def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
+                 lease: timedelta) -> Job | None:
+    """not_started → submitting, only for a pending row past its not-before time."""
+    return _cas(
+        session,
+        Job.id == job_id,
+        Job.status == Status.PENDING,
+        Job.submission_state == Submission.NOT_STARTED,
+        or_(Job.create_not_before.is_(None), Job.create_not_before <= now),
+        submission_state=Submission.SUBMITTING,
+        claim_token=token,
+        claim_expires_at=now + lease,
+        provider_call_started_at=_coalesce(Job.provider_call_started_at, now),
+        started_at=now,
+    )
+
+
+def _coalesce(column: Any, value: datetime) -> Any:
+    from sqlalchemy import func
+
+    return func.coalesce(column, value)
+
+
+def _owner(job_id: uuid.UUID, token: str) -> tuple[Any, ...]:
+    """The owner's CAS: still pending, still submitting/uncertain, same claim token."""
+    return (
+        Job.id == job_id,
+        Job.status == Status.PENDING,
+        Job.submission_state.in_([Submission.SUBMITTING, Submission.UNCERTAIN]),
+        Job.claim_token == token,
+    )
+
+
+def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, now: datetime,
+                 poll_lease: timedelta) -> Job | None:
+    """``on_task_created``: persist the upstream id, accepted, processing, a new poll chain.
+
+    Works after the claim lease expired (even from ``uncertain``) as long as the token matches,
+    but never revives a job completed, failed or cancelled meanwhile.
+    """
+    return _cas(
+        session, *_owner(job_id, token),
+        provider_task_id=task_id,
+        submission_state=Submission.ACCEPTED,
+        status=Status.PROCESSING,
+        claim_expires_at=None,
+        error_code=None,
+        error_detail=None,
+        poll_generation=Job.poll_generation + 1,
+        poll_seq=0,
+        poll_lease_expires_at=now + poll_lease,
+        reconcile_attempts=0,
+        reconcile_last_attempt_at=None,
+    )
+
+
+def release_rate_limited(session: Session, job_id: uuid.UUID, token: str, not_before: datetime,
+                         detail: dict[str, Any]) -> Job | None:
+    """A 429 (documented as not created): back to not_started with a not-before time."""
+    return _cas(
+        session, *_owner(job_id, token),
+        submission_state=Submission.NOT_STARTED,
+        claim_token=None,
+        claim_expires_at=None,
+        create_not_before=not_before,
+        create_rate_limit_count=Job.create_rate_limit_count + 1,
+        error_detail=detail,
+    )
+
+
+def mark_uncertain(session: Session, job_id: uuid.UUID, *, token: str | None, now: datetime,
+                   code: str, detail: dict[str, Any] | None) -> Job | None:
+    """submitting → uncertain (the job stays pending with its reservation)."""
+    where: list[Any] = [Job.id == job_id, Job.status == Status.PENDING,
+                        Job.submission_state == Submission.SUBMITTING,
+                        Job.provider_task_id.is_(None)]
+    if token is not None:
+        where.append(Job.claim_token == token)
+    else:  # the sweep: only once the owner's lease is gone
+        where.append(or_(Job.claim_expires_at.is_(None), Job.claim_expires_at < now))
+    return _cas(session, *where, submission_state=Submission.UNCERTAIN, error_code=code,
+                error_detail=detail, reconcile_attempts=0, reconcile_last_attempt_at=now)
+
+
+def mark_failed(session: Session, job_id: uuid.UUID, *, now: datetime, code: str, message: str,
+                detail: dict[str, Any] | None, where: tuple[Any, ...] = (),
+                submission_state: str | None = None, status: str = Status.FAILED) -> Job | None:
+    """In flight → failed (or cancelled), with ``next_poll_at = now`` so the refund is settled
+    even if this process dies before it."""
+    values: dict[str, Any] = dict(
+        status=status, error_code=code, error_message=message, error_detail=detail,
+        next_poll_at=now, completed_at=now, claim_expires_at=None, poll_lease_expires_at=None,
+        credits_actual=None,
+    )
+    if submission_state is not None:
+        values["submission_state"] = submission_state
+    return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), *where, **values)
+
+
+def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | None:
+    """Completion is allowed only from pending/processing (DESIGN §10.1)."""
+    return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), status=Status.COMPLETED,
+                next_poll_at=None, poll_lease_expires_at=None, claim_expires_at=None, **values)
+
+
+def take_poll_turn(session: Session, job_id: uuid.UUID, generation: int, seq: int,
+                   lease_until: datetime) -> Job | None:
+    """Fence a poll run: move ``poll_seq`` from ``seq`` to ``seq + 1`` for this generation.
+
+    A duplicate run, a stale chain or a terminal job loses and must not call the provider.
+    """
+    return _cas(
+        session,
+        Job.id == job_id,
+        Job.status.in_(IN_FLIGHT),
+        Job.provider_task_id.is_not(None),
+        Job.poll_generation == generation,
+        Job.poll_seq == seq,
+        poll_seq=seq + 1,
+        poll_lease_expires_at=lease_until,
+    )
+
+
+def start_new_chain(session: Session, job_id: uuid.UUID, now: datetime,
+                    lease: timedelta) -> Job | None:
+    """Resume polling under a new generation (the old chain, if alive, loses its next turn)."""
+    return _cas(
+        session, Job.id == job_id, Job.status.in_(IN_FLIGHT), Job.provider_task_id.is_not(None),
+        poll_generation=Job.poll_generation + 1, poll_seq=0, poll_lease_expires_at=now + lease,
+    )
+
+
+def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
+                  last_error: str | None) -> Job | None:
+    """One attempt, at most once per ``spacing`` per job, whoever observes it."""
+    return _cas(
+        session,
+        Job.id == job_id,
+        Job.status.in_(IN_FLIGHT),
+        or_(Job.reconcile_last_attempt_at.is_(None),
+            Job.reconcile_last_attempt_at <= now - spacing),
+        reconcile_attempts=Job.reconcile_attempts + 1,
+        reconcile_last_attempt_at=now,
+        reconcile_last_error=last_error,
+    )
+
+
+def note_error(session: Session, job_id: uuid.UUID, last_error: str) -> None:
+    session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
+                    .values(reconcile_last_error=last_error))
+
+
+def set_progress(session: Session, job_id: uuid.UUID, progress: int) -> bool:
+    return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), Job.progress < progress,
+                progress=progress) is not None
+
+
+def settled(session: Session, job_id: uuid.UUID, credits_actual: int) -> bool:
+    return _cas(session, Job.id == job_id, Job.credits_actual.is_(None),
+                credits_actual=credits_actual, next_poll_at=None) is not None
+
+
+def settle_failed(session: Session, job_id: uuid.UUID, retry_at: datetime) -> None:
+    session.execute(update(Job).where(Job.id == job_id, Job.credits_actual.is_(None))
+                    .values(next_poll_at=retry_at, settle_attempts=Job.settle_attempts + 1))

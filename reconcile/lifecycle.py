@@ -1,0 +1,643 @@
+"""The job lifecycle: submit → create (claim) → poll → finalize | fail → settle; cancel.
+
+Each step is a plain function over a :class:`~reconcile.runtime.Runtime` and a job id; the Celery
+tasks are thin wrappers. State changes are compare-and-set writes (``jobstore``); a step that
+loses one does nothing more. Upstream creates happen only after winning the submission claim,
+and a persisted task id is always resumed, never re-created.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from . import credits, jobstore
+from .db.models import Asset, CreditAnomaly, Job
+from .errors import (
+    CreateRateLimited,
+    CreateRejected,
+    CreateUncertain,
+    ErrorCode,
+    InvalidParam,
+    MediaError,
+    MediaExpired,
+    ProviderError,
+    ReconcileError,
+)
+from .events import add_event, publish
+from .kinds import Kind
+from .providers.base import AsyncProvider, CreateRequest, Output, PollResult, PollStatus
+from .runtime import Runtime, Validator
+from .states import (
+    ATTEMPT_SPACING,
+    CREATE_CLAIM_LEASE,
+    IN_FLIGHT,
+    MAX_ATTEMPTS,
+    MAX_RATE_LIMITED_CREATES,
+    POLL_LEASE_SLACK,
+    TERMINAL,
+    Status,
+    Submission,
+    settle_backoff,
+)
+
+log = logging.getLogger("reconcile.lifecycle")
+
+
+# ----------------------------------------------------------------------------- submit
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: uuid.UUID
+    kind: Kind
+
+
+def _validate(provider_kind: str, model: str, input: Any, credits_: Any,
+              validator: Validator | None, rt: Runtime) -> Kind:
+    kind = rt.kind(provider_kind)
+    if kind is None:
+        raise InvalidParam(f"unknown provider_kind {provider_kind!r}", param="provider_kind")
+    if not isinstance(model, str) or not model.strip():
+        raise InvalidParam("model must be a non-empty string", param="model")
+    if not isinstance(input, Mapping):
+        raise InvalidParam("input must be a JSON object", param="input")
+    try:
+        json.dumps(input, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidParam(f"input is not JSON: {exc}", param="input") from exc
+    if isinstance(credits_, bool) or not isinstance(credits_, int) or credits_ <= 0:
+        raise InvalidParam("credits must be a positive integer", param="credits")
+    if validator is not None:
+        validator(provider_kind, model, input)
+    return kind
+
+
+def submit_job(
+    rt: Runtime,
+    user_id: uuid.UUID,
+    provider_kind: str,
+    model: str,
+    input: Mapping[str, Any],
+    credits_: int,
+    *,
+    job_type: str,
+    should_watermark: bool | None = None,
+    is_public: bool | None = None,
+    workflow_execution_id: uuid.UUID | None = None,
+    node_id: str | None = None,
+    validator: Validator | None = None,
+    enqueue: bool = True,
+    job_id: uuid.UUID | None = None,
+) -> Submitted:
+    """Validate, reserve the credits and insert the job in ONE transaction; then (async kinds
+    only, after commit) enqueue the create. Raises InvalidParam / InsufficientCredits."""
+    kind = _validate(provider_kind, model, input, credits_, validator, rt)
+    job_id = job_id or uuid.uuid4()
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        session.add(Job(
+            id=job_id, user_id=user_id, job_type=job_type, status=Status.PENDING,
+            input_data=dict(input), progress=0, should_watermark=should_watermark,
+            is_public=is_public, workflow_execution_id=workflow_execution_id, node_id=node_id,
+            created_at=now, provider_kind=provider_kind, provider_model=model,
+            submission_state=Submission.NOT_STARTED,
+        ))
+        session.flush()
+        credits.reserve(session, user_id, job_id, credits_, now=now)
+        add_event(session, _stub(job_id, user_id), "queued", now)
+    publish(rt, job_id=job_id)
+    if enqueue and not kind.sync:
+        rt.enqueue_create(job_id)
+    log.info("job_submitted job_id=%s kind=%s", job_id, provider_kind)
+    return Submitted(job_id, kind)
+
+
+def _stub(job_id: uuid.UUID, user_id: uuid.UUID) -> Job:
+    return Job(id=job_id, user_id=user_id)
+
+
+# ----------------------------------------------------------------------------- create
+
+
+@dataclass(frozen=True)
+class CreateOutcome:
+    """What one create step did: ``accepted``, ``rejected``, ``rate_limited``, ``uncertain``,
+    ``resumed`` (the id was already there), ``busy`` (someone holds the claim), ``lost``."""
+
+    action: str
+    job_id: uuid.UUID
+    error: ProviderError | None = None
+
+
+def poll_lease(rt: Runtime, kind: Kind, age: timedelta = timedelta(0)) -> timedelta:
+    return rt.settings.scaled(kind.interval_at(age) * 2 + POLL_LEASE_SLACK)
+
+
+def poll_countdown(rt: Runtime, kind: Kind, job: Job, now: datetime) -> float:
+    started = job.provider_call_started_at or now
+    return rt.settings.scaled(kind.interval_at(now - started)).total_seconds()
+
+
+def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
+    """Run the create for one job, at most once upstream whatever the number of messages."""
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        job = jobstore.load(session, job_id)
+        if job is None:
+            return CreateOutcome("lost", job_id)
+        if job.provider_task_id:  # the retry guard (seed phase 4): resume, never re-create
+            state = "resumed"
+        elif job.submission_state == Submission.SUBMITTING:
+            if job.claim_expires_at and job.claim_expires_at > now:
+                return CreateOutcome("busy", job_id)
+            jobstore.mark_uncertain(session, job_id, token=None, now=now,
+                                    code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
+                                    detail={"reason": "submission claim expired before the id was saved"})
+            return CreateOutcome("uncertain", job_id)
+        else:
+            state = "claim"
+    if state == "resumed":
+        resume_chain(rt, job_id, only_if_lease_expired=True)
+        return CreateOutcome("resumed", job_id)
+
+    kind = rt.kind(job.provider_kind)
+    if kind is None or kind.sync:
+        return CreateOutcome("lost", job_id)  # sync kinds are run by the platform's request
+    token = uuid.uuid4().hex
+    rt.crash_point("before_claim")
+    with rt.sessions.begin() as session:
+        claimed = jobstore.claim_create(session, job_id, token, now,
+                                        rt.settings.scaled(CREATE_CLAIM_LEASE))
+    if claimed is None:
+        return CreateOutcome("lost", job_id)
+    rt.crash_point("after_claim")
+    client = rt.client(kind)
+    assert isinstance(client, AsyncProvider)
+    request = CreateRequest(model=claimed.provider_model or "", input=claimed.input_data or {},
+                            job_id=str(job_id), webhook_url=rt.webhook_url(kind.name.split("-")[0], job_id))
+    try:
+        created = client.create(request)
+    except CreateRejected as exc:
+        fail_job(rt, job_id, exc.code, exc.message, _detail(exc, submission="rejected"),
+                 submission_state=Submission.REJECTED, where=_owner_where(token))
+        return CreateOutcome("rejected", job_id, exc)
+    except CreateRateLimited as exc:
+        return _rate_limited(rt, claimed, token, exc)
+    except CreateUncertain as exc:
+        with rt.sessions.begin() as session:
+            jobstore.mark_uncertain(session, job_id, token=token, now=rt.now(),
+                                    code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
+                                    detail=_detail(exc, submission="uncertain"))
+        log.warning("create_uncertain job_id=%s error=%s", job_id, exc.message)
+        return CreateOutcome("uncertain", job_id, exc)
+    rt.crash_point("after_accept")
+    saved = on_task_created(rt, job_id, token, created.task_id)
+    if not saved:
+        return CreateOutcome("lost", job_id)
+    rt.crash_point("after_id_saved")
+    return CreateOutcome("accepted", job_id)
+
+
+def _owner_where(token: str) -> tuple[Any, ...]:
+    return (Job.claim_token == token, Job.status == Status.PENDING,
+            Job.submission_state.in_([Submission.SUBMITTING, Submission.UNCERTAIN]))
+
+
+def _detail(exc: ProviderError, **extra: Any) -> dict[str, Any]:
+    detail = exc.detail()
+    if exc.request_id is not None:
+        detail["upstreamRequestId"] = exc.request_id
+    detail.update({"submissionOutcome" if k == "submission" else k: v for k, v in extra.items()})
+    return detail
+
+
+def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str) -> bool:
+    """Persist the upstream id before the first poll and start the poll chain."""
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        job = jobstore.load(session, job_id)
+        kind = rt.kind(job.provider_kind) if job else None
+        if job is None or kind is None:
+            return False
+        saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind))
+        if saved is None:
+            session.add(CreditAnomaly(job_id=job_id, user_id=job.user_id, kind="accepted_after_terminal",
+                                      detail={"task_id": task_id, "status": job.status}, created_at=now))
+        else:
+            add_event(session, saved, "running", now, {"provider_task_id": task_id})
+    if saved is None:
+        log.warning("task_created_after_terminal job_id=%s task_id=%s", job_id, task_id)
+        client = rt.client(kind)
+        try:
+            client.cancel(task_id, model=job.provider_model)  # type: ignore[union-attr]
+        except ReconcileError:
+            pass
+        return False
+    publish(rt, job_id=job_id)
+    log.info("task_created job_id=%s task_id=%s", job_id, task_id)
+    rt.enqueue_poll(job_id, saved.poll_generation, 0, poll_countdown(rt, kind, saved, now))
+    return True
+
+
+def _rate_limited(rt: Runtime, job: Job, token: str, exc: CreateRateLimited) -> CreateOutcome:
+    now = rt.now()
+    count = job.create_rate_limit_count + 1
+    if count >= MAX_RATE_LIMITED_CREATES:
+        fail_job(rt, job.id, ErrorCode.UPSTREAM_RATE_LIMITED, exc.message,
+                 _detail(exc, submission="rejected", tries=count),
+                 submission_state=Submission.REJECTED, where=_owner_where(token))
+        return CreateOutcome("rejected", job.id, exc)
+    wait = exc.retry_after if exc.retry_after is not None else 2.0 * (2 ** count)
+    wait_td = rt.settings.scaled(timedelta(seconds=max(wait, 1.0)))
+    with rt.sessions.begin() as session:
+        released = jobstore.release_rate_limited(session, job.id, token, now + wait_td,
+                                                 _detail(exc, tries=count))
+    if released is not None:
+        rt.enqueue_create(job.id, wait_td.total_seconds())
+    return CreateOutcome("rate_limited", job.id, exc)
+
+
+# ----------------------------------------------------------------------------- poll
+
+
+def resume_chain(rt: Runtime, job_id: uuid.UUID, *, only_if_lease_expired: bool = False) -> bool:
+    """Start a new poll chain (new generation) for an accepted job."""
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        job = jobstore.load(session, job_id)
+        kind = rt.kind(job.provider_kind) if job else None
+        if job is None or kind is None or kind.sync or job.status not in IN_FLIGHT:
+            return False
+        if only_if_lease_expired and job.poll_lease_expires_at and job.poll_lease_expires_at > now:
+            return False
+        fresh = jobstore.start_new_chain(session, job_id, now, poll_lease(rt, kind))
+    if fresh is None:
+        return False
+    log.info("poll_chain_resumed job_id=%s generation=%s", job_id, fresh.poll_generation)
+    rt.enqueue_poll(job_id, fresh.poll_generation, 0, 0.0)
+    return True
+
+
+def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
+    """One status read for one job; reschedules itself while the job is in flight."""
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        job = jobstore.load(session, job_id)
+        kind = rt.kind(job.provider_kind) if job else None
+        if job is None or kind is None:
+            return "lost"
+        age = now - (job.provider_call_started_at or now)
+        turn = jobstore.take_poll_turn(session, job_id, generation, seq,
+                                       now + poll_lease(rt, kind, age))
+    if turn is None:
+        return "fenced"
+    rt.crash_point("mid_poll")
+    outcome = observe(rt, turn, kind, via="poll")
+    if outcome == "in_flight":
+        rt.enqueue_poll(job_id, generation, seq + 1, poll_countdown(rt, kind, turn, rt.now()))
+    return outcome
+
+
+def read_status(rt: Runtime, job: Job, kind: Kind) -> PollResult | ProviderError:
+    client = rt.client(kind)
+    try:
+        return client.poll(job.provider_task_id or "", model=job.provider_model)  # type: ignore[union-attr]
+    except ProviderError as exc:
+        return exc
+
+
+def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
+            result: PollResult | ProviderError | None = None) -> str:
+    """Read the task once (unless ``result`` is given) and act on it through the CAS paths.
+
+    Returns ``completed``, ``failed``, ``in_flight`` or ``lost`` (someone else finished it).
+    """
+    if result is None:
+        result = read_status(rt, job, kind)
+    if isinstance(result, ProviderError):
+        return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_FAILED, result.message)
+    if result.status is PollStatus.SUCCEEDED:
+        if not result.outputs:
+            ok = fail_job(rt, job.id, ErrorCode.UPSTREAM_EMPTY_RESULT,
+                          "The provider reported success but returned no media.",
+                          _poll_detail(result, via))
+            return "failed" if ok else "lost"
+        try:
+            ok = finalize_job_with_media(rt, job.id, result, source=via)
+        except MediaExpired as exc:
+            return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_MEDIA_EXPIRED, exc.message)
+        except MediaError as exc:
+            return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_FAILED, f"media: {exc.message}")
+        return "completed" if ok else "lost"
+    if result.status in (PollStatus.FAILED, PollStatus.CANCELED):
+        message = result.error_message or f"The provider reported {result.raw_status or 'failure'}."
+        ok = fail_job(rt, job.id, ErrorCode.UPSTREAM_FAILED, message, _poll_detail(result, via))
+        return "failed" if ok else "lost"
+    if result.status is PollStatus.UNKNOWN:
+        return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_UNKNOWN_STATUS,
+                           f"unknown status {result.raw_status!r}")
+    if result.status is PollStatus.NOT_FOUND:
+        return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_TASK_NOT_FOUND, "task not found upstream")
+    if result.progress is not None:
+        with rt.sessions.begin() as session:
+            jobstore.set_progress(session, job.id, max(0, min(99, int(result.progress))))
+    return _unfinished(rt, job, kind, None, None)
+
+
+def _poll_detail(result: PollResult, via: str) -> dict[str, Any]:
+    detail: dict[str, Any] = {"via": via}
+    if result.error_code is not None:
+        detail["provider_code"] = result.error_code
+    if result.error_message is not None:
+        detail["provider_message"] = result.error_message
+    if result.raw_status is not None:
+        detail["raw_status"] = result.raw_status
+    if result.request_id is not None:
+        detail["upstreamRequestId"] = result.request_id
+    return detail
+
+
+def past_threshold(rt: Runtime, job: Job, kind: Kind, now: datetime) -> bool:
+    started = job.provider_call_started_at or job.started_at or job.created_at
+    return now - started >= rt.settings.scaled(kind.stale_threshold)
+
+
+def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: str | None) -> str:
+    """Still not finished: note the error; past the threshold, count an attempt; at
+    MAX_ATTEMPTS fail the job with the last error's code (or UPSTREAM_TIMEOUT)."""
+    now = rt.now()
+    last_error = f"{code}: {message}" if code else None
+    if not past_threshold(rt, job, kind, now):
+        if last_error:
+            with rt.sessions.begin() as session:
+                jobstore.note_error(session, job.id, last_error)
+        return "in_flight"
+    with rt.sessions.begin() as session:
+        counted = jobstore.count_attempt(session, job.id, now, rt.settings.scaled(ATTEMPT_SPACING),
+                                         last_error)
+    if counted is None:
+        if last_error:
+            with rt.sessions.begin() as session:
+                jobstore.note_error(session, job.id, last_error)
+        return "in_flight"
+    if counted.reconcile_attempts < MAX_ATTEMPTS:
+        return "in_flight"
+    return exhaust(rt, counted)
+
+
+def exhaust(rt: Runtime, job: Job) -> str:
+    """Attempts exhausted: fail with the last error's code (or UPSTREAM_TIMEOUT) + anomaly."""
+    last = job.reconcile_last_error or ""
+    code = last.split(":", 1)[0] if last.startswith("UPSTREAM_") else ErrorCode.UPSTREAM_TIMEOUT
+    message = ("The provider did not finish in time." if code == ErrorCode.UPSTREAM_TIMEOUT
+               else last.split(": ", 1)[-1])
+    ok = fail_job(rt, job.id, code, message,
+                  {"attempts": job.reconcile_attempts, "last_error": last or None},
+                  anomaly="reconcile_exhausted")
+    return "failed" if ok else "lost"
+
+
+# ----------------------------------------------------------------------------- finalize
+
+
+@dataclass(frozen=True)
+class _Stored:
+    key: str
+    media_type: str | None
+
+
+def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult | None, *,
+                            source: str, outputs: tuple[Output, ...] | None = None) -> bool:
+    """Store every output, then complete + commit + assets + event + workflow reopen in ONE
+    transaction. False: the job was already terminal or another writer won the race."""
+    from .media import guess_extension, safe_fetch
+    from .storage import object_key
+
+    outputs = outputs if outputs is not None else (result.outputs if result else ())
+    with rt.sessions() as session:
+        job = jobstore.load(session, job_id)
+    if job is None or job.status in TERMINAL:
+        return False
+    kind = rt.kind(job.provider_kind)
+    client = rt.client(kind) if kind is not None else None
+    media_headers = getattr(client, "media_headers", None)
+    headers = media_headers() if callable(media_headers) else None
+    watermark = True if job.should_watermark is None else bool(job.should_watermark)
+    is_public = True if job.is_public is None else bool(job.is_public)
+
+    stored: list[_Stored] = []
+    texts: list[str] = []
+    for index, output in enumerate(outputs):
+        if output.data is not None:
+            data, media_type = output.data, output.media_type
+        elif output.text is not None:
+            data, media_type = output.text.encode(), output.media_type or "text/plain"
+            texts.append(output.text)
+        elif output.url:
+            fetched = safe_fetch(output.url, allowed_hosts=rt.settings.media_allowed_hosts,
+                                 max_bytes=rt.settings.media_max_bytes,
+                                 timeout=rt.settings.media_timeout, session=rt.http,
+                                 headers=headers)
+            data, media_type = fetched.data, output.media_type or fetched.content_type
+        else:
+            continue
+        if watermark and rt.watermark_hook is not None and media_type and \
+                media_type.startswith(("image/", "video/")):
+            data = rt.watermark_hook(data, media_type, job)
+        key = object_key(job.job_type, str(job.id), index,
+                         guess_extension(media_type, output.url or ""))
+        rt.storage.put(key, data, media_type)
+        stored.append(_Stored(key, media_type))
+    rt.crash_point("after_upload")
+
+    now = rt.now()
+    won = False
+    with rt.sessions.begin() as session:
+        amount = rt.pricing_hook(job, result) if rt.pricing_hook else None
+        done = jobstore.mark_completed(
+            session, job_id,
+            output_data={"outputs": [{"key": s.key, "media_type": s.media_type} for s in stored],
+                         **({"text": "\n".join(texts)} if texts else {})},
+            provider=job.provider_kind.split("-")[0] if job.provider_kind else None,
+            provider_cost=result.cost_usd if result else None,
+            completed_at=now, progress=100, error_code=None, error_message=None,
+            reconcile_last_error=None,
+        )
+        if done is not None:
+            won = True
+            credits.commit(session, job_id, amount, now=now)
+            actual = credits.settled_amount(session, job_id)
+            done.credits_actual = actual if actual is not None else 0
+            done.display_cost = done.credits_actual
+            for index, s in enumerate(stored):
+                session.add(Asset(id=uuid.uuid4(), job_id=job_id, user_id=job.user_id, index=index,
+                                  storage_key=s.key, media_type=s.media_type, is_public=is_public,
+                                  watermarked=watermark and rt.watermark_hook is not None,
+                                  created_at=now))
+            add_event(session, done, "completed", now,
+                      {"outputs": len(stored), "credits_actual": done.credits_actual, "via": source})
+            _reopen_workflow(session, done)
+            hook = rt.completion_hooks.get(job.provider_kind or "")
+            if hook is not None:
+                hook(session, done, result)
+    if not won:
+        _drop_orphans(rt, job_id, [s.key for s in stored])
+        log.info("finalize_lost job_id=%s source=%s", job_id, source)
+        return False
+    rt.crash_point("after_complete_txn")
+    publish(rt, job_id=job_id)
+    log.info("job_completed job_id=%s source=%s outputs=%d", job_id, source, len(stored))
+    return True
+
+
+def _drop_orphans(rt: Runtime, job_id: uuid.UUID, keys: list[str]) -> None:
+    """The loser of a race deletes what it stored that no asset row names (best effort)."""
+    with rt.sessions() as session:
+        named = set(session.execute(select(Asset.storage_key).where(Asset.job_id == job_id)).scalars())
+    for key in keys:
+        if key not in named:
+            try:
+                rt.storage.delete(key)
+            except Exception:  # best effort; the chaos report counts orphans
+                log.warning("orphan_delete_failed job_id=%s key=%s", job_id, key)
+
+
+def _reopen_workflow(session: Session, job: Job) -> None:
+    """Seed §5.7: a sole-cause failed execution is reopened (CAS on ``failed``)."""
+    from sqlalchemy import update
+
+    from .db.models import WorkflowExecution
+
+    if job.workflow_execution_id is None or job.node_id is None:
+        return
+    execution = session.execute(
+        select(WorkflowExecution).where(WorkflowExecution.id == job.workflow_execution_id)
+        .with_for_update()).scalar_one_or_none()
+    if execution is None or execution.status != "failed":
+        return
+    failed = execution.failed_nodes
+    if isinstance(failed, str):
+        try:
+            failed = json.loads(failed)
+        except ValueError:
+            return
+    if failed != [job.node_id]:
+        return  # multi-cause: stays failed; the output is still a standalone asset
+    session.execute(update(WorkflowExecution)
+                    .where(WorkflowExecution.id == execution.id, WorkflowExecution.status == "failed")
+                    .values(status="completed", failed_nodes=[], error_message=None))
+
+
+# ----------------------------------------------------------------------------- fail & settle
+
+
+def fail_job(rt: Runtime, job_id: uuid.UUID, code: str, message: str,
+             detail: dict[str, Any] | None, *, submission_state: str | None = None,
+             where: tuple[Any, ...] = (), anomaly: str | None = None,
+             status: str = Status.FAILED) -> bool:
+    """Persist the failure (and ``next_poll_at = now``) first, then settle the refund."""
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        failed = jobstore.mark_failed(session, job_id, now=now, code=str(code), message=message,
+                                      detail=detail, where=where,
+                                      submission_state=submission_state, status=status)
+        if failed is None:
+            return False
+        add_event(session, failed, "canceled" if status == Status.CANCELLED else "failed", now,
+                  {"code": str(code)})
+        if anomaly:
+            session.add(CreditAnomaly(job_id=job_id, user_id=failed.user_id, kind=anomaly,
+                                      detail={"code": str(code), **(detail or {})}, created_at=now))
+    log.info("job_failed job_id=%s code=%s", job_id, code)
+    rt.crash_point("before_refund")
+    settle(rt, job_id)
+    publish(rt, job_id=job_id)
+    return True
+
+
+def settle(rt: Runtime, job_id: uuid.UUID) -> bool:
+    """Refund a failed/cancelled job and record ``credits_actual``; on error back off.
+
+    Repeating never adds a second refund (the ledger's CAS); legacy refunds count.
+    """
+    now = rt.now()
+    try:
+        with rt.sessions.begin() as session:
+            job = jobstore.load(session, job_id, lock=True)
+            if job is None or job.status not in (Status.FAILED, Status.CANCELLED) \
+                    or job.credits_actual is not None:
+                return False
+            credits.refund(session, job_id, now=now)
+            rt.crash_point("mid_refund")
+            actual = credits.settled_amount(session, job_id)
+            jobstore.settled(session, job_id, actual if actual is not None else 0)
+        log.info("job_settled job_id=%s", job_id)
+        return True
+    except Exception:
+        log.exception("settle_failed job_id=%s", job_id)
+        with rt.sessions.begin() as session:
+            job = jobstore.load(session, job_id)
+            if job is not None:
+                jobstore.settle_failed(session, job_id, now + settle_backoff(job.settle_attempts))
+        return False
+
+
+# ----------------------------------------------------------------------------- uncertain
+
+
+def adopt_upstream_id(rt: Runtime, job_id: uuid.UUID, task_id: str, *, source: str) -> bool:
+    """Evidence found (a webhook, a provider listing, an operator): an ``uncertain`` (or expired
+    ``submitting``) job takes the upstream id, becomes ``accepted``/``processing`` with attempts
+    reset, and its poll chain starts. False: the job is not waiting for evidence any more."""
+    from sqlalchemy import update
+
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        job = jobstore.load(session, job_id)
+        kind = rt.kind(job.provider_kind) if job else None
+        if job is None or kind is None or kind.sync:
+            return False
+        adopted = session.execute(
+            update(Job).where(
+                Job.id == job_id, Job.status == Status.PENDING,
+                Job.submission_state.in_([Submission.UNCERTAIN, Submission.SUBMITTING]),
+                Job.provider_task_id.is_(None),
+                (Job.submission_state == Submission.UNCERTAIN)
+                | (Job.claim_expires_at.is_(None)) | (Job.claim_expires_at < now),
+            ).values(
+                provider_task_id=task_id, submission_state=Submission.ACCEPTED,
+                status=Status.PROCESSING, claim_token=None, claim_expires_at=None,
+                error_code=None, reconcile_attempts=0, reconcile_last_attempt_at=None,
+                reconcile_last_error=None, poll_generation=Job.poll_generation + 1, poll_seq=0,
+                poll_lease_expires_at=now + poll_lease(rt, kind),
+                error_detail={"adopted_from": source},
+            ).returning(Job),
+            execution_options={"synchronize_session": False, "populate_existing": True},
+        ).scalar_one_or_none()
+        if adopted is None:
+            return False
+        add_event(session, adopted, "running", now, {"provider_task_id": task_id, "adopted_from": source})
+    publish(rt, job_id=job_id)
+    log.info("uncertain_adopted job_id=%s task_id=%s source=%s", job_id, task_id, source)
+    rt.enqueue_poll(job_id, adopted.poll_generation, 0, 0.0)
+    return True
+
+
+def resolve_not_submitted(rt: Runtime, job_id: uuid.UUID, *, reason: str = "operator") -> bool:
+    """An operator established that nothing was created upstream: fail + refund."""
+    return fail_job(
+        rt, job_id, ErrorCode.RECONCILE_NO_RECOVERY, "reconcile_no_recovery",
+        {"resolved": "not_submitted", "by": reason, "submissionOutcome": "rejected"},
+        submission_state=Submission.REJECTED,
+        where=(Job.submission_state.in_([Submission.UNCERTAIN, Submission.SUBMITTING]),
+               Job.provider_task_id.is_(None)),
+    )

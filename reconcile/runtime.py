@@ -1,0 +1,103 @@
+"""Everything a lifecycle step needs, built once per process and passed in.
+
+A :class:`Runtime` carries the settings, the session factory, storage, the HTTP session, the
+clock, the platform's hooks and the two enqueue functions (set by the Celery tasks module; a
+test can pass plain callables). Nothing here reads the environment except
+:func:`Runtime.from_settings`.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import requests
+from sqlalchemy.orm import Session, sessionmaker
+
+from .db.session import engine_for, make_sessionmaker
+from .kinds import Kind, get_kind
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .db.models import Job
+    from .providers.base import AsyncProvider, PollResult, SyncProvider
+    from .storage import Storage
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# (job) -> credits to commit (≤ reserved) or None for all of it
+PricingHook = Callable[["Job", "PollResult | None"], "int | None"]
+# (data, media_type, job) -> watermarked data
+WatermarkHook = Callable[[bytes, "str | None", "Job"], bytes]
+# (session, job, result) -> None, inside the completion transaction (e.g. a LoRA row)
+CompletionHook = Callable[[Session, "Job", "PollResult | None"], None]
+# (provider_kind, model, input) -> None or raise InvalidParam
+Validator = Callable[[str, str, Mapping[str, Any]], None]
+EventHook = Callable[[dict[str, Any]], None]
+
+
+def _noop_create(job_id: uuid.UUID, countdown: float = 0.0) -> None:
+    return None
+
+
+def _noop_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float) -> None:
+    return None
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    sessions: sessionmaker[Session]
+    storage: Storage
+    http: requests.Session | None = None
+    clock: Callable[[], datetime] = utcnow
+    enqueue_create: Callable[..., None] = _noop_create
+    enqueue_poll: Callable[[uuid.UUID, int, int, float], None] = _noop_poll
+    pricing_hook: PricingHook | None = None
+    watermark_hook: WatermarkHook | None = None
+    completion_hooks: dict[str, CompletionHook] = field(default_factory=dict)  # by provider_kind
+    event_hooks: list[EventHook] = field(default_factory=list)
+    # named crash points for the reliability harness (None in production)
+    crash_hook: Callable[[str], None] | None = None
+    _clients: dict[str, Any] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **kwargs: Any) -> Runtime:
+        from .storage import storage_from_settings
+
+        sessions = make_sessionmaker(engine_for(settings.database_url))
+        return cls(settings=settings, sessions=sessions,
+                   storage=kwargs.pop("storage", None) or storage_from_settings(settings), **kwargs)
+
+    def now(self) -> datetime:
+        return self.clock()
+
+    def kind(self, name: str | None) -> Kind | None:
+        return get_kind(name)
+
+    def client(self, kind: Kind) -> AsyncProvider | SyncProvider:
+        """The (cached) provider client for ``kind``."""
+        with self._lock:
+            client = self._clients.get(kind.name)
+            if client is None:
+                client = self._clients[kind.name] = kind.build(self.settings, self.http)
+            return client
+
+    def crash_point(self, name: str) -> None:
+        if self.crash_hook is not None:
+            self.crash_hook(name)
+
+    def webhook_url(self, provider: str, job_id: uuid.UUID) -> str | None:
+        """The callback URL planted in a create, carrying the job id in its query string."""
+        base = self.settings.webhook_base_url
+        if not base:
+            return None
+        return f"{base.rstrip('/')}/webhooks/{provider}?job_id={job_id}"

@@ -1,0 +1,53 @@
+"""Job statuses, submission states and the constants of the lifecycle (pure, no I/O)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Submission(StrEnum):
+    """``jobs.submission_state``; NULL means a row the library never submitted."""
+
+    NOT_STARTED = "not_started"
+    SUBMITTING = "submitting"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    UNCERTAIN = "uncertain"
+
+
+IN_FLIGHT = (Status.PENDING.value, Status.PROCESSING.value)
+TERMINAL = (Status.COMPLETED.value, Status.FAILED.value, Status.CANCELLED.value)
+
+MAX_ATTEMPTS = 18  # ≈ 90 minutes of attempts after the stale threshold (seed §5.5)
+ATTEMPT_SPACING = timedelta(minutes=5)  # an attempt counts at most once per 5 minutes per job
+MAX_RATE_LIMITED_CREATES = 5  # 429 / KIE 455 retries before the job is rejected
+MAX_CREATE_REENQUEUES = 5  # sweep re-enqueues of a lost create before giving up
+CREATE_CLAIM_LEASE = timedelta(minutes=2)  # > connect + read timeouts of a create
+POLL_LEASE_SLACK = timedelta(seconds=30)
+LEGACY_AGE = timedelta(minutes=5)
+NOT_STARTED_AGE = timedelta(minutes=2)
+SETTLE_BACKOFF_BASE = timedelta(seconds=30)
+SETTLE_BACKOFF_MAX = timedelta(hours=1)
+
+# the snapshot's public names (seed 001)
+PUBLIC_STATE = {
+    Status.PENDING.value: "queued",
+    Status.PROCESSING.value: "running",
+    Status.COMPLETED.value: "completed",
+    Status.FAILED.value: "failed",
+    Status.CANCELLED.value: "canceled",
+}
+
+
+def settle_backoff(attempts: int) -> timedelta:
+    """Delay before the next settlement try after ``attempts`` failures (30 s doubling, ≤ 1 h)."""
+    return min(SETTLE_BACKOFF_BASE * (2 ** min(attempts, 12)), SETTLE_BACKOFF_MAX)
