@@ -277,3 +277,40 @@ def media_ext(model: str) -> str:
     if any(word in name for word in _AUDIO_WORDS):
         return "mp3"
     return "png"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A create the script refused: ``kind`` is invalid | auth | rate_limit | server_error |
+    kie_200_error (then ``code`` is the envelope code)."""
+
+    kind: str
+    script: Script
+    code: int | None = None
+
+
+def raw_status(state: str, mapping: Mapping[str, Any]) -> Any:
+    """The provider's status for a simulator state; ``unknown:<raw>`` passes ``raw`` through."""
+    if state.startswith("unknown:"):
+        return state.split(":", 1)[1]
+    return mapping[state]
+
+
+def int_or_raw(value: Any) -> Any:
+    text = str(value)
+    return int(text) if text.lstrip("-").isdigit() else value
+
+
+def base_urls_for(url: str) -> dict[str, str]:
+    """The settings environment that points every client at a simulator running at ``url``."""
+    host = urlsplit(url).hostname or "127.0.0.1"
+    return {
+        "RECONCILE_KIE_BASE_URL": url + "/kie",
+        "RECONCILE_REPLICATE_BASE_URL": url + "/replicate",
+        "RECONCILE_ELEVENLABS_BASE_URL": url + "/elevenlabs",
+        "RECONCILE_FAL_BASE_URL": url + "/fal",
+        "RECONCILE_FAL_SYNC_BASE_URL": url + "/fal-sync",
+        "RECONCILE_ANTHROPIC_BASE_URL": url + "/anthropic",
+        "RECONCILE_MEDIA_ALLOWED_HOSTS": json.dumps([host]),
+        "RECONCILE_FAL_JWKS_URL": url + "/fal/.well-known/jwks.json",
+    }

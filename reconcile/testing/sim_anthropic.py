@@ -1,0 +1,65 @@
+"""Anthropic's Messages API as the simulator serves it under ``/anthropic`` (PROVIDERS.md §5).
+
+Synchronous: one ``POST /v1/messages`` answers a message object. Every answer, errors included,
+carries a ``request-id`` header (``req_…``), and errors use the
+``{"type": "error", "error": {...}, "request_id": ...}`` body.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .sim_core import Request, Response, Script, json_response, retry_after_header
+
+if TYPE_CHECKING:
+    from .simulator import Simulator
+
+PREFIX = "anthropic"
+PROVIDER = "anthropic"
+
+_ERRORS = {
+    "auth": (401, "authentication_error", "invalid x-api-key"),
+    "invalid": (400, "invalid_request_error", "messages: field required"),
+    "rate_limit": (429, "rate_limit_error", "Number of requests has exceeded your rate limit"),
+    "server_error": (500, "api_error", "Internal server error (simulated)"),
+    "kie_200_error": (500, "api_error", "Internal server error (simulated)"),
+    "not_found": (404, "not_found_error", "Not found"),
+    "version": (400, "invalid_request_error", "anthropic-version: header is required"),
+}
+
+
+def authorized(req: Request) -> bool:
+    return bool(req.header("x-api-key").strip())
+
+
+def error(kind: str, script: Script, code: int | None = None, request_id: str = "req_sim") -> Response:
+    status, error_type, message = _ERRORS[kind]
+    headers = {"request-id": request_id}
+    if kind == "rate_limit":
+        headers.update({k.lower(): v for k, v in retry_after_header(script).items()})
+    return json_response(status, {"type": "error", "request_id": request_id,
+                                  "error": {"type": error_type, "message": message}}, headers)
+
+
+def handle(sim: Simulator, req: Request) -> Response | None:
+    if req.method != "POST" or req.path != "/v1/messages":
+        return None
+    request_id = "req_" + sim.new_id(24)
+    script = sim.script_for(None, None)
+    if not req.header("anthropic-version"):
+        return error("version", script, request_id=request_id)
+    body = req.json()
+    if not isinstance(body, dict) or not body.get("messages") or not body.get("max_tokens"):
+        return error("invalid", script, request_id=request_id)
+    model = str(body.get("model") or "claude-sonnet-4-5")
+    rejected = sim.call(PROVIDER, model)
+    if rejected is not None:
+        return error(rejected.kind, rejected.script, rejected.code, request_id=request_id)
+    message: dict[str, Any] = {
+        "id": "msg_" + sim.new_id(24), "type": "message", "role": "assistant", "model": model,
+        "content": [{"type": "text", "text": "Simulated reply."}],
+        "stop_reason": "end_turn", "stop_sequence": None,
+        "usage": {"input_tokens": 12, "output_tokens": 3, "cache_creation_input_tokens": 0,
+                  "cache_read_input_tokens": 0},
+    }
+    return json_response(200, message, {"request-id": request_id})
