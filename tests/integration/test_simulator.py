@@ -318,6 +318,13 @@ def test_elevenlabs_failed_dubbing_and_sync_tts(sim, http) -> None:
     assert sim.creates(provider="elevenlabs") == 2
 
 
+def test_elevenlabs_dubbing_named_by_the_library_counts_for_that_job(sim, http) -> None:
+    """A dubbing named ``reconcile-job:<id>`` (as the library's client names it) counts for ``<id>``."""
+    http.post(f"{sim.url}/elevenlabs/v1/dubbing", headers=ELEVEN,
+              data={"source_url": "https://x.test/a.mp4", "name": "reconcile-job:job-n"})
+    assert sim.creates("job-n", "elevenlabs") == 1
+
+
 # --- fal -------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,83 @@
+"""Celery settings for reconcile workers and beat (``celery -A reconcile.celery_app …``).
+
+Each setting that matters has its reason (measured in ../shared/CELERY.md). The broker comes
+from ``RECONCILE_BROKER_URL``: a Redis or RabbitMQ URL in production; the default
+``filesystem://`` needs no server (the embedded default). Correctness never depends on the
+broker redelivering: the sweep recovers lost creates and dead poll chains from the database.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from reconcile.settings import Settings
+
+_settings = Settings()
+
+broker_url = _settings.broker_url
+# job state lives in the database; results are never read
+result_backend = None
+task_ignore_result = True
+
+# a task is acked only after it ran, and requeued if its pool child dies (E1/E2)
+task_acks_late = True
+task_reject_on_worker_lost = True
+# one message per process: a long task never holds prefetched messages hostage
+worker_prefetch_multiplier = 1
+# a Redis blip must not leave two copies of a running task (E11)
+worker_cancel_long_running_tasks_on_connection_loss = True
+# ids only in arguments (Flower shows them); JSON only
+task_serializer = "json"
+accept_content = ["json"]
+# one step per task run; every I/O call has its own timeout, this is the backstop
+task_time_limit = 600
+task_soft_time_limit = 540
+# bound ETA (poll countdown) messages held in memory; requeue them on shutdown
+worker_eta_task_limit = 1000
+worker_enable_soft_shutdown_on_idle = True
+# Flower: task events on
+worker_send_task_events = True
+task_send_sent_event = True
+
+# The visibility timeout exceeds the longest task (600 s) plus the longest poll countdown
+# (≤ 300 s), so a healthy task is never redelivered; a fast restore cadence brings a dead
+# worker's messages back within about the timeout instead of +100 s (E3/E4).
+_VISIBILITY = 3600
+broker_transport_options: dict[str, object] = {}
+if broker_url.startswith(("redis://", "rediss://")):
+    broker_transport_options = {
+        "visibility_timeout": _VISIBILITY,
+        "unacked_restore_interval": 10,
+        "unacked_restore_throttle": 1,
+    }
+    visibility_timeout = _VISIBILITY
+elif broker_url.startswith("filesystem://"):
+    _folder = os.path.abspath(_settings.broker_folder)
+    for _sub in ("queue", "control"):
+        os.makedirs(os.path.join(_folder, _sub), exist_ok=True)
+    broker_transport_options = {
+        "data_folder_in": os.path.join(_folder, "queue"),
+        "data_folder_out": os.path.join(_folder, "queue"),
+        "control_folder": os.path.join(_folder, "control"),
+        "store_processed": False,
+        "polling_interval": 0.1,
+    }
+broker_connection_retry_on_startup = True
+
+# the sweep on its own queue, so a backlog of polls never delays it
+task_default_queue = "reconcile"
+task_routes = {
+    "reconcile.sweep": {"queue": "reconcile.sweep"},
+}
+
+# exactly one beat process (never `worker -B` in production); the sweep is idempotent, so a
+# duplicated or missed tick costs only load
+beat_schedule = {
+    "reconcile-sweep": {
+        "task": "reconcile.sweep",
+        "schedule": timedelta(seconds=_settings.sweep_interval * _settings.time_scale),
+        "options": {"queue": "reconcile.sweep", "expires": _settings.sweep_interval * _settings.time_scale},
+    },
+}
+beat_max_loop_interval = min(300.0, max(1.0, _settings.sweep_interval * _settings.time_scale))

@@ -1,0 +1,118 @@
+"""Sync provider calls (seed §5.8): run by the platform's request, never by a create task.
+
+::
+
+    with sync_call(rt, job_id) as call:          # takes the submission claim
+        call.result = client.call(model, input)  # the platform's own call
+    # → completed (+ commit) or failed (+ refund at once)
+
+A crash inside the block leaves the row ``submitting`` with ``provider_call_started_at`` set;
+the sweep fails and refunds it past the kind's threshold (there is nothing to look up later).
+On a platform row with no ``submission_state`` the helper only marks ``provider_kind`` and
+``provider_call_started_at`` (status untouched), as the seed's ``markProviderCallStart`` did.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import update
+
+from . import jobstore, lifecycle
+from .db.models import Job
+from .errors import Conflict, ErrorCode, InvalidParam, JobNotFound, ProviderError
+from .providers.base import SyncProvider, SyncResult
+from .runtime import Runtime
+from .states import CREATE_CLAIM_LEASE, Status, Submission
+
+log = logging.getLogger("reconcile.sync")
+
+
+@dataclass
+class SyncCall:
+    job_id: uuid.UUID
+    token: str | None
+    result: SyncResult | None = None
+
+
+def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCall:
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        job = jobstore.load(session, job_id)
+        if job is None:
+            raise JobNotFound()
+        if job.submission_state is None:  # a platform row (seed D9 plumbing)
+            kind_name = provider_kind or job.provider_kind
+            if rt.kind(kind_name) is None:
+                raise InvalidParam(f"unknown provider_kind {kind_name!r}", param="provider_kind")
+            session.execute(update(Job).where(Job.id == job_id).values(
+                provider_kind=kind_name, provider_call_started_at=now))
+            return SyncCall(job_id, None)
+        kind = rt.kind(job.provider_kind)
+        if kind is None or not kind.sync:
+            raise InvalidParam("sync_call is for sync provider kinds", param="provider_kind")
+        token = uuid.uuid4().hex
+        lease = rt.settings.scaled(max(CREATE_CLAIM_LEASE, kind.stale_threshold))
+        if jobstore.claim_create(session, job_id, token, now, lease) is None:
+            raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED,
+                           "the job is not waiting for its call")
+        return SyncCall(job_id, token)
+
+
+@contextmanager
+def sync_call(rt: Runtime, job_id: uuid.UUID, *, provider_kind: str | None = None) -> Iterator[SyncCall]:
+    """Claim the job, run the caller's block, then finish or fail (+ refund) the job."""
+    call = _claim(rt, job_id, provider_kind)
+    rt.crash_point("sync_before_call")
+    where = (Job.claim_token == call.token,) if call.token else ()
+    try:
+        yield call
+    except ProviderError as exc:
+        detail = exc.detail()
+        if exc.request_id is not None:
+            detail["upstreamRequestId"] = exc.request_id
+        lifecycle.fail_job(rt, job_id, exc.code, exc.message, detail, where=where,
+                           submission_state=Submission.REJECTED if call.token else None)
+        raise
+    except BaseException as exc:
+        lifecycle.fail_job(rt, job_id, ErrorCode.UPSTREAM_FAILED, f"sync call failed: {exc!r}",
+                           {"exception": type(exc).__name__}, where=where)
+        raise
+    rt.crash_point("sync_after_call")
+    if call.result is None:
+        lifecycle.fail_job(rt, job_id, ErrorCode.UPSTREAM_EMPTY_RESULT,
+                           "The sync call returned no result.", None, where=where)
+        return
+    if not call.result.outputs:
+        lifecycle.fail_job(rt, job_id, ErrorCode.UPSTREAM_EMPTY_RESULT,
+                           "The provider returned no output.", None, where=where)
+        return
+    lifecycle.finalize_job_with_media(rt, job_id, None, source="sync", outputs=call.result.outputs)
+
+
+def run_sync(rt: Runtime, job_id: uuid.UUID) -> Job:
+    """Convenience: run a library-submitted sync-kind job's call with its kind's client."""
+    with rt.sessions() as session:
+        job = jobstore.load(session, job_id)
+    if job is None:
+        raise JobNotFound()
+    kind = rt.kind(job.provider_kind)
+    if kind is None or not kind.sync:
+        raise InvalidParam("not a sync provider kind", param="provider_kind")
+    client = rt.client(kind)
+    assert isinstance(client, SyncProvider)
+    try:
+        with sync_call(rt, job_id) as call:
+            call.result = client.call(job.provider_model or "", job.input_data or {})
+    except ProviderError:
+        pass  # recorded on the job (failed + refunded)
+    with rt.sessions() as session:
+        done = jobstore.load(session, job_id)
+    assert done is not None
+    if done.status not in (Status.COMPLETED, Status.FAILED):
+        log.warning("sync_job_not_terminal job_id=%s status=%s", job_id, done.status)
+    return done

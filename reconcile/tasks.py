@@ -1,0 +1,111 @@
+"""Thin Celery tasks: ids in, one plain function out. Names are ``reconcile.*``.
+
+Every task is safe to run twice: creates win a claim before calling the provider, polls are
+fenced by generation + sequence, settlements and completions are compare-and-set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any
+
+from celery import shared_task
+
+from . import lifecycle
+from .runtime import Runtime
+from .settings import Settings
+
+log = logging.getLogger("reconcile.tasks")
+
+_RUNTIME: dict[int, Runtime] = {}
+
+
+def get_runtime() -> Runtime:
+    """This process's runtime, built from the environment on first use."""
+    rt = _RUNTIME.get(os.getpid())
+    if rt is None:
+        rt = Runtime.from_settings(Settings(), enqueue_create=enqueue_create,
+                                   enqueue_poll=enqueue_poll)
+        _install_crash_hook(rt)
+        _RUNTIME[os.getpid()] = rt
+    return rt
+
+
+def set_runtime(rt: Runtime) -> None:
+    """Use ``rt`` in this process (tests, or a platform wiring its own hooks)."""
+    rt.enqueue_create = enqueue_create
+    rt.enqueue_poll = enqueue_poll
+    _RUNTIME[os.getpid()] = rt
+
+
+def reset_runtime() -> None:
+    _RUNTIME.clear()
+
+
+def _install_crash_hook(rt: Runtime) -> None:
+    """Reliability harness only: ``RECONCILE_TEST_CRASH_AT=<point>`` SIGKILLs the whole worker
+    (main process and this child) when the named point is reached."""
+    point = os.environ.get("RECONCILE_TEST_CRASH_AT")
+    if not point:
+        return
+    import signal
+
+    def crash(name: str) -> None:
+        if name == point:
+            log.warning("test_crash point=%s pid=%s", name, os.getpid())
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    rt.crash_hook = crash
+
+
+def enqueue_create(job_id: uuid.UUID, countdown: float = 0.0) -> None:
+    create.apply_async(args=[str(job_id)], countdown=countdown or None)
+
+
+def enqueue_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float) -> None:
+    poll.apply_async(args=[str(job_id), generation, seq], countdown=countdown or None)
+
+
+def _redelivery(task: Any) -> None:
+    info = getattr(task.request, "delivery_info", None) or {}
+    if info.get("redelivered"):
+        log.info("task_redelivered task=%s id=%s", task.name, task.request.id)
+
+
+@shared_task(name="reconcile.create", bind=True, ignore_result=True, acks_late=True)
+def create(self: Any, job_id: str) -> str:
+    """Run the create of one job (claims first; a duplicate message exits)."""
+    _redelivery(self)
+    return lifecycle.create_step(get_runtime(), uuid.UUID(job_id)).action
+
+
+@shared_task(name="reconcile.poll", bind=True, ignore_result=True, acks_late=True)
+def poll(self: Any, job_id: str, generation: int, seq: int) -> str:
+    """One fenced status read of one job; reschedules itself while in flight."""
+    _redelivery(self)
+    return lifecycle.poll_step(get_runtime(), uuid.UUID(job_id), int(generation), int(seq))
+
+
+@shared_task(name="reconcile.settle", ignore_result=True, acks_late=True)
+def settle(job_id: str) -> bool:
+    """Retry a failed/cancelled job's refund settlement."""
+    return lifecycle.settle(get_runtime(), uuid.UUID(job_id))
+
+
+@shared_task(name="reconcile.reconcile_job", ignore_result=True, acks_late=True)
+def reconcile_job(job_id: str) -> str:
+    """Apply the sweep's decision table to one job (the sweep fans out to this)."""
+    from .sweep import reconcile_job as run
+
+    return run(get_runtime(), uuid.UUID(job_id))
+
+
+@shared_task(name="reconcile.sweep", ignore_result=True, acks_late=True)
+def sweep() -> str:
+    """One reconcile tick (beat); what does not fit the time budget fans out per job."""
+    from .sweep import sweep as run
+
+    report = run(get_runtime(), fan_out=lambda jid: reconcile_job.delay(str(jid)))
+    return report.line()

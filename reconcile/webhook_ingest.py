@@ -1,0 +1,121 @@
+"""Webhook ingestion: verify → store (dedupe) → re-read the task → the same CAS path as polls.
+
+``handle_webhook`` is framework-agnostic: give it the provider name (``kie``, ``replicate``,
+``elevenlabs``, ``fal`` — the last path segment of the planted callback URL), the headers, the
+raw body and the query string; it returns ``(http_status, body)``. Polling stays authoritative:
+a delivery only makes the library read the task now. A delivery that names a job still
+``submitting``/``uncertain`` is kept as evidence for the sweep, never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from . import jobstore, lifecycle, webhooks
+from .db.models import Job, WebhookDelivery
+from .errors import (
+    ErrorCode,
+    ProviderError,
+    ReadFailed,
+    WebhookError,
+    WebhookPayloadError,
+)
+from .providers.base import PollResult, PollStatus
+from .runtime import Runtime
+from .states import IN_FLIGHT, Submission
+
+log = logging.getLogger("reconcile.webhooks")
+
+
+def _secret(rt: Runtime, provider: str) -> Any:
+    s = rt.settings
+    if provider == "replicate":
+        return s.replicate_webhook_secret
+    if provider == "kie":
+        return s.kie_webhook_hmac_key
+    if provider == "elevenlabs":
+        return s.elevenlabs_webhook_secret
+    if provider == "fal":
+        cache = rt._clients.get("__fal_jwks__")
+        if cache is None:
+            import requests
+
+            cache = rt._clients["__fal_jwks__"] = webhooks.JwksCache(
+                s.fal_jwks_url, rt.http or requests.Session())
+        return cache
+    raise WebhookPayloadError(f"unknown webhook provider {provider!r}")
+
+
+def _as_uuid(value: str | None) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value) if value else None
+    except ValueError:
+        return None
+
+
+def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body: bytes,
+                   query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+    now = rt.now()
+    try:
+        event = webhooks.verify(provider, headers, body, query, _secret(rt, provider), now)
+    except WebhookPayloadError as exc:
+        return 400, {"error": {"type": "invalid_request_error", "code": "WEBHOOK_INVALID",
+                               "message": exc.message}}
+    except WebhookError as exc:
+        return 401, {"error": {"type": "authentication_error", "code": "WEBHOOK_REJECTED",
+                               "message": exc.message}}
+    except ReadFailed as exc:  # the JWKS could not be fetched: let the provider retry
+        return 503, {"error": {"type": "internal_error", "code": "INTERNAL", "message": exc.message}}
+
+    planted = _as_uuid(event.planted_job_id)
+    try:
+        with rt.sessions.begin() as session:
+            session.add(WebhookDelivery(
+                provider=provider, delivery_id=event.delivery_id, upstream_id=event.task_id,
+                job_id=planted, received_at=now, payload_digest=webhooks.payload_digest(body),
+                status=event.status, payload=event.payload if isinstance(event.payload, dict) else None,
+            ))
+    except IntegrityError:
+        return 200, {"status": "duplicate"}
+
+    with rt.sessions() as session:
+        job = session.get(Job, planted) if planted else None
+        if job is not None and job.provider_task_id and event.task_id and \
+                job.provider_task_id != event.task_id:
+            job = None  # the planted id is only a hint: the upstream id must match
+        if job is None and event.task_id:
+            job = session.execute(select(Job).where(
+                Job.provider_task_id == event.task_id, Job.status.in_(IN_FLIGHT))).scalars().first()
+    if job is None:
+        return 202, {"status": "stored"}
+    if job.submission_state in (Submission.SUBMITTING, Submission.UNCERTAIN) and not job.provider_task_id:
+        log.info("webhook_evidence job_id=%s upstream_id=%s", job.id, event.task_id)
+        return 202, {"status": "evidence"}
+    if job.status not in IN_FLIGHT or not job.provider_task_id:
+        return 200, {"status": "ignored"}
+    kind = rt.kind(job.provider_kind)
+    if kind is None or kind.sync:
+        return 200, {"status": "ignored"}
+
+    result = lifecycle.read_status(rt, job, kind)
+    unreadable = isinstance(result, ProviderError) and getattr(result, "status", None) in (401, 403, 404)
+    not_found = isinstance(result, PollResult) and result.status is PollStatus.NOT_FOUND
+    if (unreadable or not_found) and event.failed and event.signed_body:
+        # the signed body says failed and the confirming read is impossible
+        ok = lifecycle.fail_job(rt, job.id, ErrorCode.UPSTREAM_WEBHOOK_ERROR,
+                                event.error or "The provider's webhook reported a failure.",
+                                {"via": "webhook", "provider_status": event.status})
+        return 200, {"status": "failed" if ok else "lost"}
+    if isinstance(result, ProviderError) or not_found:
+        return 202, {"status": "unconfirmed"}  # the poll chain and the sweep carry on
+    outcome = lifecycle.observe(rt, job, kind, via="webhook", result=result)
+    with rt.sessions() as session:
+        current = jobstore.load(session, job.id)
+    log.info("webhook_handled job_id=%s outcome=%s", job.id, outcome)
+    return 200, {"status": outcome, "job_status": current.status if current else None}
