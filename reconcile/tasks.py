@@ -45,16 +45,31 @@ def reset_runtime() -> None:
 
 
 def _install_crash_hook(rt: Runtime) -> None:
-    """Reliability harness only: ``RECONCILE_TEST_CRASH_AT=<point>`` SIGKILLs the whole worker
-    (main process and this child) when the named point is reached."""
+    """Reliability harness only. ``RECONCILE_TEST_CRASH_AT=<point>`` SIGKILLs, when the named
+    point is reached, the whole worker (``RECONCILE_TEST_CRASH_MODE=group``, the default: main
+    process and children) or only this pool child (``self``). With
+    ``RECONCILE_TEST_CRASH_ONCE=<path>`` it crashes only the first time (the file marks it)."""
     point = os.environ.get("RECONCILE_TEST_CRASH_AT")
     if not point:
         return
     import signal
 
+    mode = os.environ.get("RECONCILE_TEST_CRASH_MODE", "group")
+    once = os.environ.get("RECONCILE_TEST_CRASH_ONCE")
+
     def crash(name: str) -> None:
-        if name == point:
-            log.warning("test_crash point=%s pid=%s", name, os.getpid())
+        if name != point:
+            return
+        if once:
+            try:
+                fd = os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return
+            os.close(fd)
+        log.warning("test_crash point=%s pid=%s mode=%s", name, os.getpid(), mode)
+        if mode == "self":
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
             os.killpg(os.getpgid(0), signal.SIGKILL)
 
     rt.crash_hook = crash
