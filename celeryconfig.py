@@ -40,10 +40,11 @@ worker_enable_soft_shutdown_on_idle = True
 worker_send_task_events = True
 task_send_sent_event = True
 
-# The visibility timeout exceeds the longest task (600 s) plus the longest poll countdown
-# (≤ 300 s), so a healthy task is never redelivered; a fast restore cadence brings a dead
+# The visibility timeout (RECONCILE_BROKER_VISIBILITY_TIMEOUT, default 3600 s) exceeds the
+# longest task (600 s) plus the longest poll countdown (≤ 300 s), so a healthy task is never
+# redelivered; a fast restore cadence brings a dead
 # worker's messages back within about the timeout instead of +100 s (E3/E4).
-_VISIBILITY = 3600
+_VISIBILITY = int(_settings.broker_visibility_timeout)
 broker_transport_options: dict[str, object] = {}
 if broker_url.startswith(("redis://", "rediss://")):
     broker_transport_options = {

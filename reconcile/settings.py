@@ -23,6 +23,8 @@ class Settings(BaseSettings):
     database_url: str = DEFAULT_SQLITE_URL
     broker_url: str = "filesystem://"
     broker_folder: str = ".reconcile-broker"
+    # must exceed the longest task (600 s) plus the longest poll countdown; tests shorten it
+    broker_visibility_timeout: int = 3600
     storage_url: str = "file://./reconcile-media"
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"
