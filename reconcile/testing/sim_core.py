@@ -293,6 +293,9 @@ def raw_status(state: str, mapping: Mapping[str, Any]) -> Any:
     """The provider's status for a simulator state; ``unknown:<raw>`` passes ``raw`` through."""
     if state.startswith("unknown:"):
         return state.split(":", 1)[1]
+    if state == "vanished" and state not in mapping:
+        # only a create's own answer renders a task that vanishes at once: it was queued
+        return mapping["queued"]
     return mapping[state]
 
 
