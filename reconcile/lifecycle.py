@@ -324,7 +324,8 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
     if result is None:
         result = read_status(rt, job, kind)
     if isinstance(result, ProviderError):
-        return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_FAILED, result.message)
+        # a failed read is no verdict: at exhaustion it counts as "still running" (TIMEOUT)
+        return _unfinished(rt, job, kind, None, f"read failed: {result.message}")
     if result.status is PollStatus.SUCCEEDED:
         if not result.outputs:
             ok = fail_job(rt, job.id, ErrorCode.UPSTREAM_EMPTY_RESULT,
@@ -336,7 +337,7 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
         except MediaExpired as exc:
             return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_MEDIA_EXPIRED, exc.message)
         except MediaError as exc:
-            return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_FAILED, f"media: {exc.message}")
+            return _unfinished(rt, job, kind, None, f"media fetch failed: {exc.message}")
         return "completed" if ok else "lost"
     if result.status in (PollStatus.FAILED, PollStatus.CANCELED):
         message = result.error_message or f"The provider reported {result.raw_status or 'failure'}."
@@ -375,7 +376,7 @@ def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: st
     """Still not finished: note the error; past the threshold, count an attempt; at
     MAX_ATTEMPTS fail the job with the last error's code (or UPSTREAM_TIMEOUT)."""
     now = rt.now()
-    last_error = f"{code}: {message}" if code else None
+    last_error = f"{code}: {message}" if code else message
     if not past_threshold(rt, job, kind, now):
         if last_error:
             with rt.sessions.begin() as session:
