@@ -640,5 +640,8 @@ def resolve_not_submitted(rt: Runtime, job_id: uuid.UUID, *, reason: str = "oper
         {"resolved": "not_submitted", "by": reason, "submissionOutcome": "rejected"},
         submission_state=Submission.REJECTED,
         where=(Job.submission_state.in_([Submission.UNCERTAIN, Submission.SUBMITTING]),
-               Job.provider_task_id.is_(None)),
+               Job.provider_task_id.is_(None),
+               # a live claim means a worker may be creating right now: not for an operator
+               (Job.submission_state == Submission.UNCERTAIN)
+               | (Job.claim_expires_at.is_(None)) | (Job.claim_expires_at < rt.now())),
     )
