@@ -186,6 +186,11 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
                             job_id=str(job_id), webhook_url=rt.webhook_url(kind.name.split("-")[0], job_id))
     try:
         created = client.create(request)
+    except InvalidParam as exc:  # the provider's request builder refused it: nothing was sent
+        fail_job(rt, job_id, ErrorCode.INVALID_PARAM, exc.message,
+                 {"param": exc.param, "submissionOutcome": "rejected"},
+                 submission_state=Submission.REJECTED, where=_owner_where(token))
+        return CreateOutcome("rejected", job_id)
     except CreateRejected as exc:
         fail_job(rt, job_id, exc.code, exc.message, _detail(exc, submission="rejected"),
                  submission_state=Submission.REJECTED, where=_owner_where(token))
@@ -427,6 +432,8 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
     with rt.sessions() as session:
         job = jobstore.load(session, job_id)
     if job is None or job.status in TERMINAL:
+        if job is not None and job.status == Status.CANCELLED:
+            _completion_refused(rt, job, source)
         return False
     kind = rt.kind(job.provider_kind)
     client = rt.client(kind) if kind is not None else None
@@ -492,12 +499,25 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
                 hook(session, done, result)
     if not won:
         _drop_orphans(rt, job_id, [s.key for s in stored])
+        with rt.sessions() as session:
+            current = jobstore.load(session, job_id)
+        if current is not None and current.status == Status.CANCELLED:
+            _completion_refused(rt, current, source)
         log.info("finalize_lost job_id=%s source=%s", job_id, source)
         return False
     rt.crash_point("after_complete_txn")
     publish(rt, job_id=job_id)
     log.info("job_completed job_id=%s source=%s outputs=%d", job_id, source, len(stored))
     return True
+
+
+def _completion_refused(rt: Runtime, job: Job, source: str) -> None:
+    """DESIGN §5.6: a completion after a local cancel is ignored, and logged as an anomaly."""
+    with rt.sessions.begin() as session:
+        session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="completed_after_cancel",
+                                  detail={"source": source, "task_id": job.provider_task_id},
+                                  created_at=rt.now()))
+    log.warning("completion_after_cancel job_id=%s source=%s", job.id, source)
 
 
 def _drop_orphans(rt: Runtime, job_id: uuid.UUID, keys: list[str]) -> None:

@@ -1,0 +1,298 @@
+"""Gateway helpers (DESIGN.md §5.7): framework-agnostic, each returns ``(http_status, body)``.
+
+A platform's web layer calls these and serialises ``body`` as JSON unchanged; the shapes are the
+customer contract of seed 001, so tests compare them key for key::
+
+    202 {"job_id", "state": "queued"}                              submit accepted (inline or queued)
+    502 {"error": {"type": "upstream_error", "code": "UPSTREAM_SUBMISSION_FAILED" | …UNCERTAIN,
+                   "message", "job_id"[, "upstream_request_id"]}}
+    400 / 402 / 404 / 409 / 500 {"error": {"type", "code", "message", …}}
+    200 {"id", "state", "outputs", "error", "credits_actual", "next_poll_at"}   a snapshot
+
+Choices written down here (the design is silent on them):
+
+* A submit's 202 always says ``"state": "queued"`` — even when the inline create was already
+  accepted: the answer means "taken", and the snapshot is where the live state is read.
+* A snapshot's ``error`` is present when the row has an ``error_code`` (an ``uncertain`` job
+  still queued included), or the job failed / was cancelled; a platform row that failed without
+  a code reports ``INTERNAL`` (cancelled: ``CANCELED``) rather than inventing a cause.
+* Timestamps are ISO-8601 UTC to the second with a ``Z`` (``2026-12-01T10:05:00Z``).
+* A job id that is not a UUID is "not found", like another user's job.
+* An unexpected exception is a 500 with no internals in the body; it is logged with the job id
+  (when a job was already inserted, the sweep re-enqueues its create: DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+
+from . import credits as ledger
+from . import events, lifecycle
+from .cancel import cancel_job, load_owned
+from .db.models import Asset, Job
+from .errors import (
+    Conflict,
+    CreateRejected,
+    CreateUncertain,
+    ErrorCode,
+    InsufficientCredits,
+    InvalidParam,
+    JobNotFound,
+    ProviderError,
+)
+from .runtime import Runtime, Validator
+from .states import PUBLIC_STATE, Status, Submission
+
+__all__ = [
+    "Response", "cancel", "credit_history", "error_response", "follow", "snapshot",
+    "snapshot_body", "submit",
+]
+
+log = logging.getLogger("reconcile.api")
+
+Response = tuple[int, dict[str, Any]]
+
+SUBMISSION_FAILED_MESSAGE = "Upstream submission failed. Check the job for credit reconciliation."
+SUBMISSION_UNCERTAIN_MESSAGE = "Upstream submission outcome is unknown. Do not resubmit; check the job."
+NOT_FOUND_MESSAGE = "No such job."
+INTERNAL_MESSAGE = "Internal error. Keep the job id and request details when reporting it."
+
+# what a snapshot says when the row has a code but no message of its own
+_DEFAULT_MESSAGES = {
+    ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN.value: SUBMISSION_UNCERTAIN_MESSAGE,
+    ErrorCode.UPSTREAM_SUBMISSION_FAILED.value: SUBMISSION_FAILED_MESSAGE,
+    ErrorCode.CANCELED.value: "Canceled.",
+    ErrorCode.INTERNAL.value: "The job failed.",
+}
+_SETTLED_STATES = (Status.FAILED.value, Status.CANCELLED.value)
+_NOT_PLAINLY_ACCEPTED = (Submission.REJECTED.value, Submission.UNCERTAIN.value)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def error_response(exc: BaseException, *, job_id: uuid.UUID | str | None = None,
+                   upstream_request_id: str | None = None) -> Response:
+    """The one mapping from an exception to ``(status, {"error": {...}})``.
+
+    ``job_id`` is echoed for 409 and 502 only; ``upstream_request_id`` (502 only) defaults to
+    the provider error's own and is omitted when unknown — never invented.
+    """
+    if isinstance(exc, InvalidParam):
+        return 400, _error("invalid_request_error", exc.code, exc.message, param=exc.param)
+    if isinstance(exc, InsufficientCredits):
+        return 402, _error("invalid_request_error", exc.code, exc.message)
+    if isinstance(exc, JobNotFound):
+        return 404, _error("not_found_error", exc.code, NOT_FOUND_MESSAGE)
+    if isinstance(exc, Conflict):
+        return 409, _error("conflict_error", exc.code, exc.message, job_id=_str(job_id))
+    if isinstance(exc, ProviderError):
+        uncertain = isinstance(exc, CreateUncertain) or \
+            exc.code == ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN
+        code = (ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN if uncertain
+                else ErrorCode.UPSTREAM_SUBMISSION_FAILED)
+        body = _error("upstream_error", code,
+                      SUBMISSION_UNCERTAIN_MESSAGE if uncertain else SUBMISSION_FAILED_MESSAGE,
+                      job_id=_str(job_id))
+        request_id = upstream_request_id or exc.request_id
+        if request_id:
+            body["error"]["upstream_request_id"] = request_id
+        return 502, body
+    log.error("gateway_internal_error job_id=%s", job_id, exc_info=exc)
+    return 500, _error("internal_error", ErrorCode.INTERNAL, INTERNAL_MESSAGE)
+
+
+def _error(type_: str, code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"type": type_, "code": str(code), "message": message, **extra}}
+
+
+def _str(value: uuid.UUID | str | None) -> str | None:
+    return None if value is None else str(value)
+
+
+# ----------------------------------------------------------------------------- submit
+
+
+def submit(
+    rt: Runtime,
+    user_id: uuid.UUID,
+    provider_kind: str,
+    model: str,
+    input: Mapping[str, Any] | str | bytes,
+    credits: int,
+    *,
+    job_type: str,
+    inline: bool = False,
+    should_watermark: bool | None = None,
+    is_public: bool | None = None,
+    workflow_execution_id: uuid.UUID | None = None,
+    node_id: str | None = None,
+    validator: Validator | None = None,
+) -> Response:
+    """Validate, reserve and insert the job; ``inline`` async kinds also run the create now.
+
+    202 queued | 502 UPSTREAM_SUBMISSION_FAILED (any rejection; the job's own ``error.code``
+    names the cause) | 502 UPSTREAM_SUBMISSION_UNCERTAIN | 400 | 402 | 500. A 429 is not
+    waited out in the request: it answers 202 and the create step has re-enqueued itself.
+    ``input`` may be the raw JSON text of the request body.
+    """
+    job_id: uuid.UUID | None = None
+    try:
+        submitted = lifecycle.submit_job(
+            rt, user_id, provider_kind, model, _parse_input(input), credits,
+            job_type=job_type, should_watermark=should_watermark, is_public=is_public,
+            workflow_execution_id=workflow_execution_id, node_id=node_id, validator=validator,
+            enqueue=not inline,
+        )
+        job_id = submitted.job_id
+        if inline and not submitted.kind.sync:  # sync kinds run in the platform's sync helper
+            return _create_answer(job_id, lifecycle.create_step(rt, job_id))
+        return _queued(job_id)
+    except Exception as exc:
+        return error_response(exc, job_id=job_id)
+
+
+def _parse_input(input: Any) -> Any:
+    if isinstance(input, str | bytes | bytearray):
+        try:
+            return json.loads(input)
+        except ValueError as exc:
+            raise InvalidParam(f"input is not JSON: {exc}", param="input") from exc
+    return input
+
+
+def _queued(job_id: uuid.UUID) -> Response:
+    return 202, {"job_id": str(job_id), "state": "queued"}
+
+
+def _create_answer(job_id: uuid.UUID, outcome: lifecycle.CreateOutcome) -> Response:
+    if outcome.action == "rejected":
+        return error_response(outcome.error or CreateRejected(), job_id=job_id)
+    if outcome.action == "uncertain":
+        return error_response(outcome.error or CreateUncertain(), job_id=job_id)
+    # accepted; rate_limited (re-enqueued by the create step); busy/resumed/lost: the job is
+    # someone else's to move now, and its snapshot tells the outcome
+    return _queued(job_id)
+
+
+# ----------------------------------------------------------------------------- reads
+
+
+def snapshot(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str) -> Response:
+    """200 with the job's snapshot, or 404. A failed/cancelled job whose settlement is pending
+    (``credits_actual`` NULL and ``next_poll_at`` set — never a platform's old row) gets one
+    settlement attempt first."""
+    try:
+        job = load_owned(rt, user_id, _job_uuid(job_id))
+        if settlement_pending(job):
+            lifecycle.settle(rt, job.id)
+            job = load_owned(rt, user_id, job.id)
+        return 200, snapshot_body(rt, job)
+    except Exception as exc:
+        return error_response(exc, job_id=_str(job_id))
+
+
+def settlement_pending(job: Job) -> bool:
+    return (job.status in _SETTLED_STATES and job.credits_actual is None
+            and job.next_poll_at is not None)
+
+
+def cancel(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str) -> Response:
+    """200 with the cancelled job's snapshot, 404, or 409 (DESIGN.md §5.6)."""
+    try:
+        job = cancel_job(rt, user_id, _job_uuid(job_id))
+        return 200, snapshot_body(rt, job)
+    except Exception as exc:
+        return error_response(exc, job_id=_str(job_id))
+
+
+def credit_history(rt: Runtime, user_id: uuid.UUID) -> Response:
+    """200 ``{"data": [...]}``: the user's own ledger transactions, oldest first."""
+    try:
+        with rt.sessions() as session:
+            rows = ledger.history(session, user_id)
+        return 200, {"data": [{
+            "id": row.id, "type": row.type, "amount": row.amount, "job_id": _str(row.job_id),
+            "from_sub": row.from_sub, "from_topup": row.from_topup,
+            "created_at": iso(row.created_at),
+        } for row in rows]}
+    except Exception as exc:
+        return error_response(exc)
+
+
+def follow(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str,
+           **options: Any) -> Iterator[dict[str, str]]:
+    """The job's events as SSE fields (``id``, ``event``, ``data`` = the JSON message) until the
+    job is terminal; another user's (or an unknown) job yields nothing. ``options`` go to
+    :func:`reconcile.events.follow_job` (``interval``, ``timeout``, ``sleep``)."""
+    try:
+        job_uuid = _job_uuid(job_id)
+    except JobNotFound:
+        return
+    for message in events.follow_job(rt, user_id, job_uuid, **options):
+        yield {"id": message["event_id"], "event": message["type"],
+               "data": json.dumps(message, separators=(",", ":"))}
+
+
+def snapshot_body(rt: Runtime, job: Job) -> dict[str, Any]:
+    """The 200 body of a job read (seed 001's shape)."""
+    outputs: list[dict[str, Any]] | None = None
+    if job.status == Status.COMPLETED:
+        with rt.sessions() as session:
+            assets = session.execute(
+                select(Asset).where(Asset.job_id == job.id).order_by(Asset.index)).scalars().all()
+        outputs = [{"url": rt.storage.url(a.storage_key), "media_type": a.media_type}
+                   for a in assets]
+    return {
+        "id": str(job.id),
+        "state": PUBLIC_STATE.get(job.status, job.status),
+        "outputs": outputs,
+        "error": _snapshot_error(job),
+        "credits_actual": job.credits_actual,
+        "next_poll_at": iso(job.next_poll_at),
+    }
+
+
+def _snapshot_error(job: Job) -> dict[str, Any] | None:
+    code = job.error_code
+    if code is None:
+        if job.status not in _SETTLED_STATES:
+            return None
+        code = ErrorCode.CANCELED if job.status == Status.CANCELLED else ErrorCode.INTERNAL
+    detail = job.error_detail if isinstance(job.error_detail, Mapping) else {}
+    detail_message = detail.get("message")
+    message = (job.error_message
+               or (detail_message if isinstance(detail_message, str) else None)
+               or _DEFAULT_MESSAGES.get(str(code), "The job failed."))
+    error: dict[str, Any] = {"code": str(code), "message": message}
+    request_id = detail.get("upstreamRequestId") or detail.get("request_id")
+    if isinstance(request_id, str) and request_id:
+        error["upstreamRequestId"] = request_id
+    if job.submission_state in _NOT_PLAINLY_ACCEPTED:
+        error["submissionOutcome"] = job.submission_state
+    return error
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO-8601 UTC to the second with a ``Z``, or None."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _job_uuid(job_id: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(job_id, uuid.UUID):
+        return job_id
+    try:
+        return uuid.UUID(str(job_id))
+    except ValueError:
+        raise JobNotFound() from None

@@ -1,0 +1,117 @@
+"""User cancel (DESIGN.md §5.6): cancel + refund only where the upstream outcome is known.
+
+* another user's job, or none → :class:`JobNotFound`;
+* completed / failed / cancelled → 409 ``JOB_NOT_CANCELABLE``;
+* ``not_started`` → cancelled + refund, by a CAS on ``not_started`` — the create claim needs
+  that state too, so whichever lands first wins and a later create step exits upstream-free;
+* ``submission_state`` NULL (a platform row) with no trace of a provider call (no
+  ``provider_call_started_at``, no upstream id) → cancelled + refund; with one → 409
+  ``SUBMISSION_RECONCILIATION_REQUIRED``;
+* ``accepted`` with its task id → the provider's cancel where it has one (Replicate, fal; its
+  errors are only logged), then cancelled + refund; elsewhere (KIE, ElevenLabs) cancelled +
+  refund locally;
+* ``submitting``, ``uncertain``, ``accepted`` without its id → 409
+  ``SUBMISSION_RECONCILIATION_REQUIRED``.
+
+A locally cancelled job can still finish upstream; its completion then loses the completion CAS
+(only in-flight rows complete, DESIGN.md §10.1), so nothing is stored or charged. The row keeps
+``error_code = CANCELED`` and, in ``error_detail``, what the upstream cancel did.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from . import jobstore, lifecycle
+from .db.models import Job
+from .errors import Conflict, ErrorCode, JobNotFound
+from .runtime import Runtime
+from .states import TERMINAL, Status, Submission
+
+log = logging.getLogger("reconcile.cancel")
+
+CANCELED_MESSAGE = "Canceled by the user."
+RECONCILIATION_MESSAGE = (
+    "The upstream submission outcome is not settled yet, so the job cannot be canceled into a "
+    "refund. Read the job again later."
+)
+# A lost cancel CAS means the row moved on; each retry re-reads and decides again. Rows only
+# move forward (a 429 release is the one step back), so a handful of rounds always suffices.
+MAX_ROUNDS = 5
+
+
+def load_owned(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID) -> Job:
+    """The job if ``user_id`` owns it; another user's job is "not found" (no existence leak)."""
+    with rt.sessions() as session:
+        job = jobstore.load(session, job_id)
+    if job is None or job.user_id != user_id:
+        raise JobNotFound()
+    return job
+
+
+def cancel_job(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID) -> Job:
+    """Cancel the user's job and settle its refund; returns the cancelled row.
+
+    Raises JobNotFound, or Conflict with ``JOB_NOT_CANCELABLE`` (terminal) or
+    ``SUBMISSION_RECONCILIATION_REQUIRED`` (the upstream outcome is not known yet).
+    """
+    for _ in range(MAX_ROUNDS):
+        job = load_owned(rt, user_id, job_id)
+        where, detail = _decide(rt, job)
+        if lifecycle.fail_job(rt, job_id, ErrorCode.CANCELED, CANCELED_MESSAGE, detail,
+                              where=where, status=Status.CANCELLED):
+            log.info("job_canceled job_id=%s submission_state=%s", job_id, job.submission_state)
+            return load_owned(rt, user_id, job_id)
+        log.info("cancel_cas_lost job_id=%s", job_id)  # the row moved on: decide again
+    raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED, RECONCILIATION_MESSAGE)
+
+
+def _decide(rt: Runtime, job: Job) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The CAS guard and detail for cancelling ``job`` now, or raise the Conflict."""
+    if job.status in TERMINAL:
+        raise Conflict(ErrorCode.JOB_NOT_CANCELABLE,
+                       f"The job is already {job.status} and cannot be canceled.")
+    state = job.submission_state
+    detail: dict[str, Any] = {"canceled_by": "user", "submission_state": state}
+    if state == Submission.NOT_STARTED:
+        # the create claim needs not_started too: whichever CAS lands first wins, never both
+        return (Job.submission_state == Submission.NOT_STARTED,), detail
+    if state is None:
+        # a platform row: only the absence of any provider-call trace proves nothing ran (an
+        # upstream id without the start marker still means the provider was called)
+        if job.provider_call_started_at is None and not job.provider_task_id:
+            return (Job.submission_state.is_(None), Job.provider_call_started_at.is_(None),
+                    Job.provider_task_id.is_(None)), detail
+        raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED, RECONCILIATION_MESSAGE)
+    if state == Submission.ACCEPTED and job.provider_task_id:
+        detail["upstream_cancel"] = _cancel_upstream(rt, job)
+        return (Job.submission_state == Submission.ACCEPTED,
+                Job.provider_task_id == job.provider_task_id), detail
+    raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED, RECONCILIATION_MESSAGE)
+
+
+def _cancel_upstream(rt: Runtime, job: Job) -> str:
+    """Ask the provider to stop the task: ``requested``; ``unconfirmed`` (no cancel endpoint, or
+    the provider refused); ``unsupported`` (no async client); ``error`` (the call raised).
+
+    Best effort: whatever the provider answers, the local cancel goes ahead (the user is not
+    charged for a job they cancelled; a late result is refused by the completion CAS).
+    """
+    kind = rt.kind(job.provider_kind)
+    if kind is None or kind.sync:
+        return "unsupported"
+    try:
+        client = rt.client(kind)
+        cancel = getattr(client, "cancel", None)
+        if cancel is None:
+            return "unsupported"
+        done = bool(cancel(job.provider_task_id or "", model=job.provider_model))
+    except Exception:
+        log.warning("upstream_cancel_failed job_id=%s task_id=%s", job.id, job.provider_task_id,
+                    exc_info=True)
+        return "error"
+    log.info("upstream_cancel job_id=%s task_id=%s requested=%s", job.id, job.provider_task_id,
+             done)
+    return "requested" if done else "unconfirmed"
