@@ -97,9 +97,14 @@ def submit_job(
     validator: Validator | None = None,
     enqueue: bool = True,
     job_id: uuid.UUID | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> Submitted:
     """Validate, reserve the credits and insert the job in ONE transaction; then (async kinds
-    only, after commit) enqueue the create. Raises InvalidParam / InsufficientCredits."""
+    only, after commit) enqueue the create. Raises InvalidParam / InsufficientCredits.
+
+    ``options`` are provider request options that are not model input (a Replicate training's
+    ``destination``, a ``webhook_events_filter``); they reach the client as ``CreateRequest.extra``.
+    """
     kind = _validate(provider_kind, model, input, credits_, validator, rt)
     job_id = job_id or uuid.uuid4()
     now = rt.now()
@@ -110,6 +115,7 @@ def submit_job(
             is_public=is_public, workflow_execution_id=workflow_execution_id, node_id=node_id,
             created_at=now, provider_kind=provider_kind, provider_model=model,
             submission_state=Submission.NOT_STARTED,
+            provider_options=dict(options) if options else None,
         ))
         session.flush()
         credits.reserve(session, user_id, job_id, credits_, now=now)
@@ -183,7 +189,9 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
     client = rt.client(kind)
     assert isinstance(client, AsyncProvider)
     request = CreateRequest(model=claimed.provider_model or "", input=claimed.input_data or {},
-                            job_id=str(job_id), webhook_url=rt.webhook_url(kind.name.split("-")[0], job_id))
+                            job_id=str(job_id),
+                            webhook_url=rt.webhook_url(kind.name.split("-")[0], job_id),
+                            extra=claimed.provider_options or {})
     try:
         created = client.create(request)
     except InvalidParam as exc:  # the provider's request builder refused it: nothing was sent

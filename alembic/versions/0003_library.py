@@ -29,6 +29,7 @@ depends_on = None
 JOB_COLUMNS = [
     ("submission_state", "text"),
     ("provider_model", "text"),
+    ("provider_options", "jsonb"),
     ("claim_token", "text"),
     ("claim_expires_at", "timestamptz"),
     ("poll_generation", "int NOT NULL DEFAULT 0"),

@@ -80,6 +80,8 @@ class Job(Base):
     # NULL: a row the library never submitted (legacy or another subsystem's)
     submission_state: Mapped[str | None] = mapped_column(Text)
     provider_model: Mapped[str | None] = mapped_column(Text)
+    # provider request options that are not model input (e.g. a Replicate training's destination)
+    provider_options: Mapped[Any | None] = mapped_column(JSONType)
     claim_token: Mapped[str | None] = mapped_column(Text)
     claim_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     poll_generation: Mapped[int] = mapped_column(Integer, server_default=text("0"))

@@ -527,3 +527,15 @@ def test_a_completion_after_a_local_cancel_is_refused_and_logged(db, simulator, 
     with db() as s:
         kinds = [a.kind for a in s.execute(select(CreditAnomaly)).scalars()]
     assert kinds == ["completed_after_cancel"]
+
+
+def test_replicate_training_gets_its_destination_through_options(db, simulator, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """submit_job(options=…) reaches the client: a training is created with its destination."""
+    rt, q = make_runtime(db, simulator, tmp_path)
+    simulator.script_default(Script(timeline=INSTANT))
+    job_id = _submit(rt, db, "replicate-training", "owner/model:v1", {"steps": 10},
+                     options={"destination": "owner/lora"})
+    drain(rt, q)
+    job = _job(db, job_id)
+    assert job.status == "completed", (job.error_code, job.error_message)
+    assert simulator.creates(str(job_id)) == 1
