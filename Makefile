@@ -32,5 +32,12 @@ lint: setup
 	  $(BIN)/alembic -x url=postgresql+psycopg://postgres@127.0.0.1:5432/$$db check; \
 	  rc=$$?; psql "$(PG_ADMIN)" -qc "DROP DATABASE IF EXISTS $$db"; rm -rf $$tmp; exit $$rc
 
+demo: setup
+	$(BIN)/python -m reconcile.demo
+
+# a seeded chaos run (a fresh seed each time; replay one with SEED=…): make chaos N=5000
+chaos: setup services
+	$(BIN)/python -m reconcile.testing.chaos --jobs $(or $(N),300) $(if $(SEED),--seed $(SEED))
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis reconcile.db* reconcile-media .reconcile-broker
