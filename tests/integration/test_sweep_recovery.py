@@ -162,15 +162,21 @@ def test_expired_media_is_never_completed_and_fails_at_eighteen(world: World) ->
         assert s.execute(select(Asset).where(Asset.job_id == job_id)).first() is None
 
 
+@pytest.mark.parametrize("chain", ["dead", "alive"])
 def test_lip_sync_attempts_are_spaced_whatever_the_sweep_interval(
-        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
-    """kie-lip-sync with ticks every 30 scaled seconds: attempts stay ≥ 5 scaled minutes apart;
-    a job that finishes upstream at 80 min completes, one still running is failed
-    UPSTREAM_TIMEOUT + refunded only after 75 + 85 min, and is failed by 75 + 95 min."""
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, chain: str) -> None:
+    """kie-lip-sync with ticks every 30 scaled seconds, its poll chain dead or alive: attempts
+    stay ≥ 5 scaled minutes apart; a job that finishes upstream at 80 min completes, one still
+    running is failed UPSTREAM_TIMEOUT + refunded only after 75 + 85 min, by 75 + 95 min."""
+    from reconcile import lifecycle
+
     w = World(db, simulator, tmp_path, time_scale=0.01)
     scale = w.rt.settings.scaled
     slow = w.accept("kie-lip-sync", Script(timeline=FOREVER), job_type="video")
     stuck = w.accept("kie-lip-sync", Script(timeline=FOREVER), job_type="video")
+    if chain == "alive":
+        for job_id in (slow, stuck):
+            assert lifecycle.resume_chain(w.rt, job_id)
     start = w.job(slow).provider_call_started_at
     attempts: dict[uuid.UUID, list[Any]] = {slow: [], stuck: []}
     while w.clock.now - start <= scale(timedelta(minutes=75 + 95)):
@@ -178,7 +184,12 @@ def test_lip_sync_attempts_are_spaced_whatever_the_sweep_interval(
                 w.sim.state_of(w.task_id(slow)) != "succeeded":
             w.sim.set_state(w.task_id(slow), "succeeded")
         w.tick()
-        w.lose_messages()  # no worker runs the resumed chains: only the sweep observes
+        if chain == "dead":
+            w.lose_messages()  # no worker runs the resumed chains: only the sweep observes
+        else:  # a live chain: each queued poll runs once per tick, and reschedules itself
+            for job_id, generation, seq in list(w.q.polls):
+                w.q.polls.popleft()
+                lifecycle.poll_step(w.rt, job_id, generation, seq)
         for job_id, seen in attempts.items():
             at = w.job(job_id).reconcile_last_attempt_at
             if at is not None and (not seen or seen[-1] != at):
