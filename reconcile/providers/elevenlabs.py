@@ -68,6 +68,9 @@ from .base import (
     unwrap_sdk,
 )
 from .http import HttpClient, parse_retry_after
+from .http import body_json as _json
+from .http import body_text as _text
+from .http import header_value as _header
 
 __all__ = [
     "JOB_NAME_PREFIX",
@@ -160,27 +163,6 @@ class VoiceDesign(BaseModel):
 # --- pure helpers -----------------------------------------------------------------------------
 
 
-def _json(body: str | bytes | None) -> Any:
-    if body is None or body == b"" or body == "":
-        return None
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _text(body: str | bytes | None) -> str | None:
-    return body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
-
-
-def _header(headers: Mapping[str, str] | None, *names: str) -> str | None:
-    if not headers:
-        return None
-    lowered = {str(k).lower(): v for k, v in headers.items()}
-    for name in names:
-        if lowered.get(name.lower()):
-            return str(lowered[name.lower()])
-    return None
 
 
 def _describe(body: Any) -> tuple[str | None, str | None, str | None, bool]:

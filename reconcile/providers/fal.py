@@ -16,7 +16,6 @@ tells success from failure, so ``COMPLETED`` always costs one more read.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
@@ -40,6 +39,9 @@ from ..errors import (
 from ..settings import Settings
 from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
 from .http import HttpClient, parse_retry_after
+from .http import body_json as _json
+from .http import body_text as _text
+from .http import header_value as _header
 
 __all__ = [
     "MEDIA_KEYS",
@@ -83,27 +85,6 @@ class QueueStatus(BaseModel):
 # --- pure helpers -----------------------------------------------------------------------------
 
 
-def _json(body: str | bytes | None) -> Any:
-    if body is None or body == b"" or body == "":
-        return None
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _text(body: str | bytes | None) -> str | None:
-    return body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
-
-
-def _header(headers: Mapping[str, str] | None, *names: str) -> str | None:
-    if not headers:
-        return None
-    lowered = {str(k).lower(): v for k, v in headers.items()}
-    for name in names:
-        if lowered.get(name.lower()):
-            return str(lowered[name.lower()])
-    return None
 
 
 def app_path(model: str | None) -> str:

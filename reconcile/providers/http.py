@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import email.utils
+import json
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -124,4 +125,37 @@ def header(response: requests.Response, *names: str) -> str | None:
         value = response.headers.get(name)
         if value:
             return value
+    return None
+
+
+# --- pure helpers for the parse functions (bodies and headers as plain values) -------------
+
+
+def body_json(body: str | bytes | None) -> Any:
+    """A body's JSON, or None when it is empty or not JSON (never raises)."""
+    if body is None or body == b"" or body == "":
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def body_text(body: str | bytes | None) -> str | None:
+    """A body as text (undecodable bytes replaced)."""
+    if isinstance(body, bytes):
+        return body.decode("utf-8", errors="replace")
+    return body
+
+
+def header_value(headers: Mapping[str, str] | None, *names: str) -> str | None:
+    """The first present header among ``names``, matched case-insensitively (plain dicts in
+    tests and requests' CaseInsensitiveDict both reach the parsers)."""
+    if not headers:
+        return None
+    lowered = {str(k).lower(): v for k, v in headers.items()}
+    for name in names:
+        value = lowered.get(name.lower())
+        if value:
+            return str(value)
     return None

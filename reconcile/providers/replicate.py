@@ -41,6 +41,9 @@ from ..errors import (
 from ..settings import Settings
 from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
 from .http import HttpClient, parse_retry_after
+from .http import body_json as _json
+from .http import body_text as _text
+from .http import header_value as _header
 
 __all__ = [
     "MAX_LIST_PAGES",
@@ -105,31 +108,6 @@ class ListPage:
 # --- pure helpers -----------------------------------------------------------------------------
 
 
-def _json(body: str | bytes | None) -> Any:
-    if body is None or body == b"" or body == "":
-        return None
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _text(body: str | bytes | None) -> str | None:
-    if isinstance(body, bytes):
-        return body.decode("utf-8", errors="replace")
-    return body
-
-
-def _header(headers: Mapping[str, str] | None, *names: str) -> str | None:
-    # Plain dicts in tests and requests' CaseInsensitiveDict both reach here: match by lower case.
-    if not headers:
-        return None
-    lowered = {str(k).lower(): v for k, v in headers.items()}
-    for name in names:
-        value = lowered.get(name.lower())
-        if value:
-            return str(value)
-    return None
 
 
 def planted_job_id(webhook: Any) -> str | None:
