@@ -39,5 +39,9 @@ demo: setup
 chaos: setup services
 	$(BIN)/python -m reconcile.testing.chaos --jobs $(or $(N),300) $(if $(SEED),--seed $(SEED))
 
+# speed and scale, reported (never asserted): writes bench/results/latest.{json,md} (≈ 11 min)
+bench: setup services
+	$(BIN)/python -m bench.run
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis reconcile.db* reconcile-media .reconcile-broker

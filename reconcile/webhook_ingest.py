@@ -9,6 +9,7 @@ a delivery only makes the library read the task now. A delivery that names a job
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Mapping
@@ -52,6 +53,18 @@ def _secret(rt: Runtime, provider: str) -> Any:
     raise WebhookPayloadError(f"unknown webhook provider {provider!r}")
 
 
+def _pg_text(value: Any) -> Any:
+    """PostgreSQL ``text``/``jsonb`` cannot hold NUL: a signed delivery carrying one (in an id,
+    a status or anywhere in its body) is handled with U+FFFD in its place — never a 500."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_pg_text(k): _pg_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_pg_text(v) for v in value]
+    return value
+
+
 def _as_uuid(value: str | None) -> uuid.UUID | None:
     try:
         return uuid.UUID(value) if value else None
@@ -72,6 +85,8 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
                                "message": exc.message}}
     except ReadFailed as exc:  # the JWKS could not be fetched: let the provider retry
         return 503, {"error": {"type": "internal_error", "code": "INTERNAL", "message": exc.message}}
+    event = dataclasses.replace(event, **{f: _pg_text(getattr(event, f)) for f in (
+        "delivery_id", "task_id", "status", "error", "payload")})
 
     planted = _as_uuid(event.planted_job_id)
     try:
