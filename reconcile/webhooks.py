@@ -360,7 +360,8 @@ def verify_elevenlabs(
         provider="elevenlabs",
         delivery_id=f"{raw_ts}:{payload_digest(body)}",
         task_id=task_id,
-        planted_job_id=_metadata_job_id(inner.get("webhook_metadata")) or _planted(query),
+        planted_job_id=(_metadata_job_id(inner.get("webhook_metadata"))
+                        or _dubbing_name_job_id(inner.get("name")) or _planted(query)),
         status=event_type if isinstance(event_type, str) else None,
         succeeded=succeeded,
         failed=failed,
@@ -368,6 +369,16 @@ def verify_elevenlabs(
         payload=data,
         signed_body=True,
     )
+
+
+DUBBING_NAME_PREFIX = "reconcile-job:"  # the ElevenLabs client names dubbings this way
+
+
+def _dubbing_name_job_id(name: Any) -> str | None:
+    """A dubbing event echoes the project's ``name``, where the client planted the job id."""
+    if isinstance(name, str) and name.startswith(DUBBING_NAME_PREFIX):
+        return name[len(DUBBING_NAME_PREFIX):] or None
+    return None
 
 
 def _metadata_job_id(metadata: Any) -> str | None:

@@ -75,9 +75,9 @@ ASYNC_KINDS = ("kie-standard", "kie-veo", "replicate-prediction", "elevenlabs-as
 SYNC_KINDS = ("anthropic-sync", "kie-llm", "elevenlabs-sync")
 # lanes whose providers deliver webhooks (evidence); Replicate's evidence there is its listing
 EVIDENCE_POINTS = ("after_claim", "after_accept")
-# no evidence can name a dubbing: its workspace webhook carries no planted job id (only STT's
-# webhook_metadata does) and ElevenLabs has no listing — an after_accept crash stays uncertain
-NO_EVIDENCE = ("elevenlabs-async",)
+# kinds whose after_accept crash no evidence can resolve (stays uncertain). None today: a
+# dubbing's workspace webhook echoes the project name the client planted (reconcile-job:<id>)
+NO_EVIDENCE: tuple[str, ...] = ()
 RECOVERY_TIMEOUT = 150.0
 
 

@@ -633,3 +633,23 @@ def test_fuzz_correctly_signed_odd_bodies_parse_or_raise_payload_errors(
     except WebhookPayloadError:
         return
     assert event.signed_body is (provider != "kie")
+
+
+def test_elevenlabs_dubbing_event_names_its_job_through_the_project_name() -> None:
+    """A signed dubbing event carries the planted job id in ``data.name`` (reconcile-job:<id>)."""
+    import hashlib as _hashlib
+    import hmac as _hmac
+    import json as _json
+    from datetime import UTC as _UTC
+    from datetime import datetime as _datetime
+
+    from reconcile import webhooks as _webhooks
+
+    now = _datetime(2031, 1, 1, tzinfo=_UTC)
+    ts = str(int(now.timestamp()))
+    body = _json.dumps({"type": "dubbing", "data": {"dubbing_id": "dub_1",
+                                                    "name": "reconcile-job:1234"}}).encode()
+    sig = _hmac.new(b"s3cret", f"{ts}.".encode() + body, _hashlib.sha256).hexdigest()
+    event = _webhooks.verify_elevenlabs({"ElevenLabs-Signature": f"t={ts},v0={sig}"}, body, {},
+                                        "s3cret", now)
+    assert (event.task_id, event.planted_job_id) == ("dub_1", "1234")
