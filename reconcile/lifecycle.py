@@ -29,8 +29,10 @@ from .errors import (
     InvalidParam,
     MediaError,
     MediaExpired,
+    MediaTooLarge,
     ProviderError,
     ReconcileError,
+    UnsafeMediaURL,
 )
 from .events import add_event, publish
 from .kinds import Kind
@@ -349,6 +351,11 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
             ok = finalize_job_with_media(rt, job.id, result, source=via)
         except MediaExpired as exc:
             return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_MEDIA_EXPIRED, exc.message)
+        except (UnsafeMediaURL, MediaTooLarge) as exc:
+            # refused, not failed: kept in flight (an operator may fix the allow-list) and, at
+            # exhaustion, failed UPSTREAM_FAILED with the reason rather than as a timeout
+            return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_FAILED,
+                               f"media refused: {exc.message}")
         except MediaError as exc:
             return _unfinished(rt, job, kind, None, f"media fetch failed: {exc.message}")
         return "completed" if ok else "lost"
