@@ -1,0 +1,242 @@
+"""Figure 2 — backlog drain: N stale in-flight jobs reconciled by one worker (prefork, -c 2).
+
+Each job is ``accepted``/``processing`` with kind ``kie-standard``, 15 minutes past its
+provider call (threshold 10 min), its poll lease expired (the chain is dead) and its upstream
+task already ``succeeded`` in the simulator, which answers at once. One ``reconcile.sweep`` task
+is sent; the tick handles rows inline for its time budget (``sweep_time_budget``, 20 s) and fans
+the rest out as ``reconcile.reconcile_job`` tasks, which the worker's two processes drain. Each
+reconciliation is the full path: one status read, one media fetch, storage write, the completion
+transaction (commit of the reservation, asset row, event). The clock runs from the moment the
+sweep task is sent until the last job is ``completed``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+
+from .common import (
+    Proc,
+    log,
+    make_sender,
+    purge_broker,
+    throwaway_db,
+    wait_until,
+    worker_env,
+)
+from .seed import add_inflight_jobs, add_users, sim_tasks
+
+SEED_RATE = 50 / 300.0  # the seed's cron: 50 rows per 5-minute tick
+USERS = 100
+
+
+def run(n: int = 10_000, quick: bool = False, timeout: float = 600.0) -> dict[str, Any]:
+    from reconcile.db.session import make_engine
+    from reconcile.testing.simulator import Script, Simulator
+
+    n = min(n, 300) if quick else n
+    result: dict[str, Any] = {"jobs": n, "kind": "kie-standard", "worker": "1 worker, prefork -c 2",
+                              "seed_cron_jobs_per_s": round(SEED_RATE, 3)}
+    purge_broker()
+    with throwaway_db("drain") as (url, _), tempfile.TemporaryDirectory() as tmp, \
+            Simulator() as sim:
+        sim.script_default(Script(timeline=((0.0, "succeeded"),), outputs=1))
+        engine = make_engine(url)
+        users = [uuid.uuid4() for _ in range(USERS)]
+        job_ids = [uuid.uuid4() for _ in range(n)]
+        t0 = time.perf_counter()
+        tasks = sim_tasks(sim, job_ids)
+        now = datetime.now(UTC)
+        with engine.begin() as conn:
+            add_users(conn, users)
+            add_inflight_jobs(conn, [(j, users[i % USERS], t) for i, (j, t) in
+                                     enumerate(zip(job_ids, tasks, strict=True))],
+                              kind="kie-standard", model="m",
+                              started=now - timedelta(minutes=15),
+                              lease=now - timedelta(minutes=1))
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+        log(f"fig2: {n} stale jobs seeded in {time.perf_counter() - t0:.1f}s")
+
+        worker = Proc.worker(worker_env(url, sim.env(), Path(tmp) / "media"),
+                             Path(tmp) / "worker.log", concurrency=2)
+        try:
+            worker.wait_ready()
+            sender = make_sender()
+            curve: list[tuple[float, int]] = []
+
+            def completed() -> int:
+                with engine.connect() as conn:
+                    return int(conn.execute(text(
+                        "SELECT count(*) FROM jobs WHERE status = 'completed'")).scalar_one())
+
+            start = time.monotonic()
+            sender.send_task("reconcile.sweep", queue="reconcile.sweep")
+
+            def done() -> bool:
+                c = completed()
+                curve.append((round(time.monotonic() - start, 2), c))
+                return c >= n
+
+            finished = wait_until(done, timeout, interval=0.5)
+            elapsed = time.monotonic() - start
+            log_text = worker.text()
+        finally:
+            worker.stop()
+        with engine.connect() as conn:
+            states = dict(conn.execute(text(
+                "SELECT status, count(*) FROM jobs GROUP BY status")).all())
+        engine.dispose()
+        done_n = int(states.get("completed", 0))
+        result.update({
+            "finished": finished, "completed": done_n, "status_counts": states,
+            "seconds": round(elapsed, 1),
+            "jobs_per_s": round(done_n / elapsed, 1) if elapsed else None,
+            "curve": _thin(curve, 60),
+            "sweep_lines": [ln.split("] ", 1)[-1] for ln in log_text.splitlines()
+                            if "[reconcile] scanned=" in ln][-3:],
+            "fanned_out": log_text.count("reconcile.reconcile_job[") // 2,
+            "upstream_reads": _reads(sim),
+        })
+    # the steady rate once the tick fanned out (after the inline budget): the slope of the curve
+    pts = [p for p in result["curve"] if 0.1 * n <= p[1] <= 0.9 * n]
+    if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
+        result["steady_jobs_per_s"] = round((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]), 1)
+    rate = result["jobs_per_s"] or 0.0
+    result["ratio_to_seed_cron"] = round(rate / SEED_RATE, 0)
+    result["seed_cron_seconds_for_n"] = round(n / SEED_RATE)
+    if n < 10_000 and rate:
+        result["extrapolated_10000_seconds"] = round(10_000 / rate)
+    result["target"] = ">= 150 jobs/s"
+    return result
+
+
+def _reads(sim: Any) -> int:
+    return len(sim.tasks)
+
+
+def _thin(curve: list[tuple[float, int]], points: int) -> list[tuple[float, int]]:
+    if len(curve) <= points:
+        return curve
+    step = len(curve) / points
+    return [curve[int(i * step)] for i in range(points)] + [curve[-1]]
+
+
+# the library functions whose cost per reconciled job the profile reports (cumulative)
+_WATCH = {
+    "sweep.reconcile_job (all)": ("reconcile/sweep.py", "reconcile_job"),
+    "sweep._plan (lock, decide, claim)": ("reconcile/sweep.py", "_plan"),
+    "lifecycle.read_status (provider GET)": ("reconcile/lifecycle.py", "read_status"),
+    "lifecycle.finalize_job_with_media": ("reconcile/lifecycle.py", "finalize_job_with_media"),
+    "media.safe_fetch (media GET)": ("reconcile/media.py", "safe_fetch"),
+    "storage.put": ("reconcile/storage.py", "put"),
+    "jobstore.mark_completed": ("reconcile/jobstore.py", "mark_completed"),
+    "credits.commit": ("reconcile/credits.py", "commit"),
+    "credits.settled_amount": ("reconcile/credits.py", "settled_amount"),
+    "events.publish": ("reconcile/events.py", "publish"),
+    "SQLAlchemy Session.execute (all SQL)": ("sqlalchemy/orm/session.py", "execute"),
+    "SQLAlchemy flush (ORM unit of work)": ("sqlalchemy/orm/session.py", "_flush"),
+    "requests Session.request (all HTTP)": ("requests/sessions.py", "request"),
+}
+
+
+def profile(n: int = 150) -> dict[str, Any]:
+    """``reconcile_job`` in-process (no Celery) on ``n`` stale jobs under cProfile: wall and CPU
+    per job, statements per job, and where the time goes (cumulative ms per job)."""
+    import cProfile
+    import pstats
+    import tempfile
+
+    from sqlalchemy import event
+
+    from reconcile.db.session import make_engine, make_sessionmaker
+    from reconcile.runtime import Runtime
+    from reconcile.storage import LocalStorage
+    from reconcile.sweep import reconcile_job
+    from reconcile.testing.simulator import Script, Simulator
+
+    warm = 30
+    with throwaway_db("profile") as (url, _), tempfile.TemporaryDirectory() as tmp, \
+            Simulator() as sim:
+        sim.script_default(Script(timeline=((0.0, "succeeded"),), outputs=1))
+        engine = make_engine(url)
+        users = [uuid.uuid4() for _ in range(10)]
+        ids = [uuid.uuid4() for _ in range(n + warm)]
+        tasks = sim_tasks(sim, ids)
+        now = datetime.now(UTC)
+        with engine.begin() as conn:
+            add_users(conn, users)
+            add_inflight_jobs(conn, [(j, users[i % 10], t) for i, (j, t) in
+                                     enumerate(zip(ids, tasks, strict=True))],
+                              kind="kie-standard", model="m", started=now - timedelta(minutes=15),
+                              lease=now - timedelta(minutes=1))
+        rt = Runtime(settings=sim.settings(), sessions=make_sessionmaker(engine),
+                     storage=LocalStorage(Path(tmp) / "media"))
+        for j in ids[:warm]:
+            reconcile_job(rt, j)
+        statements = [0]
+        event.listen(engine, "before_cursor_execute",
+                     lambda *a: statements.__setitem__(0, statements[0] + 1))
+        # wall and CPU without the profiler, then the profile on the same jobs' twins
+        half = n // 2
+        c0, t0 = time.process_time(), time.perf_counter()
+        outcomes = [reconcile_job(rt, j) for j in ids[warm:warm + half]]
+        cpu_ms = (time.process_time() - c0) / half * 1000
+        wall_ms = (time.perf_counter() - t0) / half * 1000
+        per_job_statements = statements[0] / half
+        prof = cProfile.Profile()
+        prof.enable()
+        outcomes += [reconcile_job(rt, j) for j in ids[warm + half:]]
+        prof.disable()
+        engine.dispose()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    profiled = n - half
+    where: dict[str, float] = {}
+    for label, (path, func) in _WATCH.items():
+        cum = sum(v[3] for (file, _, name), v in stats.items()
+                  if file.endswith(path) and name == func)
+        where[label] = round(cum / profiled * 1000, 2)
+    return {"jobs": n, "outcomes": {o: outcomes.count(o) for o in set(outcomes)},
+            "wall_ms_per_job": round(wall_ms, 1),
+            "cpu_ms_per_job_incl_simulator_thread": round(cpu_ms, 1),
+            "statements_per_job": round(per_job_statements, 1),
+            "profiled_cumulative_ms_per_job": where,
+            "note": "in-process, no Celery; the simulator thread shares the process; the "
+                    "profiler inflates absolute numbers, read them as shares"}
+
+
+def noop_rate(n: int = 3000, timeout: float = 180.0) -> dict[str, Any]:
+    """The machine's limit for this worker shape: ``n`` no-op tasks (the library's Celery
+    settings, prefork -c 2, same broker) — tasks/s from the first send to the last run."""
+    import redis
+
+    from .common import BROKER_URL
+
+    purge_broker()
+    client = redis.Redis.from_url(BROKER_URL)
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = Proc.worker({"RECONCILE_BROKER_URL": BROKER_URL}, Path(tmp) / "noop.log",
+                             concurrency=2, queues="bench.noop", app="bench.noop_app")
+        try:
+            worker.wait_ready()
+            sender = make_sender()
+            start = time.monotonic()
+            for _ in range(n):
+                sender.send_task("bench.noop", queue="bench.noop")
+            sent = time.monotonic() - start
+            finished = wait_until(lambda: int(client.get("bench:noop:done") or 0) >= n, timeout,
+                                  interval=0.2)
+            elapsed = time.monotonic() - start
+        finally:
+            worker.stop()
+    done = int(client.get("bench:noop:done") or 0)
+    purge_broker()
+    return {"tasks": n, "finished": finished, "seconds": round(elapsed, 1),
+            "tasks_per_s": round(done / elapsed, 1), "send_seconds": round(sent, 1),
+            "note": "a task that only INCRs a Redis counter, same celeryconfig, 1 worker -c 2"}

@@ -1,0 +1,178 @@
+"""``make bench``: measure speed and scale, side by side with the seed design and the machine.
+
+Runs the six figures in order, each isolated (one failing is recorded and the rest still run),
+then writes ``bench/results/latest.json`` and ``bench/results/latest.md``. Figures are reported,
+never asserted: a missed aim does not fail the run; an error in a figure does (exit 1).
+
+    python -m bench.run                 # everything (≈ 10–12 min here)
+    python -m bench.run --quick         # small sizes, a smoke test of the harness (≈ 3 min)
+    python -m bench.run --only fig1,fig5
+    python -m bench.run --drain-jobs 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .common import ROOT, drop_stale_databases, log, purge_broker, server_version, summary
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _load() -> dict[str, Any]:
+    one, five, _ = os.getloadavg()
+    out: dict[str, Any] = {"loadavg_1m": round(one, 2), "loadavg_5m": round(five, 2)}
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        out["cpu_pressure_some_avg10"] = float(line.split("avg10=")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        pass
+    return out
+
+
+def _commit_latency_ms() -> dict[str, Any]:
+    """Median of a one-row write transaction (BEGIN; UPDATE; COMMIT) on this server: the cost of
+    one WAL flush here, which every write transaction of the library pays."""
+    import psycopg
+
+    from .common import throwaway_db
+
+    with throwaway_db("commit", migrate=False) as (_, libpq):
+        with psycopg.connect(libpq, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+            conn.execute("INSERT INTO t VALUES (1, 0)")
+        with psycopg.connect(libpq) as conn:
+            samples = []
+            for i in range(60):
+                t0 = time.perf_counter()
+                conn.execute("UPDATE t SET n = n + 1 WHERE id = 1")
+                conn.commit()
+                if i >= 10:
+                    samples.append((time.perf_counter() - t0) * 1000.0)
+    return summary(samples, 2)
+
+
+def _environment() -> dict[str, Any]:
+    import celery
+    import psycopg
+    import redis
+    import sqlalchemy
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "?"
+
+    try:
+        redis_version = redis.Redis.from_url("redis://127.0.0.1:6379/0").info()["redis_version"]
+    except redis.RedisError:
+        redis_version = "?"
+    return {
+        "date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+        "git_head": git("rev-parse", "--short", "HEAD"),
+        "git_dirty_files": len([ln for ln in git("status", "--porcelain").splitlines() if ln]),
+        "cpus": os.cpu_count(), "platform": platform.platform(),
+        "python": platform.python_version(), "postgresql": server_version(),
+        "redis": redis_version, "celery": celery.__version__,
+        "sqlalchemy": sqlalchemy.__version__, "psycopg": psycopg.__version__,
+        "load_at_start": _load(),
+    }
+
+
+def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict[str, Any]]]]:
+    from . import fig_capacity, fig_drain, fig_ledger, fig_query, fig_recovery, fig_statements
+
+    def drain() -> dict[str, Any]:
+        result = fig_drain.run(n=args.drain_jobs, quick=args.quick)
+        result["profile"] = fig_drain.profile(60 if args.quick else 150)
+        result["machine_limit_noop"] = fig_drain.noop_rate(1000 if args.quick else 3000)
+        return result
+
+    return {
+        "fig1": ("Sweep candidate query vs history size", lambda: fig_query.run(args.quick)),
+        "fig5": ("Database statements per job", lambda: fig_statements.run(args.quick)),
+        "fig4": ("Ledger throughput vs pgbench", lambda: fig_ledger.run(args.quick)),
+        "fig2": ("Backlog drain", drain),
+        "fig3": ("In-flight capacity", lambda: fig_capacity.run(quick=args.quick)),
+        "fig6": ("Recovery after SIGKILL of a whole worker", lambda: fig_recovery.run(args.quick)),
+    }
+
+
+def _sweep_ready(timeout: float = 600.0) -> None:
+    """The sweep-dependent figures wait until ``reconcile.sweep`` imports cleanly."""
+    deadline = time.monotonic() + timeout
+    while True:
+        probe = subprocess.run([sys.executable, "-c", "import reconcile.sweep as s; s.sweep; "
+                                "s.reconcile_job"], cwd=ROOT, capture_output=True, text=True)
+        if probe.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"reconcile.sweep does not import: {probe.stderr[-500:]}")
+        log("reconcile.sweep not importable yet; waiting")
+        time.sleep(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run")
+    parser.add_argument("--quick", action="store_true", help="small sizes (harness smoke test)")
+    parser.add_argument("--only", default="", help="comma-separated figures, e.g. fig1,fig5")
+    parser.add_argument("--drain-jobs", type=int, default=3000,
+                        help="stale jobs for figure 2 (10000 is the brief's size; ≈ 5 min here)")
+    parser.add_argument("--out", default=str(RESULTS), help="folder for latest.json / latest.md")
+    args = parser.parse_args(argv)
+
+    started = time.monotonic()
+    drop_stale_databases()
+    purge_broker()
+    results: dict[str, Any] = {"environment": _environment(), "args": vars(args),
+                               "figures": {}}
+    results["environment"]["commit_latency_ms"] = _commit_latency_ms()
+    figures = _figures(args)
+    wanted = [f.strip() for f in args.only.split(",") if f.strip()] or list(figures)
+    failed = False
+    for key in wanted:
+        title, fn = figures[key]
+        if key in ("fig1", "fig2", "fig6"):
+            _sweep_ready()
+        log(f"=== {key}: {title}")
+        entry: dict[str, Any] = {"title": title, "load_before": _load()}
+        t0 = time.monotonic()
+        try:
+            entry["result"] = fn()
+        except Exception:  # one figure failing must not lose the others
+            failed = True
+            entry["error"] = traceback.format_exc()
+            log(f"{key} FAILED:\n{entry['error']}")
+        entry["seconds"] = round(time.monotonic() - t0, 1)
+        entry["load_after"] = _load()
+        results["figures"][key] = entry
+        log(f"=== {key} done in {entry['seconds']}s")
+    results["wall_seconds"] = round(time.monotonic() - started, 1)
+    results["environment"]["load_at_end"] = _load()
+
+    from .report import markdown
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    (out / "latest.md").write_text(markdown(results))
+    log(f"wrote {out / 'latest.json'} and {out / 'latest.md'} "
+        f"(bench wall time {results['wall_seconds']}s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
