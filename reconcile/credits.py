@@ -33,6 +33,7 @@ from .errors import InsufficientCredits, InvalidParam, LedgerError
 
 POOLS = ("sub", "topup")
 TERMINAL_JOB_STATUSES = ("completed", "failed", "cancelled")
+LOT_PAGE = 32  # lots locked per FIFO page in reserve
 
 
 def usage_txn_id(job_id: uuid.UUID) -> str:
@@ -166,21 +167,27 @@ def reserve(session: Session, user_id: uuid.UUID, job_id: uuid.UUID, amount: int
     taken = {"sub": 0, "topup": 0}
     left = amount
     for pool in POOLS:
-        if left == 0:
-            break
-        lots = session.execute(
-            select(CreditLot)
-            .where(CreditLot.user_id == user_id, CreditLot.pool == pool,
-                   CreditLot.remaining_amount > 0)
-            .order_by(CreditLot.id)
-            .with_for_update()
-        ).scalars()
-        for lot in lots:
-            take = min(lot.remaining_amount, left)
-            lot.remaining_amount -= take
-            taken[pool] += take
-            left -= take
-            if left == 0:
+        after = 0
+        while left:
+            # oldest first, a page at a time: never lock or load every open lot of a user
+            # whose history left thousands of small REFUND/RELEASE lots
+            lots = list(session.execute(
+                select(CreditLot)
+                .where(CreditLot.user_id == user_id, CreditLot.pool == pool,
+                       CreditLot.remaining_amount > 0, CreditLot.id > after)
+                .order_by(CreditLot.id)
+                .limit(LOT_PAGE)
+                .with_for_update()
+            ).scalars())
+            for lot in lots:
+                take = min(lot.remaining_amount, left)
+                lot.remaining_amount -= take
+                taken[pool] += take
+                left -= take
+                after = lot.id
+                if left == 0:
+                    break
+            if len(lots) < LOT_PAGE:
                 break
     if left:
         raise LedgerError(f"user {user_id}: balance row and lots disagree ({left} missing)")

@@ -32,7 +32,10 @@ ATTEMPT_SPACING = timedelta(minutes=5)  # an attempt counts at most once per 5 m
 MAX_RATE_LIMITED_CREATES = 5  # 429 / KIE 455 retries before the job is rejected
 MAX_CREATE_REENQUEUES = 5  # sweep re-enqueues of a lost create before giving up
 CREATE_CLAIM_LEASE = timedelta(minutes=2)  # > connect + read timeouts of a create
-POLL_LEASE_SLACK = timedelta(seconds=30)
+# lease = 2 × poll interval + slack: a dead chain is resumed by the next sweep after that
+# (bench figure 6: the slack dominates recovery latency); a late-but-alive chain that loses its
+# lease is harmless — the resumed chain bumps the generation and the old one is fenced
+POLL_LEASE_SLACK = timedelta(seconds=15)
 LEGACY_AGE = timedelta(minutes=5)
 NOT_STARTED_AGE = timedelta(minutes=2)
 SETTLE_BACKOFF_BASE = timedelta(seconds=30)

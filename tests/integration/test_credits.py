@@ -255,3 +255,18 @@ def test_8_writers_2000_random_operations_on_one_hot_user(db: sessionmaker[Sessi
         reserved = sum(s.execute(select(UsageLog.credits).where(UsageLog.status == "reserved")).scalars())
     # no lost update: every credit is in the balance, a reservation, or a commit we counted
     assert sum(_balance(db, user)) + reserved + committed_total[0] == 100_000
+
+
+def test_reserve_pages_through_many_small_lots_in_fifo_order(db: sessionmaker[Session]) -> None:
+    """100 one-credit lots (more than a page): a 70-credit reservation drains the oldest 70."""
+    user = uuid.uuid4()
+    with db.begin() as s:
+        for i in range(100):
+            credits.grant(s, user, "sub", 1, f"g{i:03d}")
+    with db.begin() as s:
+        credits.reserve(s, user, _job(s, user), 70)
+    with db() as s:
+        left = sorted(lot.source_txn_id for lot in s.execute(
+            select(CreditLot).where(CreditLot.remaining_amount > 0)).scalars())
+        assert left == [f"g{i:03d}" for i in range(70, 100)]
+        assert credits.audit(s) == []
