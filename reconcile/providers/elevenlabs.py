@@ -43,18 +43,12 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import (
-    CreateRateLimited,
-    CreateRejected,
-    CreateUncertain,
-    ErrorCode,
     InvalidParam,
-    MalformedResponse,
     MediaExpired,
     MediaFetchFailed,
     MediaTooLarge,
     ProviderError,
     ReadFailed,
-    SyncCallFailed,
 )
 from ..settings import Settings
 from .base import (
@@ -71,6 +65,7 @@ from .http import HttpClient, parse_retry_after
 from .http import body_json as _json
 from .http import body_text as _text
 from .http import header_value as _header
+from .outcome import Op, status_error, transport_error
 
 __all__ = [
     "JOB_NAME_PREFIX",
@@ -97,7 +92,6 @@ __all__ = [
     "to_error",
 ]
 
-Op = Literal["create", "read", "sync"]
 AsyncOperation = Literal["dubbing", "speech-to-text"]
 
 JOB_NAME_PREFIX = "reconcile-job:"
@@ -198,13 +192,7 @@ def to_error(
 ) -> ProviderError:
     """The one place an ElevenLabs answer (or a transport failure) becomes an exception."""
     if exc is not None:
-        text = f"{type(exc).__name__}: {exc}"
-        if op == "create":
-            return CreateUncertain(f"elevenlabs create outcome unknown: {text}")
-        if op == "sync":
-            timeout = isinstance(exc, requests.Timeout)
-            return SyncCallFailed(text, code=ErrorCode.UPSTREAM_TIMEOUT if timeout else None)
-        return ReadFailed(f"elevenlabs read failed: {text}")
+        return transport_error("elevenlabs", op, exc)
     message, provider_code, body_request_id, well_formed = _describe(_json(body))
     kw: dict[str, Any] = {
         "status": status,
@@ -212,29 +200,10 @@ def to_error(
         "request_id": _header(headers, *_REQUEST_ID_HEADERS) or body_request_id,
         "body": _text(body),
     }
-    text = f"elevenlabs {op} answered HTTP {status}" + (f": {message}" if message else "")
-    ok = status is not None and 200 <= status < 300
-    if op == "read":
-        return MalformedResponse(text, **kw) if ok else ReadFailed(text, **kw)
-    if status == 429:  # request-rate or concurrency limit: documented as not processed
-        kw["retry_after"] = parse_retry_after(_header(headers, "Retry-After"))
-        if op == "create":
-            return CreateRateLimited(text, **kw)
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_RATE_LIMITED, **kw)
-    client_error = status is not None and 400 <= status < 500 and status != 408
-    if op == "create":
-        if not (client_error and well_formed):
-            return CreateUncertain(text, **kw)
-        if status in (400, 422):
-            return CreateRejected(text, code=ErrorCode.UPSTREAM_INVALID_INPUT, **kw)
-        return CreateRejected(text, **kw)
-    if status == 408:
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_TIMEOUT, **kw)
-    if not client_error:
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_FAILED, **kw)
-    if status in (400, 422):
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_INVALID_INPUT, **kw)
-    return SyncCallFailed(text, code=ErrorCode.UPSTREAM_SUBMISSION_FAILED, **kw)
+    return status_error(
+        "elevenlabs", op, status, kw, message=message, well_formed=well_formed,
+        retry_after=parse_retry_after(_header(headers, "Retry-After")),
+    )
 
 
 def _form_value(value: Any) -> str:

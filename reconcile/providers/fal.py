@@ -19,22 +19,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import quote
 
 import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import (
-    CreateRateLimited,
-    CreateRejected,
-    CreateUncertain,
-    ErrorCode,
     InvalidParam,
-    MalformedResponse,
     ProviderError,
-    ReadFailed,
-    SyncCallFailed,
 )
 from ..settings import Settings
 from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
@@ -42,6 +35,7 @@ from .http import HttpClient, parse_retry_after
 from .http import body_json as _json
 from .http import body_text as _text
 from .http import header_value as _header
+from .outcome import Op, status_error, transport_error
 
 __all__ = [
     "MEDIA_KEYS",
@@ -57,7 +51,6 @@ __all__ = [
     "to_error",
 ]
 
-Op = Literal["create", "read", "sync"]
 
 _RUNNING = frozenset({"IN_QUEUE", "IN_PROGRESS"})
 # Keys under which fal models put media objects ({"url", "content_type", …}).
@@ -132,13 +125,7 @@ def to_error(
 ) -> ProviderError:
     """The one place a fal answer (or a transport failure) becomes an exception."""
     if exc is not None:
-        text = f"{type(exc).__name__}: {exc}"
-        if op == "create":
-            return CreateUncertain(f"fal create outcome unknown: {text}")
-        if op == "sync":
-            timeout = isinstance(exc, requests.Timeout)
-            return SyncCallFailed(text, code=ErrorCode.UPSTREAM_TIMEOUT if timeout else None)
-        return ReadFailed(f"fal read failed: {text}")
+        return transport_error("fal", op, exc)
     message, error_type, well_formed = _describe(_json(body), headers)
     kw: dict[str, Any] = {
         "status": status,
@@ -146,30 +133,11 @@ def to_error(
         "request_id": _header(headers, *_REQUEST_ID_HEADERS),
         "body": _text(body),
     }
-    text = f"fal {op} answered HTTP {status}" + (f": {message}" if message else "")
-    ok = status is not None and 200 <= status < 300
-    if op == "read":
-        return MalformedResponse(text, **kw) if ok else ReadFailed(text, **kw)
-    if status == 429:
-        kw["retry_after"] = parse_retry_after(_header(headers, "Retry-After"))
-        if op == "create":
-            return CreateRateLimited(text, **kw)
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_RATE_LIMITED, **kw)
-    # 499 is fal's client_disconnected/cancelled: like 408, the request may have gone through.
-    client_error = status is not None and 400 <= status < 500 and status not in (408, 499)
-    if op == "create":
-        if not (client_error and well_formed):
-            return CreateUncertain(text, **kw)
-        if status in (400, 422):
-            return CreateRejected(text, code=ErrorCode.UPSTREAM_INVALID_INPUT, **kw)
-        return CreateRejected(text, **kw)
-    if status == 408:
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_TIMEOUT, **kw)
-    if not client_error:
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_FAILED, **kw)
-    if status in (400, 422):
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_INVALID_INPUT, **kw)
-    return SyncCallFailed(text, code=ErrorCode.UPSTREAM_SUBMISSION_FAILED, **kw)
+    return status_error(
+        "fal", op, status, kw, message=message, well_formed=well_formed,
+        retry_after=parse_retry_after(_header(headers, "Retry-After")),
+        maybe_sent=frozenset({408, 499}),  # fal's 499 (client_disconnected/cancelled): may have gone through
+    )
 
 
 def _media(node: Any, in_media: bool, depth: int) -> Iterator[Output]:

@@ -28,15 +28,8 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import (
-    CreateRateLimited,
-    CreateRejected,
-    CreateUncertain,
-    ErrorCode,
     InvalidParam,
-    MalformedResponse,
     ProviderError,
-    ReadFailed,
-    SyncCallFailed,
 )
 from ..settings import Settings
 from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
@@ -44,6 +37,7 @@ from .http import HttpClient, parse_retry_after
 from .http import body_json as _json
 from .http import body_text as _text
 from .http import header_value as _header
+from .outcome import Op, status_error, transport_error
 
 __all__ = [
     "MAX_LIST_PAGES",
@@ -62,7 +56,6 @@ __all__ = [
     "training_client",
 ]
 
-Op = Literal["create", "read", "sync"]
 Resource = Literal["predictions", "trainings"]
 
 _RUNNING = frozenset({"starting", "processing"})
@@ -193,13 +186,7 @@ def to_error(
     reached Replicate is *uncertain*, never rejected, because resubmitting could pay twice.
     """
     if exc is not None:
-        text = f"{type(exc).__name__}: {exc}"
-        if op == "create":
-            return CreateUncertain(f"replicate create outcome unknown: {text}")
-        if op == "sync":
-            timeout = isinstance(exc, requests.Timeout)
-            return SyncCallFailed(text, code=ErrorCode.UPSTREAM_TIMEOUT if timeout else None)
-        return ReadFailed(f"replicate read failed: {text}")
+        return transport_error("replicate", op, exc)
     message, provider_code, well_formed = _describe(_json(body))
     kw: dict[str, Any] = {
         "status": status,
@@ -207,29 +194,10 @@ def to_error(
         "request_id": _header(headers, "x-request-id", "request-id"),
         "body": _text(body),
     }
-    text = f"replicate {op} answered HTTP {status}" + (f": {message}" if message else "")
-    ok = status is not None and 200 <= status < 300
-    if op == "read":
-        return MalformedResponse(text, **kw) if ok else ReadFailed(text, **kw)
-    if status == 429:
-        kw["retry_after"] = _retry_after(headers, message)
-        if op == "create":
-            return CreateRateLimited(text, **kw)
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_RATE_LIMITED, **kw)
-    client_error = status is not None and 400 <= status < 500 and status != 408
-    if op == "create":
-        if not (client_error and well_formed):
-            return CreateUncertain(text, **kw)
-        if status in (400, 422):
-            return CreateRejected(text, code=ErrorCode.UPSTREAM_INVALID_INPUT, **kw)
-        return CreateRejected(text, **kw)
-    if status == 408:
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_TIMEOUT, **kw)
-    if not client_error:
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_FAILED, **kw)
-    if status in (400, 422):
-        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_INVALID_INPUT, **kw)
-    return SyncCallFailed(text, code=ErrorCode.UPSTREAM_SUBMISSION_FAILED, **kw)
+    return status_error(
+        "replicate", op, status, kw, message=message, well_formed=well_formed,
+        retry_after=_retry_after(headers, message),
+    )
 
 
 def build_create(

@@ -1,0 +1,80 @@
+"""DESIGN §4's outcome table for providers classified by HTTP status (Replicate, ElevenLabs,
+fal): one mapping from (operation, status, is-it-a-provider-error) to the library's exceptions.
+
+Each provider's ``to_error`` parses its own error body, then hands the verdict here; KIE (an
+envelope ``code`` even under HTTP 200) and Anthropic keep their own tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import requests
+
+from ..errors import (
+    CreateRateLimited,
+    CreateRejected,
+    CreateUncertain,
+    ErrorCode,
+    MalformedResponse,
+    ProviderError,
+    ReadFailed,
+    SyncCallFailed,
+)
+
+Op = Literal["create", "read", "sync"]
+
+
+def transport_error(provider: str, op: Op, exc: BaseException) -> ProviderError:
+    """No HTTP answer: a create's outcome is unknown, a sync call failed (timeout or not), a
+    read failed and may be retried."""
+    text = f"{type(exc).__name__}: {exc}"
+    if op == "create":
+        return CreateUncertain(f"{provider} create outcome unknown: {text}")
+    if op == "sync":
+        timeout = isinstance(exc, requests.Timeout)
+        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_TIMEOUT if timeout else None)
+    return ReadFailed(f"{provider} read failed: {text}")
+
+
+def status_error(
+    provider: str,
+    op: Op,
+    status: int | None,
+    kw: dict[str, Any],
+    *,
+    message: str | None,
+    well_formed: bool,
+    retry_after: float | None,
+    maybe_sent: frozenset[int] = frozenset({408}),
+) -> ProviderError:
+    """An HTTP answer that is not a usable success, per the outcome table.
+
+    ``kw`` carries status / provider_code / request_id / body for the exception; ``well_formed``
+    says the body is the provider's own error shape (a proxy's HTML 4xx is not a confirmed
+    rejection); ``maybe_sent`` are 4xx statuses after which the request may still have gone
+    through (408, and fal's 499).
+    """
+    text = f"{provider} {op} answered HTTP {status}" + (f": {message}" if message else "")
+    ok = status is not None and 200 <= status < 300
+    if op == "read":
+        return MalformedResponse(text, **kw) if ok else ReadFailed(text, **kw)
+    if status == 429:  # documented as not processed: retry later, bounded by the lifecycle
+        kw["retry_after"] = retry_after
+        if op == "create":
+            return CreateRateLimited(text, **kw)
+        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_RATE_LIMITED, **kw)
+    client_error = status is not None and 400 <= status < 500 and status not in maybe_sent
+    if op == "create":
+        if not (client_error and well_formed):
+            return CreateUncertain(text, **kw)
+        if status in (400, 422):
+            return CreateRejected(text, code=ErrorCode.UPSTREAM_INVALID_INPUT, **kw)
+        return CreateRejected(text, **kw)
+    if status == 408:
+        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_TIMEOUT, **kw)
+    if not client_error:
+        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_FAILED, **kw)
+    if status in (400, 422):
+        return SyncCallFailed(text, code=ErrorCode.UPSTREAM_INVALID_INPUT, **kw)
+    return SyncCallFailed(text, code=ErrorCode.UPSTREAM_SUBMISSION_FAILED, **kw)
