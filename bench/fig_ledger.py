@@ -129,7 +129,7 @@ def _open_lots(url: str, users: list[str]) -> dict[str, int]:
     engine = make_engine(url)
     with engine.connect() as conn:
         row = conn.execute(text(
-            "SELECT count(*), max(c) FROM (SELECT user_id, count(*) AS c FROM credit_lots "
+            "SELECT count(*), max(c) FROM (SELECT user_id, count(*) AS c FROM reconcile_credit_lots "
             "WHERE remaining_amount > 0 AND user_id = ANY(CAST(:users AS uuid[])) "
             "GROUP BY user_id) s"), {"users": users}).one()
     engine.dispose()
@@ -138,7 +138,7 @@ def _open_lots(url: str, users: list[str]) -> dict[str, int]:
 
 _LOTS_SQL = """
 WITH u AS (SELECT CAST(:user AS uuid) AS id)
-INSERT INTO credit_lots (user_id, pool, kind, source_txn_id, amount, remaining_amount, created_at)
+INSERT INTO reconcile_credit_lots (user_id, pool, kind, source_txn_id, amount, remaining_amount, created_at)
 SELECT u.id, 'sub', CASE WHEN g = 1 THEN 'GRANT' ELSE 'REFUND' END, 'lots-' || u.id || '-' || g,
        CASE WHEN g = 1 THEN 1000000000 ELSE 10 END, CASE WHEN g = 1 THEN 1000000000 ELSE 10 END,
        now()
@@ -161,8 +161,8 @@ def _reserve_vs_lots(url: str, sizes: tuple[int, ...], runs: int) -> list[dict[s
         user = uuid.uuid4()
         with sessions.begin() as s:
             s.execute(text(_LOTS_SQL), {"user": str(user), "n": n})
-            s.execute(text("INSERT INTO credit_balances (user_id, sub, topup) "
-                           "SELECT CAST(:u AS uuid), sum(remaining_amount), 0 FROM credit_lots "
+            s.execute(text("INSERT INTO reconcile_credit_balances (user_id, sub, topup) "
+                           "SELECT CAST(:u AS uuid), sum(remaining_amount), 0 FROM reconcile_credit_lots "
                            "WHERE user_id = CAST(:u AS uuid)"), {"u": str(user)})
         samples = []
         for i in range(runs + 3):

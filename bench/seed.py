@@ -14,10 +14,10 @@ GRANT = 10**9
 
 _USERS_SQL = """
 WITH u AS (SELECT unnest(CAST(:users AS uuid[])) AS id)
-, b AS (INSERT INTO credit_balances (user_id, sub, topup) SELECT id, :grant, 0 FROM u)
-, t AS (INSERT INTO credit_transactions (id, user_id, type, amount, from_sub, from_topup, created_at)
+, b AS (INSERT INTO reconcile_credit_balances (user_id, sub, topup) SELECT id, :grant, 0 FROM u)
+, t AS (INSERT INTO reconcile_credit_transactions (id, user_id, type, amount, from_sub, from_topup, created_at)
         SELECT 'grant-' || id, id, 'GRANT', :grant, :grant, 0, now() FROM u)
-INSERT INTO credit_lots (user_id, pool, kind, source_txn_id, amount, remaining_amount, created_at)
+INSERT INTO reconcile_credit_lots (user_id, pool, kind, source_txn_id, amount, remaining_amount, created_at)
 SELECT id, 'sub', 'GRANT', 'grant-' || id, :grant, :grant, now() FROM u
 """
 
@@ -38,7 +38,7 @@ WITH j AS (
   SELECT gen_random_uuid(), id, user_id, 'reserved', :credits,
          jsonb_build_object('from_sub', :credits, 'from_topup', 0), CAST(:started AS timestamptz)
   FROM j)
-INSERT INTO credit_transactions (id, user_id, job_id, type, amount, from_sub, from_topup, created_at)
+INSERT INTO reconcile_credit_transactions (id, user_id, job_id, type, amount, from_sub, from_topup, created_at)
 SELECT 'job-usage:' || id, user_id, id, 'USAGE', :credits, :credits, 0, CAST(:started AS timestamptz)
 FROM j
 """
@@ -59,11 +59,11 @@ def add_inflight_jobs(conn: Any, jobs: Sequence[tuple[uuid.UUID, uuid.UUID, str]
         "started": started, "lease": lease, "credits": credits,
     })
     conn.execute(text(
-        "UPDATE credit_balances b SET sub = b.sub - r.held FROM ("
+        "UPDATE reconcile_credit_balances b SET sub = b.sub - r.held FROM ("
         " SELECT user_id, sum(credits) AS held FROM usage_logs WHERE job_id = ANY(CAST(:ids AS uuid[]))"
         " GROUP BY user_id) r WHERE b.user_id = r.user_id"), {"ids": [str(j) for j, _, _ in jobs]})
     conn.execute(text(
-        "UPDATE credit_lots l SET remaining_amount = b.sub FROM credit_balances b "
+        "UPDATE reconcile_credit_lots l SET remaining_amount = b.sub FROM reconcile_credit_balances b "
         "WHERE l.user_id = b.user_id AND l.kind = 'GRANT' AND l.pool = 'sub' "
         "AND b.user_id = ANY(CAST(:users AS uuid[]))"),
         {"users": sorted({str(u) for _, u, _ in jobs})})

@@ -23,8 +23,9 @@ PG_ADMIN_URL = os.environ.get("RECONCILE_TEST_PG_ADMIN", "postgresql://postgres@
 REDIS_URL = os.environ.get("RECONCILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 TABLES = (
-    "jobs", "usage_logs", "workflow_executions", "credit_balances", "credit_lots",
-    "credit_transactions", "webhook_deliveries", "assets", "credit_anomalies", "job_events",
+    "jobs", "usage_logs", "workflow_executions", "reconcile_credit_balances", "reconcile_credit_lots",
+    "reconcile_credit_transactions", "reconcile_webhook_deliveries", "reconcile_assets",
+    "reconcile_credit_anomalies", "reconcile_job_events",
 )
 
 

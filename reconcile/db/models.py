@@ -148,7 +148,7 @@ class CreatedObject(Base):
 
 
 class CreditBalance(Base):
-    __tablename__ = "credit_balances"
+    __tablename__ = "reconcile_credit_balances"
 
     user_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
     sub: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
@@ -157,7 +157,7 @@ class CreditBalance(Base):
 
 
 class CreditLot(Base):
-    __tablename__ = "credit_lots"
+    __tablename__ = "reconcile_credit_lots"
 
     id: Mapped[int] = mapped_column(BIGID, Identity(), primary_key=True)
     user_id: Mapped[uuid.UUID] = mapped_column(Uuid)
@@ -170,7 +170,7 @@ class CreditLot(Base):
 
     __table_args__ = (
         # FIFO consumption touches only lots with something left
-        Index("credit_lots_open_idx", "user_id", "pool", "id",
+        Index("reconcile_credit_lots_open_idx", "user_id", "pool", "id",
               postgresql_where=text("remaining_amount > 0"),
               sqlite_where=text("remaining_amount > 0")),
     )
@@ -179,7 +179,7 @@ class CreditLot(Base):
 class CreditTransaction(Base):
     """Append-only. Ids are deterministic (``job-usage:{job}``, ``job-refund:{job}``, …)."""
 
-    __tablename__ = "credit_transactions"
+    __tablename__ = "reconcile_credit_transactions"
 
     id: Mapped[str] = mapped_column(Text, primary_key=True)
     user_id: Mapped[uuid.UUID] = mapped_column(Uuid, index=True)
@@ -195,7 +195,7 @@ class CreditTransaction(Base):
 
 
 class WebhookDelivery(Base):
-    __tablename__ = "webhook_deliveries"
+    __tablename__ = "reconcile_webhook_deliveries"
 
     id: Mapped[int] = mapped_column(BIGID, Identity(), primary_key=True)
     provider: Mapped[str] = mapped_column(Text)
@@ -211,7 +211,7 @@ class WebhookDelivery(Base):
 
 
 class Asset(Base):
-    __tablename__ = "assets"
+    __tablename__ = "reconcile_assets"
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
     job_id: Mapped[uuid.UUID] = mapped_column(Uuid)
@@ -227,7 +227,7 @@ class Asset(Base):
 
 
 class CreditAnomaly(Base):
-    __tablename__ = "credit_anomalies"
+    __tablename__ = "reconcile_credit_anomalies"
 
     id: Mapped[int] = mapped_column(BIGID, Identity(), primary_key=True)
     job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
@@ -240,7 +240,7 @@ class CreditAnomaly(Base):
 class JobEvent(Base):
     """Outbox: written with the state change, published after commit, at least once."""
 
-    __tablename__ = "job_events"
+    __tablename__ = "reconcile_job_events"
 
     id: Mapped[int] = mapped_column(BIGID, Identity(), primary_key=True)
     event_id: Mapped[str] = mapped_column(Text, unique=True)  # consumers dedupe on it
@@ -252,7 +252,7 @@ class JobEvent(Base):
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
-        Index("job_events_unpublished_idx", "created_at",
+        Index("reconcile_job_events_unpublished_idx", "created_at",
               postgresql_where=text("published_at IS NULL"),
               sqlite_where=text("published_at IS NULL")),
     )

@@ -274,7 +274,7 @@ def test_audit_exits_zero_when_clean_and_one_on_a_corrupted_balance(db: sessionm
     assert clean.exit_code == 0 and "ledger clean" in clean.stdout
 
     with db.begin() as s:
-        s.execute(text("UPDATE credit_balances SET sub = sub + 5 WHERE user_id = :u"),
+        s.execute(text("UPDATE reconcile_credit_balances SET sub = sub + 5 WHERE user_id = :u"),
                   {"u": load(db, job_id).user_id})
     broken = cli(db, "audit", "--json")
     assert broken.exit_code == 1

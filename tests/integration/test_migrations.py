@@ -34,9 +34,12 @@ CREATE TABLE alembic_version (version_num varchar(32) NOT NULL PRIMARY KEY);
 INSERT INTO alembic_version VALUES ('platform_042');
 """
 
-LIBRARY_TABLES = {"credit_balances", "credit_lots", "credit_transactions", "webhook_deliveries",
-                  "assets", "credit_anomalies", "job_events", "reconcile_created_objects",
-                  "reconcile_alembic_version"}
+LIBRARY_TABLES = {"reconcile_credit_balances", "reconcile_credit_lots",
+                  "reconcile_credit_transactions", "reconcile_webhook_deliveries",
+                  "reconcile_assets", "reconcile_credit_anomalies", "reconcile_job_events",
+                  "reconcile_created_objects", "reconcile_alembic_version"}
+GENERIC_NAMES = {"credit_balances", "credit_lots", "credit_transactions", "webhook_deliveries",
+                 "assets", "credit_anomalies", "job_events"}
 
 
 def _psql(url: str) -> psycopg.Connection:
@@ -77,10 +80,12 @@ def platform_db(pg_databases: PgDatabases) -> tuple[str, list[uuid.UUID]]:
 
 
 def test_upgrade_on_empty_postgres_creates_everything(pg_databases: PgDatabases) -> None:
-    """An empty database gets the platform tables and the library's."""
+    """An empty database gets the platform tables and the library's, every library table
+    under the ``reconcile_`` prefix (none of revision 0003's generic names is left)."""
     url = pg_databases.create()
     upgrade(url)
     assert {"jobs", "usage_logs", "workflow_executions"} | LIBRARY_TABLES <= _tables(url)
+    assert not _tables(url) & GENERIC_NAMES
     assert {"provider_task_id", "submission_state", "credits_actual"} <= _columns(url, "jobs")
 
 
@@ -94,7 +99,8 @@ def test_upgrade_on_sqlite_creates_everything_and_round_trips(tmp_path: Path) ->
     downgrade(url)
     assert set(sa.inspect(engine).get_table_names()) == {"reconcile_alembic_version"}
     upgrade(url)
-    assert "credit_lots" in sa.inspect(engine).get_table_names()
+    names = set(sa.inspect(engine).get_table_names())
+    assert "reconcile_credit_lots" in names and not names & GENERIC_NAMES
     engine.dispose()
 
 
@@ -201,3 +207,28 @@ def test_alembic_check_shows_no_drift(pg_url: str) -> None:
                             text=True, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "No new upgrade operations detected" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+def test_prefix_rename_keeps_ledger_rows_both_ways(backend: str, pg_databases: PgDatabases,
+                                                   tmp_path: Path) -> None:
+    """Revision 0004 renames in place: rows written under 0003's names survive the rename, a
+    downgrade to 0003 and the rename again, and the renamed unique constraint still holds."""
+    url = pg_databases.create() if backend == "postgresql" else f"sqlite:///{tmp_path / 'p.db'}"
+    upgrade(url, "0003")
+    engine = sa.create_engine(url)
+    user = str(uuid.uuid4()) if backend == "sqlite" else uuid.uuid4()
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO credit_lots (user_id, pool, kind, source_txn_id, amount, "
+                             "remaining_amount) VALUES (:u, 'sub', 'GRANT', 'g1', 50, 50)"), {"u": user})
+    upgrade(url)
+    downgrade(url, "0003")
+    upgrade(url)
+    with engine.begin() as conn:
+        rows = conn.execute(sa.text("SELECT source_txn_id, remaining_amount FROM reconcile_credit_lots")).all()
+        assert [tuple(r) for r in rows] == [("g1", 50)]
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO reconcile_credit_lots (user_id, pool, kind, source_txn_id, "
+                             "amount, remaining_amount) VALUES (:u, 'sub', 'GRANT', 'g1', 1, 1)"),
+                     {"u": user})
+    engine.dispose()
