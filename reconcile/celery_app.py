@@ -1,8 +1,8 @@
 """The Celery app: ``celery -A reconcile.celery_app worker -Q reconcile,reconcile.sweep``.
 
-A platform with its own app can instead ``app.config_from_object("celeryconfig")`` (or merge the
-settings it needs) and import ``reconcile.tasks``: the tasks are ``shared_task``s named
-``reconcile.*``.
+Configured from :mod:`reconcile.celery_settings` (inside the package, so a wheel in any folder
+behaves as the checkout) and installed like a platform's app would be. A platform with its own
+app calls ``reconcile.install(app)`` instead (:mod:`reconcile.celery_install`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from time import monotonic
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+
+from .celery_install import fresh_engines, install
 
 
 def _atomic_filesystem_publish() -> None:
@@ -56,22 +57,12 @@ def _atomic_filesystem_publish() -> None:
 _atomic_filesystem_publish()
 
 app = Celery("reconcile")
-try:
-    app.config_from_object("celeryconfig", force=True)
-except ImportError:  # installed without the repo's top-level celeryconfig.py
-    app.config_from_object("reconcile.celery_defaults", force=True)
+app.config_from_object("reconcile.celery_settings", force=True)
 app.conf.include = ["reconcile.tasks"]
-# Celery's current app is per thread: without this, a task enqueued from another thread (a
-# threaded web server calling submit_job) resolves to Celery's default app and publishes to
-# amqp://localhost instead of the configured broker.
+install(app)
+# the library enqueues through the installed app; for code of the standalone process that uses
+# the shared tasks' proxies, make this the default app of every thread as well
 app.set_default()
 
-
-@worker_process_init.connect
-def _fresh_engines(**_: object) -> None:
-    """One engine per worker process: never reuse a connection pool across fork."""
-    from . import tasks
-    from .db.session import dispose_engines
-
-    dispose_engines()
-    tasks.reset_runtime()
+# kept for code that imported the hook from here; it lives in reconcile.celery_install
+_fresh_engines = fresh_engines

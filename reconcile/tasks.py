@@ -14,6 +14,7 @@ from typing import Any
 from celery import shared_task
 
 from . import lifecycle
+from .celery_install import send
 from .runtime import Runtime
 from .settings import Settings
 
@@ -75,12 +76,18 @@ def _install_crash_hook(rt: Runtime) -> None:
     rt.crash_hook = crash
 
 
+# Enqueues go through the app the library was installed on (reconcile.install), never Celery's
+# thread-local current app: in a web server's worker thread that is Celery's default app.
 def enqueue_create(job_id: uuid.UUID, countdown: float = 0.0) -> None:
-    create.apply_async(args=[str(job_id)], countdown=countdown or None)
+    send("reconcile.create", [str(job_id)], countdown)
 
 
 def enqueue_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float) -> None:
-    poll.apply_async(args=[str(job_id), generation, seq], countdown=countdown or None)
+    send("reconcile.poll", [str(job_id), generation, seq], countdown)
+
+
+def enqueue_reconcile_job(job_id: uuid.UUID) -> None:
+    send("reconcile.reconcile_job", [str(job_id)])
 
 
 def _redelivery(task: Any) -> None:
@@ -122,5 +129,5 @@ def sweep() -> str:
     """One reconcile tick (beat); what does not fit the time budget fans out per job."""
     from .sweep import sweep as run
 
-    report = run(get_runtime(), fan_out=lambda jid: reconcile_job.delay(str(jid)))
+    report = run(get_runtime(), fan_out=enqueue_reconcile_job)
     return report.line()

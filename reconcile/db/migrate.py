@@ -9,8 +9,6 @@ SQLite (embedded default) takes the same steps through the inspector.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import sqlalchemy as sa
 
 from alembic import op
@@ -19,7 +17,6 @@ LOCK_TIMEOUT = "5s"
 # an upper bound for any one statement (a concurrent index build over a large jobs table is the
 # slowest); a migration that needs longer should be run by hand
 STATEMENT_TIMEOUT = "30min"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def is_pg() -> bool:
@@ -146,10 +143,15 @@ def drop_recorded(prefix: str, only: set[str] | None = None) -> None:
 
 
 def alembic_config(url: str):  # type: ignore[no-untyped-def]
+    """The packaged migrations (``reconcile/migrations``): the same from a wheel in any folder
+    as from a checkout — no ``alembic.ini`` needed."""
     from alembic.config import Config
 
-    cfg = Config(str(ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(ROOT / "alembic"))
+    from ..migrations import LOCATION
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(LOCATION))
+    cfg.set_main_option("path_separator", "os")
     cfg.cmd_opts = None
     cfg.attributes["x_url"] = url
     return cfg

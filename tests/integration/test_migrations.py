@@ -135,7 +135,7 @@ def test_seed_135_ddl_twice_is_a_no_op(platform_db: tuple[str, list[uuid.UUID]])
 
     url, _ = platform_db
     upgrade(url)
-    sql_path = ROOT / "alembic" / "versions" / "0002_reconcile_135.py"
+    sql_path = ROOT / "reconcile" / "migrations" / "versions" / "0002_reconcile_135.py"
     ns: dict[str, object] = {}
     exec(compile(sql_path.read_text(), str(sql_path), "exec"), ns)  # the module's own constants
     add_columns = ns["ADD_COLUMNS_SQL"]

@@ -1,0 +1,1 @@
+../reconcile/migrations/script.py.mako

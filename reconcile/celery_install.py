@@ -1,0 +1,170 @@
+"""Install the library into a platform's own Celery app: ``reconcile.install(app)``.
+
+What it does to ``app`` (call it after the app is configured: a later ``config_from_object``
+replaces the configuration and with it these changes):
+
+* registers the ``reconcile.*`` tasks on ``app`` and records ``app`` as the one every enqueue
+  inside the library goes through (a create, the next poll, the sweep's fan-out) — never
+  Celery's thread-local current app, which in a web server's worker thread is Celery's default
+  app (``amqp://localhost``, queue ``celery``);
+* merges the settings the library needs (:mod:`reconcile.celery_settings`) where the platform
+  has not set them, and keeps the platform's value with a warning where it differs;
+* routes the library's tasks to its queues (``reconcile``, ``reconcile.sweep``) beside the
+  platform's own routes, adds the sweep to the beat schedule, and merges the Redis transport
+  options (visibility timeout, unacked restore cadence) the same way;
+* connects :func:`fresh_engines` to ``worker_process_init``.
+
+Platforms that prefer a plain module use ``app.config_from_object("reconcile.celery_settings")``
+and ``import reconcile.tasks``; enqueues then go through ``reconcile.celery_app`` (configured
+from the same environment) unless ``install`` is called.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from types import ModuleType
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init
+
+log = logging.getLogger("reconcile.install")
+
+QUEUE = "reconcile"
+SWEEP_QUEUE = "reconcile.sweep"
+SWEEP_TASK = "reconcile.sweep"
+BEAT_ENTRY = "reconcile-sweep"
+# the platform's to choose (its broker, its backend, its default queue), or merged key by key
+_NOT_MERGED = frozenset({
+    "broker_url", "result_backend", "task_default_queue", "task_routes", "beat_schedule",
+    "broker_transport_options", "visibility_timeout", "include", "task_ignore_result",
+    "broker_connection_retry_on_startup", "beat_max_loop_interval",
+})
+_TRANSPORT_KEYS = ("visibility_timeout", "unacked_restore_interval", "unacked_restore_throttle")
+
+_lock = threading.Lock()
+_app: Celery | None = None
+
+
+class SettingConflict(UserWarning):
+    """The platform's app sets a value the library would set differently (the platform's wins)."""
+
+
+def library_settings() -> dict[str, Any]:
+    """The settings of :mod:`reconcile.celery_settings` as a dict (data only)."""
+    from . import celery_settings
+
+    return {key: value for key, value in vars(celery_settings).items()
+            if not key.startswith("_") and key.islower() and not callable(value)
+            and not isinstance(value, ModuleType)}
+
+
+def install(app: Celery, *, beat: bool = True) -> Celery:
+    """Install the library into ``app`` (see the module's docstring); returns ``app``."""
+    global _app
+    from . import tasks  # noqa: F401 - registers the shared tasks with every app, ``app`` included
+
+    wanted = library_settings()
+    conf = app.conf
+    for key, value in wanted.items():
+        if key not in _NOT_MERGED:
+            _merge(conf, key, value)
+    _merge_transport_options(conf, wanted.get("broker_transport_options") or {})
+    _add_routes(conf)
+    if beat:
+        _add_beat_entry(conf, wanted.get("beat_schedule", {}).get(BEAT_ENTRY))
+    worker_process_init.connect(fresh_engines, weak=False, dispatch_uid="reconcile.fresh_engines")
+    with _lock:
+        if _app is not None and _app is not app:
+            log.info("reconcile_reinstalled previous=%s app=%s", _app.main, app.main)
+        _app = app
+    return app
+
+
+def installed_app() -> Celery:
+    """The app the library enqueues through: the one last installed, else
+    ``reconcile.celery_app.app`` (configured from ``RECONCILE_*``)."""
+    if _app is None:
+        from . import celery_app  # noqa: F401 - installs its own app on import
+    assert _app is not None
+    return _app
+
+
+def send(task_name: str, args: list[Any], countdown: float | None = None) -> None:
+    """Enqueue one of the library's tasks through the installed app."""
+    installed_app().tasks[task_name].apply_async(args=args, countdown=countdown or None)
+
+
+def fresh_engines(**_: object) -> None:
+    """``worker_process_init``: one engine per worker process, never a pool across fork."""
+    from . import tasks
+    from .db.session import dispose_engines
+
+    dispose_engines()
+    tasks.reset_runtime()
+
+
+# ----------------------------------------------------------------------------- merging
+
+
+def _explicit(conf: Any, key: str) -> bool:
+    """Whether the platform set ``key`` (anywhere but Celery's own defaults, the last map)."""
+    maps = getattr(conf, "maps", None)
+    if not maps:
+        return key in conf
+    return any(key in m for m in maps[:-1])
+
+
+def _merge(conf: Any, key: str, value: Any) -> None:
+    if not _explicit(conf, key):
+        conf[key] = value
+    elif conf.get(key) != value:
+        _conflict(key, conf.get(key), value)
+
+
+def _conflict(key: str, theirs: Any, ours: Any) -> None:
+    warnings.warn(f"reconcile.install: the app sets {key}={theirs!r}; the library needs "
+                  f"{ours!r} (keeping the app's value)", SettingConflict, stacklevel=3)
+
+
+def _merge_transport_options(conf: Any, wanted: dict[str, Any]) -> None:
+    if not wanted:
+        return
+    options = dict(conf.get("broker_transport_options") or {})
+    for key, value in wanted.items():
+        if key not in options:
+            options[key] = value
+        elif key == "visibility_timeout" and options[key] < value:
+            _conflict("broker_transport_options['visibility_timeout']", options[key], value)
+    conf["broker_transport_options"] = options
+    if "visibility_timeout" in wanted and not _explicit(conf, "visibility_timeout"):
+        conf["visibility_timeout"] = options["visibility_timeout"]
+
+
+def _add_routes(conf: Any) -> None:
+    """The library's routes first, then the platform's (a dict, or a list of routers)."""
+    ours = {SWEEP_TASK: {"queue": SWEEP_QUEUE}, "reconcile.*": {"queue": QUEUE}}
+    theirs = conf.get("task_routes")
+    if theirs is None:
+        conf["task_routes"] = ours
+    elif isinstance(theirs, dict):
+        conf["task_routes"] = {**ours, **{k: v for k, v in theirs.items() if k not in ours}}
+    else:
+        routers = list(theirs) if isinstance(theirs, list | tuple) else [theirs]
+        conf["task_routes"] = [ours, *[r for r in routers if r != ours]]
+
+
+def _add_beat_entry(conf: Any, entry: dict[str, Any] | None) -> None:
+    if entry is None:
+        return
+    schedule = dict(conf.get("beat_schedule") or {})
+    if BEAT_ENTRY in schedule and schedule[BEAT_ENTRY] != entry:
+        _conflict(f"beat_schedule[{BEAT_ENTRY!r}]", schedule[BEAT_ENTRY], entry)
+    schedule.setdefault(BEAT_ENTRY, entry)
+    conf["beat_schedule"] = schedule
+    interval = entry["schedule"].total_seconds() if hasattr(entry["schedule"], "total_seconds") else None
+    current = conf.get("beat_max_loop_interval") or 300
+    if interval is not None and current > max(1.0, interval):
+        conf["beat_max_loop_interval"] = max(1.0, interval)
