@@ -67,11 +67,14 @@ def install(app: Celery, *, beat: bool = True) -> Celery:
     from . import tasks  # noqa: F401 - registers the shared tasks with every app, ``app`` included
 
     wanted = library_settings()
+    # reading a key finalizes a pending configuration: only then are the app's own values told
+    # apart from Celery's defaults (the last of the configuration's maps)
+    app.conf.get("broker_url")
     conf = app.conf
     for key, value in wanted.items():
         if key not in _NOT_MERGED:
             _merge(conf, key, value)
-    _merge_transport_options(conf, wanted.get("broker_transport_options") or {})
+    _merge_transport_options(conf, _transport_options_for(conf.broker_url))
     _add_routes(conf)
     if beat:
         _add_beat_entry(conf, wanted.get("beat_schedule", {}).get(BEAT_ENTRY))
@@ -127,6 +130,18 @@ def _merge(conf: Any, key: str, value: Any) -> None:
 def _conflict(key: str, theirs: Any, ours: Any) -> None:
     warnings.warn(f"reconcile.install: the app sets {key}={theirs!r}; the library needs "
                   f"{ours!r} (keeping the app's value)", SettingConflict, stacklevel=3)
+
+
+def _transport_options_for(broker_url: str | None) -> dict[str, Any]:
+    """The transport options the library needs on the app's own broker (Redis: a visibility
+    timeout above the longest task + poll countdown, a fast unacked-restore cadence)."""
+    from . import celery_settings
+
+    if (broker_url or "").startswith(("redis://", "rediss://")):
+        return dict(celery_settings._REDIS_TRANSPORT_OPTIONS)
+    if broker_url == celery_settings.broker_url:  # e.g. the embedded filesystem:// broker
+        return dict(celery_settings.broker_transport_options)
+    return {}
 
 
 def _merge_transport_options(conf: Any, wanted: dict[str, Any]) -> None:

@@ -45,13 +45,15 @@ task_send_sent_event = True
 # redelivered; a fast restore cadence brings a dead
 # worker's messages back within about the timeout instead of +100 s (E3/E4).
 _VISIBILITY = int(_settings.broker_visibility_timeout)
+# (reconcile.install merges these into a platform's app whose broker is Redis)
+_REDIS_TRANSPORT_OPTIONS: dict[str, object] = {
+    "visibility_timeout": _VISIBILITY,
+    "unacked_restore_interval": 10,
+    "unacked_restore_throttle": 1,
+}
 broker_transport_options: dict[str, object] = {}
 if broker_url.startswith(("redis://", "rediss://")):
-    broker_transport_options = {
-        "visibility_timeout": _VISIBILITY,
-        "unacked_restore_interval": 10,
-        "unacked_restore_throttle": 1,
-    }
+    broker_transport_options = dict(_REDIS_TRANSPORT_OPTIONS)
     visibility_timeout = _VISIBILITY
 elif broker_url.startswith("filesystem://"):
     _folder = os.path.abspath(_settings.broker_folder)
