@@ -1,0 +1,309 @@
+"""The example platform (``examples/platform``), run for real.
+
+acme's own Alembic history plus the library's migrations on a fresh PostgreSQL database; acme's
+autogenerate proposes nothing about the library's objects; uvicorn serves acme's FastAPI gateway
+on 127.0.0.1, acme's Celery worker and beat run on Redis with the library installed into acme's
+app, and the shipped simulator plays the providers. Everything is driven over HTTP with httpx.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Engine, select, text
+
+from reconcile.db.models import Job, WebhookDelivery
+from reconcile.db.session import make_engine
+from reconcile.migrations import include_object
+from reconcile.testing.simulator import Script, Simulator
+from tests.conftest import PgDatabases
+from tests.integration.workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "platform"
+BIN = Path(sys.executable).parent
+
+
+def _run(argv: list[str], env: dict[str, str]) -> str:
+    proc = subprocess.run(argv, cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"{argv}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+def _base_env(**extra: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RECONCILE_", "ACME_"))}
+    return {**clean, **extra}
+
+
+@pytest.fixture(scope="module")
+def acme_db(pg_databases: PgDatabases) -> str:
+    """acme's history first (its tables as they were), then the library's beside it."""
+    url = pg_databases.create("rtacme")
+    env = _base_env(ACME_DATABASE_URL=url, RECONCILE_DATABASE_URL=url)
+    _run([sys.executable, "-m", "alembic", "-c", "alembic.ini", "upgrade", "head"], env)
+    out = _run([str(BIN / "reconcile"), "db", "upgrade"], env)
+    assert "database upgraded to head" in out
+    return url
+
+
+@pytest.fixture(scope="module")
+def acme_engine(acme_db: str) -> Iterator[Engine]:
+    engine = make_engine(acme_db)
+    yield engine
+    engine.dispose()
+
+
+def test_platform_autogenerate_proposes_nothing_about_the_library(
+        acme_db: str, acme_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """acme's own ``alembic check`` is clean with the library installed; without the helper the
+    same comparison would propose dropping the library's tables, columns and indexes."""
+    out = _run([sys.executable, "-m", "alembic", "-c", "alembic.ini", "check"],
+               _base_env(ACME_DATABASE_URL=acme_db))
+    assert "No new upgrade operations detected" in out
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    from acme.models import Base
+
+    with acme_engine.connect() as conn:
+        with_helper = compare_metadata(
+            MigrationContext.configure(conn, opts={"include_object": include_object}), Base.metadata)
+        without = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert with_helper == []
+    proposed = repr(without)
+    assert "remove_table" in proposed and "reconcile_credit_lots" in proposed
+    assert "remove_column" in proposed and "submission_state" in proposed
+    assert "remove_index" in proposed and "jobs_inflight_idx" in proposed
+
+
+def _job_id_indexes(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        return sorted(conn.execute(text(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
+            "WHERE i.indrelid = 'usage_logs'::regclass AND a.attname = 'job_id'")).scalars())
+
+
+def test_no_second_usage_logs_job_id_index_beside_the_platforms(
+        acme_engine: Engine, pg_engine: Engine) -> None:
+    assert _job_id_indexes(acme_engine) == ["usage_logs_job_id_idx"]
+    # a standalone install (no index of the platform's) keeps the library's
+    assert _job_id_indexes(pg_engine) == ["reconcile_usage_logs_job_idx"]
+
+
+# ----------------------------------------------------------------------------- the full run
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], logs: Path) -> None:
+        self.name = name
+        self.log_path = logs / f"{name}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, cwd=EXAMPLE, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+class Acme:
+    """The running platform: gateway + worker + beat, and an httpx client on the gateway."""
+
+    def __init__(self, url: str, procs: list[Proc]) -> None:
+        self.url = url
+        self.procs = procs
+        self.http = httpx.Client(base_url=url, timeout=30)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in self.procs)
+
+    def submit(self, user: uuid.UUID, model: str, kind: str = "kie-standard") -> httpx.Response:
+        return self.http.post("/api/v1/jobs", headers={"X-User-Id": str(user)},
+                              json={"provider_kind": kind, "model": model,
+                                    "input": {"prompt": "a lighthouse"}})
+
+
+@pytest.fixture
+def acme(acme_db: str, redis_url: str, simulator: Simulator, tmp_path: Path) -> Iterator[Acme]:
+    redis.Redis.from_url(redis_url).flushdb()
+    port = _free_port()
+    env = _base_env(
+        **simulator.env(), RECONCILE_DATABASE_URL=acme_db, RECONCILE_BROKER_URL=redis_url,
+        RECONCILE_STORAGE_URL=f"file://{tmp_path / 'media'}", RECONCILE_TIME_SCALE="0.05",
+        RECONCILE_SWEEP_INTERVAL="40", RECONCILE_BROKER_VISIBILITY_TIMEOUT="20",
+        RECONCILE_WEBHOOK_BASE_URL=f"http://127.0.0.1:{port}", NO_PROXY="127.0.0.1,localhost")
+    celery = str(BIN / "celery")
+    procs = [
+        Proc("worker", [celery, "-A", "acme.celery_app", "worker", "-Q", "acme,reconcile,reconcile.sweep",
+                        "--pool=prefork", "-c", "2", "-l", "info", "--without-gossip",
+                        "--without-mingle", "-n", f"acme{uuid.uuid4().hex[:6]}@%h"], env, tmp_path),
+        Proc("beat", [celery, "-A", "acme.celery_app", "beat", "-l", "info",
+                      "-s", str(tmp_path / "beat-schedule")], env, tmp_path),
+        Proc("gateway", [sys.executable, "-m", "uvicorn", "acme.gateway:app", "--host", "127.0.0.1",
+                         "--port", str(port)], env, tmp_path),
+    ]
+    platform = Acme(f"http://127.0.0.1:{port}", procs)
+    try:
+        assert wait_for(lambda: "ready." in procs[0].log(), 60), platform.logs()
+        assert wait_for(lambda: _healthy(platform), 60), platform.logs()
+        yield platform
+    finally:
+        platform.http.close()
+        for proc in procs:
+            proc.stop()
+
+
+def _healthy(platform: Acme) -> bool:
+    try:
+        return platform.http.get("/healthz").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _grant(acme_db: str, user: uuid.UUID, amount: int) -> str:
+    return _run([sys.executable, "-m", "acme.grant", str(user), str(amount)],
+                _base_env(ACME_DATABASE_URL=acme_db, RECONCILE_DATABASE_URL=acme_db))
+
+
+def _sse_types(platform: Acme, user: uuid.UUID, job_id: str) -> list[str]:
+    """Read the job's SSE stream until it ends (the job is terminal)."""
+    types: list[str] = []
+    with platform.http.stream("GET", f"/api/v1/jobs/{job_id}/events",
+                              headers={"X-User-Id": str(user)}, timeout=90) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                types.append(line.removeprefix("event: "))
+            elif line.startswith("data: "):
+                assert json.loads(line.removeprefix("data: "))["job_id"] == job_id
+    return types
+
+
+def test_example_platform_submit_stream_complete_cancel_webhook_and_errors(
+        acme: Acme, acme_db: str, acme_engine: Engine, simulator: Simulator) -> None:
+    user, broke = uuid.uuid4(), uuid.uuid4()
+    assert "granted 100 (sub)" in _grant(acme_db, user, 100)
+    simulator.script_model("m", Script(timeline=((0.0, "queued"), (1.0, "running"), (2.5, "succeeded")),
+                                       webhook=True))
+    simulator.script_model("slow", Script(timeline=((0.0, "queued"), (0.5, "running"),
+                                                    (600.0, "succeeded"))))
+    simulator.script_model("refused", Script(create="reject_invalid"))
+    simulator.script_model("flaky", Script(create="server_error"))
+
+    # 202 from the sync endpoint: the create ran inline in FastAPI's worker thread, and the
+    # first poll was enqueued from that thread through acme's app
+    answer = acme.submit(user, "m")
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert body["state"] == "queued" and set(body) == {"job_id", "state"}
+    job_id = body["job_id"]
+
+    types = _sse_types(acme, user, job_id)
+    assert [t for t in types if t in ("queued", "running", "completed")] == \
+        ["queued", "running", "completed"], (types, acme.logs())
+
+    snap = acme.http.get(f"/api/v1/jobs/{job_id}", headers={"X-User-Id": str(user)})
+    assert snap.status_code == 200
+    snapshot = snap.json()
+    assert snapshot["state"] == "completed" and snapshot["error"] is None
+    assert snapshot["credits_actual"] == 10 and len(snapshot["outputs"]) == 1
+    assert simulator.creates(job_id) == 1
+
+    # the simulator's signed webhook reached acme's /webhooks/kie and was recorded
+    def delivered() -> bool:
+        with acme_engine.connect() as conn:
+            return conn.execute(select(WebhookDelivery.id).where(
+                WebhookDelivery.job_id == uuid.UUID(job_id))).first() is not None
+
+    assert wait_for(delivered, 30), (simulator.deliveries, acme.logs())
+    assert any(d["job_id"] == job_id and d["status"] == 200 for d in simulator.deliveries)
+    # acme's own task, on acme's own queue, ran for the completed job
+    def notified() -> bool:
+        with acme_engine.connect() as conn:
+            return conn.execute(text("SELECT kind FROM acme_notifications WHERE job_id = :j"),
+                                {"j": job_id}).scalar() == "completed"
+
+    assert wait_for(notified, 30), acme.logs()
+
+    # cancel a running one: refunded
+    slow = acme.submit(user, "slow")
+    assert slow.status_code == 202, slow.text
+    slow_id = slow.json()["job_id"]
+    assert wait_for(lambda: _status(acme_engine, slow_id) == "processing", 30), acme.logs()
+    cancelled = acme.http.post(f"/api/v1/jobs/{slow_id}/cancel", headers={"X-User-Id": str(user)})
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["state"] == "canceled"
+    again = acme.http.post(f"/api/v1/jobs/{slow_id}/cancel", headers={"X-User-Id": str(user)})
+    assert again.status_code == 409 and again.json()["error"]["code"] == "JOB_NOT_CANCELABLE"
+
+    # seed 001's error contract
+    refused = acme.submit(user, "refused")
+    assert refused.status_code == 502, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("upstream_error", "UPSTREAM_SUBMISSION_FAILED")
+    failed = acme.http.get(f"/api/v1/jobs/{error['job_id']}", headers={"X-User-Id": str(user)}).json()
+    assert failed["state"] == "failed" and failed["credits_actual"] == 0
+
+    flaky = acme.submit(user, "flaky")
+    assert flaky.status_code == 502
+    assert flaky.json()["error"]["code"] == "UPSTREAM_SUBMISSION_UNCERTAIN"
+
+    poor = acme.submit(broke, "m")
+    assert poor.status_code == 402 and poor.json()["error"]["code"] == "INSUFFICIENT_CREDITS"
+    invalid = acme.http.post("/api/v1/jobs", headers={"X-User-Id": str(user)},
+                             json={"model": "m", "input": {}})
+    assert invalid.status_code == 400 and invalid.json()["error"]["code"] == "INVALID_PARAM"
+    unparseable = acme.http.post("/api/v1/jobs", headers={"X-User-Id": str(user),
+                                                          "Content-Type": "application/json"},
+                                 content=b"{not json")
+    assert unparseable.status_code == 400 and unparseable.json()["error"]["code"] == "INVALID_PARAM"
+    assert acme.http.get(f"/api/v1/jobs/{job_id}", headers={"X-User-Id": str(broke)}).status_code == 404
+    forged = acme.http.post(f"/webhooks/kie?job_id={job_id}", content=b"{}",
+                            headers={"Content-Type": "application/json"})
+    assert forged.status_code == 401 and forged.json()["error"]["code"] == "WEBHOOK_REJECTED"
+
+    # the ledger over HTTP: 100 granted, 10 committed, the cancelled and refused ones refunded,
+    # the uncertain one still reserved
+    credits = acme.http.get("/api/v1/credits", headers={"X-User-Id": str(user)}).json()
+    assert credits["balance"] == {"sub": 80, "topup": 0}, credits
+    assert {row["type"] for row in credits["data"]} >= {"GRANT", "USAGE", "REFUND"}
+
+    # beat sends the sweep to its queue and acme's worker runs it
+    assert wait_for(lambda: "reconcile.sweep" in acme.procs[1].log()
+                    and "[reconcile] scanned=" in acme.procs[0].log(), 30), acme.logs()
+
+
+def _status(engine: Engine, job_id: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(select(Job.status).where(Job.id == uuid.UUID(job_id))).scalar()
