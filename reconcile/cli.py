@@ -17,6 +17,7 @@ its enqueue functions): ``main(args, obj=runtime)``; tests do the same with ``Cl
 from __future__ import annotations
 
 import json
+import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -75,33 +76,75 @@ JOB_ID = JobIdType()
 UNCLEAR = (Submission.UNCERTAIN.value, Submission.SUBMITTING.value)
 
 
+NO_DATABASE = ("no database configured: set RECONCILE_DATABASE_URL or pass --database-url URL "
+               "(e.g. postgresql+psycopg://app@db/app; the embedded SQLite file: "
+               "--database-url sqlite:///reconcile.db)")
+
+
 @dataclass
 class Cli:
-    """What the commands share: the database URL, and the runtime built on first use."""
+    """What the commands share: the database URL, and the runtime built on first use.
+
+    The database is ``--database-url``, else ``RECONCILE_DATABASE_URL`` — never a silent
+    default: without either a command that needs one fails with :data:`NO_DATABASE`. Every such
+    command says on stderr which database it uses (password hidden), so ``--json`` stays clean.
+    """
 
     database_url: str | None = None
     rt: Runtime | None = None
+    announced: bool = False
 
     def settings(self) -> Settings:
         if self.rt is not None:
             return self.rt.settings
-        return Settings(database_url=self.database_url) if self.database_url else Settings()
+        return Settings(database_url=self._configured()[0])
+
+    def _configured(self) -> tuple[str, str]:
+        """(url, where it came from)."""
+        if self.database_url:
+            return self.database_url, "--database-url"
+        env = os.environ.get("RECONCILE_DATABASE_URL")
+        if env:
+            return env, "RECONCILE_DATABASE_URL"
+        raise Failed(NO_DATABASE)
 
     def url(self) -> str:
         if self.rt is not None:
-            return self.rt.sessions.kw["bind"].url.render_as_string(hide_password=False)
-        return self.settings().database_url
+            url = self.rt.sessions.kw["bind"].url.render_as_string(hide_password=False)
+            self._announce(url, "the given runtime")
+            return url
+        url, source = self._configured()
+        self._announce(url, source)
+        return url
+
+    def _announce(self, url: str, source: str) -> None:
+        if not self.announced:
+            self.announced = True
+            click.echo(f"database: {_redacted(url)} (from {source})", err=True)
 
     def runtime(self) -> Runtime:
         if self.rt is None:
-            self.rt = Runtime.from_settings(self.settings(), enqueue_create=_enqueue_create,
+            settings = self.settings()
+            self.url()
+            self.rt = Runtime.from_settings(settings, enqueue_create=_enqueue_create,
                                             enqueue_poll=_enqueue_poll)
+        else:
+            self.url()
         return self.rt
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         with self.runtime().sessions() as session:
             yield session
+
+
+def _redacted(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy parses: say so rather than echo a secret
+        return "<unparseable URL>"
 
 
 # A resumed poll chain or a re-enqueued create goes to the workers through the broker. The
@@ -135,7 +178,9 @@ class _Group(click.Group):
         except sa_exc.DBAPIError as exc:
             first = str(exc.orig or exc).strip().splitlines()[0]
             hint = ""
-            if "does not exist" in first or "no such table" in first:
+            if "FATAL" in first and "database" in first and "does not exist" in first:
+                hint = " (the database itself is missing: create it, or fix the URL above)"
+            elif "does not exist" in first or "no such table" in first:
                 hint = " (is the schema migrated? run `reconcile db upgrade`)"
             raise Failed(f"database error: {first}{hint}") from exc
 

