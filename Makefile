@@ -22,7 +22,7 @@ test: setup services
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check reconcile tests alembic
+	$(BIN)/ruff check reconcile tests alembic examples
 	@tmp=$$(mktemp -d); \
 	  db=lint_$$$$; \
 	  psql "$(PG_ADMIN)" -qc "CREATE DATABASE $$db" && \

@@ -37,7 +37,8 @@ def _platform_has_its_own() -> bool:
 
 def upgrade() -> None:
     set_lock_timeout()
-    if _platform_has_its_own():
+    # offline (--sql) there is no catalog to look at: the index stays, as 0003 made it
+    if not op.get_context().as_sql and _platform_has_its_own():
         drop_index_concurrently(INDEX)
 
 
