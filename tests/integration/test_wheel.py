@@ -68,12 +68,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     wheels = list(dist.glob("reconcile-*.whl"))
     assert len(wheels) == 1
     inst = Installed(base)
+    # nothing of this interpreter's (PYTHONPATH, an active venv) may leak into the new one: pip
+    # would take a reconcile it can see there for "already installed"
+    env = inst.env()
     _checked(subprocess.run([sys.executable, "-m", "venv", str(inst.venv)], capture_output=True,
-                            text=True, timeout=120))
+                            text=True, timeout=120, env=env, cwd=inst.work))
     # dependencies come from the pip cache / the local indexes this machine's pip is set up with
     _checked(subprocess.run([str(inst.bin / "python"), "-m", "pip", "install", "-q",
                              "--disable-pip-version-check", str(wheels[0])],
-                            capture_output=True, text=True, timeout=600))
+                            capture_output=True, text=True, timeout=600, env=env, cwd=inst.work))
     yield inst
 
 
