@@ -3,7 +3,8 @@
 From a temporary folder (no checkout on ``sys.path``, no ``celeryconfig.py``, no ``alembic/``):
 ``reconcile db upgrade`` migrates a fresh PostgreSQL database, ``reconcile.celery_app.app`` has
 the broker from the environment, the sweep in its beat schedule and the ``reconcile`` queues,
-and a worker of the installed package completes a job against the shipped simulator.
+a worker of the installed package completes a job against the shipped simulator, and its beat
+sends the sweep, which that worker runs.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def test_wheel_installed_outside_the_checkout_migrates_configures_and_runs_a_job
     env = installed.env(
         **simulator.env(), RECONCILE_DATABASE_URL=url, RECONCILE_BROKER_URL=broker,
         RECONCILE_STORAGE_URL=f"file://{installed.work / 'media'}", RECONCILE_TIME_SCALE="0.05",
-        RECONCILE_BROKER_VISIBILITY_TIMEOUT="20",
+        RECONCILE_BROKER_VISIBILITY_TIMEOUT="20", RECONCILE_SWEEP_INTERVAL="40",  # × 0.05: 2 s
         # planted in each create: the simulator counts creates per job id from it
         RECONCILE_WEBHOOK_BASE_URL="https://platform.example/hooks")
 
@@ -134,6 +135,13 @@ def test_wheel_installed_outside_the_checkout_migrates_configures_and_runs_a_job
                  "--without-gossip", "--without-mingle", "-n", f"wheel{uuid.uuid4().hex[:6]}@%h"],
                 cwd=installed.work, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
+        beat_log = installed.base / "beat.log"
+        with open(beat_log, "wb") as log:
+            beat = subprocess.Popen(
+                [str(installed.bin / "celery"), "-A", "reconcile.celery_app", "beat", "-l", "info",
+                 "-s", str(installed.base / "beat-schedule")],
+                cwd=installed.work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
         try:
             assert wait_for(lambda: b"ready." in log_path.read_bytes(), 60), log_path.read_text()
             simulator.script_default(Script(timeline=((0.0, "queued"), (0.3, "running"),
@@ -160,7 +168,12 @@ def test_wheel_installed_outside_the_checkout_migrates_configures_and_runs_a_job
             assert wait_for(completed, 90), log_path.read_text()[-4000:]
             assert simulator.creates(job_id) == 1
             assert "reconcile.create" in log_path.read_text()
+            # the installed package's beat sends the sweep, and its worker runs the tick
+            assert wait_for(lambda: b"Sending due task reconcile-sweep" in beat_log.read_bytes()
+                            and b"[reconcile] scanned=" in log_path.read_bytes(), 60), \
+                beat_log.read_text()[-2000:] + log_path.read_text()[-2000:]
         finally:
+            _stop(beat)
             _stop(worker)
     finally:
         engine.dispose()
