@@ -59,7 +59,8 @@ _atomic_filesystem_publish()
 app = Celery("reconcile")
 app.config_from_object("reconcile.celery_settings", force=True)
 app.conf.include = ["reconcile.tasks"]
-install(app)
+# a platform's app installed earlier in this process stays the one enqueues go through
+install(app, replace=False)
 # the library enqueues through the installed app; for code of the standalone process that uses
 # the shared tasks' proxies, make this the default app of every thread as well
 app.set_default()

@@ -61,8 +61,12 @@ def library_settings() -> dict[str, Any]:
             and not isinstance(value, ModuleType)}
 
 
-def install(app: Celery, *, beat: bool = True) -> Celery:
-    """Install the library into ``app`` (see the module's docstring); returns ``app``."""
+def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
+    """Install the library into ``app`` (see the module's docstring); returns ``app``.
+
+    ``replace=False`` configures ``app`` but keeps enqueuing through an app installed before
+    (``reconcile.celery_app`` does this, so importing it never takes over a platform's app).
+    """
     global _app
     from . import tasks  # noqa: F401 - registers the shared tasks with every app, ``app`` included
 
@@ -81,6 +85,8 @@ def install(app: Celery, *, beat: bool = True) -> Celery:
     worker_process_init.connect(fresh_engines, weak=False, dispatch_uid="reconcile.fresh_engines")
     with _lock:
         if _app is not None and _app is not app:
+            if not replace:
+                return app
             log.info("reconcile_reinstalled previous=%s app=%s", _app.main, app.main)
         _app = app
     return app

@@ -97,3 +97,25 @@ def test_an_enqueue_from_another_thread_goes_through_the_installed_app(
     message = json.loads(client.lpop("reconcile"))
     assert message["headers"]["task"] == "reconcile.create"
     assert json.loads(__import__("base64").b64decode(message["body"]))[0] == [str(job_id)]
+
+
+def test_importing_reconcile_celery_app_later_does_not_take_over_the_platforms_app(
+        redis_url: str) -> None:
+    """In a fresh process: the platform installs first; a later ``import reconcile.celery_app``
+    (the CLI's enqueue path does it) leaves enqueues on the platform's app."""
+    import subprocess
+    import sys
+
+    code = f"""
+from celery import Celery
+import reconcile
+from reconcile import celery_install
+app = Celery("acme", broker={redis_url!r})
+reconcile.install(app)
+import reconcile.celery_app
+assert celery_install.installed_app() is app, celery_install.installed_app()
+assert reconcile.celery_app.app is not app
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
