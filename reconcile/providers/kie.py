@@ -626,6 +626,10 @@ KONTEXT = KieApi("kie-kontext", "/api/v1/flux/kontext/generate",
                  "/api/v1/flux/kontext/record-info", top_level_body, parse_record_kontext)
 LUMA = KieApi("kie-luma", "/api/v1/modify/generate", "/api/v1/modify/record-info",
               modelless_body, parse_record_luma)
+# DECISION (Runway, Veo): both accept ``callBackUrl`` (KIE's callback pages; the OpenAPI callback
+# ``{$request.body#/callBackUrl}`` of /api/v1/runway/generate), so the client sends it, but their
+# documented records (``generateParam`` / ``paramJson``) do not echo it: planted_job_id may be
+# None, and an uncertain create of these kinds waits for an operator (README, provider notes).
 RUNWAY = KieApi("kie-runway", "/api/v1/runway/generate", "/api/v1/runway/record-detail",
                 top_level_body, parse_record_runway)
 

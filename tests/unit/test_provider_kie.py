@@ -792,3 +792,44 @@ def test_record_is_null_reads_as_not_found(parse: Callable[..., Any]) -> None:
     assert parse({"code": 422, "msg": "record is null", "data": None}).status is PollStatus.NOT_FOUND
     with pytest.raises(ReadFailed):
         parse({"code": 422, "msg": "taskId is invalid", "data": None})
+
+
+# Adapted from docs.kie.ai/runway-api/get-ai-video-details (ids shortened): generateParam has no
+# callBackUrl in the documented record.
+RUNWAY_RECORD = {"code": 200, "msg": "success", "data": {
+    "taskId": "ee603959", "parentTaskId": "", "state": "success",
+    "generateParam": {"prompt": "A fluffy orange cat", "imageUrl": "", "expandPrompt": True},
+    "generateTime": "2023-08-15 14:30:45",
+    "videoInfo": {"videoId": "485da89c", "taskId": "ee603959",
+                  "videoUrl": "https://file.com/k/xxxxxxx.mp4", "imageUrl": "https://file.com/m/x.png"},
+    "failCode": 0, "failMsg": "", "expireFlag": 0}}
+# Adapted from docs.kie.ai/veo3-api/get-veo-3-video-details: paramJson without callBackUrl.
+VEO_RECORD = {"code": 200, "msg": "success", "data": {
+    "taskId": "veo_task_abc", "paramJson": "{\"prompt\":\"A dog playing in a park\"}",
+    "completeTime": "2025-06-06 10:30:00", "createTime": "2025-06-06 10:25:00",
+    "response": {"taskId": "veo_task_abc", "resultUrls": ["http://example.com/video1.mp4"]},
+    "successFlag": 1, "errorCode": None, "errorMessage": ""}}
+
+
+@pytest.mark.parametrize(("parse", "body"), [(kie.parse_record_runway, RUNWAY_RECORD),
+                                             (kie.parse_record_veo, VEO_RECORD)])
+def test_runway_and_veo_records_do_not_echo_the_planted_job(parse: Callable[..., Any],
+                                                            body: dict[str, Any]) -> None:
+    """The documented records carry no callBackUrl, so no planted job id: the record is no
+    evidence for an uncertain create of these kinds (README provider notes)."""
+    result = parse(body)
+    assert result.status is PollStatus.SUCCEEDED and result.outputs
+    assert result.planted_job_id is None
+
+
+@pytest.mark.parametrize("api", [kie.RUNWAY, kie.VEO])
+@responses.activate
+def test_runway_and_veo_creates_send_the_callback_url(api: kie.KieApi) -> None:
+    """Both APIs document callBackUrl: the client plants the job id there all the same."""
+    responses.post(f"{BASE}{api.create_path}", json={"code": 200, "msg": "success",
+                                                      "data": {"taskId": "t1"}})
+    client = kie.KieClient(api, SETTINGS, requests.Session())
+    client.create(CreateRequest(model="m", input={"prompt": "x"}, job_id="job-9",
+                                webhook_url="https://platform.test/hooks/kie?job_id=job-9"))
+    sent = json.loads(responses.calls[0].request.body)
+    assert kie.planted_job_id(sent) == "job-9"
