@@ -97,7 +97,8 @@ def handle(sim: Simulator, req: Request) -> Response | None:
         return _create(sim, req, *_CREATES[req.path])
     if req.method == "GET" and req.path in _RECORDS:
         return _record(sim, req, _RECORDS[req.path])
-    if req.method == "POST" and (match := _CHAT.match(req.path)):
+    if req.method == "POST" and (match := _CHAT.match(req.path)) and match[1] != "api":
+        # ``/api/…`` is KIE's task API, never a model: the old shared chat path is not served
         return _chat(sim, req, unquote(match[1]))
     if req.method == "GET" and req.path == "/api/v1/chat/credit":
         return json_response(200, envelope(sim.default_script, 200, 1000))
