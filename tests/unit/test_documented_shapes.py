@@ -148,6 +148,23 @@ def test_fal_completed_with_error_is_not_read_again(rsps: responses.RequestsMock
     assert result.status is PollStatus.FAILED and result.error_code == "runner_disconnected"
 
 
+def test_fal_submit_urls_that_differ_from_the_built_ones_are_logged(
+        rsps: responses.RequestsMock, caplog: pytest.LogCaptureFixture) -> None:
+    """fal says to use the returned URLs; the poll can only build them (the job row keeps the
+    task id and model), so a submit answer whose URLs differ is logged at once."""
+    from reconcile.providers.base import CreateRequest
+
+    other = f"{FAL}/fal-ai/flux-v2/requests/rid-3"
+    rsps.post(f"{FAL}/fal-ai/flux/dev", json={
+        "request_id": "rid-3", "response_url": other, "status_url": f"{other}/status",
+        "cancel_url": f"{other}/cancel"})
+    with caplog.at_level("WARNING", logger="reconcile.providers.fal"):
+        created = _fal().create(CreateRequest(model="fal-ai/flux/dev", input={"prompt": "x"},
+                                              job_id="job-3"))
+    assert created.task_id == "rid-3"
+    assert [r.getMessage().split()[0] for r in caplog.records] == ["fal_urls_differ"] * 3
+
+
 @pytest.mark.parametrize(("model", "app"), [
     ("workflows/fal-ai/my-flow", "workflows/fal-ai/my-flow"),
     ("comfy/acme/upscale/v2", "comfy/acme/upscale"),
