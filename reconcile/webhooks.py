@@ -310,7 +310,13 @@ def _kie_status(data: dict[str, Any], inner: dict[str, Any]) -> tuple[str | None
 
 # -- ElevenLabs (t=…,v0=… over t.body) ---------------------------------------------------
 
-_ELEVENLABS_IDS = ("transcription_id", "request_id", "dubbing_id", "conversation_id")
+# Which field names the upstream task. The speech-to-text event's ``request_id`` is NOT one: it
+# is the id of the HTTP request, while the job stores the create answer's ``transcription_id``
+# (the id ``GET /v1/speech-to-text/transcripts/{id}`` reads). Captured deliveries carry
+# ``data: {request_id, webhook_metadata, transcription}``, the transcript (the SDK's
+# SpeechToTextChunkResponseModel) holding ``transcription_id``; without one anywhere the event
+# binds through the signed ``webhook_metadata.job_id`` alone.
+_ELEVENLABS_IDS = ("transcription_id", "dubbing_id", "conversation_id")
 
 
 def verify_elevenlabs(
@@ -349,6 +355,9 @@ def verify_elevenlabs(
     if task_id is None and isinstance(transcription, dict):
         nested = transcription.get("transcription_id")
         task_id = nested if isinstance(nested, str) else None
+    if task_id is None and data.get("type") != "speech_to_text_transcription" and \
+            isinstance(inner.get("request_id"), str):
+        task_id = inner["request_id"]  # other event types: the only id there is
     error = _text(inner.get("error") or data.get("error"))
     # No status field: an error means failure, a transcript means success.
     outcome = (

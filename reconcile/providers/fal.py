@@ -10,17 +10,31 @@ app, which DROPS the model subpath (``fal-ai/flux/dev`` → ``fal-ai/flux``) —
 * result ``GET {base}/{owner}/{app}/requests/{id}``
 * cancel ``PUT {base}/{owner}/{app}/requests/{id}/cancel``
 
+``workflows`` and ``comfy`` are namespaces, not owners (fal_client's ``APP_NAMESPACES``):
+``workflows/fal-ai/my-flow/…`` keeps all three segments.
+
 fal has no FAILED status: a failed request still ends ``COMPLETED``, and only the result fetch
-tells success from failure, so ``COMPLETED`` always costs one more read.
+tells success from failure, so ``COMPLETED`` costs one more read — unless the status itself
+carries ``error``/``error_type`` (fal_client's ``Completed(error, error_type)``: an
+infrastructure failure such as ``runner_disconnected``), which is the verdict.
+
+DECISION (the returned URLs): fal's docs say to use the ``status_url``/``response_url``/
+``cancel_url`` of the submit answer instead of building them. A crash-safe poll has only what the
+job row keeps (the task id and the model), so the URLs are built from the model exactly as
+fal_client's ``get_handle(application, request_id)`` does for a request resumed by id
+(``AppId.from_endpoint_id``, namespaces included). At submit the returned URLs are compared with
+the built ones; a difference is logged (``fal_urls_differ``) with both, so a new URL scheme shows
+up at the first create instead of as 404s until the timeout.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,6 +50,14 @@ from .http import body_json as _json
 from .http import body_text as _text
 from .http import header_value as _header
 from .outcome import Op, status_error, transport_error
+from .outputs import (
+    Expect,
+    OutputSpec,
+    data_uri_output,
+    declared_output,
+    document_output,
+    text_output,
+)
 
 __all__ = [
     "MEDIA_KEYS",
@@ -44,6 +66,7 @@ __all__ = [
     "Submitted",
     "app_path",
     "extract_media",
+    "extract_outputs",
     "parse_create",
     "parse_result",
     "parse_status",
@@ -59,6 +82,8 @@ MEDIA_KEYS = frozenset(
 )
 _MAX_DEPTH = 32
 _REQUEST_ID_HEADERS = ("x-fal-request-id",)
+APP_NAMESPACES = frozenset({"workflows", "comfy"})  # fal_client.client.APP_NAMESPACES
+log = logging.getLogger(__name__)
 
 
 class Submitted(BaseModel):
@@ -67,12 +92,17 @@ class Submitted(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     request_id: str = Field(min_length=1)
+    status_url: str | None = None
+    response_url: str | None = None
+    cancel_url: str | None = None
 
 
 class QueueStatus(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     status: str  # queue_position / logs / metrics are kept in ``raw`` via extra="allow"
+    error: Any = None  # COMPLETED with an infrastructure failure (fal_client's Completed.error)
+    error_type: str | None = None
 
 
 # --- pure helpers -----------------------------------------------------------------------------
@@ -81,13 +111,15 @@ class QueueStatus(BaseModel):
 
 
 def app_path(model: str | None) -> str:
-    """``owner/app`` of a model id (status/result/cancel drop the subpath)."""
+    """``[namespace/]owner/app`` of a model id (status/result/cancel drop the subpath)."""
     segments = (model or "").strip("/").split("/")
-    if len(segments) < 2 or not all(segments[:2]) or any(s in (".", "..") for s in segments):
+    keep = 3 if segments[0] in APP_NAMESPACES else 2
+    if len(segments) < keep or not all(segments[:keep]) or any(s in (".", "..") for s in segments):
         raise InvalidParam(
-            f"fal model must look like owner/app[/path], got {model!r}", param="model"
+            f"fal model must look like [workflows/|comfy/]owner/app[/path], got {model!r}",
+            param="model",
         )
-    return "/".join(quote(s, safe="") for s in segments[:2])
+    return "/".join(quote(s, safe="") for s in segments[:keep])
 
 
 def _describe(body: Any, headers: Mapping[str, str] | None) -> tuple[str | None, str | None, bool]:
@@ -145,16 +177,17 @@ def _media(node: Any, in_media: bool, depth: int) -> Iterator[Output]:
         return
     if isinstance(node, Mapping):
         url = node.get("url")
-        if (
-            isinstance(url, str)
-            and url.startswith(("https://", "http://"))
-            and (in_media or "content_type" in node)
-        ):
-            content_type = node.get("content_type")
-            yield Output(
-                url=url, media_type=content_type if isinstance(content_type, str) else None
-            )
-            return  # a media object's own fields (thumbnails…) are not separate outputs
+        content_type = node.get("content_type")
+        content_type = content_type if isinstance(content_type, str) else None
+        if isinstance(url, str) and (in_media or "content_type" in node):
+            if url.startswith(("https://", "http://")):
+                yield Output(url=url, media_type=content_type)
+                return  # a media object's own fields (thumbnails…) are not separate outputs
+            if url.startswith("data:"):  # sync_mode: the file inline, as a data URI
+                inline = data_uri_output(url)
+                if inline is not None:
+                    yield Output(data=inline.data, media_type=content_type or inline.media_type)
+                return
         for key, value in node.items():
             yield from _media(value, key in MEDIA_KEYS, depth + 1)
     elif isinstance(node, list):
@@ -166,9 +199,28 @@ def extract_media(payload: Any) -> tuple[Output, ...]:
     """Every media object of a result, in document order.
 
     Finds ``images[].url``, ``image.url``, ``video.url``, ``audio.url`` and, generally, any
-    ``url`` of a dict that has a ``content_type`` or sits in a list.
+    ``url`` of a dict that has a ``content_type`` or sits in a list; ``data:`` URIs are decoded.
     """
     return tuple(_media(payload, False, 0))
+
+
+def extract_outputs(payload: Any, spec: OutputSpec | None = None) -> tuple[Output, ...]:
+    """The outputs the endpoint declared (:mod:`.outputs`); () when the declared one is missing.
+
+    MEDIA: media objects only, so ``{"images": [], "seed": 1}`` is empty. TEXT: the declared
+    field (``text`` by default) plus any media. JSON: the declared field, or the whole result.
+    """
+    spec = spec or OutputSpec(Expect.MEDIA)
+    media = extract_media(payload)
+    if spec.expects is Expect.MEDIA or not isinstance(payload, Mapping):
+        return media
+    if spec.expects is Expect.TEXT:
+        text = text_output(payload.get(spec.key or "text"))
+        return (text, *media) if text else ()
+    if spec.expects is Expect.JSON:
+        document = document_output(payload.get(spec.key) if spec.key else payload)
+        return (document,) if document else ()
+    return media or tuple(o for o in (document_output(payload),) if o)
 
 
 def parse_create(
@@ -188,7 +240,11 @@ def parse_create(
 def parse_status(
     status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
 ) -> PollResult | None:
-    """One status read; None means ``COMPLETED`` — only the result fetch can decide the outcome."""
+    """One status read; None means ``COMPLETED`` without an error — the result fetch decides.
+
+    ``COMPLETED`` with ``error``/``error_type`` (e.g. ``runner_disconnected``,
+    ``request_timeout``) is FAILED with fal's error: its result read would only answer a 5xx.
+    """
     if status_code == 404:
         return PollResult(status=PollStatus.NOT_FOUND, raw_status="404")
     if not 200 <= status_code < 300:
@@ -199,7 +255,17 @@ def parse_status(
     except ValidationError:
         raise to_error("read", status_code, body, headers) from None
     if status.status == "COMPLETED":
-        return None
+        if status.error is None and not status.error_type:
+            return None
+        error = status.error if isinstance(status.error, str) else None
+        return PollResult(
+            status=PollStatus.FAILED,
+            raw_status="COMPLETED",
+            error_code=status.error_type,
+            error_message=error or status.error_type or "fal reported an error",
+            request_id=_header(headers, *_REQUEST_ID_HEADERS),
+            raw=data,
+        )
     kind = PollStatus.RUNNING if status.status in _RUNNING else PollStatus.UNKNOWN
     return PollResult(
         status=kind,
@@ -210,11 +276,15 @@ def parse_status(
 
 
 def parse_result(
-    status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
+    status_code: int,
+    body: str | bytes | None,
+    headers: Mapping[str, str] | None = None,
+    *,
+    spec: OutputSpec | None = None,
 ) -> PollResult:
     """The result of a ``COMPLETED`` request.
 
-    2xx → SUCCEEDED with every media output (none: the lifecycle's UPSTREAM_EMPTY_RESULT);
+    2xx → SUCCEEDED with the declared outputs (none: the lifecycle's UPSTREAM_EMPTY_RESULT);
     a 4xx with an error body → FAILED; a 5xx → FAILED only when fal names an ``error_type``
     (a bare gateway 5xx says nothing about the request, so it is a retryable read failure).
     """
@@ -227,7 +297,7 @@ def parse_result(
         payload, wrapped_id = unwrap_sdk(data)
         return PollResult(
             status=PollStatus.SUCCEEDED,
-            outputs=extract_media(payload),
+            outputs=extract_outputs(payload, spec),
             raw_status="COMPLETED",
             request_id=wrapped_id or _header(headers, *_REQUEST_ID_HEADERS),
             raw=payload if isinstance(payload, Mapping) else {"result": payload},
@@ -279,7 +349,21 @@ class FalQueueClient:
             response = self.http.send_once("POST", path, json=dict(request.input), params=params)
         except requests.RequestException as exc:
             raise to_error("create", exc=exc) from exc
-        return parse_create(response.status_code, response.content, response.headers)
+        created = parse_create(response.status_code, response.content, response.headers)
+        self._check_urls(request, created)
+        return created
+
+    def _check_urls(self, request: CreateRequest, created: Created) -> None:
+        """Log when the URLs fal returned are not the ones ``poll``/``cancel`` will build."""
+        base = f"{app_path(request.model)}/requests/{quote(created.task_id, safe='')}"
+        built = {"response_url": base, "status_url": f"{base}/status",
+                 "cancel_url": f"{base}/cancel"}
+        raw = created.raw or {}
+        for name, path in built.items():
+            returned = raw.get(name)
+            if isinstance(returned, str) and not urlsplit(returned).path.endswith("/" + path):
+                log.warning("fal_urls_differ job_id=%s field=%s returned=%s built=%s",
+                            request.job_id, name, returned, path)
 
     def poll(self, task_id: str, *, model: str | None = None) -> PollResult:
         base = f"{app_path(model)}/requests/{quote(task_id, safe='')}"
@@ -288,7 +372,8 @@ class FalQueueClient:
         if result is not None:
             return result
         response = self.http.read("GET", base)
-        return parse_result(response.status_code, response.content, response.headers)
+        return parse_result(response.status_code, response.content, response.headers,
+                            spec=declared_output("fal", model))
 
     def cancel(self, task_id: str, *, model: str | None = None) -> bool:
         path = f"{app_path(model)}/requests/{quote(task_id, safe='')}/cancel"

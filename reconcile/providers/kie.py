@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import requests
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
@@ -33,6 +33,7 @@ from ..errors import (
     CreateRejected,
     CreateUncertain,
     ErrorCode,
+    InvalidParam,
     MalformedResponse,
     ProviderError,
     ReadFailed,
@@ -61,11 +62,11 @@ __all__ = [
 
 PLANT_PARAM = "job_id"  # the callBackUrl query parameter that carries our job id
 REQUEST_ID_HEADERS = ("x-request-id", "request-id")  # KIE documents none; kept when present
-# ASSUMPTION (kie-llm): an OpenAI-style ``POST /api/v1/chat/completions`` with ``{model,
-# messages}`` answering ``choices[0].message.content`` — the shape the project's simulator serves.
-# KIE's own docs (docs.kie.ai/market/chat/gemini) show a per-model path instead,
-# ``/{model}/v1/chat/completions``; this template takes ``{model}``, so switching is one line.
-LLM_CHAT_PATH = "/api/v1/chat/completions"
+# kie-llm: KIE serves each chat model under its own path, ``POST /{model}/v1/chat/completions``
+# (docs.kie.ai/market/chat/gemini: ``https://api.kie.ai/gemini-3-pro/v1/chat/completions``), with
+# an OpenAI-style body and ``choices[0].message.content`` in the answer. The model stays in the
+# body too: OpenAI-compatible gateways read it there, and KIE ignores it.
+LLM_CHAT_PATH = "/{model}/v1/chat/completions"
 
 
 # ---------------------------------------------------------------- lenient field types
@@ -370,8 +371,14 @@ def planted_job_id(param: Any) -> str | None:
 
 def _not_found(env: Envelope) -> bool:
     # KIE answers an unknown taskId with code 404 "Task not found" (sometimes only the text).
-    return env.code == 404 or (
-        (env.code != 200 or env.data is None) and "task not found" in (env.text or "").lower()
+    # DECISION (recordInfo, unknown or expired task): the record endpoints' docs list 422 among
+    # their codes without saying when; KIE's other endpoints document ``422 "record is null"``
+    # for an id they have no record of. That exact text is read as not found (never terminal by
+    # itself: the lifecycle counts it and fails TASK_NOT_FOUND only at exhaustion); any other 422
+    # stays a read failure.
+    text = (env.text or "").lower()
+    return env.code == 404 or (env.code == 422 and "record is null" in text) or (
+        (env.code != 200 or env.data is None) and "task not found" in text
     )
 
 
@@ -479,15 +486,30 @@ _SUNO_FAILED = {"CREATE_TASK_FAILED", "GENERATE_AUDIO_FAILED", "CALLBACK_EXCEPTI
                 "SENSITIVE_WORD_ERROR"}
 
 
+def _suno_urls(r: SunoRecord) -> tuple[str, ...]:
+    tracks = SunoResponse.model_validate(r.response or {}).suno_data or []
+    return tuple(url for track in tracks for url in track.audio_url)
+
+
 def _decide_suno(r: SunoRecord) -> PollResult:
     status = (r.status or "").upper()
     if status in _SUNO_RUNNING:
         return PollResult(PollStatus.RUNNING, raw_status=r.status)
     if status == "SUCCESS":
-        tracks = SunoResponse.model_validate(r.response or {}).suno_data or []
-        urls = tuple(url for track in tracks for url in track.audio_url)
         return PollResult(PollStatus.SUCCEEDED, progress=100, raw_status=r.status,
-                          outputs=_outputs(urls))
+                          outputs=_outputs(_suno_urls(r)))
+    if status == "CALLBACK_EXCEPTION":
+        # DECISION: docs.kie.ai/suno-api/get-music-details says only "Error during callback
+        # process" — the delivery to our callBackUrl failed, not the generation (the same as
+        # Luma's successFlag 4, "generation succeeded but callback failed"). With tracks in the
+        # record the music exists and was billed: a success. Without tracks nothing was made.
+        try:
+            urls = _suno_urls(r)
+        except ValidationError:
+            urls = ()
+        if urls:
+            return PollResult(PollStatus.SUCCEEDED, progress=100, raw_status=r.status,
+                              outputs=_outputs(urls))
     if status in _SUNO_FAILED:
         return PollResult(PollStatus.FAILED, raw_status=r.status, error_code=r.error_code,
                           error_message=r.error_message)
@@ -604,6 +626,10 @@ KONTEXT = KieApi("kie-kontext", "/api/v1/flux/kontext/generate",
                  "/api/v1/flux/kontext/record-info", top_level_body, parse_record_kontext)
 LUMA = KieApi("kie-luma", "/api/v1/modify/generate", "/api/v1/modify/record-info",
               modelless_body, parse_record_luma)
+# DECISION (Runway, Veo): both accept ``callBackUrl`` (KIE's callback pages; the OpenAPI callback
+# ``{$request.body#/callBackUrl}`` of /api/v1/runway/generate), so the client sends it, but their
+# documented records (``generateParam`` / ``paramJson``) do not echo it: planted_job_id may be
+# None, and an uncertain create of these kinds waits for an operator (README, provider notes).
 RUNWAY = KieApi("kie-runway", "/api/v1/runway/generate", "/api/v1/runway/record-detail",
                 top_level_body, parse_record_runway)
 
@@ -663,11 +689,14 @@ class KieLlmClient:
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:
         # ``stream`` is dropped: a sync call reads one JSON body. ``prompt`` is a convenience.
         body = {k: v for k, v in input.items() if k not in ("prompt", "stream")}
+        if not model.strip("/"):
+            raise InvalidParam("kie-llm needs a model (it names the chat path)", param="model")
         body["model"] = model
         if "messages" not in body and isinstance(input.get("prompt"), str):
             body["messages"] = [{"role": "user", "content": input["prompt"]}]
         try:
-            response = self.http.send_once("POST", LLM_CHAT_PATH.format(model=model), json=body)
+            path = LLM_CHAT_PATH.format(model=quote(model, safe=""))
+            response = self.http.send_once("POST", path, json=body)
         except requests.Timeout as exc:
             raise SyncCallFailed(f"KIE chat: timeout: {exc}",
                                  code=ErrorCode.UPSTREAM_TIMEOUT) from exc

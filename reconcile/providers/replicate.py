@@ -38,6 +38,15 @@ from .http import body_json as _json
 from .http import body_text as _text
 from .http import header_value as _header
 from .outcome import Op, status_error, transport_error
+from .outputs import ANY as ANY_OUTPUT
+from .outputs import (
+    Expect,
+    OutputSpec,
+    data_uri_output,
+    declared_output,
+    document_output,
+    text_output,
+)
 
 __all__ = [
     "MAX_LIST_PAGES",
@@ -115,7 +124,7 @@ def planted_job_id(webhook: Any) -> str | None:
 
 
 def _is_url(value: str) -> bool:
-    return value.startswith(("https://", "http://"))
+    return value.startswith(("https://", "http://", "data:"))
 
 
 def _urls(node: Any, depth: int = 0) -> Iterator[str]:
@@ -132,23 +141,41 @@ def _urls(node: Any, depth: int = 0) -> Iterator[str]:
             yield from _urls(item, depth + 1)
 
 
-def extract_outputs(output: Any) -> tuple[Output, ...]:
-    """Every output of a prediction, in order.
+def _media_outputs(output: Any) -> tuple[Output, ...]:
+    found = []
+    for url in _urls(output):
+        if url.startswith("data:"):  # a file inline (``Prefer: wait`` may answer data URLs)
+            inline = data_uri_output(url)
+            if inline is not None:
+                found.append(inline)
+        else:
+            found.append(Output(url=url))
+    return tuple(found)
 
-    URLs anywhere in ``output`` (a string, a list, or nested objects) become one Output each.
-    An output with no URL at all (an LLM's token list, a JSON answer) is kept as text rather
-    than dropped: a succeeded, billed prediction must not be read as an empty result.
+
+def extract_outputs(output: Any, spec: OutputSpec | None = None) -> tuple[Output, ...]:
+    """Every output of a prediction, in order, as the model's declared spec reads it.
+
+    URLs (and ``data:`` URIs) anywhere in ``output`` become one Output each. By default (ANY,
+    see :mod:`.outputs`) an output with no URL at all (an LLM's token list, a JSON answer) is kept
+    as text rather than dropped: a succeeded, billed prediction must not be read as empty. A
+    model declared MEDIA has only its files; TEXT its string or tokens; JSON the whole output.
     """
-    urls = list(_urls(output))
-    if urls:
-        return tuple(Output(url=u) for u in urls)
-    if output in (None, "", [], {}):
-        return ()
-    if isinstance(output, str):
-        return (Output(text=output, media_type="text/plain"),)
-    if isinstance(output, list) and all(isinstance(x, str) for x in output):
-        return (Output(text="".join(output), media_type="text/plain"),)
-    return (Output(text=json.dumps(output), media_type="application/json"),)
+    spec = spec or ANY_OUTPUT
+    if spec.expects is Expect.TEXT:
+        text = text_output(output)
+        return (text,) if text else ()
+    if spec.expects is Expect.JSON:
+        document = document_output(output)
+        return (document,) if document else ()
+    media = _media_outputs(output)
+    if media or spec.expects is Expect.MEDIA:
+        return media
+    text = text_output(output)
+    if text is not None:
+        return (text,)
+    document = document_output(output)
+    return (document,) if document else ()
 
 
 def _describe(body: Any) -> tuple[str | None, str | None, bool]:
@@ -258,7 +285,11 @@ def parse_create(
 
 
 def parse_status(
-    status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
+    status_code: int,
+    body: str | bytes | None,
+    headers: Mapping[str, str] | None = None,
+    *,
+    spec: OutputSpec | None = None,
 ) -> PollResult:
     """One ``GET /v1/predictions/{id}`` (or trainings) answer, normalised."""
     if status_code == 404:
@@ -281,7 +312,8 @@ def parse_status(
         return PollResult(status=PollStatus.RUNNING, **common)
     if raw_status == "succeeded":
         return PollResult(
-            status=PollStatus.SUCCEEDED, outputs=extract_outputs(prediction.output), **common
+            status=PollStatus.SUCCEEDED, outputs=extract_outputs(prediction.output, spec),
+            **common
         )
     if raw_status == "failed":
         error = prediction.error
@@ -360,7 +392,8 @@ class ReplicateClient:
 
     def poll(self, task_id: str, *, model: str | None = None) -> PollResult:
         response = self.http.read("GET", f"/v1/{self.resource}/{quote(task_id, safe='')}")
-        return parse_status(response.status_code, response.content, response.headers)
+        return parse_status(response.status_code, response.content, response.headers,
+                            spec=declared_output("replicate", model))
 
     def cancel(self, task_id: str, *, model: str | None = None) -> bool:
         # Cancelling is idempotent upstream, but best-effort here: a transport error is "not

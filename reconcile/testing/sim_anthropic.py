@@ -1,12 +1,16 @@
 """Anthropic's Messages API as the simulator serves it under ``/anthropic`` (PROVIDERS.md §5).
 
-Synchronous: one ``POST /v1/messages`` answers a message object. Every answer, errors included,
-carries a ``request-id`` header (``req_…``), and errors use the
-``{"type": "error", "error": {...}, "request_id": ...}`` body.
+Synchronous: one ``POST /v1/messages`` answers a message object, or with ``"stream": true`` the
+same message as server-sent events (``message_start`` … ``message_stop``, the sequence of
+docs.anthropic.com's streaming page). Every answer, errors included, carries a ``request-id``
+header (``req_…``), and errors use the ``{"type": "error", "error": {...}, "request_id": ...}``
+body. The key is accepted as ``x-api-key`` or as ``Authorization: Bearer`` (what the
+``anthropic`` SDK 2.x sends for an ``api_key``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from .sim_core import Request, Response, Script, json_response, retry_after_header
@@ -29,7 +33,8 @@ _ERRORS = {
 
 
 def authorized(req: Request) -> bool:
-    return bool(req.header("x-api-key").strip())
+    scheme, _, token = req.header("authorization").partition(" ")
+    return bool(req.header("x-api-key").strip()) or (scheme.lower() == "bearer" and bool(token.strip()))
 
 
 def error(kind: str, script: Script, code: int | None = None, request_id: str = "req_sim") -> Response:
@@ -62,4 +67,32 @@ def handle(sim: Simulator, req: Request) -> Response | None:
         "usage": {"input_tokens": 12, "output_tokens": 3, "cache_creation_input_tokens": 0,
                   "cache_read_input_tokens": 0},
     }
+    if body.get("stream") is True:
+        return _stream(message, request_id)
     return json_response(200, message, {"request-id": request_id})
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def _stream(message: dict[str, Any], request_id: str) -> Response:
+    """The message as Anthropic streams it: start, one text block in deltas, stop."""
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None,
+             "usage": {**usage, "output_tokens": 1}}
+    events = [_event("message_start", {"type": "message_start", "message": start}),
+              _event("content_block_start", {"type": "content_block_start", "index": 0,
+                                             "content_block": {"type": "text", "text": ""}}),
+              _event("ping", {"type": "ping"})]
+    for piece in ("Simulated", " reply."):
+        events.append(_event("content_block_delta", {
+            "type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": piece}}))
+    events += [_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+               _event("message_delta", {"type": "message_delta",
+                                        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                        "usage": {"output_tokens": usage["output_tokens"]}}),
+               _event("message_stop", {"type": "message_stop"})]
+    return Response(200, b"".join(events), {"Content-Type": "text/event-stream; charset=utf-8",
+                                            "Cache-Control": "no-cache", "request-id": request_id})

@@ -1,8 +1,10 @@
 """ElevenLabs as the simulator serves it under ``/elevenlabs`` (PROVIDERS.md §3).
 
-Async: dubbing (multipart create, status, ``425 dubbing_not_dubbed`` audio until done) and
-speech-to-text in webhook mode. Sync: text-to-speech, sound effects, speech-to-text. Every answer
-carries a ``request-id`` header. Webhooks (``ElevenLabs-Signature: t=…,v0=…``) go to the
+Async: dubbing (multipart create, status, list, ``425 dubbing_not_dubbed`` audio until done) and
+speech-to-text in webhook mode. Sync: text-to-speech, sound effects, speech-to-text, voice design
+(``/v1/text-to-voice/design``) and saving a designed voice (``/v1/text-to-voice``), instant voice
+cloning (``/v1/voices/add``) and forced alignment — the shapes of the ``elevenlabs`` SDK's
+response models. Every answer carries a ``request-id`` header. Webhooks (``ElevenLabs-Signature: t=…,v0=…``) go to the
 workspace webhook URL, ``Simulator.elevenlabs_webhook_url``, as the real ones do.
 """
 
@@ -107,6 +109,10 @@ def handle(sim: Simulator, req: Request) -> Response | None:
 def _route(sim: Simulator, req: Request) -> Response | None:
     if req.method == "POST" and req.path == "/v1/dubbing":
         return _dub(sim, req)
+    if req.method == "GET" and req.path == "/v1/dubbing":
+        return _dub_list(sim, req)
+    if req.method == "POST" and req.path in _SYNC_JSON:
+        return _sync_json(sim, req)
     if match := _DUB_ONE.match(req.path):
         found = sim.lookup(match[1], "elevenlabs-dubbing")
         if found is None:
@@ -126,6 +132,67 @@ def _route(sim: Simulator, req: Request) -> Response | None:
     if req.method == "GET" and (match := _TRANSCRIPT.match(req.path)):
         return _transcript(sim, match[1])
     return None
+
+
+_SYNC_JSON = ("/v1/text-to-voice/design", "/v1/text-to-voice", "/v1/voices/add",
+              "/v1/forced-alignment")
+
+
+def _dub_list(sim: Simulator, req: Request) -> Response:
+    """``GET /v1/dubbing``: newest first, ``{dubs, next_cursor, has_more}`` (cursor = offset)."""
+    try:
+        size = max(1, min(200, int(req.query.get("page_size") or 100)))
+        offset = int(req.query.get("cursor") or 0)
+    except ValueError:
+        return error("invalid", sim.script_for(None, None))
+    rows = []
+    for task in sorted(sim.tasks.values(), key=lambda t: t.created_wall, reverse=True):
+        found = sim.lookup(task.task_id, "elevenlabs-dubbing")
+        if found is not None:
+            rows.append(render(sim, *found))
+    page = rows[offset:offset + size]
+    more = offset + size < len(rows)
+    return json_response(200, {"dubs": page, "next_cursor": str(offset + size) if more else None,
+                               "has_more": more})
+
+
+def _sync_json(sim: Simulator, req: Request) -> Response:
+    """The one-request voice endpoints, each validated like the real one, answered in the shape
+    of the SDK's response model (VoiceDesignPreviewResponse, Voice, AddVoiceIVCResponseModel,
+    ForcedAlignmentResponseModel)."""
+    fields = form(req)
+    required = {"/v1/text-to-voice/design": ("voice_description",),
+                "/v1/text-to-voice": ("voice_name", "voice_description", "generated_voice_id"),
+                "/v1/voices/add": ("name", "files"),
+                "/v1/forced-alignment": ("file", "text")}[req.path]
+    missing = [name for name in required if not fields.get(name)]
+    if missing:
+        return json_response(422, {"detail": [{"loc": ["body", missing[0]], "msg": "field required",
+                                               "type": "value_error.missing"}]})
+    rejected = sim.call(PROVIDER, req.path.removeprefix("/v1/"))
+    if rejected is not None:
+        return error(rejected.kind, rejected.script, rejected.code)
+    if req.path == "/v1/text-to-voice/design":
+        _, audio = MEDIA["mp3"]
+        previews = [{"audio_base_64": base64.b64encode(audio).decode(),
+                     "generated_voice_id": sim.new_id(20, _ALNUM), "media_type": "audio/mpeg",
+                     "duration_secs": 1.0, "language": "en"} for _ in range(3)]
+        return json_response(200, {"previews": previews,
+                                   "text": str(fields.get("text") or "Simulated preview text.")})
+    if req.path == "/v1/text-to-voice":
+        return json_response(200, {"voice_id": str(fields["generated_voice_id"]),
+                                   "name": str(fields["voice_name"]), "category": "generated",
+                                   "description": str(fields["voice_description"]),
+                                   "labels": {}, "samples": None})
+    if req.path == "/v1/voices/add":
+        return json_response(200, {"voice_id": sim.new_id(20, _ALNUM),
+                                   "requires_verification": False})
+    words = str(fields["text"]).split() or ["."]
+    word_rows = [{"text": w, "start": i * 0.5, "end": i * 0.5 + 0.4, "loss": 0.1}
+                 for i, w in enumerate(words)]
+    chars = [{"text": c, "start": i * 0.05, "end": i * 0.05 + 0.05}
+             for i, c in enumerate(str(fields["text"]))]
+    return json_response(200, {"characters": chars, "words": word_rows, "loss": 0.1})
 
 
 def _dub(sim: Simulator, req: Request) -> Response:
@@ -251,8 +318,10 @@ def callback(sim: Simulator, task: Task, state: str, since: float) -> Delivery |
             metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
         except ValueError:
             pass
+        # The captured shape of the real event: ``data: {request_id, webhook_metadata,
+        # transcription}`` — no top-level ``transcription_id``; the transcript carries it.
         data: dict[str, Any] = {
-            "request_id": "req_" + sim.new_id(20), "transcription_id": task.task_id,
+            "request_id": "req_" + sim.new_id(20),
             "webhook_metadata": metadata,
             "transcription": _transcript_body(task.task_id) if state == "succeeded" else None,
         }

@@ -2,9 +2,13 @@
 (PROVIDERS.md §4).
 
 Status and result URLs drop the model's subpath (``fal-ai/flux/dev`` → ``fal-ai/flux``) and
-answer 404 when built with it. A failed request still shows ``COMPLETED``; only its result says
-so (422 with a ``detail`` list). Webhooks are ED25519-signed; the JWKS is served at
-``/fal/.well-known/jwks.json``.
+answer 404 when built with it; ``workflows/…`` and ``comfy/…`` are namespaces that keep three
+segments (``workflows/fal-ai/my-flow``), as fal_client's ``AppId`` has it. A failed request still
+shows ``COMPLETED``; only its result says so (422 with a ``detail`` list) — unless its script's
+``fail_code`` is one of fal's request error types (``runner_disconnected``, ``request_timeout``…),
+which the status reports as ``error``/``error_type`` and the result as that type's 5xx.
+``?logs=1`` and ``?logs=true`` (what fal_client sends) both include the logs. Webhooks are
+ED25519-signed; the JWKS is served at ``/fal/.well-known/jwks.json``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from ..providers.outputs import Expect, declared_output
 from .sim_core import (
     TERMINAL,
     Rejection,
@@ -36,6 +41,13 @@ PREFIX = "fal"
 PROVIDER = "fal"
 JWKS_PATH = "/.well-known/jwks.json"
 
+NAMESPACES = ("workflows", "comfy")  # fal_client.client.APP_NAMESPACES
+# fal.ai/docs/documentation/model-apis/request-errors: infrastructure error types and statuses
+INFRA_ERRORS = {"request_timeout": 504, "startup_timeout": 504, "runner_scheduling_failure": 503,
+                "runner_connection_timeout": 503, "runner_disconnected": 503,
+                "runner_connection_refused": 503, "runner_connection_error": 503,
+                "runner_incomplete_response": 502, "runner_server_error": 500,
+                "internal_error": 500}
 _STATUS = {"queued": "IN_QUEUE", "running": "IN_PROGRESS", "succeeded": "COMPLETED",
            "failed": "COMPLETED", "canceled": "COMPLETED"}
 _ERRORS: dict[str, tuple[int, Any]] = {
@@ -85,7 +97,7 @@ def handle(sim: Simulator, req: Request) -> Response | None:
     if found is None or "/".join(segments[:at]) != found[0].extra["app"]:
         return error("not_found", sim.script_for(None, None))
     if req.method == "GET" and tail[1:] == ["status"]:
-        return _status(sim, *found, logs=req.query.get("logs") == "1")
+        return _status(sim, *found, logs=req.query.get("logs", "").lower() in ("1", "true"))
     if req.method == "GET" and not tail[1:]:
         return _result(sim, *found)
     if req.method == "PUT" and tail[1:] == ["cancel"]:
@@ -96,8 +108,14 @@ def handle(sim: Simulator, req: Request) -> Response | None:
     return None
 
 
+def app_of(model: str) -> str:
+    """``[namespace/]owner/app`` of an endpoint id."""
+    segments = model.split("/")
+    return "/".join(segments[:3] if segments[0] in NAMESPACES else segments[:2])
+
+
 def _submit(sim: Simulator, req: Request, model: str) -> Response | None:
-    if model.count("/") < 1:
+    if model.count("/") < (2 if model.split("/")[0] in NAMESPACES else 1):
         return None
     body = req.json()
     if not isinstance(body, dict):
@@ -106,7 +124,7 @@ def _submit(sim: Simulator, req: Request, model: str) -> Response | None:
     request_id = sim.new_uuid()
     outcome = sim.create(provider=PROVIDER, api="fal-queue", model=model, task_id=request_id,
                          callback_url=webhook, body=body,
-                         extra={"app": "/".join(model.split("/")[:2])})
+                         extra={"app": app_of(model)})
     if isinstance(outcome, Rejection):
         return error(outcome.kind, outcome.script, outcome.code)
     answer = {**_urls(sim, outcome), "status": "IN_QUEUE", "queue_position": 0}
@@ -126,12 +144,21 @@ def _status(sim: Simulator, task: Task, state: str, since: float, *, logs: bool)
         body["logs"] = entries if logs else None
     if status == "COMPLETED":
         body["metrics"] = {"inference_time": round(max(0.0, since - task.created_at), 3)}
+        if state == "failed" and task.script.fail_code in INFRA_ERRORS:
+            body["error"] = task.script.fail_message or "Runner disconnected (simulated)"
+            body["error_type"] = task.script.fail_code
         return json_response(200, body)
     return json_response(202, body)
 
 
 def output(sim: Simulator, task: Task, seed: int = 42) -> dict[str, Any]:
-    """The model output JSON of a successful request (no envelope), shaped by media type."""
+    """The model output JSON of a successful request (no envelope), shaped by media type; an
+    endpoint declared TEXT (``reconcile.providers.outputs``) answers its text field instead."""
+    spec = declared_output("fal", task.model)
+    if spec.expects is Expect.TEXT:
+        # fal.ai/models/fal-ai/whisper/api: {"text", "chunks": [{timestamp, text}]}
+        text = "Simulated transcript." if task.script.outputs else ""
+        return {spec.key or "text": text, "chunks": [{"timestamp": [0.0, 1.2], "text": text}]}
     ext = media_ext(task.model)
     urls = sim.media_urls(task, ext)
     files = [{"url": url, "content_type": {"mp4": "video/mp4", "mp3": "audio/mpeg"}.get(
@@ -155,6 +182,12 @@ def _result(sim: Simulator, task: Task, state: str, since: float) -> Response:
     headers = {"x-fal-request-id": task.task_id}
     if state == "succeeded":
         return json_response(200, output(sim, task), headers)
+    if state == "failed" and task.script.fail_code in INFRA_ERRORS:
+        error_type = task.script.fail_code
+        return json_response(INFRA_ERRORS[error_type],
+                             {"detail": task.script.fail_message or "Request failed (simulated)",
+                              "error_type": error_type},
+                             {**headers, "X-Fal-Error-Type": error_type})
     if state == "failed":
         return json_response(422, _failure(task), headers)
     if state == "canceled":

@@ -8,8 +8,10 @@ script says so); record endpoints answer HTTP 200 with ``code`` 404 for an unkno
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from .sim_core import (
     Rejection,
@@ -47,6 +49,7 @@ _SUNO = {"queued": "PENDING", "running": "TEXT_SUCCESS", "succeeded": "SUCCESS",
 _FLAG = {"queued": 0, "running": 0, "succeeded": 1, "failed": 3, "canceled": 3}
 
 # create path → (api, task id prefix); record path → api
+_CHAT = re.compile(r"^/([^/]+)/v1/chat/completions$")  # KIE: one chat path per model
 _CREATES = {
     "/api/v1/jobs/createTask": ("kie-market", "task_"),
     "/api/v1/veo/generate": ("kie-veo", "veo_task_"),
@@ -94,8 +97,9 @@ def handle(sim: Simulator, req: Request) -> Response | None:
         return _create(sim, req, *_CREATES[req.path])
     if req.method == "GET" and req.path in _RECORDS:
         return _record(sim, req, _RECORDS[req.path])
-    if req.method == "POST" and req.path == "/api/v1/chat/completions":
-        return _chat(sim, req)
+    if req.method == "POST" and (match := _CHAT.match(req.path)) and match[1] != "api":
+        # ``/api/…`` is KIE's task API, never a model: the old shared chat path is not served
+        return _chat(sim, req, unquote(match[1]))
     if req.method == "GET" and req.path == "/api/v1/chat/credit":
         return json_response(200, envelope(sim.default_script, 200, 1000))
     if req.method == "POST" and req.path == "/api/v1/common/download-url":
@@ -255,12 +259,12 @@ def callback(sim: Simulator, task: Task, state: str, since: float) -> Delivery |
     return Delivery(task.callback_url, body, headers)
 
 
-def _chat(sim: Simulator, req: Request) -> Response:
+def _chat(sim: Simulator, req: Request, model: str) -> Response:
+    """KIE's per-model chat path, ``POST /{model}/v1/chat/completions`` (the model is the path)."""
     body = req.json()
     script = sim.script_for(None, None)
     if not isinstance(body, dict) or not body.get("messages"):
         return json_response(422, envelope(script, 422, msg="messages is required"))
-    model = str(body.get("model") or "kie-llm")
     rejected = sim.call(PROVIDER, model)
     if rejected is not None:
         return error(rejected.kind, rejected.script, rejected.code)

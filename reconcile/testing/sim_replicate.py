@@ -42,6 +42,7 @@ _STATUS = {"queued": "starting", "running": "processing", "succeeded": "succeede
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 _MODEL_CREATE = re.compile(r"^/v1/(models|deployments)/([^/]+)/([^/]+)/predictions$")
 _TRAINING_CREATE = re.compile(r"^/v1/models/([^/]+)/([^/]+)/versions/([^/]+)/trainings$")
+_VERSION = re.compile(r"^/v1/models/([^/]+)/([^/]+)/versions/([^/]+)$")
 _ONE = re.compile(r"^/v1/(predictions|trainings)/([^/]+)(/cancel)?$")
 _ERRORS = {
     "auth": (401, "Unauthenticated", "You did not pass a valid authentication token"),
@@ -87,6 +88,8 @@ def handle(sim: Simulator, req: Request) -> Response | None:
     if req.method == "GET" and req.path in ("/v1/predictions", "/v1/trainings"):
         api = "replicate-prediction" if req.path == "/v1/predictions" else "replicate-training"
         return _list(sim, req, api)
+    if req.method == "GET" and (match := _VERSION.match(req.path)):
+        return json_response(200, _version(match[3]))
     if req.method == "GET" and req.path == "/v1/webhooks/default/secret":
         return json_response(200, {"key": sim.secrets.replicate_webhook_secret})
     return None
@@ -122,6 +125,15 @@ def _create(sim: Simulator, req: Request, api: str, model: str | None,
     now_state, since = outcome.state_at(sim.now())
     obj = render(sim, outcome, now_state, since)
     return json_response(201, obj, {"Location": obj["urls"]["get"]})
+
+
+def _version(version_id: str) -> dict[str, Any]:
+    """``GET /v1/models/{owner}/{name}/versions/{id}`` (what ``replicate.run("o/n:v")`` reads):
+    the version object of Replicate's HTTP API docs, with a file-list output schema."""
+    return {"id": version_id, "created_at": "2025-01-01T00:00:00.000000Z", "cog_version": "0.14.0",
+            "openapi_schema": {"openapi": "3.0.2", "components": {"schemas": {
+                "Output": {"type": "array", "items": {"type": "string", "format": "uri"},
+                           "title": "Output"}}}}}
 
 
 def _prefer_wait(value: str) -> float:
@@ -218,6 +230,9 @@ def render(sim: Simulator, task: Task, state: str, since: float) -> dict[str, An
         "completed_at": iso(task.wall(done)) if done is not None else None,
         "urls": {"get": base, "cancel": base + "/cancel",
                  "web": f"https://replicate.com/p/{task.task_id}"},
+        # NOT in Replicate's documented Prediction schema (the OpenAPI-generated types and the
+        # SDK's Prediction have no ``webhook``): served for the sweep's evidence tests; the
+        # README's provider notes say what that means for evidence.
         "webhook": task.callback_url,
         "webhook_events_filter": task.body.get("webhook_events_filter"),
         "metrics": {"predict_time": round(done - started[1], 3)}

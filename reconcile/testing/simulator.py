@@ -82,6 +82,7 @@ class Simulator:
         self._local = threading.local()
         self._ids = random.Random(None if seed is None else f"ids-{seed}")
         self._server: SimServer | None = None
+        self._tls_servers: list[SimServer] = []
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._url: str | None = None
@@ -105,6 +106,7 @@ class Simulator:
             self._attempts: Counter[tuple[str, str | None]] = Counter()
             self._limited: Counter[tuple[str, str]] = Counter()
             self._deliveries: list[dict[str, Any]] = []
+            self._unrouted: list[tuple[str, str]] = []  # requests no route serves
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -124,11 +126,39 @@ class Simulator:
             thread.start()
         return self
 
+    def serve_tls(self, certfile: str, keyfile: str) -> str:
+        """Also serve over TLS on another loopback port; returns its ``https://`` URL.
+
+        For SDKs whose scheme is fixed to https (fal_client builds ``https://{FAL_QUEUE_RUN_HOST}/``
+        from its env var): point the env var at this URL's host and trust ``certfile`` through
+        ``SSL_CERT_FILE``. Answers are the same simulator's (returned URLs stay on :attr:`url`).
+        """
+        import ssl
+
+        if self._server is None:
+            raise RuntimeError("start the simulator first")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(certfile, keyfile)
+        server = SimServer((self.host, 0), self)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        self._tls_servers.append(server)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                  name="sim-https", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"https://{host}:{server.server_address[1]}"
+
     def stop(self) -> None:
         server, self._server = self._server, None
         if server is None:
             return
         self._stopping.set()
+        for extra in self._tls_servers:
+            extra.shutdown()
+            extra.close_connections()
+            extra.server_close()
+        self._tls_servers = []
         server.shutdown()
         server.close_connections()
         server.server_close()
@@ -240,6 +270,13 @@ class Simulator:
 
     def state_of(self, task_id: str) -> str:
         return self._tasks[task_id].state_at(self.now())[0]
+
+    @property
+    def unrouted(self) -> list[tuple[str, str]]:
+        """(method, path) of every request no provider route served (answered a bare 404): a
+        client calling an endpoint the simulator does not know."""
+        with self._lock:
+            return list(self._unrouted)
 
     @property
     def deliveries(self) -> list[dict[str, Any]]:
@@ -357,7 +394,7 @@ class Simulator:
         if prefix == "media":
             response = self._media(method, rest)
         elif (module := _ROUTES.get(prefix)) is None:
-            response = json_response(404, {"detail": "Not Found"})
+            response = self._unserved(method, split.path)
         else:
             req = Request(method, "/" + rest, query, dict(headers), body)
             if not module.authorized(req):
@@ -365,7 +402,7 @@ class Simulator:
             elif method == "GET" and self.read_fail_rate and self._chance(self.read_fail_rate):
                 response = module.error("server_error", self.default_script)
             else:
-                response = module.handle(self, req) or json_response(404, {"detail": "Not Found"})
+                response = module.handle(self, req) or self._unserved(method, split.path)
         script = self._local.script or self.default_script
         if response.status < 300 and self._local.mode == "drop_after_accept":
             response = Response(drop=True)
@@ -373,6 +410,11 @@ class Simulator:
             response = Response(200, GARBAGE, {"Content-Type": "application/json"})
         response.latency = script.latency + self._jitter()
         return response
+
+    def _unserved(self, method: str, path: str) -> Response:
+        with self._lock:
+            self._unrouted.append((method, path))
+        return json_response(404, {"detail": "Not Found"})
 
     def _chance(self, rate: float) -> bool:
         with self._lock:

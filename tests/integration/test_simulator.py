@@ -175,7 +175,7 @@ def test_kie_200_error_is_an_envelope_code_and_creates_nothing(sim, http) -> Non
 
 def test_kie_llm_answers_openai_style_at_once(sim, http) -> None:
     """The KIE chat endpoint answers an OpenAI-style completion synchronously and counts it."""
-    answer = http.post(f"{sim.url}/kie/api/v1/chat/completions", headers=KIE,
+    answer = http.post(f"{sim.url}/kie/gpt-5/v1/chat/completions", headers=KIE,
                        json={"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]})
     assert answer.json()["choices"][0]["message"]["content"] == "Simulated reply."
     assert sim.creates(provider="kie") == 1

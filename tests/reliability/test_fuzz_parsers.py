@@ -23,6 +23,7 @@ from reconcile import webhooks
 from reconcile.errors import ReconcileError, WebhookError
 from reconcile.providers import anthropic, base, elevenlabs, fal, http, kie, replicate
 from reconcile.providers.base import Created, ListedTask, Output, PollResult, PollStatus, SyncResult
+from reconcile.providers.outputs import declared_output
 from reconcile.testing import sim_signing
 
 FUZZ = settings(deadline=None, max_examples=120,
@@ -193,6 +194,8 @@ PARSERS: dict[str, Parser] = {
     "fal.parse_result": _sb(fal.parse_result),
     "fal.to_error": _ops(fal.to_error, ("create", "read", "sync")),
     "fal.extract_media": lambda s, b, h: fal.extract_media(_parsed(b)),
+    "fal.extract_outputs": lambda s, b, h: fal.extract_outputs(
+        _parsed(b), declared_output("fal", "fal-ai/whisper" if s % 2 else "fal-ai/any-llm")),
     "anthropic.parse_message": lambda s, b, h: anthropic.parse_message(s, b, h),
     "anthropic.error_for": lambda s, b, h: anthropic.error_for(s, b, h),
     "base.unwrap_sdk": lambda s, b, h: base.unwrap_sdk(b),

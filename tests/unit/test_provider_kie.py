@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from reconcile.errors import (
     CreateRejected,
     CreateUncertain,
     ErrorCode,
+    InvalidParam,
     MalformedResponse,
     ReadFailed,
     ReconcileError,
@@ -622,7 +624,8 @@ def test_registry_builds_every_kie_kind(kind: str, name: str) -> None:
 
 # ------------------------------------------------------------------ kie-llm (sync)
 
-CHAT = f"{BASE}/api/v1/chat/completions"
+# KIE serves each chat model under its own path (docs.kie.ai/market/chat/gemini)
+CHAT = re.compile(re.escape(BASE) + r"/[^/]+/v1/chat/completions")
 
 
 def llm() -> kie.KieLlmClient:
@@ -736,3 +739,97 @@ def test_parsers_raise_only_library_errors_on_arbitrary_json(body: Any, status: 
             parse_two(status, body, {})
         except ReconcileError:
             pass
+
+
+# ------------------------------------------------------------------ issue 15: documented shapes
+
+
+@responses.activate
+def test_llm_posts_to_the_models_own_path() -> None:
+    """kie-llm calls ``POST /{model}/v1/chat/completions`` (docs.kie.ai/market/chat/gemini shows
+    ``https://api.kie.ai/gemini-3-pro/v1/chat/completions``), not a shared chat path."""
+    responses.post(f"{BASE}/gemini-3-pro/v1/chat/completions", json={"choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "hello,can i help you?"}}]})
+    result = llm().call("gemini-3-pro", {"prompt": "hi"})
+    assert responses.calls[0].request.url == f"{BASE}/gemini-3-pro/v1/chat/completions"
+    assert result.outputs[0].text == "hello,can i help you?"
+
+
+def test_llm_without_a_model_is_refused_before_sending() -> None:
+    """No model, no path: refused as an invalid parameter, nothing is sent."""
+    with pytest.raises(InvalidParam):
+        llm().call("", {"prompt": "hi"})
+
+
+def _suno(status: str, tracks: list[dict[str, Any]] | None) -> dict[str, Any]:
+    # Shape of docs.kie.ai/suno-api/get-music-details (its SUCCESS example), status varied.
+    response = {"taskId": "5c79be8e", "sunoData": tracks} if tracks is not None else None
+    return {"code": 200, "msg": "success", "data": {
+        "taskId": "5c79be8e", "parentMusicId": "", "param": "{}", "response": response,
+        "status": status, "type": "GENERATE", "errorCode": None, "errorMessage": None}}
+
+
+def test_suno_callback_exception_with_tracks_is_a_success() -> None:
+    """CALLBACK_EXCEPTION is "Error during callback process" (KIE's Suno docs): the callback
+    failed, not the music. With tracks in the record it is a billed success, kept."""
+    track = {"id": "e231", "audioUrl": "https://example.cn/a.mp3", "duration": 198.44}
+    result = kie.parse_record_suno(_suno("CALLBACK_EXCEPTION", [track]))
+    assert result.status is PollStatus.SUCCEEDED
+    assert [o.url for o in result.outputs] == ["https://example.cn/a.mp3"]
+
+
+def test_suno_callback_exception_without_tracks_is_a_failure() -> None:
+    """No tracks: nothing was generated, so CALLBACK_EXCEPTION stays a failure."""
+    assert kie.parse_record_suno(_suno("CALLBACK_EXCEPTION", None)).status is PollStatus.FAILED
+    assert kie.parse_record_suno(_suno("CALLBACK_EXCEPTION", [])).status is PollStatus.FAILED
+
+
+@pytest.mark.parametrize("parse", [kie.parse_record_market, kie.parse_record_suno,
+                                   kie.parse_record_veo, kie.parse_record_runway])
+def test_record_is_null_reads_as_not_found(parse: Callable[..., Any]) -> None:
+    """KIE's documented ``422 "record is null"`` (an id it has no record of) is NOT_FOUND, not a
+    retryable read failure; another 422 still raises."""
+    assert parse({"code": 422, "msg": "record is null", "data": None}).status is PollStatus.NOT_FOUND
+    with pytest.raises(ReadFailed):
+        parse({"code": 422, "msg": "taskId is invalid", "data": None})
+
+
+# Adapted from docs.kie.ai/runway-api/get-ai-video-details (ids shortened): generateParam has no
+# callBackUrl in the documented record.
+RUNWAY_RECORD = {"code": 200, "msg": "success", "data": {
+    "taskId": "ee603959", "parentTaskId": "", "state": "success",
+    "generateParam": {"prompt": "A fluffy orange cat", "imageUrl": "", "expandPrompt": True},
+    "generateTime": "2023-08-15 14:30:45",
+    "videoInfo": {"videoId": "485da89c", "taskId": "ee603959",
+                  "videoUrl": "https://file.com/k/xxxxxxx.mp4", "imageUrl": "https://file.com/m/x.png"},
+    "failCode": 0, "failMsg": "", "expireFlag": 0}}
+# Adapted from docs.kie.ai/veo3-api/get-veo-3-video-details: paramJson without callBackUrl.
+VEO_RECORD = {"code": 200, "msg": "success", "data": {
+    "taskId": "veo_task_abc", "paramJson": "{\"prompt\":\"A dog playing in a park\"}",
+    "completeTime": "2025-06-06 10:30:00", "createTime": "2025-06-06 10:25:00",
+    "response": {"taskId": "veo_task_abc", "resultUrls": ["http://example.com/video1.mp4"]},
+    "successFlag": 1, "errorCode": None, "errorMessage": ""}}
+
+
+@pytest.mark.parametrize(("parse", "body"), [(kie.parse_record_runway, RUNWAY_RECORD),
+                                             (kie.parse_record_veo, VEO_RECORD)])
+def test_runway_and_veo_records_do_not_echo_the_planted_job(parse: Callable[..., Any],
+                                                            body: dict[str, Any]) -> None:
+    """The documented records carry no callBackUrl, so no planted job id: the record is no
+    evidence for an uncertain create of these kinds (README provider notes)."""
+    result = parse(body)
+    assert result.status is PollStatus.SUCCEEDED and result.outputs
+    assert result.planted_job_id is None
+
+
+@pytest.mark.parametrize("api", [kie.RUNWAY, kie.VEO])
+@responses.activate
+def test_runway_and_veo_creates_send_the_callback_url(api: kie.KieApi) -> None:
+    """Both APIs document callBackUrl: the client plants the job id there all the same."""
+    responses.post(f"{BASE}{api.create_path}", json={"code": 200, "msg": "success",
+                                                      "data": {"taskId": "t1"}})
+    client = kie.KieClient(api, SETTINGS, requests.Session())
+    client.create(CreateRequest(model="m", input={"prompt": "x"}, job_id="job-9",
+                                webhook_url="https://platform.test/hooks/kie?job_id=job-9"))
+    sent = json.loads(responses.calls[0].request.body)
+    assert kie.planted_job_id(sent) == "job-9"

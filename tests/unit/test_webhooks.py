@@ -299,13 +299,26 @@ def el_headers(body: bytes, *, ts: int = TS, secret: str = EL_SECRET) -> dict[st
 
 
 def test_elevenlabs_valid_transcription_is_accepted() -> None:
-    """A signed STT result names the request id and the job planted in webhook_metadata."""
+    """A signed STT result binds through the job planted in webhook_metadata; its request_id is
+    the HTTP request's id, not the stored transcription_id, so it names no task (issue 15)."""
     body = _json(STT)
     event = verify_elevenlabs(el_headers(body), body, QUERY, EL_SECRET, NOW)
-    assert event.task_id == "req_abc"
+    assert event.task_id is None
     assert event.planted_job_id == "job-from-metadata"
     assert (event.status, event.succeeded, event.signed_body) == (STT["type"], True, True)
     assert event.delivery_id == f"{TS}:{payload_digest(body)}"
+
+
+def test_elevenlabs_transcription_binds_by_transcription_id_not_request_id() -> None:
+    """The transcript's transcription_id (what the create answered and the job stores) names the
+    task; the event's request_id never does."""
+    data = {**STT["data"], "transcription": {"language_code": "en", "text": "hello",
+                                             "transcription_id": "tr_123"}}
+    body = _json({**STT, "data": data})
+    event = verify_elevenlabs(el_headers(body), body, QUERY, EL_SECRET, NOW)
+    assert event.task_id == "tr_123"
+    top = _json({**STT, "data": {**STT["data"], "transcription_id": "tr_456"}})
+    assert verify_elevenlabs(el_headers(top), top, QUERY, EL_SECRET, NOW).task_id == "tr_456"
 
 
 @pytest.mark.parametrize(
@@ -341,7 +354,7 @@ def test_elevenlabs_tolerance_is_thirty_minutes() -> None:
     """29 minutes late is accepted; 31 minutes late is a replay."""
     body = _json(STT)
     ok = el_headers(body, ts=TS - 29 * 60)
-    assert verify_elevenlabs(ok, body, {}, EL_SECRET, NOW).task_id == "req_abc"
+    assert verify_elevenlabs(ok, body, {}, EL_SECRET, NOW).succeeded is True
     with pytest.raises(WebhookTimestampError):
         verify_elevenlabs(el_headers(body, ts=TS - 31 * 60), body, {}, EL_SECRET, NOW)
 

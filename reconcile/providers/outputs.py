@@ -1,0 +1,116 @@
+"""What an endpoint's result is expected to hold (DESIGN.md §10.12), for fal and Replicate.
+
+Seed 001's ``UPSTREAM_EMPTY_RESULT`` is "COMPLETED but no media". Endpoints whose product is
+text or JSON (speech-to-text, LLMs, captioning) are not empty when they answer ``{"text": …}``:
+each endpoint declares the output it expects, and only the *declared* output missing is an empty
+result. A text or JSON output becomes an :class:`~reconcile.providers.base.Output` with ``text``,
+which the lifecycle stores as an object like any media file, so the snapshot shape is unchanged.
+
+Defaults (one rule, two providers):
+
+* fal — ``MEDIA``: a fal result mixes the product with metadata (``seed``, ``timings``,
+  ``prompt``), so only media objects count unless the endpoint declares otherwise;
+  ``{"images": [], "seed": 1}`` stays empty.
+* Replicate — ``ANY``: a prediction's ``output`` field *is* the product, so whatever it holds
+  (URLs, a string, a token list, JSON) counts; declare ``MEDIA`` for a model whose text-only
+  output would be a failure.
+
+A platform declares its own endpoints with :func:`declare_output`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import threading
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+from .base import Output
+
+__all__ = ["Expect", "OutputSpec", "data_uri_output", "declare_output", "declared_output",
+           "document_output", "text_output"]
+
+
+class Expect(StrEnum):
+    MEDIA = "media"  # media files (URLs or data: URIs) only
+    TEXT = "text"  # a text field (``OutputSpec.key``) — or Replicate's string / token list
+    JSON = "json"  # a JSON document: the field ``key``, or the whole result without one
+    ANY = "any"  # media if there is any, else whatever non-empty value the result holds
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    expects: Expect
+    key: str | None = None  # the result field holding a TEXT/JSON output (fal)
+
+
+MEDIA = OutputSpec(Expect.MEDIA)
+ANY = OutputSpec(Expect.ANY)
+_DEFAULTS = {"fal": MEDIA, "replicate": ANY}
+_LOCK = threading.Lock()
+# (provider, model prefix) → spec. Builtins: fal endpoints whose documented result is text:
+# fal.ai/models/fal-ai/whisper and fal-ai/wizper answer {"text", "chunks"}; fal-ai/any-llm
+# answers {"output", "reasoning", "partial", "error"}; fal-ai/elevenlabs/speech-to-text {"text"}.
+_DECLARED: dict[tuple[str, str], OutputSpec] = {
+    ("fal", "fal-ai/whisper"): OutputSpec(Expect.TEXT, "text"),
+    ("fal", "fal-ai/wizper"): OutputSpec(Expect.TEXT, "text"),
+    ("fal", "fal-ai/any-llm"): OutputSpec(Expect.TEXT, "output"),
+    ("fal", "fal-ai/elevenlabs/speech-to-text"): OutputSpec(Expect.TEXT, "text"),
+}
+
+
+def declare_output(provider: str, model: str, spec: OutputSpec) -> None:
+    """Declare what ``model`` (an endpoint id, or a prefix of one) of ``provider`` returns."""
+    with _LOCK:
+        _DECLARED[(provider, model.strip("/"))] = spec
+
+
+def declared_output(provider: str, model: str | None) -> OutputSpec:
+    """The spec of the longest declared prefix of ``model`` (path segments; a Replicate
+    ``:version`` is ignored), else the provider's default."""
+    name = (model or "").removeprefix("deployment:").partition(":")[0].strip("/")
+    segments = name.split("/")
+    with _LOCK:
+        for end in range(len(segments), 0, -1):
+            spec = _DECLARED.get((provider, "/".join(segments[:end])))
+            if spec is not None:
+                return spec
+    return _DEFAULTS.get(provider, MEDIA)
+
+
+def text_output(value: Any) -> Output | None:
+    """A non-empty string (or a list of string tokens, joined) as a text output."""
+    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        value = "".join(value)
+    if isinstance(value, str) and value:
+        return Output(text=value, media_type="text/plain")
+    return None
+
+
+def document_output(value: Any) -> Output | None:
+    """A non-empty JSON value as an ``application/json`` output."""
+    if value in (None, "", [], {}):
+        return None
+    return Output(text=json.dumps(value, ensure_ascii=False), media_type="application/json")
+
+
+def data_uri_output(value: str) -> Output | None:
+    """A ``data:<type>;base64,<payload>`` URI (fal's ``sync_mode``) decoded to bytes in hand.
+
+    Undecodable URIs give None: the caller then finds no media, which is honest.
+    """
+    header, sep, payload = value.partition(",")
+    if not sep or not header.startswith("data:"):
+        return None
+    params = header[len("data:"):].split(";")
+    media_type = params[0] or "text/plain"
+    try:
+        data = base64.b64decode(payload, validate=True) if "base64" in params[1:] else \
+            unquote_to_bytes(payload)
+    except (binascii.Error, ValueError):
+        return None
+    return Output(data=data, media_type=media_type) if data else None
