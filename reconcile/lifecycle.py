@@ -245,22 +245,50 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str) ->
             return False
         saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind))
         if saved is None:
-            session.add(CreditAnomaly(job_id=job_id, user_id=job.user_id, kind="accepted_after_terminal",
-                                      detail={"task_id": task_id, "status": job.status}, created_at=now))
+            verdict = _late_answer(session, job, task_id, now)
         else:
             add_event(session, saved, "running", now, {"provider_task_id": task_id})
     if saved is None:
-        log.warning("task_created_after_terminal job_id=%s task_id=%s", job_id, task_id)
-        client = rt.client(kind)
-        try:
-            client.cancel(task_id, model=job.provider_model)  # type: ignore[union-attr]
-        except ReconcileError:
-            pass
-        return False
+        if verdict == "cancel":
+            log.warning("task_created_after_terminal job_id=%s task_id=%s", job_id, task_id)
+            client = rt.client(kind)
+            try:
+                client.cancel(task_id, model=job.provider_model)  # type: ignore[union-attr]
+            except ReconcileError:
+                pass
+        return verdict == "same"
     publish(rt, job_id=job_id)
     log.info("task_created job_id=%s task_id=%s", job_id, task_id)
     rt.enqueue_poll(job_id, saved.poll_generation, 0, poll_countdown(rt, kind, saved, now))
     return True
+
+
+# --- issue 11 hole 1: what a create answer that lost ``save_task_id`` may do (begin) ---------
+def _late_answer(session: Session, job: Job, task_id: str, now: datetime) -> str:
+    """The owner's save lost: decide under the row lock what the (late) answer means.
+
+    ``same``: the row already holds this id (the sweep adopted it from evidence, or an operator
+    did): success — a chain already runs, so nothing is cancelled or enqueued. ``conflict``: the
+    row holds another id (an adopted id that may be wrong, an operator's typo) or still waits
+    for one: the late answer is the only proof of the real task, so nothing is cancelled and a
+    ``task_id_conflict`` anomaly names both ids. ``cancel``: the row is terminal with no task
+    id (cancelled, resolved as not submitted): only then is the upstream task cancelled.
+    """
+    session.refresh(job, with_for_update=True)  # the locked row's current values
+    if job.provider_task_id == task_id:
+        return "same"
+    if job.provider_task_id is not None or job.status not in TERMINAL:
+        session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="task_id_conflict",
+                                  detail={"row_task_id": job.provider_task_id,
+                                          "answered_task_id": task_id, "status": job.status},
+                                  created_at=now))
+        log.warning("task_id_conflict job_id=%s row_task_id=%s answered_task_id=%s", job.id,
+                    job.provider_task_id, task_id)
+        return "conflict"
+    session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="accepted_after_terminal",
+                              detail={"task_id": task_id, "status": job.status}, created_at=now))
+    return "cancel"
+# --- issue 11 hole 1 (end) -------------------------------------------------------------------
 
 
 def _rate_limited(rt: Runtime, job: Job, token: str, exc: CreateRateLimited) -> CreateOutcome:
