@@ -9,7 +9,8 @@
 A crash inside the block leaves the row ``submitting`` with ``provider_call_started_at`` set;
 the sweep fails and refunds it past the kind's threshold (there is nothing to look up later).
 On a platform row with no ``submission_state`` the helper only marks ``provider_kind`` and
-``provider_call_started_at`` (status untouched), as the seed's ``markProviderCallStart`` did.
+``provider_call_started_at`` (status untouched), as the seed's ``markProviderCallStart`` did —
+and only while the row is in flight: otherwise it raises ``Conflict`` and makes no call.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .db.models import Job
 from .errors import Conflict, ErrorCode, InvalidParam, JobNotFound, ProviderError
 from .providers.base import SyncProvider, SyncResult
 from .runtime import Runtime
-from .states import CREATE_CLAIM_LEASE, Status, Submission
+from .states import CREATE_CLAIM_LEASE, IN_FLIGHT, Status, Submission
 
 log = logging.getLogger("reconcile.sync")
 
@@ -49,8 +50,15 @@ def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCal
             kind_name = provider_kind or job.provider_kind
             if rt.kind(kind_name) is None:
                 raise InvalidParam(f"unknown provider_kind {kind_name!r}", param="provider_kind")
-            session.execute(update(Job).where(Job.id == job_id).values(
-                provider_kind=kind_name, provider_call_started_at=now))
+            # guarded (issue 11 hole 6): a job cancelled (and refunded) or finished meanwhile
+            # must not be called for; the user cancel's CAS needs the call start NULL, so the
+            # two never both win
+            marked = session.execute(update(Job).where(
+                Job.id == job_id, Job.submission_state.is_(None), Job.status.in_(IN_FLIGHT),
+            ).values(provider_kind=kind_name, provider_call_started_at=now))
+            if marked.rowcount != 1:
+                raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED,
+                               f"the job is {job.status}, not in flight: no call")
             return SyncCall(job_id, None)
         kind = rt.kind(job.provider_kind)
         if kind is None or not kind.sync:
