@@ -167,6 +167,11 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
         elif job.submission_state == Submission.SUBMITTING:
             if job.claim_expires_at and job.claim_expires_at > now:
                 return CreateOutcome("busy", job_id)
+            expired_kind = rt.kind(job.provider_kind)
+            if expired_kind is None or expired_kind.sync:
+                # a sync call's claim (issue 11 hole 12): never uncertain — there is nothing to
+                # look up later; the sweep fails + refunds it past the threshold (§6)
+                return CreateOutcome("lost", job_id)
             jobstore.mark_uncertain(session, job_id, token=None, now=now,
                                     code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
                                     detail={"reason": "submission claim expired before the id was saved"})

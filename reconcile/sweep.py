@@ -266,7 +266,9 @@ def _uncertain(r: _Row) -> Decision | None:
     j, kind = r.job, r.kind
     if j.submission_state != Submission.UNCERTAIN or kind is None:
         return None
-    if kind.sync or not r.attempt_due():
+    if kind.sync:  # never made by the library today; an old stray create message did (hole 12)
+        return r.fail_if_stale("uncertain_sync")
+    if not r.attempt_due():
         return Decision("uncertain", Action.LEAVE)
     return Decision("uncertain", Action.EVIDENCE)
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from reconcile import lifecycle, sync
 from reconcile.cancel import cancel_job
 from reconcile.errors import Conflict
 from reconcile.sync import sync_call
 from reconcile.testing.simulator import Simulator
-from tests.integration.test_sweep import World
+from tests.integration.test_sweep import World, assert_refunded
 
 
 @pytest.fixture
@@ -40,3 +41,34 @@ def test_sync_call_on_a_cancelled_platform_row_raises_and_calls_nobody(world: Wo
     job = w.job(job_id)
     assert (job.status, job.provider_call_started_at, job.provider_kind) == ("cancelled", None, None)
     assert w.refunds(job_id) == 1 and w.audit() == []
+
+
+def test_a_stray_create_message_never_makes_a_sync_job_uncertain(world: World) -> None:
+    """Hole 12: the platform's request took the sync claim and died. A stray create message
+    after the lease leaves the row alone (not ``uncertain``, which the sweep would hold for
+    ever); the sweep then fails and refunds it past the threshold (DESIGN §6)."""
+    w = world
+    job_id = w.submit("anthropic-sync")
+    sync._claim(w.rt, job_id, None)  # sync_call's claim; the request then dies in its block
+    assert w.job(job_id).submission_state == "submitting"
+    w.clock.advance(minutes=10)  # past the claim lease and the 5-minute threshold
+    assert lifecycle.create_step(w.rt, job_id).action == "lost"
+    assert w.job(job_id).submission_state == "submitting"
+    w.tick()
+    assert_refunded(w, job_id)
+    assert w.sim.attempts(provider="anthropic") == 0
+
+
+def test_a_sync_job_left_uncertain_by_an_old_stray_create_is_failed_past_its_threshold(world: World) -> None:
+    """A sync row already ``uncertain`` (written by the old stray-create path) is no longer
+    held for ever: past the threshold the sweep fails and refunds it."""
+    w = world
+    job_id = w.submit("kie-llm")
+    w.set(job_id, submission_state="submitting", provider_call_started_at=w.clock.now)
+    w.set(job_id, submission_state="uncertain")
+    w.clock.advance(minutes=2)
+    w.tick()
+    assert w.job(job_id).status == "pending"  # before the threshold: left
+    w.clock.advance(minutes=4)
+    w.tick()
+    assert_refunded(w, job_id)
