@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import credits, jobstore
@@ -219,6 +220,14 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
                                     detail=_detail(exc, submission="uncertain"))
         log.warning("create_uncertain job_id=%s error=%s", job_id, exc.message)
         return CreateOutcome("uncertain", job_id, exc)
+    except Exception as exc:  # a raising client: whether it sent the create is unknown (hole 2)
+        log.exception("create_raised job_id=%s", job_id)
+        with rt.sessions.begin() as session:
+            jobstore.mark_uncertain(session, job_id, token=token, now=rt.now(),
+                                    code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
+                                    detail={"submissionOutcome": "uncertain",
+                                            "exception": f"{type(exc).__name__}: {exc}"[:1000]})
+        return CreateOutcome("uncertain", job_id)
     rt.crash_point("after_accept")
     saved = on_task_created(rt, job_id, token, created.task_id)
     if not saved:
@@ -368,7 +377,20 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
     """Read the task once (unless ``result`` is given) and act on it through the CAS paths.
 
     Returns ``completed``, ``failed``, ``in_flight`` or ``lost`` (someone else finished it).
+    Whatever a step raises (a read, a finalize sub-step, a platform hook, the ledger's commit)
+    is no verdict about the task: it counts as an attempt with its code in
+    ``reconcile_last_error`` (issue 11 hole 2), so no job outlives its exhaustion horizon.
     """
+    try:
+        return _observe(rt, job, kind, via=via, result=result)
+    except Exception as exc:
+        log.exception("observe_step_failed job_id=%s via=%s", job.id, via)
+        code = exc.code if isinstance(exc, ReconcileError) else ErrorCode.INTERNAL
+        return _unfinished(rt, job, kind, None, f"{code}: {type(exc).__name__}: {exc}"[:1000])
+
+
+def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
+             result: PollResult | ProviderError | None) -> str:
     if result is None:
         result = read_status(rt, job, kind)
     if isinstance(result, ProviderError):
@@ -430,18 +452,22 @@ def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: st
     MAX_ATTEMPTS fail the job with the last error's code (or UPSTREAM_TIMEOUT)."""
     now = rt.now()
     last_error = f"{code}: {message}" if code else message
+    # an error with no code (a failed read, a failed fetch, a raising step) is no verdict about
+    # the task: it never erases the last upstream verdict (not found, expired media…); "still
+    # running" (no error at all) is one
+    verdict = code is not None or message is None
     if not past_threshold(rt, job, kind, now):
         if last_error:
             with rt.sessions.begin() as session:
-                jobstore.note_error(session, job.id, last_error)
+                jobstore.note_error(session, job.id, last_error, verdict=verdict)
         return "in_flight"
     with rt.sessions.begin() as session:
         counted = jobstore.count_attempt(session, job.id, now, rt.settings.scaled(ATTEMPT_SPACING),
-                                         last_error)
+                                         last_error, verdict=verdict)
     if counted is None:
         if last_error:
             with rt.sessions.begin() as session:
-                jobstore.note_error(session, job.id, last_error)
+                jobstore.note_error(session, job.id, last_error, verdict=verdict)
         return "in_flight"
     if counted.reconcile_attempts < MAX_ATTEMPTS:
         return "in_flight"
@@ -451,7 +477,8 @@ def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: st
 def exhaust(rt: Runtime, job: Job) -> str:
     """Attempts exhausted: fail with the last error's code (or UPSTREAM_TIMEOUT) + anomaly."""
     last = job.reconcile_last_error or ""
-    code = last.split(":", 1)[0] if last.startswith("UPSTREAM_") else ErrorCode.UPSTREAM_TIMEOUT
+    code = last.split(":", 1)[0] if last.startswith(("UPSTREAM_", f"{ErrorCode.INTERNAL}:")) \
+        else ErrorCode.UPSTREAM_TIMEOUT
     message = ("The provider did not finish in time." if code == ErrorCode.UPSTREAM_TIMEOUT
                else last.split(": ", 1)[-1])
     ok = fail_job(rt, job.id, code, message,
@@ -651,13 +678,26 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> bool:
             jobstore.settled(session, job_id, actual if actual is not None else 0)
         log.info("job_settled job_id=%s", job_id)
         return True
-    except Exception:
+    except Exception as exc:
         log.exception("settle_failed job_id=%s", job_id)
         with rt.sessions.begin() as session:
             job = jobstore.load(session, job_id)
             if job is not None:
                 jobstore.settle_failed(session, job_id, now + settle_backoff(job.settle_attempts))
+                if not isinstance(exc, DBAPIError):  # the ledger refused: one anomaly per job
+                    _ledger_error_once(session, job, exc, now)
         return False
+
+
+def _ledger_error_once(session: Session, job: Job, exc: Exception, now: datetime) -> None:
+    """One ``ledger_error`` anomaly per job whose settlement the ledger refused (the failure is
+    already saved; settlement retries with capped backoff and shows in ``reconcile unsettled``)."""
+    seen = session.execute(select(CreditAnomaly.id).where(
+        CreditAnomaly.job_id == job.id, CreditAnomaly.kind == "ledger_error").limit(1)).first()
+    if seen is None:
+        session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="ledger_error",
+                                  detail={"error": f"{type(exc).__name__}: {exc}"[:1000],
+                                          "status": job.status}, created_at=now))
 
 
 # ----------------------------------------------------------------------------- uncertain

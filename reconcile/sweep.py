@@ -346,7 +346,7 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
                     "submissionOutcome": "uncertain"})
         plan.outcome = "uncertain" if claimed is not None else "lost"
     elif action in (Action.POLL, Action.EVIDENCE):
-        claimed = jobstore.count_attempt(session, job.id, now, spacing, None)
+        claimed = jobstore.claim_attempt(session, job.id, now, spacing)  # keeps the last error
     elif action is Action.SETTLE:
         claimed = _claim_settlement(session, job.id, _settle_cutoff(rt, now),
                                     now + rt.settings.scaled(SETTLE_BACKOFF_BASE))
