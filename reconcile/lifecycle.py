@@ -359,7 +359,7 @@ def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
         return "fenced"
     rt.crash_point("mid_poll")
     outcome = observe(rt, turn, kind, via="poll")
-    if outcome == "in_flight":
+    if outcome in ("in_flight", "error"):
         rt.enqueue_poll(job_id, generation, seq + 1, poll_countdown(rt, kind, turn, rt.now()))
     return outcome
 
@@ -376,17 +376,19 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
             result: PollResult | ProviderError | None = None) -> str:
     """Read the task once (unless ``result`` is given) and act on it through the CAS paths.
 
-    Returns ``completed``, ``failed``, ``in_flight`` or ``lost`` (someone else finished it).
-    Whatever a step raises (a read, a finalize sub-step, a platform hook, the ledger's commit)
-    is no verdict about the task: it counts as an attempt with its code in
-    ``reconcile_last_error`` (issue 11 hole 2), so no job outlives its exhaustion horizon.
+    Returns ``completed``, ``failed``, ``in_flight``, ``lost`` (someone else finished it) or
+    ``error``. Whatever a step raises (a read, a finalize sub-step, a platform hook, the
+    ledger's commit) is no verdict about the task: it counts as an attempt with its code in
+    ``reconcile_last_error`` (issue 11 hole 2), so no job outlives its exhaustion horizon;
+    ``error`` means the job is still in flight after such a raise (the chain goes on).
     """
     try:
         return _observe(rt, job, kind, via=via, result=result)
     except Exception as exc:
         log.exception("observe_step_failed job_id=%s via=%s", job.id, via)
         code = exc.code if isinstance(exc, ReconcileError) else ErrorCode.INTERNAL
-        return _unfinished(rt, job, kind, None, f"{code}: {type(exc).__name__}: {exc}"[:1000])
+        outcome = _unfinished(rt, job, kind, None, f"{code}: {type(exc).__name__}: {exc}"[:1000])
+        return "error" if outcome == "in_flight" else outcome
 
 
 def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,

@@ -476,12 +476,12 @@ def _poll_once(rt: Runtime, plan: _Plan) -> str:
     job, kind = plan.job, plan.kind
     assert kind is not None
     outcome = lifecycle.observe(rt, job, kind, via="sweep")
-    if outcome == "in_flight" and job.reconcile_attempts >= MAX_ATTEMPTS:
+    if outcome in ("in_flight", "error") and job.reconcile_attempts >= MAX_ATTEMPTS:
         with rt.sessions() as session:
             current = jobstore.load(session, job.id)
         if current is not None and current.status in IN_FLIGHT:
             outcome = lifecycle.exhaust(rt, current)
-    if outcome == "in_flight":
+    if outcome in ("in_flight", "error"):
         _enqueue_chain(rt, plan)
     return outcome
 

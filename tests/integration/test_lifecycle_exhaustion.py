@@ -138,7 +138,7 @@ def unsettled_ids(w: World) -> set[str]:
     url = w.db.kw["bind"].url.render_as_string(hide_password=False)
     result = CliRunner().invoke(main, ["--database-url", url, "unsettled", "--json"])
     assert result.exit_code == 0, result.output
-    return {row["id"] for row in json.loads(result.output)}
+    return {row["id"] for row in json.loads(result.stdout)}
 
 
 @pytest.mark.parametrize("step", list(STEPS))
