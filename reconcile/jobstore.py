@@ -169,8 +169,9 @@ def start_new_chain(session: Session, job_id: uuid.UUID, now: datetime,
 
 
 def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
-                  last_error: str | None) -> Job | None:
-    """One attempt, at most once per ``spacing`` per job, whoever observes it."""
+                  last_error: str | None, *, verdict: bool = True) -> Job | None:
+    """One attempt, at most once per ``spacing`` per job, whoever observes it, recording what
+    it observed (``verdict=False``: an error that is no verdict keeps an upstream one)."""
     return _cas(
         session,
         Job.id == job_id,
@@ -179,13 +180,38 @@ def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: t
             Job.reconcile_last_attempt_at <= now - spacing),
         reconcile_attempts=Job.reconcile_attempts + 1,
         reconcile_last_attempt_at=now,
-        reconcile_last_error=last_error,
+        reconcile_last_error=last_error if verdict else _unless_verdict(last_error),
     )
 
 
-def note_error(session: Session, job_id: uuid.UUID, last_error: str) -> None:
+def claim_attempt(session: Session, job_id: uuid.UUID, now: datetime,
+                  spacing: timedelta) -> Job | None:
+    """The sweep's claim of an attempt (``count_attempt``'s CAS) before it observes: the claim
+    is no observation, so ``reconcile_last_error`` is kept (issue 11 hole 11)."""
+    return _cas(
+        session,
+        Job.id == job_id,
+        Job.status.in_(IN_FLIGHT),
+        or_(Job.reconcile_last_attempt_at.is_(None),
+            Job.reconcile_last_attempt_at <= now - spacing),
+        reconcile_attempts=Job.reconcile_attempts + 1,
+        reconcile_last_attempt_at=now,
+    )
+
+
+def _unless_verdict(last_error: str | None) -> Any:
+    """SQL: keep the row's last error when it is an upstream verdict, else ``last_error``."""
+    from sqlalchemy import case, literal
+
+    return case((Job.reconcile_last_error.like("UPSTREAM\\_%", escape="\\"),
+                 Job.reconcile_last_error), else_=literal(last_error))
+
+
+def note_error(session: Session, job_id: uuid.UUID, last_error: str, *,
+               verdict: bool = True) -> None:
     session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
-                    .values(reconcile_last_error=last_error))
+                    .values(reconcile_last_error=last_error if verdict
+                            else _unless_verdict(last_error)))
 
 
 def set_progress(session: Session, job_id: uuid.UUID, progress: int) -> bool:

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import credits, jobstore
@@ -167,6 +168,11 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
         elif job.submission_state == Submission.SUBMITTING:
             if job.claim_expires_at and job.claim_expires_at > now:
                 return CreateOutcome("busy", job_id)
+            expired_kind = rt.kind(job.provider_kind)
+            if expired_kind is None or expired_kind.sync:
+                # a sync call's claim (issue 11 hole 12): never uncertain — there is nothing to
+                # look up later; the sweep fails + refunds it past the threshold (§6)
+                return CreateOutcome("lost", job_id)
             jobstore.mark_uncertain(session, job_id, token=None, now=now,
                                     code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
                                     detail={"reason": "submission claim expired before the id was saved"})
@@ -214,6 +220,14 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
                                     detail=_detail(exc, submission="uncertain"))
         log.warning("create_uncertain job_id=%s error=%s", job_id, exc.message)
         return CreateOutcome("uncertain", job_id, exc)
+    except Exception as exc:  # a raising client: whether it sent the create is unknown (hole 2)
+        log.exception("create_raised job_id=%s", job_id)
+        with rt.sessions.begin() as session:
+            jobstore.mark_uncertain(session, job_id, token=token, now=rt.now(),
+                                    code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
+                                    detail={"submissionOutcome": "uncertain",
+                                            "exception": f"{type(exc).__name__}: {exc}"[:1000]})
+        return CreateOutcome("uncertain", job_id)
     rt.crash_point("after_accept")
     saved = on_task_created(rt, job_id, token, created.task_id)
     if not saved:
@@ -245,22 +259,50 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str) ->
             return False
         saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind))
         if saved is None:
-            session.add(CreditAnomaly(job_id=job_id, user_id=job.user_id, kind="accepted_after_terminal",
-                                      detail={"task_id": task_id, "status": job.status}, created_at=now))
+            verdict = _late_answer(session, job, task_id, now)
         else:
             add_event(session, saved, "running", now, {"provider_task_id": task_id})
     if saved is None:
-        log.warning("task_created_after_terminal job_id=%s task_id=%s", job_id, task_id)
-        client = rt.client(kind)
-        try:
-            client.cancel(task_id, model=job.provider_model)  # type: ignore[union-attr]
-        except ReconcileError:
-            pass
-        return False
+        if verdict == "cancel":
+            log.warning("task_created_after_terminal job_id=%s task_id=%s", job_id, task_id)
+            client = rt.client(kind)
+            try:
+                client.cancel(task_id, model=job.provider_model)  # type: ignore[union-attr]
+            except ReconcileError:
+                pass
+        return verdict == "same"
     publish(rt, job_id=job_id)
     log.info("task_created job_id=%s task_id=%s", job_id, task_id)
     rt.enqueue_poll(job_id, saved.poll_generation, 0, poll_countdown(rt, kind, saved, now))
     return True
+
+
+# --- issue 11 hole 1: what a create answer that lost ``save_task_id`` may do (begin) ---------
+def _late_answer(session: Session, job: Job, task_id: str, now: datetime) -> str:
+    """The owner's save lost: decide under the row lock what the (late) answer means.
+
+    ``same``: the row already holds this id (the sweep adopted it from evidence, or an operator
+    did): success — a chain already runs, so nothing is cancelled or enqueued. ``conflict``: the
+    row holds another id (an adopted id that may be wrong, an operator's typo) or still waits
+    for one: the late answer is the only proof of the real task, so nothing is cancelled and a
+    ``task_id_conflict`` anomaly names both ids. ``cancel``: the row is terminal with no task
+    id (cancelled, resolved as not submitted): only then is the upstream task cancelled.
+    """
+    session.refresh(job, with_for_update=True)  # the locked row's current values
+    if job.provider_task_id == task_id:
+        return "same"
+    if job.provider_task_id is not None or job.status not in TERMINAL:
+        session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="task_id_conflict",
+                                  detail={"row_task_id": job.provider_task_id,
+                                          "answered_task_id": task_id, "status": job.status},
+                                  created_at=now))
+        log.warning("task_id_conflict job_id=%s row_task_id=%s answered_task_id=%s", job.id,
+                    job.provider_task_id, task_id)
+        return "conflict"
+    session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="accepted_after_terminal",
+                              detail={"task_id": task_id, "status": job.status}, created_at=now))
+    return "cancel"
+# --- issue 11 hole 1 (end) -------------------------------------------------------------------
 
 
 def _rate_limited(rt: Runtime, job: Job, token: str, exc: CreateRateLimited) -> CreateOutcome:
@@ -317,7 +359,7 @@ def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
         return "fenced"
     rt.crash_point("mid_poll")
     outcome = observe(rt, turn, kind, via="poll")
-    if outcome == "in_flight":
+    if outcome in ("in_flight", "error"):
         rt.enqueue_poll(job_id, generation, seq + 1, poll_countdown(rt, kind, turn, rt.now()))
     return outcome
 
@@ -334,8 +376,23 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
             result: PollResult | ProviderError | None = None) -> str:
     """Read the task once (unless ``result`` is given) and act on it through the CAS paths.
 
-    Returns ``completed``, ``failed``, ``in_flight`` or ``lost`` (someone else finished it).
+    Returns ``completed``, ``failed``, ``in_flight``, ``lost`` (someone else finished it) or
+    ``error``. Whatever a step raises (a read, a finalize sub-step, a platform hook, the
+    ledger's commit) is no verdict about the task: it counts as an attempt with its code in
+    ``reconcile_last_error`` (issue 11 hole 2), so no job outlives its exhaustion horizon;
+    ``error`` means the job is still in flight after such a raise (the chain goes on).
     """
+    try:
+        return _observe(rt, job, kind, via=via, result=result)
+    except Exception as exc:
+        log.exception("observe_step_failed job_id=%s via=%s", job.id, via)
+        code = exc.code if isinstance(exc, ReconcileError) else ErrorCode.INTERNAL
+        outcome = _unfinished(rt, job, kind, None, f"{code}: {type(exc).__name__}: {exc}"[:1000])
+        return "error" if outcome == "in_flight" else outcome
+
+
+def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
+             result: PollResult | ProviderError | None) -> str:
     if result is None:
         result = read_status(rt, job, kind)
     if isinstance(result, ProviderError):
@@ -397,18 +454,22 @@ def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: st
     MAX_ATTEMPTS fail the job with the last error's code (or UPSTREAM_TIMEOUT)."""
     now = rt.now()
     last_error = f"{code}: {message}" if code else message
+    # an error with no code (a failed read, a failed fetch, a raising step) is no verdict about
+    # the task: it never erases the last upstream verdict (not found, expired media…); "still
+    # running" (no error at all) is one
+    verdict = code is not None or message is None
     if not past_threshold(rt, job, kind, now):
         if last_error:
             with rt.sessions.begin() as session:
-                jobstore.note_error(session, job.id, last_error)
+                jobstore.note_error(session, job.id, last_error, verdict=verdict)
         return "in_flight"
     with rt.sessions.begin() as session:
         counted = jobstore.count_attempt(session, job.id, now, rt.settings.scaled(ATTEMPT_SPACING),
-                                         last_error)
+                                         last_error, verdict=verdict)
     if counted is None:
         if last_error:
             with rt.sessions.begin() as session:
-                jobstore.note_error(session, job.id, last_error)
+                jobstore.note_error(session, job.id, last_error, verdict=verdict)
         return "in_flight"
     if counted.reconcile_attempts < MAX_ATTEMPTS:
         return "in_flight"
@@ -418,7 +479,8 @@ def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: st
 def exhaust(rt: Runtime, job: Job) -> str:
     """Attempts exhausted: fail with the last error's code (or UPSTREAM_TIMEOUT) + anomaly."""
     last = job.reconcile_last_error or ""
-    code = last.split(":", 1)[0] if last.startswith("UPSTREAM_") else ErrorCode.UPSTREAM_TIMEOUT
+    code = last.split(":", 1)[0] if last.startswith(("UPSTREAM_", f"{ErrorCode.INTERNAL}:")) \
+        else ErrorCode.UPSTREAM_TIMEOUT
     message = ("The provider did not finish in time." if code == ErrorCode.UPSTREAM_TIMEOUT
                else last.split(": ", 1)[-1])
     ok = fail_job(rt, job.id, code, message,
@@ -618,13 +680,26 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> bool:
             jobstore.settled(session, job_id, actual if actual is not None else 0)
         log.info("job_settled job_id=%s", job_id)
         return True
-    except Exception:
+    except Exception as exc:
         log.exception("settle_failed job_id=%s", job_id)
         with rt.sessions.begin() as session:
             job = jobstore.load(session, job_id)
             if job is not None:
                 jobstore.settle_failed(session, job_id, now + settle_backoff(job.settle_attempts))
+                if not isinstance(exc, DBAPIError):  # the ledger refused: one anomaly per job
+                    _ledger_error_once(session, job, exc, now)
         return False
+
+
+def _ledger_error_once(session: Session, job: Job, exc: Exception, now: datetime) -> None:
+    """One ``ledger_error`` anomaly per job whose settlement the ledger refused (the failure is
+    already saved; settlement retries with capped backoff and shows in ``reconcile unsettled``)."""
+    seen = session.execute(select(CreditAnomaly.id).where(
+        CreditAnomaly.job_id == job.id, CreditAnomaly.kind == "ledger_error").limit(1)).first()
+    if seen is None:
+        session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="ledger_error",
+                                  detail={"error": f"{type(exc).__name__}: {exc}"[:1000],
+                                          "status": job.status}, created_at=now))
 
 
 # ----------------------------------------------------------------------------- uncertain

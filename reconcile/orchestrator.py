@@ -76,7 +76,9 @@ def wait_for_job(
             break
         sleep(max(0.0, min(interval, (deadline - now).total_seconds())))
     waited = clock() - started
-    node_id, execution_id = mark_node_timed_out(rt, job_id, waited)
+    finished, node_id, execution_id = _time_out_node(rt, job_id, waited)
+    if finished is not None:  # it finished after our last read: not a timeout (issue 11 hole 8)
+        return finished
     log.warning("node_timeout job_id=%s node_id=%s execution_id=%s waited_s=%d", job_id, node_id,
                 execution_id, waited.total_seconds())
     raise NodeTimeout(job_id, node_id, execution_id, waited)
@@ -94,24 +96,38 @@ def mark_node_timed_out(rt: Runtime, job_id: uuid.UUID,
                         waited: timedelta = NODE_TIMEOUT) -> tuple[str | None, uuid.UUID | None]:
     """Add the job's node to its execution's ``failed_nodes`` (once) and fail the execution.
 
-    Returns ``(node_id, execution_id)``. Does nothing to a job without a workflow, and nothing to
-    an execution that was cancelled or completed meanwhile; never changes the job.
+    Returns ``(node_id, execution_id)``. Does nothing to a job without a workflow, nothing to a
+    job that is already terminal, and nothing to an execution that was cancelled or completed
+    meanwhile; never changes the job.
     """
+    return _time_out_node(rt, job_id, waited)[1:]
+
+
+def _time_out_node(rt: Runtime, job_id: uuid.UUID, waited: timedelta
+                   ) -> tuple[str | None, str | None, uuid.UUID | None]:
+    """``mark_node_timed_out``, decided under the job's row lock: ``(terminal status or None,
+    node_id, execution_id)``. A job that finished after the waiter's last read is not timed out.
+    A completion racing this write waits on the job row until it commits, then sees the failed
+    execution and reopens it (sole cause) — the lock order, job then execution, is finalize's."""
     with rt.sessions.begin() as session:
-        row = session.execute(select(Job.node_id, Job.workflow_execution_id)
-                              .where(Job.id == job_id)).one_or_none()
+        # --- issue 11 hole 8: the timeout is decided on the locked row, not a stale read ---
+        row = session.execute(select(Job.status, Job.node_id, Job.workflow_execution_id)
+                              .where(Job.id == job_id).with_for_update()).one_or_none()
         if row is None:
             raise JobNotFound()
-        node_id, execution_id = row
+        status, node_id, execution_id = row
+        if status in TERMINAL:
+            return status, node_id, execution_id
+        # --- issue 11 hole 8 (end) ---
         if execution_id is None or node_id is None:
-            return node_id, execution_id
+            return None, node_id, execution_id
         execution = session.execute(
             select(WorkflowExecution).where(WorkflowExecution.id == execution_id)
             .with_for_update()).scalar_one_or_none()
         if execution is None or execution.status in _SETTLED_EXECUTION:
             log.info("node_timeout_execution_left job_id=%s execution_id=%s status=%s", job_id,
                      execution_id, execution.status if execution else None)
-            return node_id, execution_id
+            return None, node_id, execution_id
         failed = _node_list(execution.failed_nodes)
         if node_id not in failed:
             failed.append(node_id)
@@ -122,7 +138,7 @@ def mark_node_timed_out(rt: Runtime, job_id: uuid.UUID,
                         .where(WorkflowExecution.id == execution_id,
                                WorkflowExecution.status == execution.status)
                         .values(status="failed", failed_nodes=failed, error_message=message))
-    return node_id, execution_id
+    return None, node_id, execution_id
 
 
 def _node_list(value: Any) -> list[str]:

@@ -72,7 +72,9 @@ class Runtime:
     @classmethod
     def from_settings(cls, settings: Settings, **kwargs: Any) -> Runtime:
         from .storage import storage_from_settings
+        from .sync import check_sync_deadline
 
+        check_sync_deadline(settings)  # start-up: a sync call's deadline fits its kind (§5.8)
         sessions = make_sessionmaker(engine_for(settings.database_url))
         return cls(settings=settings, sessions=sessions,
                    storage=kwargs.pop("storage", None) or storage_from_settings(settings), **kwargs)

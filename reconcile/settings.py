@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
     sync_read_timeout: float = 300.0
+    # a sync call's TOTAL deadline (connect + every read), ≤ each sync kind's threshold − 60 s:
+    # checked at start-up (reconcile.sync.check_sync_deadline); scaled by TIME_SCALE
+    sync_deadline: float = 240.0
 
     # Webhook secrets
     replicate_webhook_secret: str | None = None

@@ -266,7 +266,9 @@ def _uncertain(r: _Row) -> Decision | None:
     j, kind = r.job, r.kind
     if j.submission_state != Submission.UNCERTAIN or kind is None:
         return None
-    if kind.sync or not r.attempt_due():
+    if kind.sync:  # never made by the library today; an old stray create message did (hole 12)
+        return r.fail_if_stale("uncertain_sync")
+    if not r.attempt_due():
         return Decision("uncertain", Action.LEAVE)
     return Decision("uncertain", Action.EVIDENCE)
 
@@ -344,7 +346,7 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
                     "submissionOutcome": "uncertain"})
         plan.outcome = "uncertain" if claimed is not None else "lost"
     elif action in (Action.POLL, Action.EVIDENCE):
-        claimed = jobstore.count_attempt(session, job.id, now, spacing, None)
+        claimed = jobstore.claim_attempt(session, job.id, now, spacing)  # keeps the last error
     elif action is Action.SETTLE:
         claimed = _claim_settlement(session, job.id, _settle_cutoff(rt, now),
                                     now + rt.settings.scaled(SETTLE_BACKOFF_BASE))
@@ -474,12 +476,12 @@ def _poll_once(rt: Runtime, plan: _Plan) -> str:
     job, kind = plan.job, plan.kind
     assert kind is not None
     outcome = lifecycle.observe(rt, job, kind, via="sweep")
-    if outcome == "in_flight" and job.reconcile_attempts >= MAX_ATTEMPTS:
+    if outcome in ("in_flight", "error") and job.reconcile_attempts >= MAX_ATTEMPTS:
         with rt.sessions() as session:
             current = jobstore.load(session, job.id)
         if current is not None and current.status in IN_FLIGHT:
             outcome = lifecycle.exhaust(rt, current)
-    if outcome == "in_flight":
+    if outcome in ("in_flight", "error"):
         _enqueue_chain(rt, plan)
     return outcome
 

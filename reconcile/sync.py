@@ -9,27 +9,63 @@
 A crash inside the block leaves the row ``submitting`` with ``provider_call_started_at`` set;
 the sweep fails and refunds it past the kind's threshold (there is nothing to look up later).
 On a platform row with no ``submission_state`` the helper only marks ``provider_kind`` and
-``provider_call_started_at`` (status untouched), as the seed's ``markProviderCallStart`` did.
+``provider_call_started_at`` (status untouched), as the seed's ``markProviderCallStart`` did —
+and only while the row is in flight: otherwise it raises ``Conflict`` and makes no call.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 from sqlalchemy import update
 
 from . import jobstore, lifecycle
 from .db.models import Job
 from .errors import Conflict, ErrorCode, InvalidParam, JobNotFound, ProviderError
+from .kinds import Kind, all_kinds
 from .providers.base import SyncProvider, SyncResult
 from .runtime import Runtime
-from .states import CREATE_CLAIM_LEASE, Status, Submission
+from .settings import Settings
+from .states import IN_FLIGHT, Status, Submission
 
 log = logging.getLogger("reconcile.sync")
+
+# DESIGN §5.8 (issue 11 hole 7): a sync call's total deadline leaves this much of its kind's
+# threshold unused, and its claim lease lasts the deadline plus the time to finish the job
+# (store the outputs, one transaction), so the sweep never fails a call that is still running
+DEADLINE_MARGIN = timedelta(seconds=60)
+FINISH_SLACK = timedelta(minutes=2)
+
+
+def check_sync_deadline(settings: Settings, kinds: Iterable[Kind] | None = None) -> None:
+    """Start-up check: ``SYNC_DEADLINE`` (connect + every read of one sync call) must be at
+    most each sync kind's threshold minus 60 s, and longer than ``CONNECT_TIMEOUT``.
+
+    Raises ``ValueError`` naming the setting and the kind.
+    """
+    deadline = timedelta(seconds=settings.sync_deadline)
+    if settings.connect_timeout >= settings.sync_deadline:
+        raise ValueError(f"RECONCILE_SYNC_DEADLINE={settings.sync_deadline:g}s must exceed "
+                         f"RECONCILE_CONNECT_TIMEOUT={settings.connect_timeout:g}s")
+    for kind in kinds if kinds is not None else all_kinds():
+        if kind.sync and deadline > kind.stale_threshold - DEADLINE_MARGIN:
+            limit = (kind.stale_threshold - DEADLINE_MARGIN).total_seconds()
+            raise ValueError(
+                f"RECONCILE_SYNC_DEADLINE={settings.sync_deadline:g}s is longer than sync kind "
+                f"{kind.name!r} allows: its threshold {kind.stale_threshold.total_seconds():g}s "
+                f"minus 60 s = {limit:g}s (the sweep would fail calls still running)")
+
+
+def claim_lease(settings: Settings, kind: Kind) -> timedelta:
+    """A sync claim covers the call's whole deadline and the finish, and at least the kind's
+    threshold (a crashed request is failed + refunded once it expires)."""
+    lease = max(kind.stale_threshold, timedelta(seconds=settings.sync_deadline) + FINISH_SLACK)
+    return settings.scaled(lease)
 
 
 @dataclass
@@ -40,6 +76,7 @@ class SyncCall:
 
 
 def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCall:
+    check_sync_deadline(rt.settings)  # a misconfigured deadline makes no call at all
     now = rt.now()
     with rt.sessions.begin() as session:
         job = jobstore.load(session, job_id)
@@ -49,15 +86,21 @@ def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCal
             kind_name = provider_kind or job.provider_kind
             if rt.kind(kind_name) is None:
                 raise InvalidParam(f"unknown provider_kind {kind_name!r}", param="provider_kind")
-            session.execute(update(Job).where(Job.id == job_id).values(
-                provider_kind=kind_name, provider_call_started_at=now))
+            # guarded (issue 11 hole 6): a job cancelled (and refunded) or finished meanwhile
+            # must not be called for; the user cancel's CAS needs the call start NULL, so the
+            # two never both win
+            marked = session.execute(update(Job).where(
+                Job.id == job_id, Job.submission_state.is_(None), Job.status.in_(IN_FLIGHT),
+            ).values(provider_kind=kind_name, provider_call_started_at=now))
+            if marked.rowcount != 1:
+                raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED,
+                               f"the job is {job.status}, not in flight: no call")
             return SyncCall(job_id, None)
         kind = rt.kind(job.provider_kind)
         if kind is None or not kind.sync:
             raise InvalidParam("sync_call is for sync provider kinds", param="provider_kind")
         token = uuid.uuid4().hex
-        lease = rt.settings.scaled(max(CREATE_CLAIM_LEASE, kind.stale_threshold))
-        if jobstore.claim_create(session, job_id, token, now, lease) is None:
+        if jobstore.claim_create(session, job_id, token, now, claim_lease(rt.settings, kind)) is None:
             raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED,
                            "the job is not waiting for its call")
         return SyncCall(job_id, token)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import ErrorCode, SyncCallFailed, bounded
 from ..settings import Settings
+from . import deadline
 from .base import Output, SyncResult
 from .http import HttpClient, parse_retry_after
 
@@ -154,6 +155,8 @@ class AnthropicClient:
             session=session, connect_timeout=settings.connect_timeout,
             read_timeout=settings.sync_read_timeout,
         )
+        self.deadline = deadline.sync_seconds(settings)  # connect + every read (DESIGN §5.8)
+        deadline.prepare(self.http.session, self.http.base_url)
 
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:
         # ``stream`` is dropped: a sync call reads one JSON body. ``prompt`` is a convenience.
@@ -163,7 +166,8 @@ class AnthropicClient:
         if "messages" not in body and isinstance(input.get("prompt"), str):
             body["messages"] = [{"role": "user", "content": input["prompt"]}]
         try:
-            response = self.http.send_once("POST", MESSAGES_PATH, json=body)
+            with deadline.bounded(self.deadline):
+                response = self.http.send_once("POST", MESSAGES_PATH, json=body)
         except requests.Timeout as exc:
             raise SyncCallFailed(f"Anthropic: timeout: {exc}",
                                  code=ErrorCode.UPSTREAM_TIMEOUT) from exc

@@ -51,6 +51,7 @@ from ..errors import (
     ReadFailed,
 )
 from ..settings import Settings
+from . import deadline
 from .base import (
     Created,
     CreateRequest,
@@ -591,18 +592,21 @@ class ElevenLabsSyncClient:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.http = _http(settings, session, settings.sync_read_timeout, sleep, 0)
+        self.deadline = deadline.sync_seconds(settings)  # connect + every read (DESIGN §5.8)
+        deadline.prepare(self.http.session, self.http.base_url)
 
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:
         request = build_sync(model, input)
         try:
             # Sync calls are billed work: one attempt; the platform's request decides on retries.
-            response = self.http.send_once(
-                "POST",
-                request.path,
-                json=request.json,
-                files=request.form,
-                params=request.params or None,
-            )
+            with deadline.bounded(self.deadline):
+                response = self.http.send_once(
+                    "POST",
+                    request.path,
+                    json=request.json,
+                    files=request.form,
+                    params=request.params or None,
+                )
         except requests.RequestException as exc:
             raise to_error("sync", exc=exc) from exc
         return parse_sync(request.kind, response.status_code, response.content, response.headers)

@@ -41,6 +41,7 @@ from ..errors import (
     bounded,
 )
 from ..settings import Settings
+from . import deadline
 from .base import (
     Created,
     CreateRequest,
@@ -685,6 +686,8 @@ class KieLlmClient:
     def __init__(self, settings: Settings, session: requests.Session | None = None) -> None:
         self.http = _http(settings, session, read_timeout=settings.sync_read_timeout,
                           sleep=time.sleep)
+        self.deadline = deadline.sync_seconds(settings)  # connect + every read (DESIGN §5.8)
+        deadline.prepare(self.http.session, self.http.base_url)
 
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:
         # ``stream`` is dropped: a sync call reads one JSON body. ``prompt`` is a convenience.
@@ -696,7 +699,8 @@ class KieLlmClient:
             body["messages"] = [{"role": "user", "content": input["prompt"]}]
         try:
             path = LLM_CHAT_PATH.format(model=quote(model, safe=""))
-            response = self.http.send_once("POST", path, json=body)
+            with deadline.bounded(self.deadline):
+                response = self.http.send_once("POST", path, json=body)
         except requests.Timeout as exc:
             raise SyncCallFailed(f"KIE chat: timeout: {exc}",
                                  code=ErrorCode.UPSTREAM_TIMEOUT) from exc

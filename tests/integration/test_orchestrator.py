@@ -201,3 +201,73 @@ def test_an_unknown_job_is_not_found(env) -> None:
     rt, _ = env
     with pytest.raises(JobNotFound):
         wait_for_job(rt, uuid.uuid4(), sleep=lambda s: None)
+
+
+class CompletesAtTheDeadline:
+    """The waiter's clock: the first time it is read at the node timeout (right after the
+    waiter read the job as in flight, before it fails the node) the job completes."""
+
+    def __init__(self, rt: Runtime, clock: Clock, job_id: uuid.UUID) -> None:
+        self.rt, self.clock, self.job_id, self.start = rt, clock, job_id, clock.now
+        self.completed = False
+
+    def __call__(self) -> datetime:
+        if not self.completed and self.clock.now - self.start >= timedelta(minutes=90):
+            self.completed = True
+            assert complete(self.rt, self.job_id)
+        return self.clock.now
+
+
+def test_a_job_completing_between_the_read_and_the_node_timeout_is_not_timed_out(env, db) -> None:
+    """Issue 11 hole 8: the job completes after wait_for_job read it in flight and before the
+    node fails. The timeout is decided on the locked row: the wait returns ``completed`` and
+    the execution is not left ``failed ['X']`` with its job completed."""
+    rt, clock = env
+    execution_id = new_execution(db)
+    job_id = running_job(rt, execution_id, "X")
+    racing = CompletesAtTheDeadline(rt, clock, job_id)
+    assert wait_for_job(rt, job_id, interval=60.0, clock=racing,
+                        sleep=Upstream(rt, clock, job_id, None)) == "completed"
+    assert racing.completed and job_status(db, job_id) == "completed"
+    assert execution(db, execution_id) == ("running", None, None)
+
+
+def test_a_completion_racing_the_node_timeout_write_reopens_the_execution(env, db, pg_engine) -> None:
+    """The completion starts while the node-timeout transaction holds the job row: it waits,
+    then sees the failed execution (sole cause) and reopens it; nothing is left failed."""
+    import threading
+
+    from sqlalchemy import event, text
+
+    rt, clock = env
+    execution_id = new_execution(db)
+    job_id = running_job(rt, execution_id, "X")
+    finisher: list[threading.Thread] = []
+
+    def after_execute(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if finisher or not statement.lstrip().upper().startswith("UPDATE WORKFLOW_EXECUTIONS"):
+            return
+        thread = threading.Thread(target=complete, args=(rt, job_id))
+        finisher.append(thread)
+        thread.start()
+        with pg_engine.connect() as probe:  # wait until the completion is blocked on a lock
+            for _ in range(600):
+                waiting = probe.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()")).scalar_one()
+                if waiting:
+                    break
+                probe.rollback()
+                threading.Event().wait(0.05)
+
+    event.listen(pg_engine, "after_cursor_execute", after_execute)
+    try:
+        with pytest.raises(NodeTimeout):
+            wait_for_job(rt, job_id, interval=60.0, clock=clock,
+                         sleep=Upstream(rt, clock, job_id, None))
+    finally:
+        event.remove(pg_engine, "after_cursor_execute", after_execute)
+    assert finisher
+    finisher[0].join(timeout=60)
+    assert job_status(db, job_id) == "completed"
+    assert execution(db, execution_id) == ("completed", [], None)
