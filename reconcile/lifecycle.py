@@ -404,6 +404,12 @@ def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
                           "The provider reported success but returned no media.",
                           _poll_detail(result, via))
             return "failed" if ok else "lost"
+        limit = rt.settings.max_outputs_per_job
+        if len(result.outputs) > limit:  # bounded before any download (a DoS otherwise)
+            ok = fail_job(rt, job.id, ErrorCode.UPSTREAM_OUTPUT_LIMIT,
+                          f"The provider returned more than {limit} outputs.",
+                          {**_poll_detail(result, via), "outputs": len(result.outputs)})
+            return "failed" if ok else "lost"
         try:
             ok = finalize_job_with_media(rt, job.id, result, source=via)
         except MediaExpired as exc:
@@ -515,13 +521,16 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
     kind = rt.kind(job.provider_kind)
     client = rt.client(kind) if kind is not None else None
     media_headers = getattr(client, "media_headers", None)
-    headers = media_headers() if callable(media_headers) else None
     watermark = True if job.should_watermark is None else bool(job.should_watermark)
     is_public = True if job.is_public is None else bool(job.is_public)
 
     stored: list[_Stored] = []
     texts: list[str] = []
+    kept = _already_stored(rt, job)
     for index, output in enumerate(outputs):
+        if output.url and index in kept:  # stored by an earlier attempt: never fetched twice
+            stored.append(_Stored(kept[index], output.media_type or _media_type_of(kept[index])))
+            continue
         if output.data is not None:
             data, media_type = output.data, output.media_type
         elif output.text is not None:
@@ -530,8 +539,10 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
         elif output.url:
             fetched = safe_fetch(output.url, allowed_hosts=rt.settings.media_allowed_hosts,
                                  max_bytes=rt.settings.media_max_bytes,
-                                 timeout=rt.settings.media_timeout, session=rt.http,
-                                 headers=headers)
+                                 timeout=rt.settings.media_timeout,
+                                 # per URL: a client's key goes only to its own host
+                                 headers=media_headers(output.url) if callable(media_headers)
+                                 else None)
             data, media_type = fetched.data, output.media_type or fetched.content_type
         else:
             continue
@@ -586,6 +597,25 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
     publish(rt, job_id=job_id)
     log.info("job_completed job_id=%s source=%s outputs=%d", job_id, source, len(stored))
     return True
+
+
+def _already_stored(rt: Runtime, job: Job) -> dict[int, str]:
+    """Index → key of the outputs an earlier (unfinished) attempt already stored for the job."""
+    from .storage import object_key
+
+    prefix = object_key(job.job_type, str(job.id), 0, "bin").rsplit("/", 1)[0] + "/"
+    kept: dict[int, str] = {}
+    for key in rt.storage.keys(prefix):
+        stem = key[len(prefix):].split(".", 1)[0]
+        if stem.isdigit():
+            kept.setdefault(int(stem), key)
+    return kept
+
+
+def _media_type_of(key: str) -> str | None:
+    from .media import media_type_for_extension
+
+    return media_type_for_extension(key.rsplit(".", 1)[-1])
 
 
 def _completion_refused(rt: Runtime, job: Job, source: str) -> None:

@@ -31,7 +31,12 @@ class Settings(BaseSettings):
     media_public_base_url: str | None = None
     media_allowed_hosts: list[str] = Field(default_factory=list)
     media_max_bytes: int = 512 * 1024 * 1024
-    media_timeout: float = 120.0
+    media_timeout: float = 120.0  # the whole exchange of one output fetch, redirects included
+    max_outputs_per_job: int = 64  # more fails the job UPSTREAM_OUTPUT_LIMIT (refunded)
+    provider_max_body_bytes: int = 32 * 1024 * 1024  # any provider status/result/listing body
+    webhook_max_body_bytes: int = 1024 * 1024  # refused with 413 before parsing
+    max_input_bytes: int = 1024 * 1024  # a job's input, as compact JSON
+    max_job_type_length: int = 200
     webhook_base_url: str | None = None
     events_redis_url: str | None = None
 
@@ -67,6 +72,9 @@ class Settings(BaseSettings):
     kie_webhook_hmac_key: str | None = None
     elevenlabs_webhook_secret: str | None = None
     fal_jwks_url: str = "https://rest.fal.ai/.well-known/jwks.json"
+    # fal signs every account's webhooks with one JWKS: only a delivery whose signed
+    # X-Fal-Webhook-User-Id is this id can bind to a job (unset: fal evidence is operator-only)
+    fal_webhook_user_id: str | None = None
 
     def scaled(self, duration: timedelta) -> timedelta:
         """``duration`` multiplied by ``TIME_SCALE`` (1.0 in production)."""

@@ -138,11 +138,13 @@ class LocalStorage:
         return self._path(key).as_uri()
 
     def keys(self, prefix: str = "") -> list[str]:
-        if not self.root.is_dir():
+        # walk only the folder the prefix names (one job's outputs, not the whole root)
+        folder = self.root.joinpath(*[p for p in prefix.split("/")[:-1] if p not in ("", ".", "..")])
+        if not folder.is_dir():
             return []
         found = (
             path.relative_to(self.root).as_posix()
-            for path in self.root.rglob("*")
+            for path in folder.rglob("*")
             if path.is_file() and not path.name.startswith(_TMP_PREFIX)
         )
         return sorted(key for key in found if key.startswith(prefix))

@@ -314,6 +314,7 @@ def base_urls_for(url: str) -> dict[str, str]:
         "RECONCILE_FAL_BASE_URL": url + "/fal",
         "RECONCILE_FAL_SYNC_BASE_URL": url + "/fal-sync",
         "RECONCILE_ANTHROPIC_BASE_URL": url + "/anthropic",
-        "RECONCILE_MEDIA_ALLOWED_HOSTS": json.dumps([host]),
+        # every port: the simulator picks a free one
+        "RECONCILE_MEDIA_ALLOWED_HOSTS": json.dumps([f"{host}:*"]),
         "RECONCILE_FAL_JWKS_URL": url + "/fal/.well-known/jwks.json",
     }

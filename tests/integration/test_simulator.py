@@ -623,7 +623,7 @@ def test_session_fixture_and_custom_secrets(simulator_session) -> None:
         settings = custom.settings()
         assert settings.kie_base_url == custom.url + "/kie"
         assert settings.kie_webhook_hmac_key == "k1"
-        assert settings.media_allowed_hosts == ["127.0.0.1"]
+        assert settings.media_allowed_hosts == ["127.0.0.1:*"]
 
 
 def test_cli_serves_until_sigterm() -> None:

@@ -398,7 +398,7 @@ def test_hostile_or_oversize_media_is_never_fetched_or_completed(
     try:
         clock = Clock(datetime.now(UTC))
         rt, q = runtime(db, simulator, tmp_path, clock=clock, media_max_bytes=100_000,
-                        media_timeout=5.0, media_allowed_hosts=["127.0.0.1"])
+                        media_timeout=5.0, media_allowed_hosts=["127.0.0.1:*"])
         job_id = _submit(rt, db, name)
         lifecycle.create_step(rt, job_id)
         drain(rt, q, max_steps=6)  # type: ignore[arg-type]

@@ -91,8 +91,8 @@ def test_caller_headers_are_not_forwarded_to_another_host() -> None:
 @pytest.mark.parametrize(
     ("url", "allowed"),
     [
-        ("http://localhost:9000/bucket/x.png", ["localhost"]),
-        ("http://127.0.0.1:9000/bucket/x.png", ["127.0.0.1"]),
+        ("http://localhost:9000/bucket/x.png", ["localhost:*"]),
+        ("http://127.0.0.1:9000/bucket/x.png", ["127.0.0.1:*"]),
         ("http://localhost:9000/bucket/x.png", ["LOCALHOST:9000"]),
     ],
 )
