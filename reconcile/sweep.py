@@ -39,7 +39,7 @@ from typing import Any
 from sqlalchemy import Select, or_, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
-from . import jobstore, lifecycle
+from . import evidence, jobstore, lifecycle
 from .db.models import CreditAnomaly, Job, WebhookDelivery
 from .errors import ErrorCode, ProviderError
 from .events import add_event, publish
@@ -508,29 +508,25 @@ def _evidence(rt: Runtime, plan: _Plan) -> str:
 
 def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
     """(upstream id, source) from a stored webhook delivery naming this job, else a provider
-    listing. KIE's callback body is unsigned: its id is adopted only once ``recordInfo`` for
-    that task echoes this job's planted id."""
+    listing. A delivery counts only as :mod:`reconcile.evidence` allows: same provider family
+    and kind, bound by a provider-signed field, and — where the provider has one — confirmed
+    by a read echoing this job's planted id before anything changes."""
     client = rt.client(kind)
     if not isinstance(client, AsyncProvider):
         return None
     with rt.sessions() as session:
-        upstream_ids = session.execute(
-            select(WebhookDelivery.upstream_id).where(
+        rows = session.execute(
+            select(WebhookDelivery).where(
                 WebhookDelivery.job_id == job.id, WebhookDelivery.upstream_id.is_not(None))
             .order_by(WebhookDelivery.received_at)).scalars().all()
-    for upstream_id in dict.fromkeys(upstream_ids):
-        if not kind.name.startswith("kie-"):
-            return upstream_id, "webhook"
-        try:
-            echoed = client.poll(upstream_id, model=job.provider_model).planted_job_id
-        except ProviderError as exc:
-            log.warning("evidence_read_failed job_id=%s upstream_id=%s error=%s", job.id,
-                        upstream_id, exc.message)
+    tried: set[str] = set()
+    for row in rows:
+        upstream_id = row.upstream_id or ""
+        if upstream_id in tried:
             continue
-        if echoed == str(job.id):
+        tried.add(upstream_id)
+        if _confirmed_evidence(rt, job, kind, client, row):
             return upstream_id, "webhook"
-        log.warning("evidence_mismatch job_id=%s upstream_id=%s echoed=%s", job.id, upstream_id,
-                    echoed)
     since = (job.provider_call_started_at or job.created_at) - LISTING_SLACK
     try:
         listed = client.find_created(str(job.id), since)
@@ -538,6 +534,28 @@ def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
         log.warning("evidence_listing_failed job_id=%s error=%s", job.id, exc.message)
         return None
     return (listed.task_id, "listing") if listed is not None else None
+
+
+def _confirmed_evidence(rt: Runtime, job: Job, kind: Kind, client: AsyncProvider,
+                        row: WebhookDelivery) -> bool:
+    judged = evidence.assess(row, str(job.id), kind, rt.settings)
+    if not judged.usable:
+        log.warning("evidence_operator_only job_id=%s provider=%s upstream_id=%s reason=%s",
+                    job.id, row.provider, row.upstream_id, judged.reason)
+        return False
+    echoed = None
+    if judged.needs_read:
+        try:
+            echoed = client.poll(row.upstream_id or "", model=job.provider_model).planted_job_id
+        except ProviderError as exc:
+            log.warning("evidence_read_failed job_id=%s upstream_id=%s error=%s", job.id,
+                        row.upstream_id, exc.message)
+            return False
+    if evidence.confirmed(judged, echoed, str(job.id)):
+        return True
+    log.warning("evidence_mismatch job_id=%s upstream_id=%s echoed=%s", job.id, row.upstream_id,
+                echoed)
+    return False
 
 
 # ----------------------------------------------------------------------------- the tick

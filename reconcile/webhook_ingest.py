@@ -4,7 +4,12 @@
 ``elevenlabs``, ``fal`` — the last path segment of the planted callback URL), the headers, the
 raw body and the query string; it returns ``(http_status, body)``. Polling stays authoritative:
 a delivery only makes the library read the task now. A delivery that names a job still
-``submitting``/``uncertain`` is kept as evidence for the sweep, never dropped.
+``submitting``/``uncertain`` is kept as evidence for the sweep, never dropped (what may bind it
+to the job: :mod:`reconcile.evidence`).
+
+Bounds: a body over ``WEBHOOK_MAX_BODY_BYTES`` is refused (413) before any parsing; a delivery
+only ever reads the task of a job of its own provider; a confirmed success is handed to a worker
+(a fresh poll chain) — the request thread stores and enqueues, it never fetches media.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from . import jobstore, lifecycle, webhooks
+from . import evidence, jobstore, lifecycle, webhooks
 from .db.models import Job, WebhookDelivery
 from .errors import (
     ErrorCode,
@@ -75,8 +80,13 @@ def _as_uuid(value: str | None) -> uuid.UUID | None:
 def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body: bytes,
                    query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
     now = rt.now()
+    limit = rt.settings.webhook_max_body_bytes
+    if len(body) > limit:  # before any parsing: KIE's body is parsed before its HMAC is checked
+        return 413, {"error": {"type": "invalid_request_error", "code": "WEBHOOK_INVALID",
+                               "message": f"webhook body over {limit} bytes"}}
     try:
-        event = webhooks.verify(provider, headers, body, query, _secret(rt, provider), now)
+        event = webhooks.verify(provider, headers, body, query, _secret(rt, provider), now,
+                                fal_user_id=rt.settings.fal_webhook_user_id)
     except WebhookPayloadError as exc:
         return 400, {"error": {"type": "invalid_request_error", "code": "WEBHOOK_INVALID",
                                "message": exc.message}}
@@ -107,6 +117,11 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
         if job is None and event.task_id:
             job = session.execute(select(Job).where(
                 Job.provider_task_id == event.task_id, Job.status.in_(IN_FLIGHT))).scalars().first()
+    if job is not None and evidence.family(job.provider_kind) != provider:
+        # a delivery on one provider's route never makes us read another provider's task
+        log.warning("webhook_provider_mismatch job_id=%s route=%s kind=%s", job.id, provider,
+                    job.provider_kind)
+        return 202, {"status": "stored"}
     if job is None:
         return 202, {"status": "stored"}
     if job.submission_state in (Submission.SUBMITTING, Submission.UNCERTAIN) and not job.provider_task_id:
@@ -129,6 +144,12 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
         return 200, {"status": "failed" if ok else "lost"}
     if isinstance(result, ProviderError) or not_found:
         return 202, {"status": "unconfirmed"}  # the poll chain and the sweep carry on
+    if result.status is PollStatus.SUCCEEDED:
+        # storing outputs is media work: a worker does it (a fresh poll chain), never the
+        # request thread — a delivery naming thousands of outputs cannot hold it
+        started = lifecycle.resume_chain(rt, job.id)
+        log.info("webhook_enqueued job_id=%s started=%s", job.id, started)
+        return 202, {"status": "enqueued"}
     outcome = lifecycle.observe(rt, job, kind, via="webhook", result=result)
     with rt.sessions() as session:
         current = jobstore.load(session, job.id)

@@ -35,6 +35,7 @@ import hmac
 import json
 import re
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -125,6 +126,9 @@ def _fresh(raw: str | None, header: str, now: datetime, tolerance: timedelta) ->
     return raw
 
 
+MAX_DEPTH = 64  # no provider nests its webhook body anywhere near this
+
+
 def _json_object(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
@@ -132,7 +136,23 @@ def _json_object(body: bytes) -> dict[str, Any]:
         raise WebhookPayloadError(f"body is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise WebhookPayloadError(f"body is JSON {type(data).__name__}, not an object")
+    if _deeper_than(data, MAX_DEPTH):  # later passes (NUL scrub, jsonb) recurse over it
+        raise WebhookPayloadError(f"body nests deeper than {MAX_DEPTH} levels")
     return data
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Iteratively (a recursive walk is what a deep body would break)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+    return False
 
 
 def _text(value: Any) -> str | None:
@@ -424,8 +444,17 @@ def parse_jwks(document: Any) -> tuple[Ed25519PublicKey, ...]:
     return tuple(found)
 
 
+JWKS_FAILURE_TTL = timedelta(seconds=30)  # a failed fetch is not retried sooner than this
+JWKS_MAX_BYTES = 256 * 1024
+
+
 class JwksCache:
-    """fal's JWKS, fetched with an injected session and kept at most ``max_age`` (24 h)."""
+    """fal's JWKS, fetched with an injected session and kept at most ``max_age`` (24 h).
+
+    A fetch is bounded by ``timeout`` in total (not per read); a failure is remembered for
+    :data:`JWKS_FAILURE_TTL`; and while one thread fetches, the others never queue behind it:
+    they use the unexpired keys, or fail at once (503: fal retries the delivery).
+    """
 
     def __init__(
         self,
@@ -441,6 +470,8 @@ class JwksCache:
         self.timeout = timeout
         self._keys: tuple[Ed25519PublicKey, ...] = ()
         self._fetched_at: datetime | None = None
+        self._failed_at: datetime | None = None
+        self._failure = ""
         self._lock = threading.Lock()
 
     def keys(self, now: datetime, *, refresh: bool = False) -> tuple[Ed25519PublicKey, ...]:
@@ -450,29 +481,44 @@ class JwksCache:
         the keys are missing or expired and cannot be fetched. A failed *early* refresh (key
         rotation suspected) keeps serving the unexpired keys; expired keys are never used.
         """
-        with self._lock:
-            fetched = self._fetched_at
-            expired = fetched is None or now - fetched >= self.max_age
-            forced = refresh and (fetched is None or now - fetched >= JWKS_MIN_REFRESH)
-            if expired or forced:
-                try:
-                    self._keys = self._fetch()
-                    self._fetched_at = now
-                except ReadFailed:
-                    if expired:
-                        self._keys, self._fetched_at = (), None
-                        raise
+        fetched = self._fetched_at
+        expired = fetched is None or now - fetched >= self.max_age
+        forced = refresh and (fetched is None or now - fetched >= JWKS_MIN_REFRESH)
+        if not (expired or forced):
             return self._keys
+        if self._failed_at is not None and now - self._failed_at < JWKS_FAILURE_TTL:
+            return self._stale_or_raise(expired, f"the last JWKS fetch failed: {self._failure}")
+        if not self._lock.acquire(blocking=False):  # another thread is fetching: never queue
+            return self._stale_or_raise(expired, "the fal JWKS is being fetched")
+        try:
+            self._keys, self._fetched_at, self._failed_at = self._fetch(), now, None
+        except ReadFailed as exc:
+            self._failed_at, self._failure = now, exc.message
+            return self._stale_or_raise(expired, exc.message)
+        finally:
+            self._lock.release()
+        return self._keys
+
+    def _stale_or_raise(self, expired: bool, why: str) -> tuple[Ed25519PublicKey, ...]:
+        if expired:
+            self._keys, self._fetched_at = (), None
+            raise ReadFailed(why)
+        return self._keys
 
     def can_refresh(self, now: datetime) -> bool:
         return self._fetched_at is None or now - self._fetched_at >= JWKS_MIN_REFRESH
 
     def _fetch(self) -> tuple[Ed25519PublicKey, ...]:
+        from .providers.http import load_bounded
+
+        deadline = time.monotonic() + self.timeout
         try:
-            response = self.session.get(self.url, timeout=self.timeout)
+            response = self.session.get(self.url, timeout=self.timeout, stream=True)
+            with response:
+                load_bounded(response, JWKS_MAX_BYTES, deadline)
             response.raise_for_status()
             keys = parse_jwks(response.json())
-        except (requests.RequestException, ValueError) as exc:
+        except (requests.RequestException, ValueError, OSError) as exc:
             raise ReadFailed(f"could not fetch the fal JWKS from {self.url}: {exc}") from exc
         if not keys:
             raise ReadFailed(f"the fal JWKS at {self.url} holds no Ed25519 key")
@@ -485,19 +531,25 @@ def verify_fal(
     query: Mapping[str, str],
     jwks: JwksCache | Mapping[str, Any],
     now: datetime,
+    *,
+    user_id: str | None = None,
 ) -> WebhookEvent:
-    """Verify a fal queue webhook against every Ed25519 key of the JWKS (a cache or a document)."""
+    """Verify a fal queue webhook against every Ed25519 key of the JWKS (a cache or a document).
+
+    fal signs every account's deliveries with the same keys: with ``user_id`` (our account),
+    a delivery signed for another account is refused — only then can its planted ``job_id``
+    be trusted (:mod:`reconcile.evidence`)."""
     request_id = _header(headers, "X-Fal-Webhook-Request-Id")
-    user_id = _header(headers, "X-Fal-Webhook-User-Id")
+    signed_user = _header(headers, "X-Fal-Webhook-User-Id")
     signature_hex = _header(headers, "X-Fal-Webhook-Signature")
-    if request_id is None or user_id is None or signature_hex is None:
+    if request_id is None or signed_user is None or signature_hex is None:
         raise WebhookSignatureError(
             "missing X-Fal-Webhook-Request-Id, -User-Id or -Signature header"
         )
     raw_ts = _timestamp(headers, "X-Fal-Webhook-Timestamp", now, FAL_TOLERANCE)
     try:
         signature = bytes.fromhex(signature_hex)
-        message = "\n".join((request_id, user_id, raw_ts, payload_digest(body))).encode()
+        message = "\n".join((request_id, signed_user, raw_ts, payload_digest(body))).encode()
     except (ValueError, UnicodeEncodeError):
         raise WebhookSignatureError(
             "X-Fal-Webhook-Signature is not hex, or fields are not text"
@@ -511,6 +563,8 @@ def verify_fal(
         verified = _ed25519_any(parse_jwks(jwks), signature, message)
     if not verified:
         raise WebhookSignatureError("X-Fal-Webhook-Signature matches no key in the fal JWKS")
+    if user_id is not None and not hmac.compare_digest(signed_user.encode(), user_id.encode()):
+        raise WebhookSignatureError("the fal delivery is signed for another fal account")
 
     data = _json_object(body)
     status = data.get("status")
@@ -559,11 +613,15 @@ def verify(
     query: Mapping[str, str],
     key: Any,
     now: datetime,
+    *,
+    fal_user_id: str | None = None,
 ) -> WebhookEvent:
     """Verify a delivery for ``provider``; ``key`` is its secret (fal: a JwksCache or JWKS)."""
     verifier = _VERIFIERS.get(provider)
     if verifier is None:
         raise WebhookPayloadError(f"no webhook scheme for provider {provider!r}")
+    if provider == "fal":
+        return verify_fal(headers, body, query, key, now, user_id=fal_user_id)
     return verifier(headers, body, query, key, now)
 
 

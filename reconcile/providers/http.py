@@ -1,6 +1,9 @@
 """HTTP discipline shared by every provider client.
 
-* every request has explicit connect and read timeouts;
+* every request has explicit connect and read timeouts, and its body is read under a size cap
+  (:data:`MAX_BODY_BYTES`) and a TOTAL deadline (connect + read timeout for the whole request):
+  an endless chunked body or one trickled a byte per second ends as a transport error
+  (:class:`BodyTooLarge` / :class:`BodyDeadline`) instead of holding a worker;
 * :meth:`HttpClient.read` retries GETs (and other reads) on 429/5xx and transport errors with
   exponential backoff, honouring ``Retry-After``;
 * :meth:`HttpClient.send_once` never retries: creates go through it, and the caller classifies
@@ -21,6 +24,45 @@ import requests
 from ..errors import ReadFailed
 
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
+MAX_BODY_BYTES = 32 * 1024 * 1024  # no status, result or listing body is anywhere near this
+_CHUNK = 64 * 1024
+
+
+class BodyTooLarge(requests.RequestException):
+    """A provider body exceeded :data:`MAX_BODY_BYTES` (never retried)."""
+
+
+class BodyDeadline(requests.Timeout):
+    """A provider body was still arriving at the request's total deadline."""
+
+
+def _total_seconds(timeout: Any) -> float:
+    if isinstance(timeout, tuple):
+        return float(sum(t for t in timeout if t is not None))
+    return float(timeout) if timeout is not None else 60.0
+
+
+def load_bounded(response: requests.Response, max_bytes: int, deadline: float) -> None:
+    """Read the whole body into ``response`` (``.content``/``.json()`` keep working) under a
+    byte cap and a monotonic deadline checked between socket reads."""
+    raw = response.raw
+    if hasattr(raw, "read1"):
+        def pieces() -> Any:
+            while piece := raw.read1(_CHUNK, decode_content=True):
+                yield piece
+        chunks = pieces()
+    else:
+        chunks = response.iter_content(_CHUNK)
+    body, size = [], 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyTooLarge(f"response body exceeds {max_bytes} bytes")
+        body.append(chunk)
+        if time.monotonic() > deadline:
+            raise BodyDeadline("response body still arriving at the request's total deadline")
+    response._content = b"".join(body)
+    response._content_consumed = True
 
 
 def parse_retry_after(value: str | None, *, now: Callable[[], datetime] | None = None) -> float | None:
@@ -59,6 +101,7 @@ class HttpClient:
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.headers = dict(headers or {})
@@ -68,6 +111,7 @@ class HttpClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.sleep = sleep
+        self.max_body_bytes = max_body_bytes
 
     def url(self, path: str) -> str:
         if path.startswith(("http://", "https://")):
@@ -77,7 +121,24 @@ class HttpClient:
     def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         headers = {**self.headers, **kwargs.pop("headers", {})}
         timeout = kwargs.pop("timeout", self.timeout)
-        return self.session.request(method, self.url(path), headers=headers, timeout=timeout, **kwargs)
+        streamed = kwargs.pop("stream", False)  # the caller bounds a streamed download itself
+        deadline = time.monotonic() + _total_seconds(timeout)
+        response = self.session.request(method, self.url(path), headers=headers, timeout=timeout,
+                                        stream=True, **kwargs)
+        if streamed:
+            return response
+        try:
+            load_bounded(response, self.max_body_bytes, deadline)
+        except (requests.RequestException, OSError) as exc:
+            response.close()
+            if isinstance(exc, requests.RequestException):
+                raise
+            raise requests.ConnectionError(f"reading the response body failed: {exc}") from exc
+        except Exception as exc:  # urllib3 protocol errors while reading the body
+            response.close()
+            raise requests.ConnectionError(f"reading the response body failed: {exc}") from exc
+        response.close()  # the body is held; give the connection back to the pool
+        return response
 
     def send_once(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         """One attempt, no retry. Transport errors propagate (``requests.RequestException``)."""
@@ -93,7 +154,7 @@ class HttpClient:
             try:
                 response = self._request(method, path, **kwargs)
             except requests.RequestException as exc:
-                if attempt >= self.read_retries:
+                if attempt >= self.read_retries or isinstance(exc, BodyTooLarge):
                     raise ReadFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
                 self.sleep(self._delay(attempt, None))
                 attempt += 1
