@@ -1,6 +1,10 @@
 """reconcile: crash-safe, money-safe external AI provider calls for Celery workers."""
 
+from .redact import install_log_redaction as _install_log_redaction
+
 __version__ = "0.1.0"
+
+_install_log_redaction()  # signed query strings never reach a log, whoever logs them
 
 
 def install(app, *, beat=True):  # type: ignore[no-untyped-def]

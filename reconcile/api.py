@@ -71,6 +71,29 @@ _DEFAULT_MESSAGES = {
     ErrorCode.CANCELED.value: "Canceled.",
     ErrorCode.INTERNAL.value: "The job failed.",
 }
+# What a customer reads for a library job: the code's own message, never the operator's
+# detail (hosts, addresses, presigned URLs, raw exception text). For these two codes the
+# provider's own message follows, scrubbed of URLs, host names and addresses (seed 001: the
+# customer fixes the payload from it).
+CUSTOMER_MESSAGES = {
+    ErrorCode.INVALID_PARAM.value: "The request is invalid.",
+    ErrorCode.UPSTREAM_INVALID_INPUT.value: "The provider rejected the input.",
+    ErrorCode.UPSTREAM_SUBMISSION_FAILED.value: SUBMISSION_FAILED_MESSAGE,
+    ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN.value: SUBMISSION_UNCERTAIN_MESSAGE,
+    ErrorCode.UPSTREAM_RATE_LIMITED.value: "The provider is rate limiting requests.",
+    ErrorCode.UPSTREAM_TIMEOUT.value: "The provider did not finish in time.",
+    ErrorCode.UPSTREAM_FAILED.value: "The provider failed to produce a result.",
+    ErrorCode.UPSTREAM_WEBHOOK_ERROR.value: "The provider's webhook reported a failure.",
+    ErrorCode.UPSTREAM_EMPTY_RESULT.value: "The provider reported success but returned no media.",
+    ErrorCode.UPSTREAM_UNKNOWN_STATUS.value: "The provider answered with an unknown status.",
+    ErrorCode.UPSTREAM_TASK_NOT_FOUND.value: "The provider no longer knows the task.",
+    ErrorCode.UPSTREAM_MEDIA_EXPIRED.value: "The provider's result expired before it was stored.",
+    ErrorCode.UPSTREAM_OUTPUT_LIMIT.value: "The provider returned more outputs than allowed.",
+    ErrorCode.RECONCILE_NO_RECOVERY.value: "The job could not be recovered; credits were refunded.",
+    ErrorCode.CANCELED.value: "Canceled.",
+    ErrorCode.INTERNAL.value: "The job failed.",
+}
+_WITH_PROVIDER_MESSAGE = (ErrorCode.UPSTREAM_INVALID_INPUT.value, ErrorCode.UPSTREAM_FAILED.value)
 _SETTLED_STATES = (Status.FAILED.value, Status.CANCELLED.value)
 _NOT_PLAINLY_ACCEPTED = (Submission.REJECTED.value, Submission.UNCERTAIN.value)
 
@@ -146,7 +169,7 @@ def submit(
     job_id: uuid.UUID | None = None
     try:
         submitted = lifecycle.submit_job(
-            rt, user_id, provider_kind, model, _parse_input(input), credits,
+            rt, _user_uuid(user_id), provider_kind, model, _parse_input(input), credits,
             job_type=job_type, should_watermark=should_watermark, is_public=is_public,
             workflow_execution_id=workflow_execution_id, node_id=node_id, validator=validator,
             enqueue=not inline,
@@ -217,7 +240,7 @@ def credit_history(rt: Runtime, user_id: uuid.UUID) -> Response:
     """200 ``{"data": [...]}``: the user's own ledger transactions, oldest first."""
     try:
         with rt.sessions() as session:
-            rows = ledger.history(session, user_id)
+            rows = ledger.history(session, _user_uuid(user_id))
         return 200, {"data": [{
             "id": row.id, "type": row.type, "amount": row.amount, "job_id": _str(row.job_id),
             "from_sub": row.from_sub, "from_topup": row.from_topup,
@@ -267,10 +290,13 @@ def _snapshot_error(job: Job) -> dict[str, Any] | None:
             return None
         code = ErrorCode.CANCELED if job.status == Status.CANCELLED else ErrorCode.INTERNAL
     detail = job.error_detail if isinstance(job.error_detail, Mapping) else {}
-    detail_message = detail.get("message")
-    message = (job.error_message
-               or (detail_message if isinstance(detail_message, str) else None)
-               or _DEFAULT_MESSAGES.get(str(code), "The job failed."))
+    if job.provider_kind is None:  # a platform's own row: its message is the platform's
+        detail_message = detail.get("message")
+        message = (job.error_message
+                   or (detail_message if isinstance(detail_message, str) else None)
+                   or _DEFAULT_MESSAGES.get(str(code), "The job failed."))
+    else:
+        message = customer_message(str(code), detail, job.error_message)
     error: dict[str, Any] = {"code": str(code), "message": message}
     request_id = detail.get("upstreamRequestId") or detail.get("request_id")
     if isinstance(request_id, str) and request_id:
@@ -280,6 +306,21 @@ def _snapshot_error(job: Job) -> dict[str, Any] | None:
     return error
 
 
+def customer_message(code: str, detail: Mapping[str, Any], stored: str | None) -> str:
+    """The library's message for ``code`` (+ the provider's own, scrubbed, where it helps)."""
+    from .redact import for_customer
+
+    message = CUSTOMER_MESSAGES.get(code, "The job failed.")
+    if code not in _WITH_PROVIDER_MESSAGE:
+        return message
+    provider = detail.get("provider_message")
+    if not isinstance(provider, str) and code == ErrorCode.UPSTREAM_INVALID_INPUT.value:
+        provider = stored  # a rejected create keeps the provider's words as its message
+    if isinstance(provider, str) and provider.strip():
+        return f"{message} {for_customer(provider.strip())[:500]}"
+    return message
+
+
 def iso(value: datetime | None) -> str | None:
     """ISO-8601 UTC to the second with a ``Z``, or None."""
     if value is None:
@@ -287,6 +328,16 @@ def iso(value: datetime | None) -> str | None:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _user_uuid(user_id: uuid.UUID | str) -> uuid.UUID:
+    """A user id from the platform: a UUID (or its text), else a 400 — never a 500."""
+    if isinstance(user_id, uuid.UUID):
+        return user_id
+    try:
+        return uuid.UUID(str(user_id))
+    except ValueError:
+        raise InvalidParam("user id is not a UUID", param="user_id") from None
 
 
 def _job_uuid(job_id: uuid.UUID | str) -> uuid.UUID:

@@ -445,6 +445,21 @@ def _row(obj: Any, fields: Sequence[str]) -> dict[str, Any]:
     return {f: getattr(obj, f) for f in fields}
 
 
+def _evidence_note(cli: Cli, job: Job, delivery: WebhookDelivery) -> str:
+    """What the sweep may do with a delivery for this job (reconcile.evidence); where it may
+    not, the operator decides with ``resolve --upstream-id``."""
+    from . import evidence
+    from .kinds import get_kind
+
+    kind = get_kind(job.provider_kind)
+    if kind is None or job.provider_task_id:
+        return ""
+    judged = evidence.assess(delivery, str(job.id), kind, cli.settings)
+    if not judged.usable:
+        return f"operator only: {judged.reason}"
+    return "adoptable once a read confirms it" if judged.needs_read else "adoptable (signed)"
+
+
 @main.command()
 @click.argument("job_id", type=JOB_ID)
 @json_option
@@ -472,7 +487,8 @@ def show(cli: Cli, job_id: uuid.UUID, as_json: bool) -> None:
                 for a in session.execute(select(CreditAnomaly).where(CreditAnomaly.job_id == job_id)
                                          .order_by(CreditAnomaly.id)).scalars()],
             "webhook_deliveries": [
-                _row(w, ("provider", "delivery_id", "upstream_id", "status", "received_at"))
+                {**_row(w, ("provider", "delivery_id", "upstream_id", "status", "received_at")),
+                 "evidence": _evidence_note(cli, job, w)}
                 for w in session.execute(select(WebhookDelivery).where(delivery_match)
                                          .order_by(WebhookDelivery.received_at)).scalars()],
             "assets": [

@@ -33,6 +33,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+from .redact import signed as _signed
+
 
 class ErrorCode(StrEnum):
     INVALID_PARAM = "INVALID_PARAM"
@@ -66,7 +68,8 @@ def bounded(text: str | bytes | None, limit: int = RAW_BODY_LIMIT) -> str | None
         return None
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
-    return text if len(text) <= limit else text[:limit] + "…[truncated]"
+    text = text if len(text) <= limit else text[:limit] + "…[truncated]"
+    return _signed(text)  # a result body may carry presigned URLs: never store their signatures
 
 
 class ReconcileError(Exception):
@@ -75,7 +78,9 @@ class ReconcileError(Exception):
     code: ErrorCode = ErrorCode.INTERNAL
 
     def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or self.code).strip().splitlines()[0])
+        # messages are stored and logged: a presigned URL in one loses its signature here
+        super().__init__(_signed(message) if message else
+                         (self.__doc__ or self.code).strip().splitlines()[0])
 
     @property
     def message(self) -> str:

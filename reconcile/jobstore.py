@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
+from . import redact
 from .db.models import Job
 from .states import IN_FLIGHT, Status, Submission
 
@@ -102,7 +103,7 @@ def release_rate_limited(session: Session, job_id: uuid.UUID, token: str, not_be
         claim_expires_at=None,
         create_not_before=not_before,
         create_rate_limit_count=Job.create_rate_limit_count + 1,
-        error_detail=detail,
+        error_detail=redact.detail(detail),
     )
 
 
@@ -117,7 +118,7 @@ def mark_uncertain(session: Session, job_id: uuid.UUID, *, token: str | None, no
     else:  # the sweep: only once the owner's lease is gone
         where.append(or_(Job.claim_expires_at.is_(None), Job.claim_expires_at < now))
     return _cas(session, *where, submission_state=Submission.UNCERTAIN, error_code=code,
-                error_detail=detail, reconcile_attempts=0, reconcile_last_attempt_at=now)
+                error_detail=redact.detail(detail), reconcile_attempts=0, reconcile_last_attempt_at=now)
 
 
 def mark_failed(session: Session, job_id: uuid.UUID, *, now: datetime, code: str, message: str,
@@ -126,7 +127,8 @@ def mark_failed(session: Session, job_id: uuid.UUID, *, now: datetime, code: str
     """In flight → failed (or cancelled), with ``next_poll_at = now`` so the refund is settled
     even if this process dies before it."""
     values: dict[str, Any] = dict(
-        status=status, error_code=code, error_message=message, error_detail=detail,
+        status=status, error_code=code, error_message=redact.signed(message),
+        error_detail=redact.detail(detail),
         next_poll_at=now, completed_at=now, claim_expires_at=None, poll_lease_expires_at=None,
         credits_actual=None,
     )
@@ -172,6 +174,7 @@ def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: t
                   last_error: str | None, *, verdict: bool = True) -> Job | None:
     """One attempt, at most once per ``spacing`` per job, whoever observes it, recording what
     it observed (``verdict=False``: an error that is no verdict keeps an upstream one)."""
+    last_error = redact.signed(last_error) if last_error else last_error
     return _cas(
         session,
         Job.id == job_id,
@@ -209,6 +212,7 @@ def _unless_verdict(last_error: str | None) -> Any:
 
 def note_error(session: Session, job_id: uuid.UUID, last_error: str, *,
                verdict: bool = True) -> None:
+    last_error = redact.signed(last_error)
     session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
                     .values(reconcile_last_error=last_error if verdict
                             else _unless_verdict(last_error)))

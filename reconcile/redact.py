@@ -1,0 +1,99 @@
+"""What operators and customers may see of an error (issue 12 §5).
+
+* Operators get full detail — except signed query strings (``X-Amz-Signature``,
+  ``X-Amz-Credential``, GCS/Azure/CloudFront signatures, tokens): a presigned result URL is a
+  bearer credential, so its signature is replaced by ``REDACTED`` wherever the library stores or
+  logs text (exception messages, provider bodies, ``error_detail``, anomalies) and in every log
+  record of the process, third-party DEBUG loggers (urllib3, botocore) included
+  (:func:`install_log_redaction`).
+* Customers get the stable code and the library's own message; for ``UPSTREAM_INVALID_INPUT``
+  and ``UPSTREAM_FAILED`` also the provider's own message with URLs, host names and IP addresses
+  removed (:func:`for_customer`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import traceback
+from typing import Any
+
+REDACTED = "REDACTED"
+_SIGNED_PARAMS = (
+    "x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature",
+    "x-goog-credential", "signature", "sig", "key-pair-id", "policy", "token", "access_token",
+    "x-oss-signature", "ossaccesskeyid", "awsaccesskeyid",
+)
+_SIGNED = re.compile(
+    r"(?i)([?&;](?:" + "|".join(re.escape(p) for p in _SIGNED_PARAMS) + r")=)[^&#\s\"'<>]*")
+_URL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s\"'<>]+")
+_IPV4 = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b")
+_IPV6 = re.compile(r"(?i)\[?\b(?:[0-9a-f]{1,4}:){2,7}(?::|[0-9a-f]{1,4})?(?:%\w+)?\]?(?::\d{1,5})?")
+_FILE_SUFFIXES = ("png", "jpg", "jpeg", "webp", "gif", "mp4", "mov", "mp3", "wav", "txt", "json",
+                  "pdf", "zip", "safetensors", "tar", "gz")
+_HOST = re.compile(r"(?i)\b(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9])?\.)+([a-z][a-z0-9-]{1,23})"
+                   r"(?::\d{1,5})?\b")
+_HOST_PORT = re.compile(r"(?i)\b[a-z0-9_][a-z0-9_.-]*:\d{2,5}\b")
+_MAX_DEPTH = 32
+
+
+def signed(text: str) -> str:
+    """``text`` with every signed query-string value replaced by ``REDACTED``."""
+    if "=" not in text:
+        return text
+    return _SIGNED.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+def detail(value: Any, _depth: int = 0) -> Any:
+    """A stored ``error_detail`` / anomaly detail with signed query strings redacted."""
+    if isinstance(value, str):
+        return signed(value)
+    if _depth > _MAX_DEPTH:
+        return value
+    if isinstance(value, dict):
+        return {k: detail(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [detail(v, _depth + 1) for v in value]
+    return value
+
+
+def for_customer(text: str) -> str:
+    """A provider's message fit for the customer: no URL, host name or IP address left."""
+    text = _URL.sub("[url]", text)
+    text = _IPV4.sub("[address]", text)
+    text = _IPV6.sub(lambda m: "[address]" if m.group(0).count(":") >= 2 else m.group(0), text)
+    text = _HOST.sub(lambda m: m.group(0) if m.group(1).lower() in _FILE_SUFFIXES
+                     else "[host]", text)
+    return _HOST_PORT.sub("[host]", text)
+
+
+class _Redacting:
+    """A log record factory wrapper: the message (and traceback) of every record is redacted."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = self.inner(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: logging reports it itself, later
+            return record
+        clean = signed(message)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        if record.exc_info and record.exc_info[1] is not None:
+            text = "".join(traceback.format_exception(*record.exc_info))
+            if signed(text) != text:
+                record.exc_text = signed(text)
+        return record
+
+
+def install_log_redaction() -> None:
+    """Redact signed query strings from every log record of the process (idempotent)."""
+    current = logging.getLogRecordFactory()
+    if not isinstance(current, _Redacting):
+        logging.setLogRecordFactory(_Redacting(current))
+
+
+__all__ = ["REDACTED", "detail", "for_customer", "install_log_redaction", "signed"]
