@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import requests
+import urllib3
 
 from ..errors import ReadFailed
 
@@ -54,13 +55,18 @@ def load_bounded(response: requests.Response, max_bytes: int, deadline: float) -
     else:
         chunks = response.iter_content(_CHUNK)
     body, size = [], 0
-    for chunk in chunks:
-        size += len(chunk)
-        if size > max_bytes:
-            raise BodyTooLarge(f"response body exceeds {max_bytes} bytes")
-        body.append(chunk)
-        if time.monotonic() > deadline:
-            raise BodyDeadline("response body still arriving at the request's total deadline")
+    try:
+        for chunk in chunks:
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyTooLarge(f"response body exceeds {max_bytes} bytes")
+            body.append(chunk)
+            if time.monotonic() > deadline:
+                raise BodyDeadline("response body still arriving at the request's total deadline")
+    except requests.RequestException:
+        raise
+    except (urllib3.exceptions.HTTPError, OSError) as exc:  # a broken or reset body
+        raise requests.ConnectionError(f"reading the response body failed: {exc}") from exc
     response._content = b"".join(body)
     response._content_consumed = True
 
@@ -129,15 +135,8 @@ class HttpClient:
             return response
         try:
             load_bounded(response, self.max_body_bytes, deadline)
-        except (requests.RequestException, OSError) as exc:
-            response.close()
-            if isinstance(exc, requests.RequestException):
-                raise
-            raise requests.ConnectionError(f"reading the response body failed: {exc}") from exc
-        except Exception as exc:  # urllib3 protocol errors while reading the body
-            response.close()
-            raise requests.ConnectionError(f"reading the response body failed: {exc}") from exc
-        response.close()  # the body is held; give the connection back to the pool
+        finally:
+            response.close()  # the body is held (or refused): give the connection back  # the body is held; give the connection back to the pool
         return response
 
     def send_once(self, method: str, path: str, **kwargs: Any) -> requests.Response:

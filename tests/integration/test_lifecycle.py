@@ -378,7 +378,10 @@ def test_webhook_completes_when_the_provider_confirms(db, simulator, tmp_path) -
     task_id = _job(db, job_id).provider_task_id
     simulator.set_state(task_id, "succeeded")
     headers, body, query = _kie_delivery(simulator, task_id, job_id, "success")
-    assert handle_webhook(rt, "kie", headers, body, query)[0] == 200
+    # the request thread only confirms and enqueues: the media work is a worker's poll
+    assert handle_webhook(rt, "kie", headers, body, query) == (202, {"status": "enqueued"})
+    assert _job(db, job_id).status == "processing"
+    drain(rt, q)
     assert _job(db, job_id).status == "completed"
 
 

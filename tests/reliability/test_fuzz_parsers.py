@@ -213,7 +213,7 @@ NOT_PARSERS = {
     "elevenlabs.form_parts", "elevenlabs.async_operation", "elevenlabs.build_create",
     "elevenlabs.audio_url", "elevenlabs.build_sync", "elevenlabs.async_client",
     "elevenlabs.sync_client", "fal.app_path", "fal.queue_client", "http.json_or_none",
-    "http.header", "kie.classify", "kie.market_body", "kie.top_level_body", "kie.modelless_body",
+    "http.header", "http.load_bounded", "kie.classify", "kie.market_body", "kie.top_level_body", "kie.modelless_body",
     "kie.market_client", "kie.veo_client", "kie.suno_client", "kie.kontext_client",
     "kie.luma_client", "kie.runway_client", "kie.llm_client", "replicate.build_create",
     "replicate.prediction_client", "replicate.training_client",
