@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,21 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import api, lifecycle, media
 from reconcile.db.models import CreditAnomaly, Job, WebhookDelivery
 from reconcile.errors import MediaFetchFailed
+from reconcile.kinds import Kind, register_kind
+from reconcile.providers.base import (
+    Created,
+    CreateRequest,
+    ListedTask,
+    Output,
+    PollResult,
+    PollStatus,
+)
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook
 from tests.integration.harness import drain
 from tests.integration.test_sweep import FOREVER, INSTANT, World
+from tests.unit.test_media_ssrf import RawServer
 
 ATTACKER = "attacker-fal-account"
 
@@ -140,8 +151,6 @@ def test_replicate_evidence_binds_through_the_signed_webhook_field(
     # the prediction the "lost" create made upstream, made here directly
     simulator.script(str(mine), Script(timeline=FOREVER))
     client = w.rt.client(w.rt.kind("replicate-prediction"))  # type: ignore[arg-type]
-    from reconcile.providers.base import CreateRequest
-
     task = client.create(CreateRequest(model="acme/upscaler:v1", input={"prompt": "cat"},  # type: ignore[union-attr]
                                        job_id=str(mine),
                                        webhook_url=w.rt.webhook_url("replicate", mine)))
@@ -370,3 +379,56 @@ def test_signed_webhook_nested_600_deep_is_a_400_not_a_recursion_error(
                                             "msg_deep", sim_signing.now_seconds())
     status, answer = handle_webhook(w.rt, "replicate", headers, body, {})
     assert status == 400, answer
+
+
+# ----------------------------------------------------------------------------- §1 per-URL auth
+
+
+class KeyedClient:
+    """A client whose outputs live on another host than its API, like an ElevenLabs dubbing."""
+
+    name = "security-keyed"
+    api = "https://api.keyed.example"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def create(self, request: CreateRequest) -> Created:
+        return Created(f"keyed-{request.job_id}")
+
+    def poll(self, task_id: str, *, model: str | None = None) -> PollResult:
+        return PollResult(status=PollStatus.SUCCEEDED, raw_status="succeeded",
+                          outputs=(Output(url=self.url),))
+
+    def cancel(self, task_id: str, *, model: str | None = None) -> bool:
+        return False
+
+    def find_created(self, job_id: str, created_after: datetime) -> ListedTask | None:
+        return None
+
+    def media_headers(self, url: str | None = None) -> dict[str, str]:
+        if url is not None and not url.startswith(self.api + "/"):
+            return {}
+        return {"X-Api-Key": "provider-secret"}
+
+
+def test_media_headers_are_asked_per_url_so_the_key_stays_on_its_host(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """The lifecycle passes each output URL to ``media_headers``: a client's key is never sent
+    to an output host that is not its own API."""
+    server = RawServer()
+    client = KeyedClient(f"http://127.0.0.1:{server.port}/out.bin")
+    name = f"security-keyed-{uuid.uuid4().hex[:6]}"
+    register_kind(Kind(name, False, timedelta(minutes=10), timedelta(seconds=5),
+                       timedelta(hours=1), "test", client="", factory=lambda s, h: client))
+    try:
+        # (the bare entry is how the old allow-list spelled every port)
+        w = World(db, simulator, tmp_path, media_allowed_hosts=["127.0.0.1:*", "127.0.0.1"])
+        job_id = w.submit(name, model="m")
+        assert lifecycle.create_step(w.rt, job_id).action == "accepted"
+        drain(w.rt, w.q)
+        assert w.job(job_id).status == "completed"
+        assert len(server.requests) == 1
+        assert b"provider-secret" not in server.requests[0]
+    finally:
+        server.close()
