@@ -32,10 +32,8 @@ an ElevenLabs speech-to-text delivery planted only in the query) is shown to the
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from .db.models import WebhookDelivery
 from .kinds import Kind
@@ -44,7 +42,7 @@ from .settings import Settings
 
 @dataclass(frozen=True)
 class Binding:
-    """One provider's row of the table above (the text the README and ``show`` print)."""
+    """One provider's row of the table above (the README carries the same table)."""
 
     signed_field: str | None
     confirming_read: str | None
@@ -58,46 +56,29 @@ BINDINGS: dict[str, Binding] = {
                           "GET dubbing echoes `name` (speech-to-text: none)"),
     "fal": Binding("signed X-Fal-Webhook-User-Id == RECONCILE_FAL_WEBHOOK_USER_ID", None),
 }
-DUBBING_NAME_PREFIX = "reconcile-job:"
 
 
 def family(kind_name: str | None) -> str:
     return (kind_name or "").split("-", 1)[0]
 
 
-def _query_job_id(url: Any) -> str | None:
-    if not isinstance(url, str):
-        return None
-    try:
-        values = parse_qs(urlsplit(url).query).get("job_id")
-    except ValueError:
-        return None
-    return values[0] if values else None
-
-
 def _elevenlabs_job_id(payload: dict[str, Any]) -> str | None:
+    """The job id in the signed body only (never the unsigned query)."""
+    from .webhooks import _dubbing_name_job_id, _metadata_job_id
+
     inner = payload.get("data")
     if not isinstance(inner, dict):
         return None
-    metadata = inner.get("webhook_metadata")
-    if isinstance(metadata, str):
-        try:
-            metadata = json.loads(metadata)
-        except (ValueError, RecursionError):
-            metadata = None
-    if isinstance(metadata, dict) and isinstance(metadata.get("job_id"), str):
-        return str(metadata["job_id"])
-    name = inner.get("name")
-    if isinstance(name, str) and name.startswith(DUBBING_NAME_PREFIX):
-        return name[len(DUBBING_NAME_PREFIX):] or None
-    return None
+    return _metadata_job_id(inner.get("webhook_metadata")) or _dubbing_name_job_id(inner.get("name"))
 
 
 def signed_job_id(row: WebhookDelivery, settings: Settings) -> str | None:
     """The job id the provider's signature ties this stored delivery to, or None."""
     payload = row.payload if isinstance(row.payload, dict) else {}
     if row.provider == "replicate":
-        return _query_job_id(payload.get("webhook"))
+        from .providers.replicate import planted_job_id
+
+        return planted_job_id(payload.get("webhook"))
     if row.provider == "elevenlabs":
         return _elevenlabs_job_id(payload)
     if row.provider == "fal" and settings.fal_webhook_user_id and row.job_id is not None:

@@ -33,7 +33,6 @@ class Settings(BaseSettings):
     media_max_bytes: int = 512 * 1024 * 1024
     media_timeout: float = 120.0  # the whole exchange of one output fetch, redirects included
     max_outputs_per_job: int = 64  # more fails the job UPSTREAM_OUTPUT_LIMIT (refunded)
-    provider_max_body_bytes: int = 32 * 1024 * 1024  # any provider status/result/listing body
     webhook_max_body_bytes: int = 1024 * 1024  # refused with 413 before parsing
     max_input_bytes: int = 1024 * 1024  # a job's input, as compact JSON
     max_job_type_length: int = 200

@@ -25,7 +25,7 @@ import urllib3
 from ..errors import ReadFailed
 
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
-MAX_BODY_BYTES = 32 * 1024 * 1024  # no status, result or listing body is anywhere near this
+MAX_BODY_BYTES = 64 * 1024 * 1024  # no status/result/listing body (nor sync TTS audio) nears it
 _CHUNK = 64 * 1024
 
 

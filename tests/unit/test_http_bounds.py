@@ -28,13 +28,13 @@ def _chunked(total: int, piece: int = 1 << 20) -> list[tuple[bytes, float]]:
 
 @pytest.fixture
 def big() -> Iterator[RawServer]:
-    server = RawServer(_chunked(40 << 20))  # 40 MiB of chunked whitespace: over the 32 MiB cap
+    server = RawServer(_chunked(70 << 20))  # 70 MiB of chunked whitespace: over the 64 MiB cap
     yield server
     server.close()
 
 
 def test_a_status_body_over_the_cap_is_a_read_failure_not_a_worker_oom(big: RawServer) -> None:
-    """A status read whose body never ends (here: 40 MiB, over the cap) fails, without retrying
+    """A status read whose body never ends (here: 70 MiB, over the cap) fails, without retrying
     a body that will be just as large again."""
     client = HttpClient(f"http://127.0.0.1:{big.port}", read_retries=2, sleep=lambda _: None)
     with pytest.raises(ReadFailed, match="exceeds"):
