@@ -104,6 +104,8 @@ class SimSecrets:
             "RECONCILE_KIE_WEBHOOK_HMAC_KEY": self.kie_webhook_hmac_key,
             "RECONCILE_REPLICATE_WEBHOOK_SECRET": self.replicate_webhook_secret,
             "RECONCILE_ELEVENLABS_WEBHOOK_SECRET": self.elevenlabs_webhook_secret,
+            # fal signs every account with one JWKS: bind its deliveries to the simulated account
+            "RECONCILE_FAL_WEBHOOK_USER_ID": self.fal_user_id,
         }
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import api, lifecycle, media
 from reconcile.db.models import CreditAnomaly, Job, WebhookDelivery
 from reconcile.errors import MediaFetchFailed
-from reconcile.kinds import Kind, register_kind
+from reconcile.kinds import Kind, register_kind, unregister_kind
 from reconcile.providers.base import (
     Created,
     CreateRequest,
@@ -111,12 +111,12 @@ def test_fal_delivery_signed_for_another_account_is_refused(
 def test_fal_delivery_naming_a_replicate_task_never_reads_replicate(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Provider checked at ingestion: a fal-signed delivery whose request id is a running
+    """Provider checked at ingestion: a fal delivery (our own account) whose request id is a running
     Replicate job's prediction id is stored, and makes no Replicate read."""
     w = World(db, simulator, tmp_path)
     job_id = w.accept("replicate-prediction", Script(timeline=FOREVER))
     polls = _record_polls(w, "replicate-prediction", monkeypatch)
-    headers, body = _fal_delivery(simulator, w.task_id(job_id), ATTACKER)
+    headers, body = _fal_delivery(simulator, w.task_id(job_id), simulator.secrets.fal_user_id)
     assert handle_webhook(w.rt, "fal", headers, body, {"job_id": str(job_id)}) \
         == (202, {"status": "stored"})
     assert polls == [] and w.job(job_id).status == "processing"
@@ -431,4 +431,5 @@ def test_media_headers_are_asked_per_url_so_the_key_stays_on_its_host(
         assert len(server.requests) == 1
         assert b"provider-secret" not in server.requests[0]
     finally:
+        unregister_kind(name)
         server.close()
