@@ -6,7 +6,7 @@ What the fetch guarantees, hop by hop (redirects are followed by hand):
 * the URL is parsed the way the connection parses it: it is first normalised by ``requests``
   (the code that connects), and refused when ``urllib3`` and ``urllib.parse`` then disagree on
   its host or port, or when it holds a character they are known to read differently (``\\``,
-  whitespace, control characters) — so ``http://127.0.0.1:P\\@cdn.example/`` is refused;
+  control characters) — so ``http://127.0.0.1:P\\@cdn.example/`` is refused;
 * only http/https; the host must resolve to public addresses only, unless the operator
   allow-listed it (``host:port`` for one port, ``host:*`` for every port, a bare ``host`` for the
   scheme's default port only);
@@ -54,10 +54,11 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _SITE_LOCAL = ipaddress.ip_network("fec0::/10")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 # Characters urllib.parse and urllib3 split a URL differently on (urllib3 ends the authority
-# at a backslash), plus whitespace and controls that some parsers strip: refused outright.
+# at a backslash), plus controls that urllib.parse silently strips (tab, CR, LF): refused
+# outright. A plain space is left to the normalisation (quoted in a path, refused in a host).
 _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _HOSTNAME = re.compile(rf"(?:{_LABEL}\.)*{_LABEL}")  # after IDNA: letters, digits, -, _
-_DISAGREEING = re.compile(r"[\\\s\x00-\x1f\x7f]")
+_DISAGREEING = re.compile(r"[\\\x00-\x1f\x7f]")
 CHUNK = 64 * 1024
 
 
@@ -120,7 +121,7 @@ def parse_media_url(url: str) -> tuple[str, str, str, int]:
     """
     if not isinstance(url, str) or _DISAGREEING.search(url):
         raise UnsafeMediaURL(
-            "media URL holds a backslash, whitespace or control character: "
+            "media URL holds a backslash or a control character: "
             f"{str(url)[:200]!r}")
     try:
         prepared = requests.Request("GET", url).prepare().url or ""
