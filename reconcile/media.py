@@ -355,7 +355,8 @@ def _get(http: requests.Session, url: str, headers: dict[str, str], deadline: fl
     try:
         response = http.get(
             url,
-            headers={"Accept-Encoding": "identity", **headers},
+            # Connection: close — every hop opens its own (pinned, watched) connection
+            headers={"Accept-Encoding": "identity", **headers, "Connection": "close"},
             stream=True,
             allow_redirects=False,  # each hop is re-checked by check_url
             timeout=_remaining(deadline),
