@@ -41,7 +41,13 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from .db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
-from .errors import BadUsageMetadata, InsufficientCredits, InvalidParam, LedgerError, LegacyRefundRefused
+from .errors import (
+    BadUsageMetadata,
+    InsufficientCredits,
+    InvalidParam,
+    LedgerError,
+    LegacyRefundRefused,
+)
 
 if TYPE_CHECKING:
     from .audit import Discrepancy
