@@ -33,7 +33,7 @@ adoption without a USAGE row are outside the per-job classes until imported.
 **The in-flight horizon.** A job still ``pending``/``processing`` must be failed by the time its
 kind allows (DESIGN §6): a sync kind at its threshold; an async kind once its attempts are spent,
 ``max(start + threshold, last attempt) + (MAX_ATTEMPTS − attempts) × 5 min`` (all scaled by
-``TIME_SCALE``), plus the grace and one sweep interval of slack. An ``uncertain`` job (held on
+``TIME_SCALE``; attempts beyond the maximum move it back), plus the grace and one sweep interval of slack. An ``uncertain`` job (held on
 purpose), an observe-only kind and a kind this process does not know are excepted.
 
 **Incremental mode** (``since``): the users touched since the watermark (a transaction, a usage
@@ -466,8 +466,8 @@ def _past_horizon(a: _Audit, row: Any) -> str | None:
             last = row.poll_lease_expires_at  # adopted or resumed: attempts start over
         if last is not None:
             base = max(base, last)
-        left = max(0, MAX_ATTEMPTS - (row.reconcile_attempts or 0))
-        deadline = base + scaled(ATTEMPT_SPACING) * left
+        # attempts beyond MAX_ATTEMPTS (hole 2: 39 of 18) move the deadline back, not forward
+        deadline = base + scaled(ATTEMPT_SPACING) * (MAX_ATTEMPTS - (row.reconcile_attempts or 0))
     slack = a.grace + scaled(timedelta(seconds=a.settings.sweep_interval))
     if a.now <= deadline + slack:
         return None
