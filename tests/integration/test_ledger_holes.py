@@ -9,7 +9,14 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits
-from reconcile.db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
+from reconcile.db.models import (
+    CreditAnomaly,
+    CreditBalance,
+    CreditLot,
+    CreditTransaction,
+    Job,
+    UsageLog,
+)
 from reconcile.errors import BadUsageMetadata, LegacyRefundRefused
 
 
