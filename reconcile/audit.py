@@ -47,23 +47,41 @@ the watermark is invisible to it. Run it often; run the full audit as the proof.
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    Subquery,
+    Text,
+    and_,
+    case,
+    cast,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    union,
+)
 from sqlalchemy.orm import Session
 
 from .db.models import CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
 from .kinds import get_kind
 from .settings import Settings
-from .states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS, Submission
+from .states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS, TERMINAL, Submission
 
-POOLS = ("sub", "topup")
-CHUNK = 1000  # ids per IN (…) list in the incremental mode
-STREAM = 20_000  # rows per fetch in the full mode
+# Every check is one SQL statement that returns only the rows in breach (PostgreSQL and SQLite):
+# the ledger is aggregated where it lives, so the full audit costs a few scans, not a Python loop
+# over every row.
+
+T = CreditTransaction.__table__
+L = CreditLot.__table__
+B = CreditBalance.__table__
+U = UsageLog.__table__
+J = Job.__table__
 
 
 @dataclass(frozen=True)
@@ -74,64 +92,13 @@ class Discrepancy:
     detail: str
 
 
-class _Pools:
-    """A mutable (sub, topup) pair."""
-
-    __slots__ = ("sub", "topup")
-
-    def __init__(self, sub: int = 0, topup: int = 0) -> None:
-        self.sub, self.topup = sub, topup
-
-    def add(self, sub: int, topup: int) -> None:
-        self.sub += sub
-        self.topup += topup
-
-    @property
-    def total(self) -> int:
-        return self.sub + self.topup
-
-    def pair(self) -> tuple[int, int]:
-        return self.sub, self.topup
-
-
-# the job-level classes of a transaction (by its exact id)
-_USAGE, _R_USAGE, _COMMIT, _R_COMMIT, _RELEASE, _REFUND, _LEGACY = (
-    "usage", "r_usage", "commit", "r_commit", "release", "refund", "legacy")
-
-
-def _classify(txn_id: str, type_: str, job_id: uuid.UUID) -> str | None:
-    exact = {
-        f"job-usage:{job_id}": ("USAGE", _USAGE),
-        f"job-commit:{job_id}": ("COMMIT", _COMMIT),
-        f"job-release:{job_id}": ("RELEASE", _RELEASE),
-        f"job-refund:{job_id}": ("REFUND", _REFUND),
-        f"job-recharge:{job_id}:usage": ("USAGE", _R_USAGE),
-        f"job-recharge:{job_id}:commit": ("COMMIT", _R_COMMIT),
-    }.get(txn_id)
-    if exact is not None:
-        return exact[1] if exact[0] == type_ else None
-    if type_ == "REFUND":
-        return _LEGACY  # the ledger's rule: any other id (prefixed or not) is a legacy refund
-    return None
-
-
-@dataclass
-class _JobFacts:
-    user_id: uuid.UUID
-    parts: dict[str, _Pools] = field(default_factory=dict)
-
-    def get(self, cls: str) -> _Pools:
-        return self.parts.get(cls) or _Pools()
-
-
-@dataclass
-class _UserFacts:
-    flows: dict[str, _Pools] = field(default_factory=lambda: defaultdict(_Pools))
-    remaining: _Pools = field(default_factory=_Pools)
-    consumed: _Pools = field(default_factory=_Pools)
-    has_lots: bool = False
-    held: int = 0
-    balance: int | None = None  # the balance row's sub + topup (None: no row)
+def run(session: Session, *, now: datetime, grace: timedelta = timedelta(minutes=10),
+        settings: Settings | None = None, since: datetime | None = None) -> list[Discrepancy]:
+    """The full audit, or with ``since`` the incremental one (see the module docstring)."""
+    a = _Audit(session, now, grace, settings or Settings.model_construct(), since)
+    for check in (_transactions, _lots, _users, _jobs, _in_flight):
+        check(a)
+    return a.found
 
 
 @dataclass
@@ -140,313 +107,341 @@ class _Audit:
     now: datetime
     grace: timedelta
     settings: Settings
-    users: set[uuid.UUID] | None  # None: every user (the full audit)
-    found: list[Discrepancy] = field(default_factory=list)
-    per_user: dict[uuid.UUID, _UserFacts] = field(default_factory=lambda: defaultdict(_UserFacts))
-    jobs: dict[uuid.UUID, _JobFacts] = field(default_factory=dict)
-    # lot source id → (txn type, pool, amount) a GRANT/RELEASE/REFUND promises
-    expected_lots: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    since: datetime | None
 
-    def report(self, kind: str, user_id: uuid.UUID | None, job_id: uuid.UUID | None,
-               detail: str) -> None:
+    def __post_init__(self) -> None:
+        self.found: list[Discrepancy] = []
+        self.sqlite = self.session.get_bind().dialect.name == "sqlite"
+
+    def report(self, kind: str, user_id: Any, job_id: Any, detail: str) -> None:
         self.found.append(Discrepancy(kind, user_id, job_id, detail))
 
-    def rows(self, stmt: Select[Any], column: Any) -> Iterator[Any]:
-        """``stmt`` for every user (streamed) or for the audited users only (chunked)."""
-        if self.users is None:
-            yield from self.session.execute(stmt.execution_options(yield_per=STREAM))
-            return
-        ids = sorted(self.users)
-        for i in range(0, len(ids), CHUNK):
-            yield from self.session.execute(stmt.where(column.in_(ids[i:i + CHUNK])))
+    def scoped(self, stmt: Select[Any], user_col: Any) -> Select[Any]:
+        """``stmt`` limited to the touched users in the incremental mode."""
+        if self.since is None:
+            return stmt
+        return stmt.where(user_col.in_(touched_users_query(self.since)))
+
+    def job_text(self, col: Any) -> ColumnElement[str]:
+        """A job id as the text inside a deterministic transaction id (``8-4-4-4-12``)."""
+        if not self.sqlite:
+            return cast(col, Text)
+        h = func.lower(col)  # SQLite stores a Uuid as 32 hex characters
+        parts = [func.substr(h, 1, 8), func.substr(h, 9, 4), func.substr(h, 13, 4),
+                 func.substr(h, 17, 4), func.substr(h, 21, 12)]
+        out: Any = parts[0]
+        for part in parts[1:]:
+            out = out + "-" + part
+        return out  # type: ignore[no-any-return]
 
 
-def run(session: Session, *, now: datetime, grace: timedelta = timedelta(minutes=10),
-        settings: Settings | None = None, since: datetime | None = None) -> list[Discrepancy]:
-    """The full audit, or with ``since`` the incremental one (see the module docstring)."""
-    settings = settings or Settings.model_construct()
-    users = None if since is None else touched_users(session, since)
-    a = _Audit(session, now, grace, settings, users)
-    _transactions(a)
-    _lots(a)
-    _balances(a)
-    _jobs(a)
-    return a.found
+def touched_users_query(since: datetime) -> Any:
+    """Users with a transaction, usage log or balance change since ``since``, a job finished
+    since then, a job in flight, or a reservation held."""
+    return union(
+        select(T.c.user_id).where(T.c.created_at >= since),
+        select(B.c.user_id).where(B.c.updated_at >= since),
+        select(U.c.user_id).where(or_(U.c.created_at >= since, U.c.status == "reserved")),
+        select(J.c.user_id).where(or_(J.c.completed_at >= since, J.c.status.in_(IN_FLIGHT))),
+    )
 
 
 def touched_users(session: Session, since: datetime) -> set[uuid.UUID]:
-    """Users with a transaction, usage log or balance change since ``since``, a job finished
-    since then, a job in flight, or a reservation held."""
-    queries: Iterable[Select[Any]] = (
-        select(CreditTransaction.user_id).where(CreditTransaction.created_at >= since).distinct(),
-        select(CreditBalance.user_id).where(CreditBalance.updated_at >= since),
-        select(UsageLog.user_id).where(or_(UsageLog.created_at >= since,
-                                           UsageLog.status == "reserved")).distinct(),
-        select(Job.user_id).where(or_(Job.completed_at >= since,
-                                      Job.status.in_(IN_FLIGHT))).distinct(),
-    )
-    users: set[uuid.UUID] = set()
-    for stmt in queries:
-        users.update(session.execute(stmt).scalars())
-    return users
+    return set(session.execute(select(touched_users_query(since).subquery().c.user_id)).scalars())
+
+
+def _sum(cond: Any, col: Any) -> Any:
+    return func.coalesce(func.sum(case((cond, col), else_=0)), 0)
+
+
+def _count(cond: Any) -> Any:
+    return func.coalesce(func.sum(case((cond, 1), else_=0)), 0)
 
 
 # ----------------------------------------------------------------------------- transactions
 
 
 def _transactions(a: _Audit) -> None:
-    t = CreditTransaction
-    stmt = select(t.id, t.user_id, t.job_id, t.type, t.amount, t.from_sub, t.from_topup)
-    orphans: list[tuple[str, uuid.UUID, uuid.UUID | None, str]] = []
-    for txn_id, user_id, job_id, type_, amount, f_sub, f_topup in a.rows(stmt, t.user_id):
-        if amount != f_sub + f_topup or f_sub < 0 or f_topup < 0:
-            a.report("txn_split_mismatch", user_id, job_id,
-                     f"{txn_id}: amount {amount} != sub {f_sub} + topup {f_topup}")
-        a.per_user[user_id].flows[type_].add(f_sub, f_topup)
-        _expect_lots(a, txn_id, type_, f_sub, f_topup)
-        if job_id is None:
-            if type_ != "GRANT":
-                orphans.append((txn_id, user_id, job_id, type_))
-            continue
-        cls = _classify(txn_id, type_, job_id)
-        if cls is None:
-            a.report("txn_id_mismatch", user_id, job_id, f"{txn_id} is a {type_} for job {job_id}")
-            continue
-        facts = a.jobs.get(job_id)
-        if facts is None:
-            facts = a.jobs[job_id] = _JobFacts(user_id)
-        facts.parts.setdefault(cls, _Pools()).add(f_sub, f_topup)
-    for txn_id, user_id, job_id, type_ in orphans:
-        a.report(_orphan_kind(type_), user_id, job_id, f"{txn_id} names no job")
-    for job_id, facts in list(a.jobs.items()):
-        if _USAGE not in facts.parts:
-            for cls in facts.parts:
-                a.report(_orphan_kind("REFUND" if cls in (_REFUND, _LEGACY) else "COMMIT"),
-                         facts.user_id, job_id, f"{cls} for a job with no USAGE row")
-            del a.jobs[job_id]
+    bad_split = or_(T.c.amount != T.c.from_sub + T.c.from_topup, T.c.from_sub < 0, T.c.from_topup < 0)
+    stmt = a.scoped(select(T.c.id, T.c.user_id, T.c.job_id, T.c.amount, T.c.from_sub, T.c.from_topup)
+                    .where(bad_split), T.c.user_id)
+    for row in a.session.execute(stmt):
+        a.report("txn_split_mismatch", row.user_id, row.job_id,
+                 f"{row.id}: amount {row.amount} != sub {row.from_sub} + topup {row.from_topup}")
+    stmt = a.scoped(select(T.c.id, T.c.user_id, T.c.type)
+                    .where(T.c.job_id.is_(None), T.c.type != "GRANT"), T.c.user_id)
+    for row in a.session.execute(stmt):
+        a.report(_orphan_kind(row.type), row.user_id, None, f"{row.id} names no job")
 
 
 def _orphan_kind(type_: str) -> str:
     return "refund_without_reservation" if type_ == "REFUND" else "settlement_without_reservation"
 
 
-def _expect_lots(a: _Audit, txn_id: str, type_: str, f_sub: int, f_topup: int) -> None:
-    if type_ == "GRANT":
-        if f_sub or f_topup:
-            pool = "sub" if f_sub else "topup"
-            a.expected_lots[txn_id] = (type_, pool, f_sub + f_topup)
-    elif type_ in ("RELEASE", "REFUND"):
-        for pool, part in zip(POOLS, (f_sub, f_topup), strict=True):
-            if part > 0:
-                a.expected_lots[f"{txn_id}:{pool}"] = (type_, pool, part)
+# ----------------------------------------------------------------------------- lots
 
 
-# ----------------------------------------------------------------------------- lots & balances
+def _lot_txn_id(a: _Audit) -> Any:
+    """The transaction a lot came from: its source id, less ``:{pool}`` unless a GRANT's."""
+    trimmed = func.substr(L.c.source_txn_id, 1,
+                          func.length(L.c.source_txn_id) - func.length(L.c.pool) - 1)
+    return case((L.c.kind == "GRANT", L.c.source_txn_id), else_=trimmed)
 
 
 def _lots(a: _Audit) -> None:
-    lot = CreditLot
-    stmt = select(lot.id, lot.user_id, lot.pool, lot.kind, lot.source_txn_id, lot.amount,
-                  lot.remaining_amount)
-    for lot_id, user_id, pool, kind, source, amount, remaining in a.rows(stmt, lot.user_id):
-        facts = a.per_user[user_id]
-        facts.has_lots = True
-        if pool not in POOLS:
-            a.report("lot_out_of_range", user_id, None, f"lot {lot_id}: pool {pool!r}")
-            continue
-        as_pair = (lambda n: (n, 0)) if pool == "sub" else (lambda n: (0, n))
-        facts.remaining.add(*as_pair(remaining))
-        facts.consumed.add(*as_pair(amount - remaining))
-        if remaining < 0:
-            a.report("negative_lot", user_id, None, f"lot {lot_id}: {remaining}/{amount}")
-        elif remaining > amount or amount <= 0:
-            a.report("lot_out_of_range", user_id, None, f"lot {lot_id}: {remaining}/{amount}")
-        want = a.expected_lots.pop(source, None)
-        if want is None:
-            a.report("lot_without_txn", user_id, None, f"lot {lot_id} ({kind}) from {source}")
-        elif want != (kind, pool, amount):
-            a.report(f"{want[0].lower()}_lot_mismatch", user_id, None,
-                     f"{source}: the transaction gives {want[2]} to {want[1]}, lot {lot_id} "
-                     f"got {amount} in {pool} ({kind})")
-    for source, (type_, pool, amount) in a.expected_lots.items():
-        a.report(f"{type_.lower()}_lot_mismatch", None, None,
-                 f"{source}: the transaction gives {amount} to {pool}, no lot got it")
+    part = case((L.c.pool == "sub", T.c.from_sub), else_=T.c.from_topup)
+    expected_source = case((T.c.type == "GRANT", T.c.id), else_=T.c.id + ":" + L.c.pool)
+    joined = L.outerjoin(T, T.c.id == _lot_txn_id(a))
+    wrong = or_(T.c.id.is_(None), T.c.type != L.c.kind, part != L.c.amount,
+                expected_source != L.c.source_txn_id,
+                and_(T.c.type == "GRANT", T.c.amount != L.c.amount))
+    stmt = a.scoped(select(L.c.id, L.c.user_id, L.c.pool, L.c.kind, L.c.source_txn_id, L.c.amount,
+                           L.c.remaining_amount, T.c.id.label("txn"), T.c.type, part.label("part"))
+                    .select_from(joined)
+                    .where(or_(L.c.remaining_amount < 0, L.c.remaining_amount > L.c.amount,
+                               L.c.amount <= 0, L.c.pool.not_in(("sub", "topup")), wrong)),
+                    L.c.user_id)
+    for r in a.session.execute(stmt):
+        where = f"lot {r.id} ({r.kind} {r.pool} {r.remaining_amount}/{r.amount})"
+        if r.remaining_amount < 0:
+            a.report("negative_lot", r.user_id, None, where)
+        elif r.remaining_amount > r.amount or r.amount <= 0 or r.pool not in ("sub", "topup"):
+            a.report("lot_out_of_range", r.user_id, None, where)
+        if r.txn is None:
+            a.report("lot_without_txn", r.user_id, None, f"{where} from {r.source_txn_id}")
+        elif r.type != r.kind or r.part != r.amount:
+            a.report(f"{r.type.lower()}_lot_mismatch", r.user_id, None,
+                     f"{r.txn}: the transaction gives {r.part} to {r.pool}, {where} got {r.amount}")
+    _missing_lots(a)
 
 
-def _balances(a: _Audit) -> None:
-    b = CreditBalance
-    seen: set[uuid.UUID] = set()
-    for user_id, sub, topup in a.rows(select(b.user_id, b.sub, b.topup), b.user_id):
-        seen.add(user_id)
-        facts = a.per_user[user_id]
-        facts.balance = sub + topup
-        for pool, have, in_lots in (("sub", sub, facts.remaining.sub),
-                                    ("topup", topup, facts.remaining.topup)):
-            if have != in_lots:
-                a.report("balance_mismatch", user_id, None, f"{pool}: balance {have} != lots {in_lots}")
-            if have < 0:
-                a.report("negative_balance", user_id, None, f"{pool}: {have}")
-    for user_id, facts in a.per_user.items():
-        if user_id not in seen and (facts.has_lots or facts.flows):
-            a.report("balance_missing", user_id, None,
-                     f"no balance row; lots hold {facts.remaining.pair()}")
-        usage = facts.flows.get("USAGE") or _Pools()
-        for pool in POOLS:
-            consumed, used = getattr(facts.consumed, pool), getattr(usage, pool)
-            if consumed != used:
-                a.report("lot_consumption_mismatch", user_id, None,
-                         f"{pool}: lots gave up {consumed}, USAGE took {used}")
+def _missing_lots(a: _Audit) -> None:
+    """GRANT/RELEASE/REFUND transactions whose promised lot does not exist."""
+    for pool, part in (("sub", T.c.from_sub), ("topup", T.c.from_topup)):
+        source = case((T.c.type == "GRANT", T.c.id), else_=T.c.id + ":" + pool)
+        joined = T.outerjoin(L, L.c.source_txn_id == source)
+        stmt = a.scoped(select(T.c.id, T.c.user_id, T.c.job_id, T.c.type, part.label("part"))
+                        .select_from(joined)
+                        .where(T.c.type.in_(("GRANT", "RELEASE", "REFUND")), part > 0,
+                               L.c.id.is_(None)), T.c.user_id)
+        for r in a.session.execute(stmt):
+            a.report(f"{r.type.lower()}_lot_mismatch", r.user_id, r.job_id,
+                     f"{r.id}: the transaction gives {r.part} to {pool}, no lot got it")
 
 
 # ----------------------------------------------------------------------------- jobs
 
 
-@dataclass
-class _Log:
-    status: str
-    credits: int
-    reserved: int = 0
-    count: int = 0
+_CLASSES = ("usage", "r_usage", "commit", "r_commit", "release", "refund", "legacy")
 
 
-def _logs(a: _Audit) -> dict[uuid.UUID, _Log]:
-    logs: dict[uuid.UUID, _Log] = {}
-    u = UsageLog
-    stmt = select(u.job_id, u.status, u.credits).order_by(u.created_at, u.id)
-    ids = sorted(a.jobs)
-    chunks = ([stmt.where(u.job_id.is_not(None)).execution_options(yield_per=STREAM)]
-              if a.users is None else
-              [stmt.where(u.job_id.in_(ids[i:i + CHUNK])) for i in range(0, len(ids), CHUNK)])
-    for chunk in chunks:
-        for job_id, status, credits_ in a.session.execute(chunk):
-            if job_id not in a.jobs:
-                continue
-            log = logs.get(job_id)
-            if log is None:
-                log = logs[job_id] = _Log(status, credits_)  # the first, as the ledger reads it
-            log.count += 1
-            log.reserved += status == "reserved"
-    return logs
+def _job_classes(a: _Audit) -> dict[str, Any]:
+    """Each job-level transaction class as a condition on its exact id (the ledger's rules)."""
+    jid = a.job_text(T.c.job_id)
+
+    def exact(prefix: str, type_: str, suffix: str = "") -> Any:
+        target = literal(prefix) + jid + suffix if suffix else literal(prefix) + jid
+        return and_(T.c.id == target, T.c.type == type_)
+
+    return {
+        "usage": exact("job-usage:", "USAGE"),
+        "r_usage": exact("job-recharge:", "USAGE", ":usage"),
+        "commit": exact("job-commit:", "COMMIT"),
+        "r_commit": exact("job-recharge:", "COMMIT", ":commit"),
+        "release": exact("job-release:", "RELEASE"),
+        "refund": exact("job-refund:", "REFUND"),
+        # any other REFUND id, prefixed or not: credits.legacy_refunded counts the same rows
+        "legacy": and_(T.c.type == "REFUND", T.c.id != literal("job-refund:") + jid),
+    }
 
 
-def _job_rows(a: _Audit) -> dict[uuid.UUID, Any]:
-    j = Job
-    cols = (j.id, j.status, j.credits_actual, j.submission_state, j.provider_kind,
-            j.provider_call_started_at, j.started_at, j.created_at, j.completed_at,
-            j.reconcile_attempts, j.reconcile_last_attempt_at, j.poll_lease_expires_at)
-    ids = sorted(a.jobs)
-    rows: dict[uuid.UUID, Any] = {}
-    if a.users is None:
-        for row in a.session.execute(select(*cols).execution_options(yield_per=STREAM)):
-            if row.id in a.jobs:
-                rows[row.id] = row
-        return rows
-    for i in range(0, len(ids), CHUNK):
-        for row in a.session.execute(select(*cols).where(j.id.in_(ids[i:i + CHUNK]))):
-            rows[row.id] = row
-    return rows
+def _job_txns(a: _Audit) -> Subquery:
+    classes = _job_classes(a)
+    cols: list[Any] = [T.c.job_id, T.c.user_id]
+    for name, cond in classes.items():
+        cols += [_sum(cond, T.c.from_sub).label(f"{name}_s"),
+                 _sum(cond, T.c.from_topup).label(f"{name}_t"), _count(cond).label(f"n_{name}")]
+    cols.append(_count(~or_(*classes.values())).label("n_odd"))
+    stmt = select(*cols).where(T.c.job_id.is_not(None)).group_by(T.c.job_id, T.c.user_id)
+    return a.scoped(stmt, T.c.user_id).subquery("jt")
+
+
+def _job_logs(a: _Audit, jt: Subquery) -> Subquery:
+    stmt = (select(U.c.job_id, func.count().label("n_logs"),
+                   _count(U.c.status == "reserved").label("n_reserved"),
+                   _count(U.c.status == "committed").label("n_committed"),
+                   _count(U.c.status == "refunded").label("n_refunded"),
+                   func.min(U.c.credits).label("min_credits"),
+                   func.max(U.c.credits).label("max_credits"))
+            .group_by(U.c.job_id))
+    if a.since is not None:
+        stmt = stmt.where(U.c.job_id.in_(select(jt.c.job_id)))
+    return stmt.subquery("lg")
 
 
 def _jobs(a: _Audit) -> None:
-    logs = _logs(a)
-    rows = _job_rows(a)
-    for job_id, facts in a.jobs.items():
-        log = logs.get(job_id)
-        held = _job_identity(a, job_id, facts, log)
-        a.per_user[facts.user_id].held += held
-        row = rows.get(job_id)
-        if row is not None:
-            _job_row(a, job_id, facts, log, row)
-    for user_id, facts in a.per_user.items():
-        if a.users is not None and user_id not in a.users:
-            continue
-        granted = facts.flows["GRANT"].total if "GRANT" in facts.flows else 0
-        committed = facts.flows["COMMIT"].total if "COMMIT" in facts.flows else 0
-        balance = facts.balance if facts.balance is not None else facts.remaining.total
-        if granted != balance + facts.held + committed:
-            a.report("unbalanced", user_id, None,
-                     f"granted {granted} != balance {balance} + reserved {facts.held} + "
-                     f"committed {committed}")
+    jt = _job_txns(a)
+    lg = _job_logs(a, jt)
+    c = jt.c
+    status = case((lg.c.n_reserved > 0, "reserved"), (lg.c.n_committed > 0, "committed"),
+                  (lg.c.n_refunded > 0, "refunded"), else_=null())
+    reserved = lg.c.n_reserved > 0
+    held_s = case((reserved, c.usage_s - c.legacy_s), else_=0)
+    held_t = case((reserved, c.usage_t - c.legacy_t), else_=0)
+    lhs_s, lhs_t = c.usage_s + c.r_usage_s, c.usage_t + c.r_usage_t
+    rhs_s = c.commit_s + c.r_commit_s + c.release_s + c.refund_s + c.legacy_s + held_s
+    rhs_t = c.commit_t + c.r_commit_t + c.release_t + c.refund_t + c.legacy_t + held_t
+    usage, commit, legacy = c.usage_s + c.usage_t, c.commit_s + c.commit_t, c.legacy_s + c.legacy_t
+    cost = case((status == "committed", commit), else_=0) + c.r_commit_s + c.r_commit_t
+    unbalanced = lhs_s + lhs_t != rhs_s + rhs_t
+    known = c.n_usage > 0
+    checks: dict[str, Any] = {
+        "txn_id_mismatch": c.n_odd > 0,
+        "refund_without_reservation": and_(~known, c.n_refund + c.n_legacy > 0),
+        "settlement_without_reservation": and_(~known, c.n_commit + c.n_release + c.n_r_commit
+                                               + c.n_r_usage > 0),
+        "usage_log_missing": and_(known, lg.c.job_id.is_(None)),
+        "duplicate_reserved_log": and_(known, lg.c.n_reserved > 1),
+        "usage_amount_mismatch": and_(known, or_(lg.c.min_credits != usage,
+                                                 lg.c.max_credits != usage)),
+        "legacy_refund_exceeds_reservation": and_(known, reserved, or_(
+            c.usage_s < c.legacy_s, c.usage_t < c.legacy_t)),
+        "commit_exceeds_reservation": and_(known, unbalanced, commit > usage - legacy),
+        "job_unbalanced": and_(known, unbalanced, commit <= usage - legacy),
+        "pool_mismatch": and_(known, ~unbalanced, lhs_s != rhs_s),
+        "settled_twice": and_(known, c.n_commit > 0, c.n_refund > 0),
+        "reserved_but_settled": and_(known, reserved, c.n_commit + c.n_refund > 0),
+        "settlement_missing": and_(known, or_(and_(status == "committed", c.n_commit == 0),
+                                              and_(status == "refunded", c.n_refund == 0))),
+        "failed_job_committed": and_(known, J.c.status.in_(("failed", "cancelled")),
+                                     status == "committed"),
+        "completed_after_refund": and_(known, J.c.status == "completed", status == "refunded",
+                                       c.n_r_commit == 0),
+        "terminal_job_reserved": and_(known, J.c.status.in_(TERMINAL), reserved,
+                                      func.coalesce(J.c.completed_at, J.c.created_at)
+                                      < a.now - a.grace),
+        "credits_actual_mismatch": and_(known, J.c.credits_actual.is_not(None),
+                                        or_(reserved, J.c.credits_actual != cost)),
+    }
+    flags = [case((cond, 1), else_=0).label(kind) for kind, cond in checks.items()]
+    values = [status.label("log_status"), lhs_s.label("lhs_s"), lhs_t.label("lhs_t"),
+              rhs_s.label("rhs_s"), rhs_t.label("rhs_t"), lg.c.n_reserved, lg.c.min_credits,
+              lg.c.max_credits, usage.label("usage"), J.c.status.label("job_status"),
+              J.c.credits_actual, cost.label("cost")]
+    stmt = (select(c.job_id, c.user_id, *values, *flags)
+            .select_from(jt.outerjoin(lg, lg.c.job_id == c.job_id).outerjoin(J, J.c.id == c.job_id))
+            .where(or_(*checks.values())))
+    for r in a.session.execute(stmt):
+        m = r._mapping
+        for kind in checks:
+            if m[kind]:
+                a.report(kind, r.user_id, r.job_id, _job_detail(kind, r))
 
 
-def _job_identity(a: _Audit, job_id: uuid.UUID, facts: _JobFacts, log: _Log | None) -> int:
-    """The per-job, per-pool identity and the log's agreement; returns what is still held."""
-    user = facts.user_id
-    usage, legacy = facts.get(_USAGE), facts.get(_LEGACY)
-    status = log.status if log is not None else None
-    if log is None:
-        a.report("usage_log_missing", user, job_id, "a USAGE row and no usage log")
+def _job_detail(kind: str, r: Any) -> str:
+    pools = (f"USAGE {(r.lhs_s, r.lhs_t)} vs COMMIT + RELEASE + REFUND + legacy + held "
+             f"{(r.rhs_s, r.rhs_t)} (sub, topup)")
+    return {
+        "usage_amount_mismatch": f"USAGE {r.usage} != usage log credits {r.min_credits}..{r.max_credits}",
+        "duplicate_reserved_log": f"{r.n_reserved} reserved usage logs",
+        "credits_actual_mismatch": f"credits_actual {r.credits_actual} != ledger "
+                                   f"{'(still reserved)' if r.log_status == 'reserved' else r.cost}",
+        "failed_job_committed": f"job {r.job_status}, reservation committed",
+        "completed_after_refund": "job completed and its reservation refunded (keep the refund, "
+                                  "or re-charge: credits.recharge)",
+        "terminal_job_reserved": f"job {r.job_status} still holds a reserved usage log",
+        "reserved_but_settled": "usage log reserved, a settlement exists",
+        "settlement_missing": f"usage log {r.log_status} without its transaction",
+        "settled_twice": "both job-commit and job-refund exist",
+    }.get(kind, pools)
+
+
+# ----------------------------------------------------------------------------- users
+
+
+def _users(a: _Audit) -> None:
+    usage_like = T.c.type == "USAGE"
+    ut = a.scoped(select(
+        T.c.user_id,
+        _sum(T.c.type == "GRANT", T.c.amount).label("granted"),
+        _sum(T.c.type == "COMMIT", T.c.amount).label("committed"),
+        _sum(usage_like, T.c.from_sub).label("used_s"),
+        _sum(usage_like, T.c.from_topup).label("used_t"),
+    ).group_by(T.c.user_id), T.c.user_id).subquery("ut")
+    lt = a.scoped(select(
+        L.c.user_id,
+        _sum(L.c.pool == "sub", L.c.remaining_amount).label("rem_s"),
+        _sum(L.c.pool == "topup", L.c.remaining_amount).label("rem_t"),
+        _sum(L.c.pool == "sub", L.c.amount - L.c.remaining_amount).label("gave_s"),
+        _sum(L.c.pool == "topup", L.c.amount - L.c.remaining_amount).label("gave_t"),
+    ).group_by(L.c.user_id), L.c.user_id).subquery("lt")
+    jt = _job_txns(a)
+    lg = _job_logs(a, jt)
+    ht = (select(jt.c.user_id, func.sum(jt.c.usage_s + jt.c.usage_t - jt.c.legacy_s
+                                        - jt.c.legacy_t).label("held"))
+          .select_from(jt.join(lg, lg.c.job_id == jt.c.job_id))
+          .where(lg.c.n_reserved > 0, jt.c.n_usage > 0).group_by(jt.c.user_id).subquery("ht"))
+    everyone = (union(select(T.c.user_id), select(L.c.user_id), select(B.c.user_id))
+                if a.since is None else touched_users_query(a.since)).subquery("au")
+    au = everyone.c.user_id
+    rem_s, rem_t = func.coalesce(lt.c.rem_s, 0), func.coalesce(lt.c.rem_t, 0)
+    used_s, used_t = func.coalesce(ut.c.used_s, 0), func.coalesce(ut.c.used_t, 0)
+    gave_s, gave_t = func.coalesce(lt.c.gave_s, 0), func.coalesce(lt.c.gave_t, 0)
+    held = func.coalesce(ht.c.held, 0)
+    granted, committed = func.coalesce(ut.c.granted, 0), func.coalesce(ut.c.committed, 0)
+    balance = func.coalesce(B.c.sub + B.c.topup, rem_s + rem_t)
+    has_any = or_(ut.c.user_id.is_not(None), lt.c.user_id.is_not(None))
+    stmt = (select(au.label("user_id"), B.c.user_id.label("has_balance"), B.c.sub, B.c.topup,
+                   rem_s.label("rem_s"), rem_t.label("rem_t"), used_s.label("used_s"),
+                   used_t.label("used_t"), gave_s.label("gave_s"), gave_t.label("gave_t"),
+                   held.label("held"), granted.label("granted"), committed.label("committed"),
+                   balance.label("balance"), has_any.label("has_any"))
+            .select_from(everyone.outerjoin(B, B.c.user_id == au).outerjoin(ut, ut.c.user_id == au)
+                         .outerjoin(lt, lt.c.user_id == au).outerjoin(ht, ht.c.user_id == au))
+            .where(or_(and_(B.c.user_id.is_(None), has_any), B.c.sub != rem_s, B.c.topup != rem_t,
+                       B.c.sub < 0, B.c.topup < 0, gave_s != used_s, gave_t != used_t,
+                       granted != balance + held + committed)))
+    for r in a.session.execute(stmt):
+        _user_row(a, r)
+
+
+def _user_row(a: _Audit, r: Any) -> None:
+    user = r.user_id
+    if r.has_balance is None:
+        if r.has_any:
+            a.report("balance_missing", user, None, f"no balance row; lots hold {(r.rem_s, r.rem_t)}")
     else:
-        if log.reserved > 1:
-            a.report("duplicate_reserved_log", user, job_id, f"{log.reserved} reserved usage logs")
-        if log.credits != usage.total:
-            a.report("usage_amount_mismatch", user, job_id,
-                     f"USAGE {usage.total} != usage log credits {log.credits}")
-    held = (_Pools(usage.sub - legacy.sub, usage.topup - legacy.topup)
-            if status == "reserved" else _Pools())
-    if held.sub < 0 or held.topup < 0:
-        a.report("legacy_refund_exceeds_reservation", user, job_id,
-                 f"legacy refunds {legacy.pair()} on a reservation of {usage.pair()}")
-    _identity(a, job_id, facts, held)
-    _settlement(a, job_id, facts, status)
-    return held.total
+        for pool, have, lots in (("sub", r.sub, r.rem_s), ("topup", r.topup, r.rem_t)):
+            if have != lots:
+                a.report("balance_mismatch", user, None, f"{pool}: balance {have} != lots {lots}")
+            if have < 0:
+                a.report("negative_balance", user, None, f"{pool}: {have}")
+    for pool, gave, used in (("sub", r.gave_s, r.used_s), ("topup", r.gave_t, r.used_t)):
+        if gave != used:
+            a.report("lot_consumption_mismatch", user, None,
+                     f"{pool}: lots gave up {gave}, USAGE took {used}")
+    if r.granted != r.balance + r.held + r.committed:
+        a.report("unbalanced", user, None, f"granted {r.granted} != balance {r.balance} + reserved "
+                                           f"{r.held} + committed {r.committed}")
 
 
-def _identity(a: _Audit, job_id: uuid.UUID, facts: _JobFacts, held: _Pools) -> None:
-    lhs, rhs = _Pools(), _Pools()
-    for cls in (_USAGE, _R_USAGE):
-        lhs.add(*facts.get(cls).pair())
-    for cls in (_COMMIT, _R_COMMIT, _RELEASE, _REFUND, _LEGACY):
-        rhs.add(*facts.get(cls).pair())
-    rhs.add(*held.pair())
-    terms = ", ".join(f"{cls} {p.pair()}" for cls, p in sorted(facts.parts.items()))
-    if lhs.total != rhs.total:
-        usage, legacy, commit = facts.get(_USAGE), facts.get(_LEGACY), facts.get(_COMMIT)
-        kind = ("commit_exceeds_reservation" if commit.total > usage.total - legacy.total
-                else "job_unbalanced")
-        a.report(kind, facts.user_id, job_id,
-                 f"USAGE {lhs.total} != COMMIT + RELEASE + REFUND + held {rhs.total} ({terms}, "
-                 f"held {held.pair()})")
-    elif lhs.pair() != rhs.pair():
-        a.report("pool_mismatch", facts.user_id, job_id,
-                 f"per pool USAGE {lhs.pair()} != settled + held {rhs.pair()} ({terms})")
+# ----------------------------------------------------------------------------- in flight
 
 
-def _settlement(a: _Audit, job_id: uuid.UUID, facts: _JobFacts, status: str | None) -> None:
-    ids = [f"job-{cls}:{job_id}" for cls in (_COMMIT, _REFUND) if cls in facts.parts]
-    if len(ids) > 1:
-        a.report("settled_twice", facts.user_id, job_id, ", ".join(ids))
-    want = {"committed": _COMMIT, "refunded": _REFUND}.get(status or "")
-    if status == "reserved" and ids:
-        a.report("reserved_but_settled", facts.user_id, job_id, ", ".join(ids))
-    elif want is not None and want not in facts.parts:
-        a.report("settlement_missing", facts.user_id, job_id,
-                 f"usage log {status} without its transaction")
-
-
-def _job_row(a: _Audit, job_id: uuid.UUID, facts: _JobFacts, log: _Log | None, row: Any) -> None:
-    user, status = facts.user_id, log.status if log is not None else None
-    recharged = _R_COMMIT in facts.parts
-    if row.status in ("failed", "cancelled") and status == "committed":
-        a.report("failed_job_committed", user, job_id, f"job {row.status}, reservation committed")
-    if row.status == "completed" and status == "refunded" and not recharged:
-        a.report("completed_after_refund", user, job_id,
-                 "job completed and its reservation refunded (keep the refund, or re-charge: "
-                 "credits.recharge)")
-    if row.status in ("completed", "failed", "cancelled") and status == "reserved":
-        if (row.completed_at or row.created_at) < a.now - a.grace:
-            a.report("terminal_job_reserved", user, job_id,
-                     f"job {row.status} still holds a reserved usage log")
-    if row.credits_actual is not None:
-        cost = None if status == "reserved" else (
-            (facts.get(_COMMIT).total if status == "committed" else 0) + facts.get(_R_COMMIT).total)
-        if cost != row.credits_actual:
-            a.report("credits_actual_mismatch", user, job_id,
-                     f"credits_actual {row.credits_actual} != ledger {cost}")
-    if row.status in IN_FLIGHT:
+def _in_flight(a: _Audit) -> None:
+    """In-flight jobs the ledger knows (their USAGE row) past their kind's horizon."""
+    usage_id = literal("job-usage:") + a.job_text(J.c.id)
+    stmt = a.scoped(
+        select(J.c.id, J.c.user_id, J.c.status, J.c.submission_state, J.c.provider_kind,
+               J.c.provider_call_started_at, J.c.started_at, J.c.created_at,
+               J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at)
+        .where(J.c.status.in_(IN_FLIGHT),
+               select(T.c.id).where(T.c.id == usage_id, T.c.job_id == J.c.id).exists()),
+        J.c.user_id)
+    for row in a.session.execute(stmt):
         late = _past_horizon(a, row)
         if late is not None:
-            a.report("in_flight_past_horizon", user, job_id, late)
+            a.report("in_flight_past_horizon", row.user_id, row.id, late)
 
 
 def _past_horizon(a: _Audit, row: Any) -> str | None:
