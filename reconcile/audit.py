@@ -235,13 +235,13 @@ def _missing_lots(a: _Audit) -> None:
 _CLASSES = ("usage", "r_usage", "commit", "r_commit", "release", "refund", "legacy")
 
 
-def _job_classes(a: _Audit) -> dict[str, Any]:
-    """Each job-level transaction class as a condition on its exact id (the ledger's rules)."""
-    jid = a.job_text(T.c.job_id)
+def _job_classes(a: _Audit, t: Any) -> dict[str, Any]:
+    """Each job-level transaction class as a condition on its exact id (the ledger's rules);
+    ``t`` has ``id``, ``type`` and ``jid`` (the job id as text)."""
 
     def exact(prefix: str, type_: str, suffix: str = "") -> Any:
-        target = literal(prefix) + jid + suffix if suffix else literal(prefix) + jid
-        return and_(T.c.id == target, T.c.type == type_)
+        target = literal(prefix) + t.jid + suffix if suffix else literal(prefix) + t.jid
+        return and_(t.id == target, t.type == type_)
 
     return {
         "usage": exact("job-usage:", "USAGE"),
@@ -251,19 +251,27 @@ def _job_classes(a: _Audit) -> dict[str, Any]:
         "release": exact("job-release:", "RELEASE"),
         "refund": exact("job-refund:", "REFUND"),
         # any other REFUND id, prefixed or not: credits.legacy_refunded counts the same rows
-        "legacy": and_(T.c.type == "REFUND", T.c.id != literal("job-refund:") + jid),
+        "legacy": and_(t.type == "REFUND", t.id != literal("job-refund:") + t.jid),
     }
 
 
-def _job_txns(a: _Audit) -> Subquery:
-    classes = _job_classes(a)
-    cols: list[Any] = [T.c.job_id, T.c.user_id]
-    for name, cond in classes.items():
-        cols += [_sum(cond, T.c.from_sub).label(f"{name}_s"),
-                 _sum(cond, T.c.from_topup).label(f"{name}_t"), _count(cond).label(f"n_{name}")]
-    cols.append(_count(~or_(*classes.values())).label("n_odd"))
-    stmt = select(*cols).where(T.c.job_id.is_not(None)).group_by(T.c.job_id, T.c.user_id)
-    return a.scoped(stmt, T.c.user_id).subquery("jt")
+def _job_txns(a: _Audit, only_reserved: bool = False) -> Subquery:
+    """Per job: per class and pool what moved, and how many rows (one scan, one class each)."""
+    base = select(T.c.id, T.c.type, T.c.job_id, T.c.user_id, T.c.from_sub, T.c.from_topup,
+                  a.job_text(T.c.job_id).label("jid")).where(T.c.job_id.is_not(None))
+    if only_reserved:
+        base = base.where(T.c.job_id.in_(select(U.c.job_id).where(U.c.status == "reserved")))
+    inner = a.scoped(base, T.c.user_id).subquery("tx")
+    classes = _job_classes(a, inner.c)
+    cls = case(*((cond, literal(name)) for name, cond in classes.items()), else_=literal("odd"))
+    tagged = select(inner.c.job_id, inner.c.user_id, inner.c.from_sub, inner.c.from_topup,
+                    cls.label("cls")).subquery("tagged")
+    cols: list[Any] = [tagged.c.job_id, tagged.c.user_id]
+    for name in (*classes, "odd"):
+        cond = tagged.c.cls == name
+        cols += [_sum(cond, tagged.c.from_sub).label(f"{name}_s"),
+                 _sum(cond, tagged.c.from_topup).label(f"{name}_t"), _count(cond).label(f"n_{name}")]
+    return (select(*cols).group_by(tagged.c.job_id, tagged.c.user_id)).subquery("jt")
 
 
 def _job_logs(a: _Audit, jt: Subquery) -> Subquery:
@@ -375,12 +383,10 @@ def _users(a: _Audit) -> None:
         _sum(L.c.pool == "sub", L.c.amount - L.c.remaining_amount).label("gave_s"),
         _sum(L.c.pool == "topup", L.c.amount - L.c.remaining_amount).label("gave_t"),
     ).group_by(L.c.user_id), L.c.user_id).subquery("lt")
-    jt = _job_txns(a)
-    lg = _job_logs(a, jt)
+    jt = _job_txns(a, only_reserved=True)  # held: jobs with a reserved log only (few)
     ht = (select(jt.c.user_id, func.sum(jt.c.usage_s + jt.c.usage_t - jt.c.legacy_s
                                         - jt.c.legacy_t).label("held"))
-          .select_from(jt.join(lg, lg.c.job_id == jt.c.job_id))
-          .where(lg.c.n_reserved > 0, jt.c.n_usage > 0).group_by(jt.c.user_id).subquery("ht"))
+          .where(jt.c.n_usage > 0).group_by(jt.c.user_id).subquery("ht"))
     everyone = (union(select(T.c.user_id), select(L.c.user_id), select(B.c.user_id))
                 if a.since is None else touched_users_query(a.since)).subquery("au")
     au = everyone.c.user_id
