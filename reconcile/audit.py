@@ -64,6 +64,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    text,
     union,
 )
 from sqlalchemy.orm import Session
@@ -96,6 +97,10 @@ def run(session: Session, *, now: datetime, grace: timedelta = timedelta(minutes
         settings: Settings | None = None, since: datetime | None = None) -> list[Discrepancy]:
     """The full audit, or with ``since`` the incremental one (see the module docstring)."""
     a = _Audit(session, now, grace, settings or Settings.model_construct(), since)
+    if not a.sqlite:
+        # PostgreSQL's JIT compiles these wide aggregates for tens of seconds before the first
+        # row (measured: 25 s of a 26 s audit on 100k rows); off for this transaction only
+        session.execute(text("SET LOCAL jit = off"))
     for check in (_transactions, _lots, _users, _jobs, _in_flight):
         check(a)
     return a.found
@@ -264,13 +269,17 @@ def _job_txns(a: _Audit, only_reserved: bool = False) -> Subquery:
     inner = a.scoped(base, T.c.user_id).subquery("tx")
     classes = _job_classes(a, inner.c)
     cls = case(*((cond, literal(name)) for name, cond in classes.items()), else_=literal("odd"))
-    tagged = select(inner.c.job_id, inner.c.user_id, inner.c.from_sub, inner.c.from_topup,
-                    cls.label("cls")).subquery("tagged")
+    # grouped by class first: the class is computed once per row (a flattened subquery would
+    # recompute it inside every one of the 24 aggregates below)
+    tagged = (select(inner.c.job_id, inner.c.user_id, cls.label("cls"),
+                     func.sum(inner.c.from_sub).label("s"), func.sum(inner.c.from_topup).label("t"),
+                     func.count().label("n"))
+              .group_by(inner.c.job_id, inner.c.user_id, cls)).subquery("tagged")
     cols: list[Any] = [tagged.c.job_id, tagged.c.user_id]
     for name in (*classes, "odd"):
         cond = tagged.c.cls == name
-        cols += [_sum(cond, tagged.c.from_sub).label(f"{name}_s"),
-                 _sum(cond, tagged.c.from_topup).label(f"{name}_t"), _count(cond).label(f"n_{name}")]
+        cols += [_sum(cond, tagged.c.s).label(f"{name}_s"), _sum(cond, tagged.c.t).label(f"{name}_t"),
+                 _sum(cond, tagged.c.n).label(f"n_{name}")]
     return (select(*cols).group_by(tagged.c.job_id, tagged.c.user_id)).subquery("jt")
 
 
