@@ -278,8 +278,9 @@ def _job_txns(a: _Audit, only_reserved: bool = False) -> Subquery:
     cols: list[Any] = [tagged.c.job_id, tagged.c.user_id]
     for name in (*classes, "odd"):
         cond = tagged.c.cls == name
-        cols += [_sum(cond, tagged.c.s).label(f"{name}_s"), _sum(cond, tagged.c.t).label(f"{name}_t"),
-                 _sum(cond, tagged.c.n).label(f"n_{name}")]
+        cols += [func.coalesce(func.sum(col).filter(cond), 0).label(label)
+                 for col, label in ((tagged.c.s, f"{name}_s"), (tagged.c.t, f"{name}_t"),
+                                    (tagged.c.n, f"n_{name}"))]
     return (select(*cols).group_by(tagged.c.job_id, tagged.c.user_id)).subquery("jt")
 
 
@@ -296,58 +297,72 @@ def _job_logs(a: _Audit, jt: Subquery) -> Subquery:
     return stmt.subquery("lg")
 
 
-def _jobs(a: _Audit) -> None:
+def _job_facts(a: _Audit) -> Subquery:
+    """One row per job: its transactions per class, its usage logs and its row, with the
+    derived sums computed once (``OFFSET 0`` keeps PostgreSQL from inlining them into every
+    check)."""
     jt = _job_txns(a)
     lg = _job_logs(a, jt)
     c = jt.c
-    status = case((lg.c.n_reserved > 0, "reserved"), (lg.c.n_committed > 0, "committed"),
+    n_reserved = func.coalesce(lg.c.n_reserved, 0)
+    reserved = n_reserved > 0
+    status = case((reserved, "reserved"), (lg.c.n_committed > 0, "committed"),
                   (lg.c.n_refunded > 0, "refunded"), else_=null())
-    reserved = lg.c.n_reserved > 0
     held_s = case((reserved, c.usage_s - c.legacy_s), else_=0)
     held_t = case((reserved, c.usage_t - c.legacy_t), else_=0)
-    lhs_s, lhs_t = c.usage_s + c.r_usage_s, c.usage_t + c.r_usage_t
-    rhs_s = c.commit_s + c.r_commit_s + c.release_s + c.refund_s + c.legacy_s + held_s
-    rhs_t = c.commit_t + c.r_commit_t + c.release_t + c.refund_t + c.legacy_t + held_t
-    usage, commit, legacy = c.usage_s + c.usage_t, c.commit_s + c.commit_t, c.legacy_s + c.legacy_t
-    cost = case((status == "committed", commit), else_=0) + c.r_commit_s + c.r_commit_t
-    unbalanced = lhs_s + lhs_t != rhs_s + rhs_t
-    known = c.n_usage > 0
+    commit = c.commit_s + c.commit_t
+    return (select(
+        c.job_id, c.user_id, c.n_usage, c.n_odd, c.n_commit, c.n_refund, c.n_r_commit,
+        (c.n_refund + c.n_legacy).label("n_refunds"),
+        (c.n_commit + c.n_release + c.n_r_commit + c.n_r_usage).label("n_settles"),
+        c.usage_s, c.usage_t, c.legacy_s, c.legacy_t,
+        lg.c.job_id.label("log_job"), n_reserved.label("n_reserved"), lg.c.min_credits,
+        lg.c.max_credits, status.label("log_status"),
+        (c.usage_s + c.r_usage_s).label("lhs_s"), (c.usage_t + c.r_usage_t).label("lhs_t"),
+        (c.commit_s + c.r_commit_s + c.release_s + c.refund_s + c.legacy_s + held_s).label("rhs_s"),
+        (c.commit_t + c.r_commit_t + c.release_t + c.refund_t + c.legacy_t + held_t).label("rhs_t"),
+        (c.usage_s + c.usage_t).label("usage"), commit.label("commit"),
+        (c.legacy_s + c.legacy_t).label("legacy"),
+        (case((status == "committed", commit), else_=0) + c.r_commit_s + c.r_commit_t).label("cost"),
+        J.c.status.label("job_status"), J.c.credits_actual,
+        func.coalesce(J.c.completed_at, J.c.created_at).label("ended"),
+    ).select_from(jt.outerjoin(lg, lg.c.job_id == c.job_id).outerjoin(J, J.c.id == c.job_id))
+        .offset(0).subquery("d"))
+
+
+def _jobs(a: _Audit) -> None:
+    d = _job_facts(a).c
+    known, reserved = d.n_usage > 0, d.n_reserved > 0
+    unbalanced = d.lhs_s + d.lhs_t != d.rhs_s + d.rhs_t
     checks: dict[str, Any] = {
-        "txn_id_mismatch": c.n_odd > 0,
-        "refund_without_reservation": and_(~known, c.n_refund + c.n_legacy > 0),
-        "settlement_without_reservation": and_(~known, c.n_commit + c.n_release + c.n_r_commit
-                                               + c.n_r_usage > 0),
-        "usage_log_missing": and_(known, lg.c.job_id.is_(None)),
-        "duplicate_reserved_log": and_(known, lg.c.n_reserved > 1),
-        "usage_amount_mismatch": and_(known, or_(lg.c.min_credits != usage,
-                                                 lg.c.max_credits != usage)),
+        "txn_id_mismatch": d.n_odd > 0,
+        "refund_without_reservation": and_(~known, d.n_refunds > 0),
+        "settlement_without_reservation": and_(~known, d.n_settles > 0),
+        "usage_log_missing": and_(known, d.log_job.is_(None)),
+        "duplicate_reserved_log": and_(known, d.n_reserved > 1),
+        "usage_amount_mismatch": and_(known, or_(d.min_credits != d.usage, d.max_credits != d.usage)),
         "legacy_refund_exceeds_reservation": and_(known, reserved, or_(
-            c.usage_s < c.legacy_s, c.usage_t < c.legacy_t)),
-        "commit_exceeds_reservation": and_(known, unbalanced, commit > usage - legacy),
-        "job_unbalanced": and_(known, unbalanced, commit <= usage - legacy),
-        "pool_mismatch": and_(known, ~unbalanced, lhs_s != rhs_s),
-        "settled_twice": and_(known, c.n_commit > 0, c.n_refund > 0),
-        "reserved_but_settled": and_(known, reserved, c.n_commit + c.n_refund > 0),
-        "settlement_missing": and_(known, or_(and_(status == "committed", c.n_commit == 0),
-                                              and_(status == "refunded", c.n_refund == 0))),
-        "failed_job_committed": and_(known, J.c.status.in_(("failed", "cancelled")),
-                                     status == "committed"),
-        "completed_after_refund": and_(known, J.c.status == "completed", status == "refunded",
-                                       c.n_r_commit == 0),
-        "terminal_job_reserved": and_(known, J.c.status.in_(TERMINAL), reserved,
-                                      func.coalesce(J.c.completed_at, J.c.created_at)
-                                      < a.now - a.grace),
-        "credits_actual_mismatch": and_(known, J.c.credits_actual.is_not(None),
-                                        or_(reserved, J.c.credits_actual != cost)),
+            d.usage_s < d.legacy_s, d.usage_t < d.legacy_t)),
+        "commit_exceeds_reservation": and_(known, unbalanced, d.commit > d.usage - d.legacy),
+        "job_unbalanced": and_(known, unbalanced, d.commit <= d.usage - d.legacy),
+        "pool_mismatch": and_(known, ~unbalanced, d.lhs_s != d.rhs_s),
+        "settled_twice": and_(known, d.n_commit > 0, d.n_refund > 0),
+        "reserved_but_settled": and_(known, reserved, d.n_commit + d.n_refund > 0),
+        "settlement_missing": and_(known, or_(and_(d.log_status == "committed", d.n_commit == 0),
+                                              and_(d.log_status == "refunded", d.n_refund == 0))),
+        "failed_job_committed": and_(known, d.job_status.in_(("failed", "cancelled")),
+                                     d.log_status == "committed"),
+        "completed_after_refund": and_(known, d.job_status == "completed",
+                                       d.log_status == "refunded", d.n_r_commit == 0),
+        "terminal_job_reserved": and_(known, d.job_status.in_(TERMINAL), reserved,
+                                      d.ended < a.now - a.grace),
+        "credits_actual_mismatch": and_(known, d.credits_actual.is_not(None),
+                                        or_(reserved, d.credits_actual != d.cost)),
     }
     flags = [case((cond, 1), else_=0).label(kind) for kind, cond in checks.items()]
-    values = [status.label("log_status"), lhs_s.label("lhs_s"), lhs_t.label("lhs_t"),
-              rhs_s.label("rhs_s"), rhs_t.label("rhs_t"), lg.c.n_reserved, lg.c.min_credits,
-              lg.c.max_credits, usage.label("usage"), J.c.status.label("job_status"),
-              J.c.credits_actual, cost.label("cost")]
-    stmt = (select(c.job_id, c.user_id, *values, *flags)
-            .select_from(jt.outerjoin(lg, lg.c.job_id == c.job_id).outerjoin(J, J.c.id == c.job_id))
-            .where(or_(*checks.values())))
+    stmt = select(d.job_id, d.user_id, d.log_status, d.lhs_s, d.lhs_t, d.rhs_s, d.rhs_t,
+                  d.n_reserved, d.min_credits, d.max_credits, d.usage, d.job_status,
+                  d.credits_actual, d.cost, *flags).where(or_(*checks.values()))
     for r in a.session.execute(stmt):
         m = r._mapping
         for kind in checks:
