@@ -165,7 +165,8 @@ def _fig7(r: dict[str, Any]) -> str:
             f"built with `generate_series` in {r['build_seconds']} s). The full audit (every check, "
             f"every row: the proof) took {r['full']['seconds']} s = {r['full']['rows_per_s']:,} "
             f"transactions/s; the incremental `--since 1h` "
-            f"{r['since_1h']['seconds']} s over {r['since_1h']['users_touched']} touched users. Both "
+            f"p50 {r['since_1h']['seconds'].get('p50')} s over {r['since_1h']['users_touched']} touched "
+            f"users. Both "
             f"were clean; one usage log corrupted afterwards was found by the full audit "
             f"({r['corruption_found']['full']}) and by `--since` ({r['corruption_found']['since_1h']}). "
             f"`--since` cannot replace the full audit: lots change in place.\n")
