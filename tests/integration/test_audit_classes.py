@@ -317,3 +317,30 @@ def test_cli_since_accepts_a_timestamp_or_a_duration_and_refuses_garbage(
     stamp = (_now() - timedelta(hours=1)).isoformat()
     assert run(main, ["--database-url", url, "audit", "--since", stamp]).exit_code == 0
     assert run(main, ["--database-url", url, "audit", "--since", "soon"]).exit_code == 2
+
+
+def test_audit_runs_on_the_embedded_sqlite_default(tmp_path: object) -> None:
+    """The same SQL checks on SQLite (the embedded default the demo can use): clean after real
+    operations, and a corrupted log and an outside completion after a refund are found."""
+    from pathlib import Path
+
+    from reconcile.db.migrate import upgrade
+    from reconcile.db.session import make_engine, make_sessionmaker
+
+    url = f"sqlite:///{Path(str(tmp_path)) / 'ledger.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    db = make_sessionmaker(engine)
+    with db.begin() as s:
+        user = _user(s, 5, 5)
+        jobs = [_job(s, user, 2) for _ in range(4)]
+        credits.commit(s, jobs[0], 1)
+        credits.refund(s, jobs[1])
+        credits.import_legacy_refund(s, jobs[2], 1, "platform-refund")
+        credits.commit(s, jobs[2])
+    assert _kinds(db) == set() and _kinds(db, since=_now() - timedelta(hours=1)) == set()
+    with db.begin() as s:
+        s.execute(update(UsageLog).where(UsageLog.job_id == jobs[3]).values(credits=3))
+        s.execute(update(Job).where(Job.id == jobs[1]).values(status="completed"))
+    assert _kinds(db) == {"usage_amount_mismatch", "completed_after_refund"}
+    engine.dispose()
