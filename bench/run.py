@@ -1,6 +1,6 @@
 """``make bench``: measure speed and scale, side by side with the seed design and the machine.
 
-Runs the six figures in order, each isolated (one failing is recorded and the rest still run),
+Runs the seven figures in order, each isolated (one failing is recorded and the rest still run),
 then writes ``bench/results/latest.json`` and ``bench/results/latest.md``. Figures are reported,
 never asserted: a missed aim does not fail the run; an error in a figure does (exit 1).
 
@@ -93,7 +93,15 @@ def _environment() -> dict[str, Any]:
 
 
 def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict[str, Any]]]]:
-    from . import fig_capacity, fig_drain, fig_ledger, fig_query, fig_recovery, fig_statements
+    from . import (
+        fig_audit,
+        fig_capacity,
+        fig_drain,
+        fig_ledger,
+        fig_query,
+        fig_recovery,
+        fig_statements,
+    )
 
     def drain() -> dict[str, Any]:
         result = fig_drain.run(n=args.drain_jobs, quick=args.quick)
@@ -108,6 +116,7 @@ def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict
         "fig2": ("Backlog drain", drain),
         "fig3": ("In-flight capacity", lambda: fig_capacity.run(quick=args.quick)),
         "fig6": ("Recovery after SIGKILL of a whole worker", lambda: fig_recovery.run(args.quick)),
+        "fig7": ("Ledger audit on 1M transactions: full and --since", lambda: fig_audit.run(args.quick)),
     }
 
 

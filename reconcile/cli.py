@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -629,22 +629,63 @@ def sweep(cli: Cli, dry_run: bool, as_json: bool) -> None:
         click.echo(report.line())
 
 
+def _since(value: str | None, now: datetime) -> datetime | None:
+    """``--since``: an ISO 8601 time (UTC if naive) or a duration back from now (90s, 15m, 2h, 1d)."""
+    if value is None:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if value[-1:] in units and value[:-1].isdigit():
+        return now - timedelta(seconds=int(value[:-1]) * units[value[-1]])
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise Refused(f"--since {value!r}: an ISO 8601 time or a duration such as 15m, 2h") from exc
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
 @main.command()
 @click.option("--grace-minutes", type=click.IntRange(min=0), default=10, show_default=True,
               help="A terminal job may hold a reserved usage log this long.")
+@click.option("--since", "since_arg", metavar="TIME|DURATION",
+              help="Incremental: only users touched since then (e.g. 15m, 2026-12-01T08:00Z), "
+                   "plus every user with a job in flight. Fast, for frequent runs; it cannot "
+                   "replace the full audit (lots change in place).")
 @json_option
 @pass_cli
-def audit(cli: Cli, grace_minutes: int, as_json: bool) -> None:
+def audit(cli: Cli, grace_minutes: int, since_arg: str | None, as_json: bool) -> None:
     """Check the credit ledger; exit 1 when it is out of balance."""
     from .credits import audit as run_audit
 
     rt = cli.runtime()
+    now = rt.now()
+    since = _since(since_arg, now)
     with cli.session() as session:
-        found = run_audit(session, now=rt.now(), grace=timedelta(minutes=grace_minutes))
+        found = run_audit(session, now=now, grace=timedelta(minutes=grace_minutes),
+                          settings=rt.settings, since=since)
     rows = [asdict(d) for d in found]
     _listing(rows, ("kind", "user_id", "job_id", "detail"), as_json, "ledger clean")
     if found:
         click.get_current_context().exit(1)
+
+
+@main.command("repair-usage-metadata")
+@click.argument("job_id", type=JOB_ID)
+@click.option("--from-sub", type=click.IntRange(min=0), required=True)
+@click.option("--from-topup", type=click.IntRange(min=0), required=True)
+@pass_cli
+def repair_usage_metadata(cli: Cli, job_id: uuid.UUID, from_sub: int, from_topup: int) -> None:
+    """Set the pools of a usage log whose metadata is unusable (a BadUsageMetadata refusal),
+    so its refund or commit can settle; the old value is kept in an anomaly."""
+    from .credits import repair_usage_metadata as repair
+    from .errors import InvalidParam
+
+    try:
+        with cli.runtime().sessions.begin() as session:
+            changed = repair(session, job_id, from_sub, from_topup, now=cli.runtime().now())
+    except InvalidParam as exc:
+        raise Refused(exc.message) from exc
+    click.echo(f"usage log of {job_id}: pools set to sub {from_sub}, topup {from_topup}"
+               if changed else f"usage log of {job_id}: already so")
 
 
 @main.command()

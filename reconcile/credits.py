@@ -3,37 +3,63 @@
 * A balance row per user holds one balance per pool (``sub``, ``topup``); it is locked
   (``SELECT … FOR UPDATE``; on SQLite the ``BEGIN IMMEDIATE`` write lock) by every operation
   that moves credits, always first, so concurrent writers serialise on it and never deadlock.
+  The lock always reloads the row (``populate_existing``): a balance object the session already
+  holds from an earlier read is never trusted.
 * Credits live in lots whose ``remaining_amount`` is consumed oldest first. A reservation drains
   the ``sub`` pool before ``topup`` (subscription credits are spent first), FIFO within a pool,
-  and records ``from_sub``/``from_topup`` in ``usage_logs.metadata``.
+  and records ``from_sub``/``from_topup`` on its USAGE transaction (and in ``usage_logs.metadata``
+  for the platform). The USAGE row is the ledger's own record of the pools; the metadata is read
+  only for a reservation the ledger never wrote (a platform's own).
 * Every movement is an append-only transaction with a deterministic id: ``job-usage:{job}``,
-  ``job-commit:{job}``, ``job-release:{job}``, ``job-refund:{job}``; grants carry the caller's id.
-  Repeating an operation is a no-op that returns False.
-* Legacy refunds (REFUND transactions for the job under other ids, partial ones included) count
-  toward what is already refunded: a legacy refund ``p`` on a reservation ``a`` still ``reserved``
-  shrinks what it holds to ``a − p``.
-* Released credits and refunds return to the reservation's pools pro rata to
-  ``from_sub``/``from_topup``, the rounding remainder to ``sub``.
+  ``job-commit:{job}``, ``job-release:{job}``, ``job-refund:{job}``, and a deliberate re-charge
+  after a refund ``job-recharge:{job}:usage`` + ``job-recharge:{job}:commit``; grants carry the
+  caller's id. Repeating an operation is a no-op that returns False. The ``job-…:`` prefixes
+  are the library's own: an imported legacy refund may not use them.
+* Pools are conserved one by one (DESIGN §2.2). A commit takes from the pools in the order the
+  reservation consumed them (``sub`` first); each pool's release is what it reserved minus what
+  it committed; a refund restores exactly each pool's unsettled remainder. Every COMMIT,
+  RELEASE and REFUND row records per pool what moved.
+* Legacy refunds (REFUND transactions for the job under ids other than ``job-refund:{job}``,
+  partial ones included) count toward what is already refunded: a legacy refund ``p`` on a
+  reservation ``a`` still ``reserved`` shrinks what it holds to ``a − p``. An import is bounded
+  by what is still held and returns it in the reverse order of consumption (``topup`` first), so
+  a legacy partial refund followed by a commit moves the pools exactly as a commit for less.
 
 Credits are integers. Each function runs inside the caller's transaction and never commits.
+The audit lives in :mod:`reconcile.audit`; :func:`audit` here is its entry point.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from .db.models import CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
-from .errors import InsufficientCredits, InvalidParam, LedgerError
+from .db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
+from .errors import (
+    BadUsageMetadata,
+    InsufficientCredits,
+    InvalidParam,
+    LedgerError,
+    LegacyRefundRefused,
+)
+
+if TYPE_CHECKING:
+    from .audit import Discrepancy
+    from .settings import Settings
 
 POOLS = ("sub", "topup")
 TERMINAL_JOB_STATUSES = ("completed", "failed", "cancelled")
 LOT_PAGE = 32  # lots locked per FIFO page in reserve
+# the library's own transaction-id prefixes: never accepted from outside (legacy imports)
+RESERVED_PREFIXES = ("job-usage:", "job-commit:", "job-release:", "job-refund:", "job-recharge:")
+
+Pools = tuple[int, int]  # (sub, topup)
 
 
 def usage_txn_id(job_id: uuid.UUID) -> str:
@@ -50,6 +76,14 @@ def release_txn_id(job_id: uuid.UUID) -> str:
 
 def refund_txn_id(job_id: uuid.UUID) -> str:
     return f"job-refund:{job_id}"
+
+
+def recharge_usage_txn_id(job_id: uuid.UUID) -> str:
+    return f"job-recharge:{job_id}:usage"
+
+
+def recharge_commit_txn_id(job_id: uuid.UUID) -> str:
+    return f"job-recharge:{job_id}:commit"
 
 
 @dataclass(frozen=True)
@@ -75,7 +109,9 @@ def _check_amount(amount: Any, param: str = "credits") -> int:
 
 
 def split_pro_rata(amount: int, from_sub: int, from_topup: int) -> tuple[int, int]:
-    """``amount`` split between (sub, topup) in the ratio of the reservation; remainder to sub."""
+    """``amount`` split between (sub, topup) in the ratio of the reservation; remainder to sub.
+
+    Kept for callers; the ledger itself moves pools in order (:func:`take_in_order`)."""
     total = from_sub + from_topup
     if total <= 0:
         return amount, 0
@@ -83,9 +119,23 @@ def split_pro_rata(amount: int, from_sub: int, from_topup: int) -> tuple[int, in
     return amount - topup, topup
 
 
+def take_in_order(amount: int, available: Pools, order: tuple[int, int] = (0, 1)) -> Pools:
+    """``amount`` taken from ``available`` (sub, topup), the pool ``order[0]`` first."""
+    taken = [0, 0]
+    left = amount
+    for index in order:
+        taken[index] = min(left, max(0, available[index]))
+        left -= taken[index]
+    if left:
+        raise LedgerError(f"cannot take {amount} from pools {available}")
+    return taken[0], taken[1]
+
+
 def lock_balance(session: Session, user_id: uuid.UUID) -> CreditBalance:
-    """The user's balance row, created if absent, locked for this transaction."""
-    stmt = select(CreditBalance).where(CreditBalance.user_id == user_id).with_for_update()
+    """The user's balance row, created if absent, locked for this transaction, with its current
+    values (``populate_existing``: a copy the session loaded earlier is overwritten)."""
+    stmt = (select(CreditBalance).where(CreditBalance.user_id == user_id).with_for_update()
+            .execution_options(populate_existing=True))
     row = session.execute(stmt).scalar_one_or_none()
     if row is not None:
         return row
@@ -110,7 +160,7 @@ def _add_lot(session: Session, user_id: uuid.UUID, pool: str, kind: str, txn_id:
 
 
 def _return_to_pools(session: Session, balance: CreditBalance, *, kind: str, txn_id: str,
-                     parts: tuple[int, int], now: datetime) -> None:
+                     parts: Pools, now: datetime) -> None:
     """New lots (one per pool that gets something back) and the balance increments."""
     for pool, part in zip(POOLS, parts, strict=True):
         if part > 0:
@@ -118,6 +168,13 @@ def _return_to_pools(session: Session, balance: CreditBalance, *, kind: str, txn
     balance.sub += parts[0]
     balance.topup += parts[1]
     balance.updated_at = now
+
+
+def _add_txn(session: Session, txn_id: str, user_id: uuid.UUID, job_id: uuid.UUID | None,
+             type_: str, parts: Pools, now: datetime) -> None:
+    session.add(CreditTransaction(id=txn_id, user_id=user_id, job_id=job_id, type=type_,
+                                  amount=parts[0] + parts[1], from_sub=parts[0],
+                                  from_topup=parts[1], created_at=now))
 
 
 def grant(session: Session, user_id: uuid.UUID, pool: str, amount: int, txn_id: str, *,
@@ -130,9 +187,8 @@ def grant(session: Session, user_id: uuid.UUID, pool: str, amount: int, txn_id: 
     balance = lock_balance(session, user_id)
     if _txn_exists(session, txn_id):
         return False
-    session.add(CreditTransaction(id=txn_id, user_id=user_id, type="GRANT", amount=amount,
-                                  from_sub=amount if pool == "sub" else 0,
-                                  from_topup=amount if pool == "topup" else 0, created_at=now))
+    _add_txn(session, txn_id, user_id, None, "GRANT",
+             (amount, 0) if pool == "sub" else (0, amount), now)
     _add_lot(session, user_id, pool, "GRANT", txn_id, amount, now)
     if pool == "sub":
         balance.sub += amount
@@ -141,6 +197,49 @@ def grant(session: Session, user_id: uuid.UUID, pool: str, amount: int, txn_id: 
     balance.updated_at = now
     session.flush()
     return True
+
+
+def _consume(session: Session, balance: CreditBalance, amount: int, now: datetime) -> Pools:
+    """Take ``amount`` from the user's open lots, ``sub`` first, FIFO; the balance follows."""
+    user_id = balance.user_id
+    taken = {"sub": 0, "topup": 0}
+    left = amount
+    for pool in POOLS:
+        after = 0
+        while left:
+            # oldest first, a page at a time: never lock or load every open lot of a user
+            # whose history left thousands of small REFUND/RELEASE lots
+            lots = list(session.execute(
+                select(CreditLot)
+                .where(CreditLot.user_id == user_id, CreditLot.pool == pool,
+                       CreditLot.remaining_amount > 0, CreditLot.id > after)
+                .order_by(CreditLot.id)
+                .limit(LOT_PAGE)
+                .with_for_update()
+                .execution_options(populate_existing=True)
+            ).scalars())
+            for lot in lots:
+                take = min(lot.remaining_amount, left)
+                lot.remaining_amount -= take
+                taken[pool] += take
+                left -= take
+                after = lot.id
+                if left == 0:
+                    break
+            if len(lots) < LOT_PAGE:
+                break
+    if left:
+        raise LedgerError(f"user {user_id}: balance row and lots disagree ({left} missing)")
+    balance.sub -= taken["sub"]
+    balance.topup -= taken["topup"]
+    balance.updated_at = now
+    return taken["sub"], taken["topup"]
+
+
+def _check_funds(balance: CreditBalance, amount: int) -> None:
+    if balance.sub + balance.topup < amount:
+        raise InsufficientCredits(
+            f"balance {balance.sub + balance.topup} is lower than the {amount} credits needed")
 
 
 def reserve(session: Session, user_id: uuid.UUID, job_id: uuid.UUID, amount: int, *,
@@ -158,69 +257,147 @@ def reserve(session: Session, user_id: uuid.UUID, job_id: uuid.UUID, amount: int
                               .order_by(UsageLog.created_at)).scalars().first()
         if log is None:
             raise LedgerError(f"job {job_id} has a usage transaction but no usage log")
-        meta = log.metadata_ or {}
-        return Reservation(log.id, job_id, user_id, log.credits, int(meta.get("from_sub", 0)),
-                           int(meta.get("from_topup", 0)))
-    if balance.sub + balance.topup < amount:
-        raise InsufficientCredits(
-            f"balance {balance.sub + balance.topup} is lower than the {amount} credits needed")
-    taken = {"sub": 0, "topup": 0}
-    left = amount
-    for pool in POOLS:
-        after = 0
-        while left:
-            # oldest first, a page at a time: never lock or load every open lot of a user
-            # whose history left thousands of small REFUND/RELEASE lots
-            lots = list(session.execute(
-                select(CreditLot)
-                .where(CreditLot.user_id == user_id, CreditLot.pool == pool,
-                       CreditLot.remaining_amount > 0, CreditLot.id > after)
-                .order_by(CreditLot.id)
-                .limit(LOT_PAGE)
-                .with_for_update()
-            ).scalars())
-            for lot in lots:
-                take = min(lot.remaining_amount, left)
-                lot.remaining_amount -= take
-                taken[pool] += take
-                left -= take
-                after = lot.id
-                if left == 0:
-                    break
-            if len(lots) < LOT_PAGE:
-                break
-    if left:
-        raise LedgerError(f"user {user_id}: balance row and lots disagree ({left} missing)")
-    balance.sub -= taken["sub"]
-    balance.topup -= taken["topup"]
-    balance.updated_at = now
+        sub, topup = reservation_pools(session, log)
+        return Reservation(log.id, job_id, user_id, log.credits, sub, topup)
+    _check_funds(balance, amount)
+    taken = _consume(session, balance, amount, now)
     log_id = uuid.uuid4()
     session.add(UsageLog(id=log_id, job_id=job_id, user_id=user_id, status="reserved",
                          credits=amount, created_at=now,
-                         metadata_={"from_sub": taken["sub"], "from_topup": taken["topup"]}))
-    session.add(CreditTransaction(id=usage_txn_id(job_id), user_id=user_id, job_id=job_id,
-                                  type="USAGE", amount=amount, from_sub=taken["sub"],
-                                  from_topup=taken["topup"], created_at=now))
+                         metadata_={"from_sub": taken[0], "from_topup": taken[1]}))
+    _add_txn(session, usage_txn_id(job_id), user_id, job_id, "USAGE", taken, now)
     session.flush()
-    return Reservation(log_id, job_id, user_id, amount, taken["sub"], taken["topup"])
+    return Reservation(log_id, job_id, user_id, amount, taken[0], taken[1])
+
+
+# ----------------------------------------------------------------------------- pools of a job
+
+
+def _legacy_refund_filter(job_id: uuid.UUID) -> tuple[Any, ...]:
+    """The one definition of a legacy refund (the audit uses the same): a REFUND for the job
+    under any id but the library's exact ``job-refund:{job}``."""
+    return (CreditTransaction.job_id == job_id, CreditTransaction.type == "REFUND",
+            CreditTransaction.id != refund_txn_id(job_id))
 
 
 def legacy_refunded(session: Session, job_id: uuid.UUID) -> int:
     """What legacy REFUND transactions (ids other than ``job-refund:{job}``) gave back."""
-    total = session.execute(
-        select(func.coalesce(func.sum(CreditTransaction.amount), 0)).where(
-            CreditTransaction.job_id == job_id,
-            CreditTransaction.type == "REFUND",
-            CreditTransaction.id != refund_txn_id(job_id),
-        )
-    ).scalar_one()
-    return int(total)
+    return sum(legacy_refunded_pools(session, job_id))
+
+
+def legacy_refunded_pools(session: Session, job_id: uuid.UUID) -> Pools:
+    """Per pool (sub, topup), what legacy refunds of ``job_id`` gave back."""
+    sub, topup = session.execute(
+        select(func.coalesce(func.sum(CreditTransaction.from_sub), 0),
+               func.coalesce(func.sum(CreditTransaction.from_topup), 0))
+        .where(*_legacy_refund_filter(job_id))
+    ).one()
+    return int(sub), int(topup)
+
+
+def _parse_pools(meta: Any, credits_: int) -> Pools | None:
+    """(sub, topup) from a usage log's metadata, or None when it gives no usable pools. A JSON
+    string holding the object (a platform that double-encoded it) is decoded."""
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except ValueError:
+            return None
+    if not isinstance(meta, dict):
+        return None
+    sub, topup = meta.get("from_sub", 0), meta.get("from_topup", 0)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (sub, topup)):
+        return None
+    if sub + topup != credits_:
+        return None
+    return sub, topup
+
+
+def _note_bad_metadata(session: Session, log: UsageLog, used: str) -> None:
+    """One ``bad_usage_metadata`` anomaly per job, written with the operation that met it."""
+    exists = session.execute(select(CreditAnomaly.id).where(
+        CreditAnomaly.job_id == log.job_id, CreditAnomaly.kind == "bad_usage_metadata")
+        .limit(1)).first()
+    if exists is None:
+        session.add(CreditAnomaly(job_id=log.job_id, user_id=log.user_id, kind="bad_usage_metadata",
+                                  detail={"metadata": repr(log.metadata_)[:200], "pools_from": used},
+                                  created_at=datetime.now(UTC)))
+
+
+def reservation_pools(session: Session, log: UsageLog) -> Pools:
+    """What the reservation took from each pool (sub, topup).
+
+    The ledger's USAGE row is authoritative; a platform that rewrote ``usage_logs.metadata``
+    (a JSON string, a list, a number, null) changes nothing, and the first operation that meets
+    it records one ``bad_usage_metadata`` anomaly. Only a reservation with no USAGE row (a
+    platform's own) is read from the metadata: an object without pool keys counts as ``sub``
+    (the documented rule), a double-encoded JSON object is decoded (with the anomaly), and
+    anything else raises :class:`BadUsageMetadata` — the operator sets the pools with
+    :func:`repair_usage_metadata`.
+    """
+    usage = session.get(CreditTransaction, usage_txn_id(log.job_id)) if log.job_id else None
+    parsed = _parse_pools(log.metadata_, log.credits)
+    if usage is not None:
+        if not isinstance(log.metadata_, dict) or parsed is None:
+            _note_bad_metadata(session, log, "usage_txn")
+        return int(usage.from_sub), int(usage.from_topup)
+    meta = log.metadata_
+    if meta is None or (isinstance(meta, dict) and not ({"from_sub", "from_topup"} & meta.keys())):
+        return log.credits, 0
+    if parsed is None:
+        raise BadUsageMetadata(
+            f"job {log.job_id}: usage log metadata {repr(meta)[:80]} gives no pools and the ledger "
+            f"has no USAGE row; set them with `reconcile repair-usage-metadata`")
+    if not isinstance(meta, dict):
+        _note_bad_metadata(session, log, "decoded_json")
+    return parsed
+
+
+def held_pools(session: Session, log: UsageLog) -> Pools:
+    """Per pool, what the reservation still holds: reserved minus legacy refunds."""
+    sub, topup = reservation_pools(session, log)
+    if log.job_id is None:
+        return sub, topup
+    l_sub, l_topup = legacy_refunded_pools(session, log.job_id)
+    return max(0, sub - l_sub), max(0, topup - l_topup)
+
+
+def repair_usage_metadata(session: Session, job_id: uuid.UUID, from_sub: int, from_topup: int, *,
+                          now: datetime | None = None) -> bool:
+    """The operator's path for a usage log whose metadata gives no pools: set them.
+
+    The two must add up to the log's credits. False: the metadata is already exactly this.
+    Records a ``usage_metadata_repaired`` anomaly with the old value."""
+    now = _now(now)
+    log = session.execute(select(UsageLog).where(UsageLog.job_id == job_id)
+                          .order_by(UsageLog.created_at).limit(1).with_for_update()
+                          .execution_options(populate_existing=True)).scalar_one_or_none()
+    if log is None:
+        raise InvalidParam(f"job {job_id} has no usage log", param="job_id")
+    for name, value in (("from_sub", from_sub), ("from_topup", from_topup)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidParam(f"{name} must be a non-negative integer", param=name)
+    if from_sub + from_topup != log.credits:
+        raise InvalidParam(f"from_sub + from_topup must equal the log's {log.credits} credits",
+                           param="from_sub")
+    new = {"from_sub": from_sub, "from_topup": from_topup}
+    if log.metadata_ == new:
+        return False
+    session.add(CreditAnomaly(job_id=job_id, user_id=log.user_id, kind="usage_metadata_repaired",
+                              detail={"old": repr(log.metadata_)[:200], "new": new}, created_at=now))
+    log.metadata_ = new
+    session.flush()
+    return True
+
+
+# ----------------------------------------------------------------------------- settle
 
 
 def _reserved_log(session: Session, job_id: uuid.UUID) -> UsageLog | None:
     return session.execute(
         select(UsageLog).where(UsageLog.job_id == job_id, UsageLog.status == "reserved")
         .order_by(UsageLog.created_at).limit(1)
+        .execution_options(populate_existing=True)
     ).scalar_one_or_none()
 
 
@@ -233,19 +410,17 @@ def _cas_log(session: Session, log_id: uuid.UUID, to: str) -> bool:
 
 
 def _pools_of(log: UsageLog) -> tuple[int, int]:
-    meta = log.metadata_ or {}
-    try:
-        return int(meta.get("from_sub", 0) or 0), int(meta.get("from_topup", 0) or 0)
-    except (TypeError, ValueError):
-        return log.credits, 0
+    """Deprecated (metadata only, no session): use :func:`reservation_pools`."""
+    return _parse_pools(log.metadata_, log.credits) or (log.credits, 0)
 
 
 def commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
            now: datetime | None = None) -> bool:
     """CAS the job's reservation ``reserved`` → ``committed``.
 
-    ``amount`` (default: all that is held) may be less than held; the rest is released back
-    to the reservation's pools. False: no reservation is held (already settled, or none).
+    ``amount`` (default: all that is held) may be less than held; it is taken from the pools in
+    the order the reservation consumed them (``sub`` first) and each pool's rest is released
+    back to it. False: no reservation is held (already settled, or none).
     """
     now = _now(now)
     log = _reserved_log(session, job_id)
@@ -254,24 +429,19 @@ def commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
     balance = lock_balance(session, log.user_id)
     if not _cas_log(session, log.id, "committed"):
         return False
-    held = max(0, log.credits - legacy_refunded(session, job_id))
+    held = held_pools(session, log)
     if amount is None:
-        amount = held
-    if isinstance(amount, bool) or not isinstance(amount, int) or not 0 <= amount <= held:
-        raise LedgerError(f"cannot commit {amount!r} of the {held} credits held for job {job_id}")
-    from_sub, from_topup = _pools_of(log)
-    c_sub, c_topup = split_pro_rata(amount, from_sub, from_topup)
-    session.add(CreditTransaction(id=commit_txn_id(job_id), user_id=log.user_id, job_id=job_id,
-                                  type="COMMIT", amount=amount, from_sub=c_sub,
-                                  from_topup=c_topup, created_at=now))
-    released = held - amount
-    if released:
-        parts = split_pro_rata(released, from_sub, from_topup)
-        session.add(CreditTransaction(id=release_txn_id(job_id), user_id=log.user_id,
-                                      job_id=job_id, type="RELEASE", amount=released,
-                                      from_sub=parts[0], from_topup=parts[1], created_at=now))
+        amount = sum(held)
+    if isinstance(amount, bool) or not isinstance(amount, int) or not 0 <= amount <= sum(held):
+        raise LedgerError(f"cannot commit {amount!r} of the {sum(held)} credits held for job {job_id}",
+                          reason="commit_exceeds_held")
+    committed = take_in_order(amount, held)
+    _add_txn(session, commit_txn_id(job_id), log.user_id, job_id, "COMMIT", committed, now)
+    released = (held[0] - committed[0], held[1] - committed[1])
+    if sum(released):
+        _add_txn(session, release_txn_id(job_id), log.user_id, job_id, "RELEASE", released, now)
         _return_to_pools(session, balance, kind="RELEASE", txn_id=release_txn_id(job_id),
-                         parts=parts, now=now)
+                         parts=released, now=now)
     session.flush()
     return True
 
@@ -279,8 +449,9 @@ def commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
 def refund(session: Session, job_id: uuid.UUID, *, now: datetime | None = None) -> bool:
     """CAS the job's reservation ``reserved`` → ``refunded`` and return what it still holds.
 
-    Adds only the difference legacy refunds left (``a − p``), as REFUND lots in the recorded
-    pools. False: nothing was reserved any more (already refunded or committed, or never).
+    Adds only the difference legacy refunds left (``a − p``), per pool exactly what that pool
+    still holds, as REFUND lots. False: nothing was reserved any more (already refunded or
+    committed, or never).
     """
     now = _now(now)
     log = _reserved_log(session, job_id)
@@ -290,57 +461,118 @@ def refund(session: Session, job_id: uuid.UUID, *, now: datetime | None = None) 
     if not _cas_log(session, log.id, "refunded"):
         return False
     if _txn_exists(session, refund_txn_id(job_id)):
-        raise LedgerError(f"job {job_id} was refunded before but its log was still reserved")
-    due = max(0, log.credits - legacy_refunded(session, job_id))
-    parts = split_pro_rata(due, *_pools_of(log))
-    session.add(CreditTransaction(id=refund_txn_id(job_id), user_id=log.user_id, job_id=job_id,
-                                  type="REFUND", amount=due, from_sub=parts[0],
-                                  from_topup=parts[1], created_at=now))
+        raise LedgerError(f"job {job_id} was refunded before but its log was still reserved",
+                          reason="refunded_twice")
+    parts = held_pools(session, log)
+    _add_txn(session, refund_txn_id(job_id), log.user_id, job_id, "REFUND", parts, now)
     _return_to_pools(session, balance, kind="REFUND", txn_id=refund_txn_id(job_id),
                      parts=parts, now=now)
     session.flush()
     return True
 
 
+def _refuse_legacy(job_id: uuid.UUID, reason: str, why: str) -> LegacyRefundRefused:
+    return LegacyRefundRefused(f"legacy refund for job {job_id} refused: {why}", reason=reason)
+
+
 def import_legacy_refund(session: Session, job_id: uuid.UUID, amount: int, txn_id: str, *,
                          now: datetime | None = None) -> bool:
     """Record a refund a platform made before the library (partial or whole) for ``job_id``.
 
-    It returns ``amount`` to the reservation's pools (pro rata) as lots, under ``txn_id``; the
-    library then counts it toward what is already refunded. Idempotent on ``txn_id``.
+    Bounded by what the reservation still holds: the job's usage log must still be ``reserved``
+    and known to the ledger (its USAGE row), and ``amount`` at most what it holds net of earlier
+    legacy refunds. It returns ``amount`` to the pools in the reverse order of consumption
+    (``topup`` first) as lots, under ``txn_id``; the library then counts it toward what is
+    already refunded. Idempotent on ``txn_id`` (the same refund again returns False). Anything
+    else raises :class:`LegacyRefundRefused` and writes nothing.
     """
     _check_amount(amount, "amount")
-    if txn_id == refund_txn_id(job_id):
-        raise InvalidParam("a legacy refund needs an id of its own", param="txn_id")
+    if txn_id.startswith(RESERVED_PREFIXES):
+        raise _refuse_legacy(job_id, "legacy_refund_reserved_id",
+                             f"{txn_id!r} is under the library's own prefixes {RESERVED_PREFIXES}")
+    now = _now(now)
+    first = session.execute(select(UsageLog).where(UsageLog.job_id == job_id)
+                            .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
+    if first is None:
+        raise InvalidParam(f"job {job_id} has no usage log", param="job_id")
+    balance = lock_balance(session, first.user_id)
+    existing = session.get(CreditTransaction, txn_id, populate_existing=True)
+    if existing is not None:
+        if existing.type == "REFUND" and existing.job_id == job_id and existing.amount == amount:
+            return False
+        raise _refuse_legacy(job_id, "legacy_refund_reserved_id",
+                             f"{txn_id!r} already names another transaction")
+    log = _reserved_log(session, job_id)  # re-read under the balance lock
+    if log is None:
+        statuses = set(session.execute(select(UsageLog.status)
+                                       .where(UsageLog.job_id == job_id)).scalars())
+        if "committed" in statuses:
+            raise _refuse_legacy(job_id, "legacy_refund_after_commit", "its reservation was committed")
+        raise _refuse_legacy(job_id, "legacy_refund_after_refund", "the job was already refunded")
+    if not _txn_exists(session, usage_txn_id(job_id)):
+        raise _refuse_legacy(job_id, "legacy_refund_not_in_ledger",
+                             "the ledger has no USAGE row for it (import the reservation first)")
+    held = held_pools(session, log)
+    if amount > sum(held):
+        raise _refuse_legacy(job_id, "legacy_refund_exceeds_held",
+                             f"{amount} is more than the {sum(held)} credits still held")
+    parts = take_in_order(amount, held, order=(1, 0))
+    _add_txn(session, txn_id, log.user_id, job_id, "REFUND", parts, now)
+    _return_to_pools(session, balance, kind="REFUND", txn_id=txn_id, parts=parts, now=now)
+    session.flush()
+    return True
+
+
+def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
+             now: datetime | None = None) -> bool:
+    """Charge a refunded job again, deliberately (an operator's choice for a job completed after
+    its refund): a ``job-recharge:{job}:usage`` USAGE + ``job-recharge:{job}:commit`` COMMIT pair,
+    taken from the balance like a reservation (``sub`` first, FIFO). The job's ``credits_actual``
+    and ``display_cost`` become ``amount``; the audit's per-job identity counts the pair.
+
+    Idempotent: False when the job was re-charged already. Raises :class:`LedgerError` unless
+    the job's usage log was refunded by the library, :class:`InsufficientCredits` when the
+    balance is too low (nothing written either way).
+    """
+    _check_amount(amount, "amount")
     now = _now(now)
     log = session.execute(select(UsageLog).where(UsageLog.job_id == job_id)
                           .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
     if log is None:
         raise InvalidParam(f"job {job_id} has no usage log", param="job_id")
     balance = lock_balance(session, log.user_id)
-    if _txn_exists(session, txn_id):
+    if _txn_exists(session, recharge_commit_txn_id(job_id)):
         return False
-    parts = split_pro_rata(amount, *_pools_of(log))
-    session.add(CreditTransaction(id=txn_id, user_id=log.user_id, job_id=job_id, type="REFUND",
-                                  amount=amount, from_sub=parts[0], from_topup=parts[1],
-                                  created_at=now))
-    _return_to_pools(session, balance, kind="REFUND", txn_id=txn_id, parts=parts, now=now)
+    session.refresh(log)
+    if log.status != "refunded" or not _txn_exists(session, refund_txn_id(job_id)):
+        raise LedgerError(f"job {job_id} can be re-charged only after the library refunded it "
+                          f"(usage log {log.status})", reason="recharge_not_refunded")
+    _check_funds(balance, amount)
+    taken = _consume(session, balance, amount, now)
+    _add_txn(session, recharge_usage_txn_id(job_id), log.user_id, job_id, "USAGE", taken, now)
+    _add_txn(session, recharge_commit_txn_id(job_id), log.user_id, job_id, "COMMIT", taken, now)
+    session.execute(update(Job).where(Job.id == job_id)
+                    .values(credits_actual=amount, display_cost=amount))
     session.flush()
     return True
 
 
 def settled_amount(session: Session, job_id: uuid.UUID) -> int | None:
-    """What the job finally cost: the committed amount, 0 when refunded, None while reserved."""
+    """What the job finally cost: the committed amount (plus a re-charge), 0 when refunded,
+    None while reserved."""
     log = session.execute(select(UsageLog).where(UsageLog.job_id == job_id)
                           .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
     if log is None:
         return 0
     if log.status == "reserved":
         return None
+    recharged = session.get(CreditTransaction, recharge_commit_txn_id(job_id))
+    extra = recharged.amount if recharged is not None else 0
     if log.status == "committed":
         txn = session.get(CreditTransaction, commit_txn_id(job_id))
-        return txn.amount if txn is not None else max(0, log.credits - legacy_refunded(session, job_id))
-    return 0
+        base = txn.amount if txn is not None else max(0, log.credits - legacy_refunded(session, job_id))
+        return base + extra
+    return extra
 
 
 def history(session: Session, user_id: uuid.UUID) -> list[CreditTransaction]:
@@ -354,110 +586,19 @@ def history(session: Session, user_id: uuid.UUID) -> list[CreditTransaction]:
 # ----------------------------------------------------------------------------- audit
 
 
-@dataclass(frozen=True)
-class Discrepancy:
-    kind: str
-    user_id: uuid.UUID | None
-    job_id: uuid.UUID | None
-    detail: str
-
-
 def audit(session: Session, *, now: datetime | None = None,
-          grace: timedelta = timedelta(minutes=10)) -> list[Discrepancy]:
-    """Every way the ledger is out of balance (an empty list means clean).
+          grace: timedelta = timedelta(minutes=10), settings: Settings | None = None,
+          since: datetime | None = None) -> list[Discrepancy]:
+    """Every way the ledger is out of balance (an empty list means clean): see
+    :mod:`reconcile.audit`. ``since`` runs the incremental audit (what was touched since)."""
+    from .audit import run
 
-    Per user: each pool's balance equals its lots' remainders and no lot is negative or above
-    its amount; granted = balance + reserved (net of legacy refunds) + committed. Per job: at
-    most one settlement, consistent with its usage log. And no terminal job still holds a
-    ``reserved`` log past ``grace``.
-    """
-    now = _now(now)
-    found: list[Discrepancy] = []
-    legacy: dict[uuid.UUID, int] = {}
-    for job_id, amount in session.execute(
-        select(CreditTransaction.job_id, func.sum(CreditTransaction.amount))
-        .where(CreditTransaction.type == "REFUND",
-               ~CreditTransaction.id.like("job-refund:%"))
-        .group_by(CreditTransaction.job_id)
-    ):
-        if job_id is not None:
-            legacy[job_id] = int(amount)
-
-    lots: dict[tuple[uuid.UUID, str], int] = {}
-    for lot in session.execute(select(CreditLot)).scalars():
-        lots[(lot.user_id, lot.pool)] = lots.get((lot.user_id, lot.pool), 0) + lot.remaining_amount
-        if not 0 <= lot.remaining_amount <= lot.amount:
-            found.append(Discrepancy("lot_out_of_range", lot.user_id, None,
-                                     f"lot {lot.id}: {lot.remaining_amount}/{lot.amount}"))
-
-    sums: dict[tuple[uuid.UUID, str], int] = {}
-    for user_id, type_, amount in session.execute(
-        select(CreditTransaction.user_id, CreditTransaction.type, func.sum(CreditTransaction.amount))
-        .group_by(CreditTransaction.user_id, CreditTransaction.type)
-    ):
-        sums[(user_id, type_)] = int(amount)
-
-    reserved: dict[uuid.UUID, int] = {}
-    for log in session.execute(select(UsageLog).where(UsageLog.status == "reserved")).scalars():
-        held = max(0, log.credits - legacy.get(log.job_id, 0)) if log.job_id else log.credits
-        reserved[log.user_id] = reserved.get(log.user_id, 0) + held
-
-    for bal in session.execute(select(CreditBalance)).scalars():
-        for pool in POOLS:
-            have = getattr(bal, pool)
-            in_lots = lots.get((bal.user_id, pool), 0)
-            if have != in_lots:
-                found.append(Discrepancy("balance_mismatch", bal.user_id, None,
-                                         f"{pool}: balance {have} != lots {in_lots}"))
-            if have < 0:
-                found.append(Discrepancy("negative_balance", bal.user_id, None, f"{pool}: {have}"))
-        granted = sums.get((bal.user_id, "GRANT"), 0)
-        committed = sums.get((bal.user_id, "COMMIT"), 0)
-        held = reserved.get(bal.user_id, 0)
-        total = bal.sub + bal.topup + held + committed
-        if granted != total:
-            found.append(Discrepancy(
-                "unbalanced", bal.user_id, None,
-                f"granted {granted} != balance {bal.sub + bal.topup} + reserved {held} + "
-                f"committed {committed}"))
-
-    found.extend(_audit_jobs(session, now, grace))
-    return found
+    return run(session, now=_now(now), grace=grace, settings=settings, since=since)
 
 
-def _audit_jobs(session: Session, now: datetime, grace: timedelta) -> list[Discrepancy]:
-    found: list[Discrepancy] = []
-    settlements: dict[uuid.UUID, list[str]] = {}
-    for txn_id, job_id in session.execute(
-        select(CreditTransaction.id, CreditTransaction.job_id).where(
-            (CreditTransaction.id.like("job-commit:%")) | (CreditTransaction.id.like("job-refund:%"))
-        )
-    ):
-        settlements.setdefault(job_id, []).append(txn_id)
-    for job_id, ids in settlements.items():
-        if len(ids) > 1:
-            found.append(Discrepancy("settled_twice", None, job_id, ", ".join(sorted(ids))))
-    for log in session.execute(
-        select(UsageLog).where(UsageLog.job_id.in_(
-            select(CreditTransaction.job_id).where(CreditTransaction.id.like("job-usage:%"))))
-    ).scalars():
-        ids = settlements.get(log.job_id, [])
-        expect = {"reserved": None, "committed": "job-commit:", "refunded": "job-refund:"}
-        prefix = expect.get(log.status)
-        if prefix is None and ids:
-            found.append(Discrepancy("reserved_but_settled", log.user_id, log.job_id, ", ".join(ids)))
-        elif prefix is not None and not any(i.startswith(prefix) for i in ids):
-            found.append(Discrepancy("settlement_missing", log.user_id, log.job_id,
-                                     f"usage log {log.status} without its transaction"))
-    cutoff = now - grace
-    stuck = session.execute(
-        select(Job.id, Job.user_id, Job.status).join(UsageLog, UsageLog.job_id == Job.id).where(
-            Job.status.in_(TERMINAL_JOB_STATUSES),
-            UsageLog.status == "reserved",
-            func.coalesce(Job.completed_at, Job.created_at) < cutoff,
-        )
-    )
-    for job_id, user_id, status in stuck:
-        found.append(Discrepancy("terminal_job_reserved", user_id, job_id,
-                                 f"job {status} still holds a reserved usage log"))
-    return found
+def __getattr__(name: str) -> Any:  # ``credits.Discrepancy`` kept for callers
+    if name == "Discrepancy":
+        from .audit import Discrepancy
+
+        return Discrepancy
+    raise AttributeError(name)

@@ -5,7 +5,10 @@
     ReconcileError                      code: INTERNAL
     ├── InvalidParam                    INVALID_PARAM (400)
     ├── InsufficientCredits             INSUFFICIENT_CREDITS (402)
-    ├── LedgerError                     a ledger invariant was about to break
+    ├── LedgerError                     a ledger invariant was about to break (``reason``)
+    │   ├── LegacyRefundRefused         an import that would create money (after the library's
+    │   │                               refund or a commit, above what is held, reserved id)
+    │   └── BadUsageMetadata            a usage log whose pools cannot be read (bad_usage_metadata)
     ├── JobNotFound                     JOB_NOT_FOUND (404)
     ├── Conflict                        SUBMISSION_RECONCILIATION_REQUIRED | JOB_NOT_CANCELABLE (409)
     ├── ProviderError                   any upstream answer we cannot use as success
@@ -105,6 +108,33 @@ class InsufficientCredits(ReconcileError):
 
 class LedgerError(ReconcileError):
     """The credit ledger refused an operation that would unbalance it."""
+
+    reason: str = "ledger_error"  # stable, for logs, anomalies and tests (never parse the text)
+
+    def __init__(self, message: str | None = None, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class LegacyRefundRefused(LedgerError):
+    """A legacy refund would create money; nothing was written.
+
+    ``reason``: ``legacy_refund_after_refund`` (the library already refunded the job),
+    ``legacy_refund_after_commit`` (the job's reservation was committed),
+    ``legacy_refund_exceeds_held`` (more than the reservation still holds),
+    ``legacy_refund_reserved_id`` (an id under the library's own ``job-…:`` prefixes),
+    ``legacy_refund_not_in_ledger`` (the job has no USAGE row: import its reservation first).
+    """
+
+    reason = "legacy_refund_refused"
+
+
+class BadUsageMetadata(LedgerError):
+    """A usage log's ``metadata`` gives no usable pools and the ledger has no USAGE row to read
+    them from; an operator sets them (``credits.repair_usage_metadata``)."""
+
+    reason = "bad_usage_metadata"
 
 
 class JobNotFound(ReconcileError):

@@ -105,8 +105,11 @@ def test_refund_returns_to_recorded_pools_as_lots_later_reservations_consume(
         assert credits.audit(s) == []
 
 
-def test_commit_for_less_releases_the_rest_pro_rata(db: sessionmaker[Session]) -> None:
-    """Committing 40 of 100 (70 sub / 30 topup) releases 60 as 42 sub + 18 topup."""
+def test_commit_for_less_takes_sub_first_and_releases_each_pools_rest(
+    db: sessionmaker[Session],
+) -> None:
+    """Committing 40 of 100 (70 sub / 30 topup) takes 40 sub and releases 30 sub + 30 topup
+    (DESIGN §2.2 amended: each pool is conserved on its own)."""
     user = uuid.uuid4()
     with db.begin() as s:
         credits.grant(s, user, "sub", 70, "s")
@@ -117,10 +120,11 @@ def test_commit_for_less_releases_the_rest_pro_rata(db: sessionmaker[Session]) -
         assert credits.commit(s, jid, 40) is True
         assert credits.commit(s, jid, 40) is False
         assert credits.refund(s, jid) is False
-    assert _balance(db, user) == (42, 18)
+    assert _balance(db, user) == (30, 30)
     with db() as s:
         assert credits.settled_amount(s, jid) == 40
-        assert s.get(CreditTransaction, f"job-release:{jid}").amount == 60
+        c, r = s.get(CreditTransaction, f"job-commit:{jid}"), s.get(CreditTransaction, f"job-release:{jid}")
+        assert (c.from_sub, c.from_topup) == (40, 0) and (r.from_sub, r.from_topup) == (30, 30)
         assert credits.audit(s) == []
 
 
