@@ -264,6 +264,14 @@ class _Run:
             self.cond.notify_all()
         self._quiesce()
 
+    def recheck(self) -> None:
+        """Lock waiters may have been granted their lock: let them run to their next boundary."""
+        with self.cond:
+            for s in self.slots:
+                if s.state == "blocked":
+                    s.state = "running"
+        self._quiesce()
+
     def touch(self) -> None:
         """The world changed outside any writer (a clock jump): sleepers may go on."""
         with self.cond:
@@ -451,7 +459,7 @@ class Explorer:
         self.sim.wall_now = lambda: self.clock.now  # listings compare with our clock
         self.engine = make_engine(database_url, pool_size=4, max_overflow=4)
         self.writer_engines = []
-        for slot in range(2):
+        for _ in range(2):
             engine = make_engine(database_url, pool_size=3, max_overflow=3, pool_pre_ping=False)
             event.listen(engine, "connect", _fast_deadlocks)
             event.listen(engine, "before_cursor_execute", self._on_execute)
@@ -522,8 +530,10 @@ class Explorer:
 
     def lock_waiting(self, pid: int) -> bool:
         with self._admin_lock:
+            # the lock graph, not the backend's wait_event: a releasing commit grants the waiter's
+            # lock in shared memory at once, before the woken backend updates its wait_event
             row = self._admin.execute(
-                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted)",
                 (pid,)).fetchone()
         return bool(row and row[0])
 
@@ -564,7 +574,8 @@ class Explorer:
         sc.fund(self.rt, ctx)
         scenario.setup(self.rt, ctx)
         marks = [START + m + timedelta(seconds=1) for m in scenario.marks]
-        writers = [(w.name, _bind(w, rt, ctx)) for w, rt in zip(scenario.writers, self.writer_rts)]
+        writers = [(w.name, _bind(w, rt, ctx)) for w, rt in zip(scenario.writers, self.writer_rts,
+                                                                strict=True)]
         run = _Run(self, writers)
         self.current = run
         self.clock.reader = run.note_clock_read
@@ -575,6 +586,7 @@ class Explorer:
             last: int | None = None
             preemptions = jumps = 0
             k = 0
+            stalled = time.monotonic()
             while not run.all_done():
                 if k > MAX_DECISIONS:
                     raise TimeoutError(f"more than {MAX_DECISIONS} steps")
@@ -587,7 +599,12 @@ class Explorer:
                         else:
                             run.touch()
                         continue
-                    raise TimeoutError("no writer can run and none is done")
+                    if time.monotonic() > stalled + STEP_TIMEOUT:
+                        raise TimeoutError("no writer can run and none is done")
+                    time.sleep(_LOCK_POLL)  # a lock waiter about to be granted: look again
+                    run.recheck()
+                    continue
+                stalled = time.monotonic()
                 last_parked = last is not None and run.slots[last].state == "parked"
                 if k < len(prefix):
                     choice = prefix[k]
@@ -608,7 +625,9 @@ class Explorer:
                     slot = run.slots[index]
                     decisions.append(Decision(tuple(enabled), ahead, choice, last, last_parked,
                                               preemptions, jumps, slot.clock_read, label))
-                    trace.append(f"{slot.name}: {label}")
+                    trace.append(f"{index}:{slot.name}: {label}")
+                    trace += [f"{s.index}:{s.name}: waits on a row lock" for s in run.slots
+                              if s.state == "blocked"]
                     if last_parked and index != last:
                         preemptions += 1
                     last = index
@@ -635,8 +654,9 @@ class Explorer:
         trace.append(f"clock → +{to - START}{' (all waiting)' if forced else ''}")
 
     def explore(self, scenario: Scenario, bounds: Bounds,
-                on_violation: Callable[[ScheduleResult], None] | None = None) -> ScenarioReport:
-        """Every schedule within ``bounds``, depth first; counts and the first violation."""
+                on_schedule: Callable[[ScheduleResult], None] | None = None) -> ScenarioReport:
+        """Every schedule within ``bounds``, depth first; counts and the first violation.
+        ``on_schedule`` sees every schedule's result."""
         report = ScenarioReport(scenario.name)
         started = time.monotonic()
         stack: list[tuple[str, ...]] = [()]
@@ -657,8 +677,8 @@ class Explorer:
                     report.violation_kinds[key] = report.violation_kinds.get(key, 0) + 1
                 if report.first_violation is None:
                     report.first_violation = result
-                    if on_violation is not None:
-                        on_violation(result)
+            if on_schedule is not None:
+                on_schedule(result)
             stack.extend(reversed(_children(prefix, result.decisions, bounds)))
         report.distinct_traces = len(traces)
         report.seconds = time.monotonic() - started
