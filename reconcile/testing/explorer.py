@@ -20,7 +20,8 @@ clock-free step commutes with it). A writer waiting on a row lock is detected th
 ``pg_stat_activity`` (``wait_event_type = 'Lock'`` for its backend pid), never by timing, and
 the other writer runs. A writer that waits for time or for the other writer (``wait_for_job``'s
 sleep, a webhook waiting for its upstream task) parks at a *sleep point*, enabled again only
-once something changed.
+after a step that committed a change, or a clock jump (what it waits for is committed state or
+time; re-reading an unchanged state is the same schedule).
 
 After each schedule the invariants are checked, then the system is driven to quiescence the way
 production would (queued create/poll messages run, the clock advances to the next deadline, the
@@ -120,7 +121,7 @@ class Queues:
 
 _SKIP = re.compile(r"^\s*(SAVEPOINT|RELEASE SAVEPOINT|ROLLBACK TO SAVEPOINT)\b", re.I)
 _WRITE = re.compile(r"^\s*(UPDATE|INSERT|DELETE)\b|\bFOR UPDATE\b|\bFOR NO KEY UPDATE\b", re.I)
-_TABLES = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+\"?([a-z_][a-z0-9_]*)\"?", re.I)
+_TABLES = re.compile(r"\b(?:FROM|INTO|(?<!FOR )UPDATE|JOIN)\s+\"?([a-z_][a-z0-9_]*)\"?", re.I)
 
 
 def fingerprint(statement: str) -> str:
@@ -170,6 +171,8 @@ class Decision:
     jumps: int
     clock_read: bool  # the chosen writer's step read the clock
     label: str  # the statement the chosen writer executed first
+    changed: bool = True  # did the previous step commit, change the simulator or jump the clock
+    pending: tuple[str, ...] = ()  # per writer: the boundary it waits at
 
 
 class _Run:
@@ -180,7 +183,9 @@ class _Run:
         self.cond = threading.Condition()
         self.slots = [_Slot(i, name) for i, (name, _) in enumerate(writers)]
         self.bodies = [body for _, body in writers]
-        self.version = 0
+        self.version = 0  # bumped by a step that committed a change, and by a clock jump
+        self.committed = False  # did the current step commit a change
+        self._mutations = explorer.sim_mutations
         self.aborted = False
         self.by_thread: dict[int, _Slot] = {}
 
@@ -256,13 +261,19 @@ class _Run:
             start = slot.state == "init"
             slot.state = "running"
             slot.go = True
-            self.version += 1
+            self.committed = False
             if start:
                 slot.thread = threading.Thread(target=self._body, args=(slot,), daemon=True,
                                                name=f"explorer-{slot.name}")
                 slot.thread.start()
             self.cond.notify_all()
         self._quiesce()
+        with self.cond:
+            mutations = self.explorer.sim_mutations
+            if self.committed or mutations != self._mutations:
+                # what a sleeper waits for is committed state, the simulator or the clock
+                self.version += 1
+            self._mutations = mutations
 
     def recheck(self) -> None:
         """Lock waiters may have been granted their lock: let them run to their next boundary."""
@@ -425,10 +436,12 @@ class ScenarioReport:
     seconds: float = 0.0
     truncated: bool = False
     first_violation: ScheduleResult | None = None
+    first_violation_at: int = 0  # its number in the exploration order (1 = the first schedule)
     violation_kinds: dict[str, int] = field(default_factory=dict)
 
     def line(self) -> str:
-        status = "OK" if not self.violating else f"VIOLATED ({self.violating})"
+        status = "OK" if not self.violating else \
+            f"VIOLATED ({self.violating}, first at #{self.first_violation_at})"
         kinds = (" " + ",".join(f"{k}×{n}" for k, n in sorted(self.violation_kinds.items()))
                  if self.violation_kinds else "")
         return (f"{self.scenario:<40} schedules={self.schedules:<5} distinct={self.distinct_traces:<5}"
@@ -436,6 +449,19 @@ class ScenarioReport:
 
 
 # ----------------------------------------------------------------------------- the explorer
+
+# the simulator's per-run state a snapshot carries (its ids keep counting: they never repeat)
+_SIM_STATE = ("_job_scripts", "_model_scripts", "_tasks", "_sync_tasks", "_creates", "_attempts",
+              "_limited", "_deliveries", "default_script")
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    tables: dict[str, bytes]
+    sim: dict[str, Any]
+    facts: dict[str, Any]
+    now: datetime
+
 
 
 class Explorer:
@@ -453,16 +479,21 @@ class Explorer:
         self.clock = VirtualClock()
         self.queues = Queues()
         self.current: _Run | None = None
+        self._snapshots: dict[str, _Snapshot] = {}
         self._outbox = JobEvent.__table__.name
         self._own_sim = sim is None
         self.sim = sim or Simulator(seed=7, clock=self.clock.seconds).start()
         self.sim.wall_now = lambda: self.clock.now  # listings compare with our clock
-        self.engine = make_engine(database_url, pool_size=4, max_overflow=4)
+        self.sim_mutations = 0  # upstream creates and state changes (cancels), counted
+        for name in ("create", "call", "set_state"):
+            setattr(self.sim, name, self._counting(getattr(self.sim, name)))
+        self.engine = make_engine(database_url, pool_size=4, max_overflow=4, pool_pre_ping=False)
         self.writer_engines = []
         for _ in range(2):
             engine = make_engine(database_url, pool_size=3, max_overflow=3, pool_pre_ping=False)
             event.listen(engine, "connect", _fast_deadlocks)
             event.listen(engine, "before_cursor_execute", self._on_execute)
+            event.listen(engine, "after_cursor_execute", self._after_execute)
             event.listen(engine, "commit", self._on_commit)
             event.listen(engine, "rollback", self._on_rollback)
             with engine.connect():  # dialect initialisation happens before any hook runs
@@ -476,6 +507,12 @@ class Explorer:
         self._admin_lock = threading.Lock()
         self.rt = self._runtime(self.sessions)
         self.writer_rts = [self._runtime(s) for s in self.writer_sessions]
+
+    def _counting(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.sim_mutations += 1
+            return method(*args, **kwargs)
+        return counted
 
     def close(self) -> None:
         self._admin.close()
@@ -512,9 +549,17 @@ class Explorer:
         slot.pid = pid
         if _SKIP.match(statement) or _outbox_only(statement, self._outbox):
             return
-        if _WRITE.search(statement):
-            conn.info["explorer_dirty"] = True
         run.boundary(slot, fingerprint(statement), pid)
+
+    def _after_execute(self, conn: Any, cursor: Any, statement: str, parameters: Any,
+                       context: Any, executemany: bool) -> None:
+        """A transaction that changed or locked a row (outside the outbox) makes its COMMIT a
+        boundary; an UPDATE or a FOR UPDATE that matched nothing locked nothing."""
+        run = self.current
+        if run is None or run.slot_here() is None or _outbox_only(statement, self._outbox):
+            return
+        if _WRITE.search(statement) and cursor.rowcount != 0:
+            conn.info["explorer_dirty"] = True
 
     def _on_commit(self, conn: Any) -> None:
         dirty = conn.info.pop("explorer_dirty", False)
@@ -522,6 +567,7 @@ class Explorer:
         slot = run.slot_here() if run is not None else None
         if slot is not None and dirty:
             run.boundary(slot, "COMMIT", _backend_pid(conn))
+            run.committed = True
 
     def _on_rollback(self, conn: Any) -> None:
         conn.info.pop("explorer_dirty", None)
@@ -562,17 +608,65 @@ class Explorer:
         self.clock.reader = None
         self.queues.clear()
 
+    def _prepare(self, scenario: Scenario) -> Context:
+        """The scenario's starting state: built with the real lifecycle the first time, then
+        restored from a snapshot (tables copied out and back, the simulator's tasks and
+        counters) — the same state, without re-running the setup for every schedule."""
+        from . import explorer_scenarios as sc
+
+        ctx = Context(self, uuid.uuid5(uuid.NAMESPACE_URL, f"explorer/{scenario.name}/job"),
+                      uuid.uuid5(uuid.NAMESPACE_URL, "explorer/user"))
+        snapshot = self._snapshots.get(scenario.name)
+        if snapshot is None:
+            self.reset()
+            sc.fund(self.rt, ctx)
+            scenario.setup(self.rt, ctx)
+            self._snapshots[scenario.name] = self._snapshot(ctx)
+        else:
+            self._restore(snapshot, ctx)
+        return ctx
+
+    def _snapshot(self, ctx: Context) -> _Snapshot:
+        import copy
+
+        from ..db.models import Base
+
+        tables = {}
+        with self._admin_lock, self._admin.cursor() as cur:
+            for table in Base.metadata.sorted_tables:
+                with cur.copy(f'COPY "{table.name}" TO STDOUT') as out:
+                    tables[table.name] = b"".join(bytes(chunk) for chunk in out)
+        sim = self.sim
+        with sim._lock:
+            state = copy.deepcopy({name: getattr(sim, name) for name in _SIM_STATE})
+        return _Snapshot(tables, state, dict(ctx.facts), self.clock.now)
+
+    def _restore(self, snapshot: _Snapshot, ctx: Context) -> None:
+        import copy
+
+        from ..db.models import Base
+
+        self.reset()
+        with self._admin_lock, self._admin.cursor() as cur:
+            for table in Base.metadata.sorted_tables:  # parents first
+                data = snapshot.tables[table.name]
+                if data:
+                    with cur.copy(f'COPY "{table.name}" FROM STDIN') as into:
+                        into.write(data)
+        sim = self.sim
+        with sim._lock:
+            for name, value in copy.deepcopy(snapshot.sim).items():
+                setattr(sim, name, value)
+        ctx.facts.update(copy.deepcopy(snapshot.facts))
+        self.clock.now = snapshot.now
+
     # --- schedules ------------------------------------------------------------------------------
 
     def run_schedule(self, scenario: Scenario, prefix: Sequence[str]) -> ScheduleResult:
         """Replay ``prefix`` from a fresh state, then continue with the default policy."""
         from . import explorer_scenarios as sc
 
-        self.reset()
-        ctx = Context(self, uuid.uuid5(uuid.NAMESPACE_URL, f"explorer/{scenario.name}/job"),
-                      uuid.uuid5(uuid.NAMESPACE_URL, "explorer/user"))
-        sc.fund(self.rt, ctx)
-        scenario.setup(self.rt, ctx)
+        ctx = self._prepare(scenario)
         marks = [START + m + timedelta(seconds=1) for m in scenario.marks]
         writers = [(w.name, _bind(w, rt, ctx)) for w, rt in zip(scenario.writers, self.writer_rts,
                                                                 strict=True)]
@@ -586,6 +680,7 @@ class Explorer:
             last: int | None = None
             preemptions = jumps = 0
             k = 0
+            seen = -1
             stalled = time.monotonic()
             while not run.all_done():
                 if k > MAX_DECISIONS:
@@ -606,6 +701,8 @@ class Explorer:
                     continue
                 stalled = time.monotonic()
                 last_parked = last is not None and run.slots[last].state == "parked"
+                changed, seen = run.version != seen, run.version
+                pending = tuple(sl.label for sl in run.slots)
                 if k < len(prefix):
                     choice = prefix[k]
                     if not _available(choice, enabled, ahead):
@@ -616,7 +713,7 @@ class Explorer:
                 if choice.startswith("t"):
                     self._jump(run, marks[int(choice[1:])], trace, forced=False)
                     decisions.append(Decision(tuple(enabled), ahead, choice, last, last_parked,
-                                              preemptions, jumps, False, "clock"))
+                                              preemptions, jumps, False, "clock", changed, pending))
                     jumps += 1
                 else:
                     index = int(choice)
@@ -624,7 +721,8 @@ class Explorer:
                     run.step(index)
                     slot = run.slots[index]
                     decisions.append(Decision(tuple(enabled), ahead, choice, last, last_parked,
-                                              preemptions, jumps, slot.clock_read, label))
+                                              preemptions, jumps, slot.clock_read, label, changed,
+                                              pending))
                     trace.append(f"{index}:{slot.name}: {label}")
                     trace += [f"{s.index}:{s.name}: waits on a row lock" for s in run.slots
                               if s.state == "blocked"]
@@ -677,6 +775,7 @@ class Explorer:
                     report.violation_kinds[key] = report.violation_kinds.get(key, 0) + 1
                 if report.first_violation is None:
                     report.first_violation = result
+                    report.first_violation_at = report.schedules
             if on_schedule is not None:
                 on_schedule(result)
             stack.extend(reversed(_children(prefix, result.decisions, bounds)))

@@ -125,6 +125,14 @@ def sync_submitted(rt: Any, ctx: Context) -> None:
     _submit(rt, ctx, kind=SYNC_KIND)
 
 
+def sync_claimed_dead(rt: Any, ctx: Context) -> None:
+    """A sync-kind job whose request took the submission claim, then its process died."""
+    from ..sync import _claim
+
+    _submit(rt, ctx, kind=SYNC_KIND)
+    _claim(rt, ctx.job_id, None)
+
+
 def platform_row(rt: Any, ctx: Context) -> None:
     """A platform row the library never submitted (no submission_state), credits reserved."""
     with rt.sessions.begin() as session:
@@ -363,7 +371,10 @@ def _final(job: Job, commit: bool, refund: bool, audit: Sequence[Any], phase: st
         found.append(f"unsettled: completed without a commit ({phase})")
     if job.status in (Status.FAILED, Status.CANCELLED) and (not refund or job.credits_actual is None):
         found.append(f"unsettled: {job.status} without its refund ({phase})")
-    if job.status in IN_FLIGHT and job.submission_state != Submission.UNCERTAIN:
+    # only an async submission is held uncertain on purpose (evidence or an operator decides);
+    # a sync call leaves nothing upstream to look up
+    held = job.submission_state == Submission.UNCERTAIN and job.provider_kind != SYNC_KIND
+    if job.status in IN_FLIGHT and not held:
         found.append(f"stuck_in_flight: {job.status}/{job.submission_state} with no live chain, "
                      f"claim or sweep path (last error {job.reconcile_last_error!r}) ({phase})")
     found += [f"audit: {d.kind} {d.detail} ({phase})" for d in audit]
@@ -432,9 +443,10 @@ def quiesce_and_check(rt: Any, ctx: Context, scenario: Scenario, rounds: int = 4
             break
         clock.now = max(clock.now, _next_deadline(rt, job, clock.now))
         sweep(rt)
-    clock.now += SETTLE_GRACE + timedelta(seconds=1)
-    sweep(rt)
-    _drain(rt, ctx)
+    if job.status not in TERMINAL or job.credits_actual is None:  # past the grace once more
+        clock.now += SETTLE_GRACE + timedelta(seconds=1)
+        sweep(rt)
+        _drain(rt, ctx)
     return check(rt, ctx, scenario, "at quiescence", final=True)
 
 
@@ -494,6 +506,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     _pair("sync", sync_submitted, SYNC, CANCEL, ()),
     _pair("sync", sync_submitted, SYNC, SWEEP, (SYNC_THRESHOLD,)),
     _pair("sync", sync_submitted, SYNC, FAIL, ()),
+    _pair("sync_dead", sync_claimed_dead, CREATE, SWEEP, (SYNC_THRESHOLD,),
+          "hole 12: a stray create message for a sync job whose request died"),
     _pair("platform", platform_row, SYNC_PLATFORM, CANCEL, (),
           "hole 6: sync_call on a platform row after a cancel"),
 )
