@@ -531,10 +531,13 @@ class Explorer:
         from ..runtime import Runtime
         from ..storage import LocalStorage
 
+        import requests
+
         return Runtime(
             settings=self.sim.settings(webhook_base_url="https://platform.example/hooks",
                                        database_url=self.database_url),
             sessions=sessions, storage=LocalStorage(self.workdir / "media"), clock=self.clock,
+            http=requests.Session(),  # kept-alive loopback connections: media fetches are cheap
             enqueue_create=self.queues.enqueue_create, enqueue_poll=self.queues.enqueue_poll)
 
     # --- hooks (writer threads) -----------------------------------------------------------------

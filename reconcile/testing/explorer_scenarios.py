@@ -39,7 +39,7 @@ SYNC_KIND, SYNC_MODEL, SYNC_INPUT = "anthropic-sync", "claude-sonnet-4-5", {"pro
 CREDITS = 40
 NODE = "n1"
 SUCCEEDS = Script(timeline=((0.0, "succeeded"),))  # done upstream at once
-SUCCEEDS_LATER = Script(timeline=((0.0, "running"), (60.0, "succeeded")))
+SUCCEEDS_LATER = Script(timeline=((0.0, "running"), (10.0, "succeeded")))
 
 # deadlines, as offsets from the schedule's start (the explorer passes each by one second)
 CLAIM = CREATE_CLAIM_LEASE
@@ -194,13 +194,12 @@ def _webhook(rt: Any, ctx: Context) -> str:
 
 
 def _cancel(rt: Any, ctx: Context) -> str:
-    from ..cancel import cancel_job
-    from ..errors import Conflict
+    """The user's cancel through the gateway helper (200 / 404 / 409)."""
+    from .. import api
 
-    try:
-        return cancel_job(rt, ctx.user_id, ctx.job_id).status
-    except Conflict as exc:
-        return f"409 {exc.code}"
+    status, body = api.cancel(rt, ctx.user_id, ctx.job_id)
+    error = body.get("error") if isinstance(body, dict) else None
+    return f"{status} {error.get('code') if isinstance(error, dict) else body.get('state')}"
 
 
 def _cli(rt: Any, *args: str) -> str:
@@ -393,19 +392,18 @@ def _nodes(value: Any) -> list[str]:
 # ----------------------------------------------------------------------------- quiescence
 
 
-def _drain(rt: Any, ctx: Context, limit: int = 12) -> None:
-    """Run the queued create/poll messages the way workers would (countdowns ignored)."""
+def _drain(rt: Any, ctx: Context) -> None:
+    """Run the messages queued so far the way workers would; what they enqueue (the next poll,
+    a re-enqueued create) waits for the next round, as its countdown would make it."""
     queues = ctx.explorer.queues
-    for _ in range(limit):
-        with queues.lock:
-            create = queues.creates.popleft() if queues.creates else None
-            poll = queues.polls.popleft() if create is None and queues.polls else None
-        if create is not None:
-            lifecycle.create_step(rt, create)
-        elif poll is not None:
-            lifecycle.poll_step(rt, *poll)
-        else:
-            return
+    with queues.lock:
+        creates, polls = list(queues.creates), list(queues.polls)
+        queues.creates.clear()
+        queues.polls.clear()
+    for job_id in creates:
+        lifecycle.create_step(rt, job_id)
+    for poll in polls:
+        lifecycle.poll_step(rt, *poll)
 
 
 def _next_deadline(rt: Any, job: Job, now: Any) -> Any:
