@@ -528,10 +528,10 @@ class Explorer:
         self.close()
 
     def _runtime(self, sessions: Any) -> Any:
+        import requests
+
         from ..runtime import Runtime
         from ..storage import LocalStorage
-
-        import requests
 
         return Runtime(
             settings=self.sim.settings(webhook_base_url="https://platform.example/hooks",
@@ -755,9 +755,10 @@ class Explorer:
         trace.append(f"clock → +{to - START}{' (all waiting)' if forced else ''}")
 
     def explore(self, scenario: Scenario, bounds: Bounds,
-                on_schedule: Callable[[ScheduleResult], None] | None = None) -> ScenarioReport:
+                on_schedule: Callable[[ScheduleResult], None] | None = None, *,
+                stop_at_first: bool = False) -> ScenarioReport:
         """Every schedule within ``bounds``, depth first; counts and the first violation.
-        ``on_schedule`` sees every schedule's result."""
+        ``on_schedule`` sees every schedule's result; ``stop_at_first`` ends at a violation."""
         report = ScenarioReport(scenario.name)
         started = time.monotonic()
         stack: list[tuple[str, ...]] = [()]
@@ -781,6 +782,8 @@ class Explorer:
                     report.first_violation_at = report.schedules
             if on_schedule is not None:
                 on_schedule(result)
+            if stop_at_first and result.violations:
+                break
             stack.extend(reversed(_children(prefix, result.decisions, bounds)))
         report.distinct_traces = len(traces)
         report.seconds = time.monotonic() - started

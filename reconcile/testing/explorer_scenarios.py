@@ -510,13 +510,13 @@ SCENARIOS: tuple[Scenario, ...] = (
           "hole 6: sync_call on a platform row after a cancel"),
 )
 
-# the bounded exploration run by `make test` (tests/integration/test_explorer.py)
-BOUNDED = (
-    "new:create/create", "new:create/cancel", "new:create/resolve_upstream",
-    "accepted:poll/poll", "accepted:poll/cancel", "accepted:poll/webhook",
-    "workflow:poll/wait_for_job", "uncertain:sweep/resolve_not_submitted",
-    "unsettled:settle/sweep",
-)
+# the bounded exploration `make test` runs (tests/integration/test_explorer.py): one preemption,
+# one clock jump, and at most this many schedules each (depth-first order, so deterministic;
+# None: the whole tree). Sized for a loaded 2-core machine; `make explore` runs every scenario.
+BOUNDED: dict[str, int | None] = {
+    "new:create/resolve_upstream": None,  # hole 1 (58 schedules; the violation is #11)
+    "workflow:poll/wait_for_job": 60,  # hole 8 (197 schedules in all; the violation is #23)
+}
 
 
 def scenarios_named(names: Sequence[str] | None) -> list[Scenario]:
