@@ -24,11 +24,9 @@ from tests.conftest import PG_ADMIN_URL
 
 BOUNDS = ex.Bounds(preemptions=1, jumps=1)
 
-# holes of issue 11 still open on main; strict: the day the fix lands this marker must go
-OPEN_HOLES = {
-    "new:create/resolve_upstream": "issue 11 hole 1: a late create answer cancels the adopted task",
-    "workflow:poll/wait_for_job": "issue 11 hole 8: the node timeout is decided on a stale read",
-}
+# a scenario whose hole is still open on main would be listed here as (name, reason), run as a
+# strict xfail: the day the fix lands the marker has to go. Holes 1 and 8 are fixed (i11b).
+OPEN_HOLES: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
