@@ -52,7 +52,8 @@ def test_bounded_exploration_finds_no_violation(explorer: ex.Explorer, name: str
     assert report.schedules > 1
     assert cap is not None or not report.truncated
     assert report.diverged == 0, "a replayed prefix took another path: the run is not deterministic"
-    assert report.first_violation is None, ex.describe(report.first_violation, scenario)
+    if report.first_violation is not None:
+        pytest.fail(ex.describe(report.first_violation, scenario), pytrace=False)
 
 
 # ----------------------------------------------------------------------------- self-tests
@@ -106,7 +107,8 @@ def test_a_writer_waiting_on_a_row_lock_is_detected_and_the_other_runs(explorer:
                               on_schedule=lambda r: waits.append(r.trace)
                               if any("waits on a row lock" in step for step in r.trace) else None)
     print(report.line())
-    assert report.first_violation is None, ex.describe(report.first_violation, scenario)
+    if report.first_violation is not None:
+        pytest.fail(ex.describe(report.first_violation, scenario), pytrace=False)
     assert waits, "no schedule put one settle behind the other's row lock"
     trace = waits[0]
     blocked = next(i for i, step in enumerate(trace) if "waits on a row lock" in step)
