@@ -5,7 +5,7 @@ BIN      = $(VENV)/bin
 STAMP    = $(VENV)/.installed
 PG_ADMIN ?= postgresql://postgres@127.0.0.1:5432/postgres
 
-.PHONY: setup services test test-fast lint demo bench chaos clean
+.PHONY: setup services test test-fast lint demo bench chaos explore clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ demo: setup
 # a seeded chaos run (a fresh seed each time; replay one with SEED=…): make chaos N=5000
 chaos: setup services
 	$(BIN)/python -m reconcile.testing.chaos --jobs $(or $(N),300) $(if $(SEED),--seed $(SEED))
+
+# the systematic interleaving explorer at full size (every scenario; `make test` runs a bounded
+# set): make explore [SCENARIO=new:create/resolve_upstream] [PREEMPTIONS=2] [JUMPS=1]
+explore: setup services
+	$(BIN)/python -m reconcile.testing.explorer --preemptions $(or $(PREEMPTIONS),2) --jumps $(or $(JUMPS),1) $(if $(SCENARIO),--scenario $(SCENARIO))
 
 # speed and scale, reported (never asserted): writes bench/results/latest.{json,md} (≈ 11 min)
 bench: setup services
