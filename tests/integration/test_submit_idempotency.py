@@ -72,7 +72,7 @@ def test_submit_with_the_broker_down_answers_202_and_the_sweep_enqueues_it(
     dead.conf.broker_connection_timeout = 1
     rt.enqueue_create, _ = enqueuers(dead)
     with caplog.at_level(logging.ERROR, logger="reconcile.lifecycle"):
-        status, body = submit(rt, user, None)
+        status, body = as_json(api.submit(rt, user, KIE, KIE_MODEL, PROMPT, 40, job_type="image"))
     assert (status, body) == (202, {"job_id": TEXT, "state": "queued"})
     assert any("create_enqueue_failed" in r.getMessage() and body["job_id"] in r.getMessage()
                for r in caplog.records)
