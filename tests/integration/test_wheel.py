@@ -89,7 +89,8 @@ def test_wheel_installed_outside_the_checkout_migrates_configures_and_runs_a_job
     env = installed.env(
         **simulator.env(), RECONCILE_DATABASE_URL=url, RECONCILE_BROKER_URL=broker,
         RECONCILE_STORAGE_URL=f"file://{installed.work / 'media'}", RECONCILE_TIME_SCALE="0.05",
-        RECONCILE_BROKER_VISIBILITY_TIMEOUT="20", RECONCILE_SWEEP_INTERVAL="40",  # × 0.05: 2 s
+        RECONCILE_BROKER_VISIBILITY_TIMEOUT="60", RECONCILE_SWEEP_INTERVAL="40",  # × 0.05: 2 s
+        RECONCILE_MAX_COUNTDOWN="20", RECONCILE_TASK_TIME_LIMIT="30",
         # planted in each create: the simulator counts creates per job id from it
         RECONCILE_WEBHOOK_BASE_URL="https://platform.example/hooks")
 
