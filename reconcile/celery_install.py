@@ -125,12 +125,19 @@ def fresh_engines(**_: object) -> None:
 def check_broker_limits(sender: Any = None, **_: object) -> None:
     """``worker_init``: refuse to start a worker of the installed app whose deliveries could
     outlive the broker's limits (:func:`reconcile.broker.refuse_unsafe_limits`)."""
-    from .broker import refuse_unsafe_limits
+    from .broker import UnsafeBrokerLimits, refuse_unsafe_limits
     from .settings import Settings
 
     app = getattr(sender, "app", None) or _app
-    if app is not None and (_app is None or app is _app):
+    if app is None or (_app is not None and app is not _app):
+        return
+    try:
         refuse_unsafe_limits(app.conf, Settings())
+    except UnsafeBrokerLimits as exc:
+        # Celery logs and swallows an Exception raised by a signal receiver: SystemExit is not one
+        log.critical("reconcile_refuses_to_start %s", exc)
+        raise SystemExit(f"reconcile: refusing to start the worker: UnsafeBrokerLimits: {exc}") \
+            from exc
 
 
 # ----------------------------------------------------------------------------- merging
