@@ -257,3 +257,47 @@ def test_rabbitmq_close_during_slow_creates_leaves_nothing_uncertain(
         assert "cannot be acknowledged after a connection loss" not in log
     finally:
         rig.stop()
+
+
+def test_soft_shutdown_lets_a_running_poll_finish_then_requeues_held_messages(
+        db: sessionmaker[Session], pg_url: str, simulator: Simulator, tmp_path: Path,
+        scratch_redis: ScratchRedis) -> None:
+    """SIGTERM with ``REMAP_SIGTERM=SIGQUIT`` (the README's supervisors): the poll that is
+    running (a 2 s status read) gets ``worker_soft_shutdown_timeout`` to finish, then the
+    messages the worker held (countdown polls, unacked) are back on the queue at once — not
+    stuck in Redis' ``unacked`` until the visibility timeout. (With no soft timeout, as before,
+    the running poll is killed mid-read.)"""
+    import signal
+
+    import redis
+
+    rt, _ = make_runtime(db, simulator, tmp_path, time_scale=TIME_SCALE, **TIMEOUTS)
+    user = uuid.uuid4()
+    fund(db, user)
+    job_id = lifecycle.submit_job(rt, user, "kie-standard", "seedream/4.5-edit", {"prompt": "x"},
+                                  10, job_type="image", enqueue=False).job_id
+    simulator.script(str(job_id), Script(timeline=RUNNING, latency=2.0))
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
+    with db() as s:
+        generation = s.get(Job, job_id).poll_generation  # type: ignore[union-attr]
+    env = {**_env(pg_url, scratch_redis.url(0), simulator, tmp_path, TIMEOUTS),
+           "REMAP_SIGTERM": "SIGQUIT", "RECONCILE_WORKER_SOFT_SHUTDOWN_TIMEOUT": "10"}
+    worker = CeleryWorker(env, tmp_path / "worker.log", concurrency=2, name="soft")
+    try:
+        worker.wait_ready(timeout=90)
+        sender = celery_sender(scratch_redis.url(0))
+        for _ in range(3):  # polls of unknown jobs: harmless if they ever ran
+            sender.send_task("reconcile.poll", args=[str(uuid.uuid4()), 1, 0], countdown=30)
+        client = redis.Redis.from_url(scratch_redis.url(0))
+        assert wait_for(lambda: client.hlen("unacked") == 3, timeout=30, interval=0.1)
+        running = sender.send_task("reconcile.poll", args=[str(job_id), generation, 0]).id
+        assert wait_for(lambda: f"reconcile.poll[{running}] received".encode()
+                        in worker.log_path.read_bytes(), timeout=30, interval=0.05)
+        time.sleep(0.5)  # mid status read
+        worker.proc.send_signal(signal.SIGTERM)
+        worker.proc.wait(timeout=90)
+        log = worker.log_path.read_text(errors="replace")
+        assert f"reconcile.poll[{running}] succeeded" in log, log[-3000:]
+        assert client.llen("reconcile") >= 3 and client.hlen("unacked") == 0, log[-3000:]
+    finally:
+        worker.stop()
