@@ -14,6 +14,8 @@ processes, the platform side in this process (submitting jobs, running the sync 
 two sweepers ticking on overlapping schedules. At the end, with the faults over and the system
 given time to settle, the invariants are checked:
 
+* no worker exited unless the schedule killed it, and no live worker stopped consuming (no task
+  received for ``STALL_SECONDS`` while messages waited): checked while the run goes on;
 * no job was created upstream twice; no job was settled twice; the ledger audit is clean;
 * every job is terminal and settled, except ``uncertain`` ones (listed: never auto-refunded);
 * every asset row's object exists; a completed job has exactly one asset row per output (and only
