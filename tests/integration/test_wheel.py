@@ -125,7 +125,7 @@ def test_wheel_installed_outside_the_checkout_migrates_configures_and_runs_a_job
         assert conf["routes"]["reconcile.sweep"] == {"queue": "reconcile.sweep"}
         assert conf["beat"] == {"reconcile-sweep": "reconcile.sweep"}
         assert conf["beat_queue"] == "reconcile.sweep"
-        assert (conf["acks_late"], conf["prefetch"], conf["visibility"]) == (True, 1, 20)
+        assert (conf["acks_late"], conf["prefetch"], conf["visibility"]) == (True, 1, 60)
 
         _purge(broker)
         log_path = installed.base / "worker.log"
