@@ -7,6 +7,7 @@ customer contract of seed 001, so tests compare them key for key::
     502 {"error": {"type": "upstream_error", "code": "UPSTREAM_SUBMISSION_FAILED" | …UNCERTAIN,
                    "message", "job_id"[, "upstream_request_id"]}}
     400 / 402 / 404 / 409 / 500 {"error": {"type", "code", "message", …}}
+    409 IDEMPOTENCY_KEY_REUSED                                    a key reused for another request
     200 {"id", "state", "outputs", "error", "credits_actual", "next_poll_at"}   a snapshot
 
 Choices written down here (the design is silent on them):
@@ -34,7 +35,7 @@ from typing import Any
 from sqlalchemy import select
 
 from . import credits as ledger
-from . import events, lifecycle
+from . import events, idempotency, lifecycle
 from .cancel import cancel_job, load_owned
 from .db.models import Asset, Job
 from .errors import (
@@ -158,13 +159,19 @@ def submit(
     workflow_execution_id: uuid.UUID | None = None,
     node_id: str | None = None,
     validator: Validator | None = None,
+    idempotency_key: str | None = None,
 ) -> Response:
     """Validate, reserve and insert the job; ``inline`` async kinds also run the create now.
 
     202 queued | 502 UPSTREAM_SUBMISSION_FAILED (any rejection; the job's own ``error.code``
-    names the cause) | 502 UPSTREAM_SUBMISSION_UNCERTAIN | 400 | 402 | 500. A 429 is not
-    waited out in the request: it answers 202 and the create step has re-enqueued itself.
-    ``input`` may be the raw JSON text of the request body.
+    names the cause) | 502 UPSTREAM_SUBMISSION_UNCERTAIN | 400 | 402 | 409
+    IDEMPOTENCY_KEY_REUSED | 500. A 429 is not waited out in the request: it answers 202 and the
+    create step has re-enqueued itself. ``input`` may be the raw JSON text of the request body.
+    A broker that is down still answers 202 with the ``job_id`` (the sweep enqueues the create).
+
+    ``idempotency_key`` (a client's ``Idempotency-Key`` header, unique per user, kept 24 h): a
+    retry with the same key and request gets the original answer and job, never a second job
+    or reservation; the same key with another request is a 409 IDEMPOTENCY_KEY_REUSED.
     """
     job_id: uuid.UUID | None = None
     try:
@@ -172,14 +179,33 @@ def submit(
             rt, _user_uuid(user_id), provider_kind, model, _parse_input(input), credits,
             job_type=job_type, should_watermark=should_watermark, is_public=is_public,
             workflow_execution_id=workflow_execution_id, node_id=node_id, validator=validator,
-            enqueue=not inline,
+            enqueue=not inline, idempotency_key=idempotency_key,
         )
         job_id = submitted.job_id
+        if submitted.replay is not None:
+            replay = submitted.replay
+            if replay.status is not None and isinstance(replay.body, dict):
+                return replay.status, replay.body
+            return _queued(job_id)
         if inline and not submitted.kind.sync:  # sync kinds run in the platform's sync helper
-            return _create_answer(job_id, lifecycle.create_step(rt, job_id))
-        return _queued(job_id)
+            answer = _create_answer(job_id, lifecycle.create_step(rt, job_id))
+        else:
+            answer = _queued(job_id)
+        if idempotency_key is not None:
+            _remember(rt, user_id, idempotency_key, job_id, answer)
+        return answer
     except Exception as exc:
         return error_response(exc, job_id=job_id)
+
+
+def _remember(rt: Runtime, user_id: uuid.UUID, key: str, job_id: uuid.UUID,
+              answer: Response) -> None:
+    """Best effort: without it a replay answers 202 with the same job id."""
+    try:
+        with rt.sessions.begin() as session:
+            idempotency.record_answer(session, user_id, key, job_id, answer[0], answer[1])
+    except Exception:
+        log.warning("idempotency_answer_not_recorded job_id=%s", job_id, exc_info=True)
 
 
 def _parse_input(input: Any) -> Any:

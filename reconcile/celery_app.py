@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery
 
+from . import broker
 from .celery_install import fresh_engines, install
 
 
@@ -55,6 +56,7 @@ def _atomic_filesystem_publish() -> None:
 
 
 _atomic_filesystem_publish()
+broker.survive_broker_loss()
 
 app = Celery("reconcile")
 app.config_from_object("reconcile.celery_settings", force=True)

@@ -12,7 +12,10 @@ replaces the configuration and with it these changes):
 * routes the library's tasks to its queues (``reconcile``, ``reconcile.sweep``) beside the
   platform's own routes, adds the sweep to the beat schedule, and merges the Redis transport
   options (visibility timeout, unacked restore cadence) the same way;
-* connects :func:`fresh_engines` to ``worker_process_init``.
+* connects :func:`fresh_engines` to ``worker_process_init``, and a start-up check to
+  ``worker_init`` that refuses a worker whose deliveries could outlive the broker's limits
+  (:mod:`reconcile.broker`); applies the library's fix for a worker that exits when its Redis
+  goes away (Celery 5.7.0).
 
 Platforms that prefer a plain module use ``app.config_from_object("reconcile.celery_settings")``
 and ``import reconcile.tasks``; enqueues then go through ``reconcile.celery_app`` (configured
@@ -28,7 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_init, worker_process_init
 
 log = logging.getLogger("reconcile.install")
 
@@ -83,6 +86,10 @@ def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
     if beat:
         _add_beat_entry(conf, wanted.get("beat_schedule", {}).get(BEAT_ENTRY))
     worker_process_init.connect(fresh_engines, weak=False, dispatch_uid="reconcile.fresh_engines")
+    worker_init.connect(check_broker_limits, weak=False, dispatch_uid="reconcile.broker_limits")
+    from .broker import survive_broker_loss
+
+    survive_broker_loss()
     with _lock:
         if _app is not None and _app is not app:
             if not replace:
@@ -113,6 +120,24 @@ def fresh_engines(**_: object) -> None:
 
     dispose_engines()
     tasks.reset_runtime()
+
+
+def check_broker_limits(sender: Any = None, **_: object) -> None:
+    """``worker_init``: refuse to start a worker of the installed app whose deliveries could
+    outlive the broker's limits (:func:`reconcile.broker.refuse_unsafe_limits`)."""
+    from .broker import UnsafeBrokerLimits, refuse_unsafe_limits
+    from .settings import Settings
+
+    app = getattr(sender, "app", None) or _app
+    if app is None or (_app is not None and app is not _app):
+        return
+    try:
+        refuse_unsafe_limits(app.conf, Settings())
+    except UnsafeBrokerLimits as exc:
+        # Celery logs and swallows an Exception raised by a signal receiver: SystemExit is not one
+        log.critical("reconcile_refuses_to_start %s", exc)
+        raise SystemExit(f"reconcile: refusing to start the worker: UnsafeBrokerLimits: {exc}") \
+            from exc
 
 
 # ----------------------------------------------------------------------------- merging

@@ -25,24 +25,32 @@ task_acks_late = True
 task_reject_on_worker_lost = True
 # one message per process: a long task never holds prefetched messages hostage
 worker_prefetch_multiplier = 1
-# a Redis blip must not leave two copies of a running task (E11)
-worker_cancel_long_running_tasks_on_connection_loss = True
+# every task is fenced in the database (create claim, poll generation + sequence, CAS
+# settlements), so a second copy after a broker blip costs nothing; cancelling instead kills a
+# create after the provider accepted it and makes the job uncertain (E17). Off for all tasks.
+worker_cancel_long_running_tasks_on_connection_loss = False
 # ids only in arguments (Flower shows them); JSON only
 task_serializer = "json"
 accept_content = ["json"]
-# one step per task run; every I/O call has its own timeout, this is the backstop
-task_time_limit = 600
-task_soft_time_limit = 540
-# bound ETA (poll countdown) messages held in memory; requeue them on shutdown
+# one step per task run; every I/O call has its own timeout, this is the backstop. With the
+# longest countdown (RECONCILE_MAX_COUNTDOWN) it bounds how long a delivery stays unacked:
+# workers refuse to start if that reaches the visibility timeout / consumer_timeout.
+task_time_limit = int(_settings.task_time_limit)
+task_soft_time_limit = max(1, int(task_time_limit * 0.9))
+# bound ETA (poll countdown) messages held in memory
 worker_eta_task_limit = 1000
-worker_enable_soft_shutdown_on_idle = True
+# soft shutdown (cold-shutdown signal: SIGQUIT, or SIGTERM with REMAP_SIGTERM=SIGQUIT): running
+# tasks get this long to finish, then every held message (ETA polls included, even when idle)
+# is requeued at once instead of waiting for the broker's own restore
+worker_soft_shutdown_timeout = float(_settings.worker_soft_shutdown_timeout)
+worker_enable_soft_shutdown_on_idle = worker_soft_shutdown_timeout > 0
 # Flower: task events on
 worker_send_task_events = True
 task_send_sent_event = True
 
 # The visibility timeout (RECONCILE_BROKER_VISIBILITY_TIMEOUT, default 3600 s) exceeds the
-# longest task (600 s) plus the longest poll countdown (≤ 300 s), so a healthy task is never
-# redelivered; a fast restore cadence brings a dead
+# longest task (600 s) plus the longest countdown (300 s; checked at worker start), so a healthy
+# task is never redelivered; a fast restore cadence brings a dead
 # worker's messages back within about the timeout instead of +100 s (E3/E4).
 _VISIBILITY = int(_settings.broker_visibility_timeout)
 # (reconcile.install merges these into a platform's app whose broker is Redis)

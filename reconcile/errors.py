@@ -10,7 +10,8 @@
     │   │                               refund or a commit, above what is held, reserved id)
     │   └── BadUsageMetadata            a usage log whose pools cannot be read (bad_usage_metadata)
     ├── JobNotFound                     JOB_NOT_FOUND (404)
-    ├── Conflict                        SUBMISSION_RECONCILIATION_REQUIRED | JOB_NOT_CANCELABLE (409)
+    ├── Conflict                        SUBMISSION_RECONCILIATION_REQUIRED | JOB_NOT_CANCELABLE |
+    │                                   IDEMPOTENCY_KEY_REUSED (409)
     ├── ProviderError                   any upstream answer we cannot use as success
     │   ├── CreateRejected              the provider confirmed it did NOT create (terminal)
     │   ├── CreateRateLimited           429 / KIE 455: documented as not created; retry later
@@ -59,6 +60,7 @@ class ErrorCode(StrEnum):
     JOB_NOT_FOUND = "JOB_NOT_FOUND"
     SUBMISSION_RECONCILIATION_REQUIRED = "SUBMISSION_RECONCILIATION_REQUIRED"
     JOB_NOT_CANCELABLE = "JOB_NOT_CANCELABLE"
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     INTERNAL = "INTERNAL"
 
 

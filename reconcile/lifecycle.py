@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from . import credits, jobstore
+from . import credits, idempotency, jobstore
 from .db.models import Asset, CreditAnomaly, Job
 from .errors import (
     CreateRateLimited,
@@ -46,6 +46,8 @@ from .states import (
     MAX_ATTEMPTS,
     MAX_RATE_LIMITED_CREATES,
     POLL_LEASE_SLACK,
+    POLL_READ_ATTEMPTS,
+    POLL_READ_BACKOFF_MAX,
     TERMINAL,
     Status,
     Submission,
@@ -62,6 +64,8 @@ log = logging.getLogger("reconcile.lifecycle")
 class Submitted:
     job_id: uuid.UUID
     kind: Kind
+    # set when an idempotency key named an earlier submit: nothing was inserted or reserved
+    replay: idempotency.Replay | None = None
 
 
 def _validate(provider_kind: str, model: str, input: Any, credits_: Any,
@@ -138,18 +142,35 @@ def submit_job(
     enqueue: bool = True,
     job_id: uuid.UUID | None = None,
     options: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
 ) -> Submitted:
     """Validate, reserve the credits and insert the job in ONE transaction; then (async kinds
-    only, after commit) enqueue the create. Raises InvalidParam / InsufficientCredits.
+    only, after commit) enqueue the create. Raises InvalidParam / InsufficientCredits /
+    Conflict (``IDEMPOTENCY_KEY_REUSED``).
 
     ``options`` are provider request options that are not model input (a Replicate training's
     ``destination``, a ``webhook_events_filter``); they reach the client as ``CreateRequest.extra``.
+    ``idempotency_key`` (unique per user, :mod:`reconcile.idempotency`): a repeat of the same
+    request returns the original job (``Submitted.replay``) without inserting or reserving.
+    A failed enqueue after the commit is logged, not raised: the job exists and the sweep's
+    not-started row enqueues its create.
     """
     kind = _validate(provider_kind, model, input, credits_, validator, rt)
     _check_storable(rt, model, input, job_type)
+    key = idempotency.check_key(idempotency_key)
     job_id = job_id or uuid.uuid4()
     now = rt.now()
     with rt.sessions.begin() as session:
+        if key is not None:
+            digest = idempotency.fingerprint({
+                "provider_kind": provider_kind, "model": model, "input": input,
+                "credits": credits_, "job_type": job_type, "options": options,
+                "should_watermark": should_watermark, "is_public": is_public,
+                "workflow_execution_id": workflow_execution_id, "node_id": node_id})
+            replay = idempotency.claim(session, user_id, key, digest, job_id, now)
+            if replay is not None:  # nothing was written: the commit is empty
+                log.info("job_submit_replayed job_id=%s", replay.job_id)
+                return Submitted(replay.job_id, kind, replay)
         session.add(Job(
             id=job_id, user_id=user_id, job_type=job_type, status=Status.PENDING,
             input_data=dict(input), progress=0, should_watermark=should_watermark,
@@ -163,9 +184,21 @@ def submit_job(
         add_event(session, _stub(job_id, user_id), "queued", now)
     publish(rt, job_id=job_id)
     if enqueue and not kind.sync:
-        rt.enqueue_create(job_id)
+        _enqueue_after_commit(rt, job_id)
     log.info("job_submitted job_id=%s kind=%s", job_id, provider_kind)
     return Submitted(job_id, kind)
+
+
+def _enqueue_after_commit(rt: Runtime, job_id: uuid.UUID) -> bool:
+    """The job and its reservation are committed: a broker that is down must not turn that
+    into an error the client would retry (a second job, paid twice). The sweep's not-started
+    row enqueues the create once the job is NOT_STARTED_AGE old (then ≤ one sweep interval)."""
+    try:
+        rt.enqueue_create(job_id)
+        return True
+    except Exception:
+        log.exception("create_enqueue_failed job_id=%s (the sweep re-enqueues it)", job_id)
+        return False
 
 
 def _stub(job_id: uuid.UUID, user_id: uuid.UUID) -> Job:
@@ -186,7 +219,16 @@ class CreateOutcome:
 
 
 def poll_lease(rt: Runtime, kind: Kind, age: timedelta = timedelta(0)) -> timedelta:
-    return rt.settings.scaled(kind.interval_at(age) * 2 + POLL_LEASE_SLACK)
+    """2 × interval + slack + the poll step's total deadline (scaled like every duration)."""
+    return rt.settings.scaled(kind.interval_at(age) * 2 + POLL_LEASE_SLACK
+                              + poll_step_deadline(rt.settings))
+
+
+def poll_step_deadline(settings: Any) -> timedelta:
+    """The longest one status read can take: every attempt to its total deadline (connect +
+    read timeout) plus the capped backoff between attempts (``states.POLL_READ_*``)."""
+    per_request = timedelta(seconds=settings.connect_timeout + settings.read_timeout)
+    return per_request * POLL_READ_ATTEMPTS + POLL_READ_BACKOFF_MAX * (POLL_READ_ATTEMPTS - 1)
 
 
 def poll_countdown(rt: Runtime, kind: Kind, job: Job, now: datetime) -> float:
@@ -356,7 +398,9 @@ def _rate_limited(rt: Runtime, job: Job, token: str, exc: CreateRateLimited) -> 
     with rt.sessions.begin() as session:
         released = jobstore.release_rate_limited(session, job.id, token, now + wait_td,
                                                  _detail(exc, tries=count))
-    if released is not None:
+    # a wait past the broker's countdown bound is no message: create_not_before holds it and
+    # the sweep's not-started row enqueues the create once it has passed
+    if released is not None and wait_td.total_seconds() <= rt.settings.max_countdown:
         rt.enqueue_create(job.id, wait_td.total_seconds())
     return CreateOutcome("rate_limited", job.id, exc)
 

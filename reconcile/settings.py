@@ -25,6 +25,17 @@ class Settings(BaseSettings):
     broker_folder: str = ".reconcile-broker"
     # must exceed the longest task (600 s) plus the longest poll countdown; tests shorten it
     broker_visibility_timeout: int = 3600
+    # RabbitMQ's consumer_timeout as the server enforces it (server default 30 min): declare a
+    # lower one here and workers refuse to start if a delivery could outlive it
+    broker_consumer_timeout: float = 1800.0
+    # the longest countdown any published message carries (seconds, never scaled); longer
+    # waits ride on create_not_before + the sweep. max_countdown + task_time_limit must stay
+    # below the visibility timeout / consumer_timeout (checked at worker start)
+    max_countdown: float = 300.0
+    task_time_limit: int = 600
+    # SIGQUIT (or SIGTERM with REMAP_SIGTERM=SIGQUIT): running tasks get this long, then held
+    # messages are requeued at once; keep it below the supervisor's stop grace period
+    worker_soft_shutdown_timeout: float = 30.0
     storage_url: str = "file://./reconcile-media"
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"

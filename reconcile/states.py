@@ -36,6 +36,11 @@ CREATE_CLAIM_LEASE = timedelta(minutes=2)  # > connect + read timeouts of a crea
 # (bench figure 6: the slack dominates recovery latency); a late-but-alive chain that loses its
 # lease is harmless — the resumed chain bumps the generation and the old one is fenced
 POLL_LEASE_SLACK = timedelta(seconds=15)
+# ... plus a poll step's total deadline, so a slow but live chain is never taken over: the status
+# read (HttpClient.read) makes up to 1 + 3 attempts, each bounded by connect + read timeout
+# (the per-request total deadline), with up to 30 s of backoff (Retry-After capped) between
+POLL_READ_ATTEMPTS = 4
+POLL_READ_BACKOFF_MAX = timedelta(seconds=30)
 LEGACY_AGE = timedelta(minutes=5)
 NOT_STARTED_AGE = timedelta(minutes=2)
 SETTLE_BACKOFF_BASE = timedelta(seconds=30)

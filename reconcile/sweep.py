@@ -39,7 +39,7 @@ from typing import Any
 from sqlalchemy import Select, or_, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
-from . import evidence, jobstore, lifecycle
+from . import evidence, idempotency, jobstore, lifecycle
 from .db.models import CreditAnomaly, Job, WebhookDelivery
 from .errors import ErrorCode, ProviderError
 from .events import add_event, publish
@@ -668,6 +668,12 @@ def sweep(rt: Runtime, *, dry_run: bool = False, now: datetime | None = None,
                 log.info("sweep_events_republished count=%d", republished)
         except Exception:
             log.exception("sweep_events_failed")
+            tally.errors += 1
+        try:  # idempotency keys past their retention (a bounded batch per tick)
+            with rt.sessions.begin() as session:
+                idempotency.purge(session, now)
+        except Exception:
+            log.exception("sweep_idempotency_purge_failed")
             tally.errors += 1
     report = SweepReport(
         scanned=tally.scanned, recovered=tally.recovered, failed=tally.failed,

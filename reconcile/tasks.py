@@ -13,12 +13,14 @@ from typing import Any
 
 from celery import shared_task
 
-from . import lifecycle
+from . import broker, lifecycle
 from .celery_install import send
 from .runtime import Runtime
-from .settings import Settings
+from .settings import Settings, get_settings
 
 log = logging.getLogger("reconcile.tasks")
+
+broker.survive_broker_loss()  # any worker running these tasks, whatever app it built
 
 _RUNTIME: dict[int, Runtime] = {}
 
@@ -77,13 +79,20 @@ def _install_crash_hook(rt: Runtime) -> None:
 
 
 # Enqueues go through the app the library was installed on (reconcile.install), never Celery's
-# thread-local current app: in a web server's worker thread that is Celery's default app.
+# thread-local current app: in a web server's worker thread that is Celery's default app. Every
+# countdown is capped below the broker's limits (reconcile.broker).
+def _settings() -> Settings:
+    rt = _RUNTIME.get(os.getpid())
+    return rt.settings if rt is not None else get_settings()
+
+
 def enqueue_create(job_id: uuid.UUID, countdown: float = 0.0) -> None:
-    send("reconcile.create", [str(job_id)], countdown)
+    send("reconcile.create", [str(job_id)], broker.cap_countdown(countdown, _settings()))
 
 
 def enqueue_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float) -> None:
-    send("reconcile.poll", [str(job_id), generation, seq], countdown)
+    send("reconcile.poll", [str(job_id), generation, seq],
+         broker.cap_countdown(countdown, _settings()))
 
 
 def enqueue_reconcile_job(job_id: uuid.UUID) -> None:

@@ -262,3 +262,19 @@ __all__ = [
     "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
     "CreditTransaction", "Job", "JobEvent", "UsageLog", "WebhookDelivery", "WorkflowExecution",
 ]
+
+
+class IdempotencyKey(Base):
+    """A submit's ``Idempotency-Key`` (unique per user): the job it created and the answer it
+    got, so a retried request replays that answer instead of creating a second job. Kept
+    :data:`reconcile.idempotency.RETENTION`; the sweep purges older rows."""
+
+    __tablename__ = "reconcile_idempotency_keys"
+
+    user_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(Text)  # sha256 of the canonical request
+    job_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    response_status: Mapped[int | None] = mapped_column(Integer)
+    response_body: Mapped[Any | None] = mapped_column(JSONType)

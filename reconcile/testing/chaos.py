@@ -14,6 +14,8 @@ processes, the platform side in this process (submitting jobs, running the sync 
 two sweepers ticking on overlapping schedules. At the end, with the faults over and the system
 given time to settle, the invariants are checked:
 
+* no worker exited unless the schedule killed it, and no live worker stopped consuming (no task
+  received for ``STALL_SECONDS`` while messages waited): checked while the run goes on;
 * no job was created upstream twice; no job was settled twice; the ledger audit is clean;
 * every job is terminal and settled, except ``uncertain`` ones (listed: never auto-refunded);
 * every asset row's object exists; a completed job has exactly one asset row per output (and only
@@ -152,9 +154,10 @@ def make_plan(seed: int, jobs: int, *, rate: float = 12.0, workers: int = 2) -> 
     for n in range(kills):  # each worker is killed at least once
         faults.append(Fault(round(rng.uniform(0.1, 0.9) * window, 3), "kill_worker",
                             target=n % workers, down_for=round(rng.uniform(0.2, 2.0), 3)))
-    for _ in range(1 + jobs // 2500):
+    for _ in range(1 + jobs // 2500):  # down for seconds, as a real restart: a worker must
+        # ride out a broker that stays away while it holds unacked messages (issue 18)
         faults.append(Fault(round(rng.uniform(0.3, 0.8) * window, 3), "redis_restart",
-                            down_for=round(rng.uniform(0.2, 1.5), 3)))
+                            down_for=round(rng.uniform(2.0, 5.0), 3)))
     for _ in range(2 + jobs // 200):
         faults.append(Fault(round(rng.uniform(0.05, 0.95) * window, 3), "pg_terminate"))
     faults.sort(key=lambda f: (f.at, f.action, f.target))
@@ -262,6 +265,8 @@ class _Run:
         self.workers: list[CeleryWorker | None] = [None] * config.workers
         self.expected_down: set[int] = set()
         self.failed_submits: set[uuid.UUID] = set()
+        # invariant violations seen while running (an unplanned worker exit, a stalled worker)
+        self.live_violations: list[str] = []
         self.faults_done = threading.Event()
         self.threads: list[threading.Thread] = []
         self.started = time.monotonic()
@@ -324,7 +329,7 @@ def run(config: ChaosConfig) -> ChaosReport:
             database_url=db_url, broker_url=redis_server.url(0),
             storage_url=f"file://{workdir / 'media'}", time_scale=config.time_scale,
             webhook_base_url=receiver.base_url, events_redis_url=redis_server.url(1),
-            broker_visibility_timeout=10)
+            broker_visibility_timeout=60, max_countdown=20, task_time_limit=30)
         rt = Runtime(settings=settings, sessions=sessions,
                      storage=LocalStorage(workdir / "media"),
                      enqueue_create=_counting(state, "lost_publishes", create),
@@ -334,7 +339,9 @@ def run(config: ChaosConfig) -> ChaosReport:
         sim.configure(elevenlabs_webhook_url=f"{receiver.base_url}/webhooks/elevenlabs")
         env = {**sim.env(), "RECONCILE_DATABASE_URL": db_url,
                "RECONCILE_BROKER_URL": redis_server.url(0),
-               "RECONCILE_BROKER_VISIBILITY_TIMEOUT": "10",
+               # max countdown + task time limit (20 + 30 s) below the visibility timeout
+               "RECONCILE_BROKER_VISIBILITY_TIMEOUT": "60",
+               "RECONCILE_MAX_COUNTDOWN": "20", "RECONCILE_TASK_TIME_LIMIT": "30",
                "RECONCILE_STORAGE_URL": f"file://{workdir / 'media'}",
                "RECONCILE_TIME_SCALE": str(config.time_scale),
                "RECONCILE_WEBHOOK_BASE_URL": receiver.base_url,
@@ -431,7 +438,8 @@ def _chaos_window(state: _Run, rt: Any, sim: Any, redis_server: ScratchRedis,
     ] + [
         threading.Thread(target=_faults, args=(state, redis_server, env, db_name),
                          name="faults", daemon=True),
-        threading.Thread(target=_watchdog, args=(state, env), name="watchdog", daemon=True),
+        threading.Thread(target=_watchdog, args=(state, env, redis_server), name="watchdog",
+                         daemon=True),
     ]
     for thread in threads:
         thread.start()
@@ -555,17 +563,90 @@ def _kill_worker(state: _Run, fault: Fault, env: Mapping[str, str]) -> None:
         state.expected_down.discard(index)
 
 
-def _watchdog(state: _Run, env: Mapping[str, str]) -> None:
-    """A worker that died on its own (not by the schedule) is restarted and counted."""
+# a live worker that receives no message for this long while messages wait in its queue has
+# stopped consuming (what a liveness probe must catch): an invariant violation
+STALL_SECONDS = 30.0
+
+
+@dataclass
+class _Progress:
+    """How far one worker process's log has been read, and when it last received a task."""
+
+    worker: CeleryWorker
+    offset: int
+    last_received: float
+
+
+def _watchdog(state: _Run, env: Mapping[str, str], redis_server: ScratchRedis) -> None:
+    """Every worker exit the schedule did not plan, and every worker that stops consuming while
+    messages wait, is an invariant violation (recorded; the worker is then replaced, as a
+    supervisor would, so the run can finish and report)."""
+    progress: dict[int, _Progress] = {}
+    waiting_since: float | None = None
     while not state.stop.wait(0.5):
+        now = time.monotonic()
+        depth = _queue_depth(redis_server)
+        waiting_since = (waiting_since or now) if depth else None
         for index, worker in enumerate(state.workers):
             with state.lock:
                 expected = index in state.expected_down
-            if worker is not None and not expected and not worker.alive():
-                state.say(f"worker{index} exited on its own: {worker.tail(400)!r}")
-                worker.stop()
-                state.workers[index] = _spawn(state, index, env)
+            if worker is None or expected:
+                progress.pop(index, None)
+                continue
+            if not worker.alive():
+                _violation(state, f"unplanned_worker_exit worker{index}: {worker.tail(600)!r}")
                 state.bump("unplanned_worker_exits")
+                _replace(state, index, env)
+                continue
+            seen = progress.get(index)
+            if seen is None or seen.worker is not worker:
+                seen = progress[index] = _Progress(worker, 0, now)
+            seen.offset, received = _received_since(worker, seen.offset)
+            if received:
+                seen.last_received = now
+            elif waiting_since is not None and now - max(seen.last_received, waiting_since) \
+                    >= STALL_SECONDS:
+                _violation(state, f"worker_stalled worker{index}: alive, no task received for "
+                                  f"{now - seen.last_received:.0f}s while {depth} messages waited")
+                state.bump("stalled_workers")
+                worker.kill_group()
+                _replace(state, index, env)
+
+
+def _violation(state: _Run, text: str) -> None:
+    state.say(text)
+    with state.lock:
+        state.live_violations.append(text)
+
+
+def _replace(state: _Run, index: int, env: Mapping[str, str]) -> None:
+    worker = state.workers[index]
+    if worker is not None:
+        worker.stop()
+    state.workers[index] = _spawn(state, index, env)
+
+
+def _received_since(worker: CeleryWorker, offset: int) -> tuple[int, int]:
+    """(new offset, tasks received since ``offset``) from the worker's own log lines."""
+    try:
+        with open(worker.log_path, "rb") as fh:
+            fh.seek(max(offset, worker.log_start))
+            chunk = fh.read()
+    except OSError:
+        return offset, 0
+    end = chunk.rfind(b"\n") + 1  # a half-written line is read next time
+    return max(offset, worker.log_start) + end, chunk[:end].count(b"] received")
+
+
+def _queue_depth(redis_server: ScratchRedis) -> int:
+    """Messages waiting in the library's queues (0 when Redis is down: nothing can wait)."""
+    import redis
+
+    try:
+        client = redis.Redis(port=redis_server.port, socket_timeout=1, socket_connect_timeout=1)
+        return int(client.llen("reconcile")) + int(client.llen("reconcile.sweep"))
+    except redis.RedisError:
+        return 0
 
 
 def _pg_terminate(admin: str, db_name: str) -> int:
@@ -645,7 +726,7 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
     from ..events import publish
 
     publish(rt, older_than=timedelta(0), limit=10**6)  # the outbox drains once all is quiet
-    violations: list[str] = []
+    violations: list[str] = list(state.live_violations)
     specs = {uuid.UUID(s.job_id): s for s in state.plan.jobs}
     with rt.sessions() as session:
         jobs = {j.id: j for j in session.execute(select(Job)).scalars()}

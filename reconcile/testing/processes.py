@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-__all__ = ["CeleryWorker", "ScratchRedis", "WebhookReceiver", "celery_sender", "enqueuers",
-           "free_port"]
+__all__ = ["CeleryWorker", "ScratchRedis", "WebhookReceiver", "celery_sender",
+           "close_rabbitmq_connections", "enqueuers", "free_port"]
 
 log = logging.getLogger("reconcile.testing")
 
@@ -101,6 +101,24 @@ class ScratchRedis:
         self.kill()
 
 
+def close_rabbitmq_connections(vhost: str, reason: str = "reconcile broker-fault test") -> int:
+    """Close every client connection of ONE RabbitMQ vhost (``rabbitmqctl``; never another
+    vhost's: ``close_all_connections`` would hit everyone on the server). Returns how many."""
+    if not vhost or vhost == "/":
+        raise ValueError("refusing to close the default vhost's connections")
+    listed = subprocess.run(
+        ["rabbitmqctl", "list_connections", "-q", "--no-table-headers", "vhost", "pid"],
+        capture_output=True, text=True, timeout=120, check=True).stdout
+    closed = 0
+    for line in listed.splitlines():
+        parts = line.strip().split("\t")
+        if len(parts) == 2 and parts[0] == vhost:
+            done = subprocess.run(["rabbitmqctl", "close_connection", parts[1], reason],
+                                  capture_output=True, text=True, timeout=120)
+            closed += done.returncode == 0
+    return closed
+
+
 class CeleryWorker:
     """``celery -A reconcile.celery_app worker`` in its own process group (killed as a whole)."""
 
@@ -109,6 +127,7 @@ class CeleryWorker:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._start = log_path.stat().st_size
+        self.log_start = self._start  # where this process's lines begin in a shared log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "reconcile.celery_app", "worker",
              "--pool=prefork", f"--concurrency={concurrency}", "-Q", queues,

@@ -147,8 +147,10 @@ class Acme:
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in self.procs)
 
-    def submit(self, user: uuid.UUID, model: str, kind: str = "kie-standard") -> httpx.Response:
-        return self.http.post("/api/v1/jobs", headers={"X-User-Id": str(user)},
+    def submit(self, user: uuid.UUID, model: str, kind: str = "kie-standard",
+               key: str | None = None) -> httpx.Response:
+        headers = {"X-User-Id": str(user), **({"Idempotency-Key": key} if key else {})}
+        return self.http.post("/api/v1/jobs", headers=headers,
                               json={"provider_kind": kind, "model": model,
                                     "input": {"prompt": "a lighthouse"}})
 
@@ -160,7 +162,8 @@ def acme(acme_db: str, redis_url: str, simulator: Simulator, tmp_path: Path) -> 
     env = _base_env(
         **simulator.env(), RECONCILE_DATABASE_URL=acme_db, RECONCILE_BROKER_URL=redis_url,
         RECONCILE_STORAGE_URL=f"file://{tmp_path / 'media'}", RECONCILE_TIME_SCALE="0.05",
-        RECONCILE_SWEEP_INTERVAL="40", RECONCILE_BROKER_VISIBILITY_TIMEOUT="20",
+        RECONCILE_SWEEP_INTERVAL="40", RECONCILE_BROKER_VISIBILITY_TIMEOUT="60",
+        RECONCILE_MAX_COUNTDOWN="20", RECONCILE_TASK_TIME_LIMIT="30",
         RECONCILE_WEBHOOK_BASE_URL=f"http://127.0.0.1:{port}", NO_PROXY="127.0.0.1,localhost")
     celery = str(BIN / "celery")
     procs = [
@@ -299,6 +302,17 @@ def test_example_platform_submit_stream_complete_cancel_webhook_and_errors(
     credits = acme.http.get("/api/v1/credits", headers={"X-User-Id": str(user)}).json()
     assert credits["balance"] == {"sub": 80, "topup": 0}, credits
     assert {row["type"] for row in credits["data"]} >= {"GRANT", "USAGE", "REFUND"}
+
+    # an Idempotency-Key header: a retried POST gets the original job, a reused key with
+    # another request a 409; one reservation either way
+    first = acme.submit(user, "m", key="acme-order-1")
+    retried = acme.submit(user, "m", key="acme-order-1")
+    assert first.status_code == retried.status_code == 202, (first.text, retried.text)
+    assert first.json() == retried.json()
+    reused = acme.submit(user, "slow", key="acme-order-1")
+    assert reused.status_code == 409 and reused.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    credits = acme.http.get("/api/v1/credits", headers={"X-User-Id": str(user)}).json()
+    assert credits["balance"] == {"sub": 70, "topup": 0}, credits
 
     # beat sends the sweep to its queue and acme's worker runs it
     assert wait_for(lambda: "reconcile.sweep" in acme.procs[1].log()

@@ -429,12 +429,27 @@ def test_accepted_with_expired_lease_is_resumed_before_threshold(world: World) -
     """Row 11: a dead poll chain is resumed at once (new generation), no attempt counted."""
     job_id = world.accept("kie-standard", Script(timeline=FOREVER))
     generation = world.job(job_id).poll_generation
-    world.clock.advance(minutes=2)
+    world.clock.advance(minutes=5)  # past the lease (2 × 5 s + 15 s + the read deadline)
     world.tick()
     job = world.job(job_id)
     assert (job.reconcile_attempts, job.poll_generation) == (0, generation + 1)
     assert list(world.q.polls) == [(job_id, generation + 1, 0)]
     assert lifecycle.poll_step(world.rt, job_id, generation, 1) == "fenced"  # the old chain
+
+
+def test_poll_lease_outlasts_the_slowest_poll_step(world: World) -> None:
+    """Issue 18: a chain whose status read is still within its total deadline (every attempt
+    to connect + read timeout, the capped backoff between) keeps its lease: the sweep leaves it
+    instead of starting a second chain beside the live one."""
+    job_id = world.accept("kie-standard", Script(timeline=FOREVER))
+    generation = world.job(job_id).poll_generation
+    deadline = lifecycle.poll_step_deadline(world.rt.settings)
+    assert deadline >= timedelta(seconds=4 * (world.rt.settings.connect_timeout
+                                              + world.rt.settings.read_timeout))
+    world.clock.advance(seconds=deadline.total_seconds())
+    report = world.tick()
+    assert world.job(job_id).poll_generation == generation
+    assert report.actions == () and report.still_running == 1
 
 
 def test_accepted_with_live_lease_before_threshold_is_left(world: World) -> None:

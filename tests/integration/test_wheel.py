@@ -89,7 +89,8 @@ def test_wheel_installed_outside_the_checkout_migrates_configures_and_runs_a_job
     env = installed.env(
         **simulator.env(), RECONCILE_DATABASE_URL=url, RECONCILE_BROKER_URL=broker,
         RECONCILE_STORAGE_URL=f"file://{installed.work / 'media'}", RECONCILE_TIME_SCALE="0.05",
-        RECONCILE_BROKER_VISIBILITY_TIMEOUT="20", RECONCILE_SWEEP_INTERVAL="40",  # × 0.05: 2 s
+        RECONCILE_BROKER_VISIBILITY_TIMEOUT="60", RECONCILE_SWEEP_INTERVAL="40",  # × 0.05: 2 s
+        RECONCILE_MAX_COUNTDOWN="20", RECONCILE_TASK_TIME_LIMIT="30",
         # planted in each create: the simulator counts creates per job id from it
         RECONCILE_WEBHOOK_BASE_URL="https://platform.example/hooks")
 
@@ -124,7 +125,7 @@ def test_wheel_installed_outside_the_checkout_migrates_configures_and_runs_a_job
         assert conf["routes"]["reconcile.sweep"] == {"queue": "reconcile.sweep"}
         assert conf["beat"] == {"reconcile-sweep": "reconcile.sweep"}
         assert conf["beat_queue"] == "reconcile.sweep"
-        assert (conf["acks_late"], conf["prefetch"], conf["visibility"]) == (True, 1, 20)
+        assert (conf["acks_late"], conf["prefetch"], conf["visibility"]) == (True, 1, 60)
 
         _purge(broker)
         log_path = installed.base / "worker.log"

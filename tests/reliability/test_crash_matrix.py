@@ -106,7 +106,8 @@ class Matrix:
             **self.sim.env(),
             "RECONCILE_DATABASE_URL": self.pg_url,
             "RECONCILE_BROKER_URL": broker,
-            "RECONCILE_BROKER_VISIBILITY_TIMEOUT": "10",
+            "RECONCILE_BROKER_VISIBILITY_TIMEOUT": "60",
+            "RECONCILE_MAX_COUNTDOWN": "20", "RECONCILE_TASK_TIME_LIMIT": "30",
             "RECONCILE_STORAGE_URL": f"file://{self.tmp / 'media'}",
             "RECONCILE_TIME_SCALE": str(TIME_SCALE),
             "RECONCILE_WEBHOOK_BASE_URL": (self.receiver.base_url if webhooks

@@ -66,8 +66,10 @@ def _unparseable(_: Request, exc: RequestValidationError) -> JSONResponse:
 
 @app.post("/api/v1/jobs")
 def submit_job(payload: Annotated[dict[str, Any], Body()],
-               x_user_id: UserHeader = None) -> JSONResponse:
-    """Price the job (acme's table), then reserve + insert + run the create (inline)."""
+               x_user_id: UserHeader = None,
+               idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
+    """Price the job (acme's table), then reserve + insert + run the create (inline). A client's
+    ``Idempotency-Key`` header makes a retried POST return the original job (24 h)."""
     user = _user(x_user_id)
     kind = payload.get("provider_kind")
     if not isinstance(kind, str) or not isinstance(payload.get("model"), str):
@@ -75,7 +77,7 @@ def submit_job(payload: Annotated[dict[str, Any], Body()],
     return _answer(api.submit(
         rt, user, kind, payload["model"], payload.get("input") or {},
         PRICES.get(kind, DEFAULT_PRICE), job_type=str(payload.get("job_type") or "image"),
-        inline=True))
+        inline=True, idempotency_key=idempotency_key))
 
 
 @app.get("/api/v1/jobs/{job_id}")
