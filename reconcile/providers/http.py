@@ -140,7 +140,12 @@ class HttpClient:
         return response
 
     def send_once(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        """One attempt, no retry. Transport errors propagate (``requests.RequestException``)."""
+        """One attempt, no retry. Transport errors propagate (``requests.RequestException``).
+
+        A redirect is never followed: a 307/308 would re-send the (billed) request to another
+        origin, through an adapter the sync deadline does not watch, with the provider's key
+        header (requests strips only ``Authorization``); the 3xx is the answer to classify."""
+        kwargs.setdefault("allow_redirects", False)
         return self._request(method, path, **kwargs)
 
     def read(self, method: str, path: str, **kwargs: Any) -> requests.Response:
