@@ -8,9 +8,13 @@ import http.server
 import threading
 from pathlib import Path
 
+import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import sync
+from reconcile import lifecycle, sync
+from reconcile.db.models import CreditAnomaly
+from reconcile.states import MAX_ATTEMPTS
 from reconcile.testing.simulator import Simulator
 from tests.integration.test_lifecycle_sync import Trickler
 from tests.integration.test_sweep import World
@@ -83,3 +87,39 @@ def test_reproducer_a_redirect_escapes_the_sync_deadline(
     finally:
         front.close()
         target.close()
+
+
+def test_reproducer_a_hostile_task_id_is_held_for_an_operator_not_a_silent_error_loop(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """REPRODUCER (atk11 finding 2). The provider accepts the create (it is billed) and names
+    its task with an id PostgreSQL cannot store (a NUL byte: text cannot hold one). On main
+    ``save_task_id`` raises ``DataError`` out of the create step; once the claim expires the sweep makes the
+    job ``uncertain``, finds the same id in the listing on every evidence attempt and fails to
+    adopt it: ``errors=1`` every tick, attempts past MAX_ATTEMPTS (24 of 18 seen) and never the
+    ``uncertain_unresolved`` anomaly, so the reservation is held with no operator signal.
+    Expected: the answer is refused before it reaches the database, the job is ``uncertain``
+    at once (never refunded: the create was accepted), the listing's unusable id is no
+    evidence, and at MAX_ATTEMPTS the operator gets the ``uncertain_unresolved`` anomaly."""
+    w = World(db, simulator, tmp_path)
+    real = simulator.new_id
+    monkeypatch.setattr(simulator, "new_id",
+                        lambda n, *a: "bad\x00" + real(n, *a))
+    job_id = w.submit("replicate-prediction")
+    outcome = lifecycle.create_step(w.rt, job_id)
+    assert outcome.action == "uncertain"
+    job = w.job(job_id)
+    assert (job.status, job.submission_state, job.provider_task_id) == ("pending", "uncertain", None)
+    errors = 0
+    for _ in range(MAX_ATTEMPTS + 2):
+        w.clock.advance(minutes=6)
+        errors += w.tick().errors
+    job = w.job(job_id)
+    assert errors == 0
+    assert (job.status, job.submission_state, job.credits_actual) == ("pending", "uncertain", None)
+    assert w.log_status(job_id) == "reserved"  # an accepted create is never refunded blindly
+    with w.db() as s:
+        kinds = s.execute(select(CreditAnomaly.kind)
+                          .where(CreditAnomaly.job_id == job_id)).scalars().all()
+    assert "uncertain_unresolved" in kinds
+    assert simulator.creates(str(job_id)) == 1
