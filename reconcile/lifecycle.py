@@ -309,11 +309,26 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
                                             "exception": f"{type(exc).__name__}: {exc}"[:1000]})
         return CreateOutcome("uncertain", job_id)
     rt.crash_point("after_accept")
+    if not usable_task_id(created.task_id):  # accepted (billed), but nothing can poll that id
+        with rt.sessions.begin() as session:
+            jobstore.mark_uncertain(session, job_id, token=token, now=rt.now(),
+                                    code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
+                                    detail={"submissionOutcome": "uncertain",
+                                            "reason": "the provider answered an unusable task id",
+                                            "answered_task_id": repr(created.task_id)[:200]})
+        log.warning("create_unusable_task_id job_id=%s", job_id)
+        return CreateOutcome("uncertain", job_id)
     saved = on_task_created(rt, job_id, token, created.task_id)
     if not saved:
         return CreateOutcome("lost", job_id)
     rt.crash_point("after_id_saved")
     return CreateOutcome("accepted", job_id)
+
+
+def usable_task_id(task_id: object) -> bool:
+    """An upstream id the job row can hold and a poll can name (PostgreSQL text cannot hold
+    NUL: saving one raises, and would leave an accepted create in an error loop)."""
+    return isinstance(task_id, str) and bool(task_id) and "\x00" not in task_id
 
 
 def _owner_where(token: str) -> tuple[Any, ...]:
@@ -830,7 +845,7 @@ def adopt_upstream_id(rt: Runtime, job_id: uuid.UUID, task_id: str, *, source: s
     with rt.sessions.begin() as session:
         job = jobstore.load(session, job_id)
         kind = rt.kind(job.provider_kind) if job else None
-        if job is None or kind is None or kind.sync:
+        if job is None or kind is None or kind.sync or not usable_task_id(task_id):
             return False
         adopted = session.execute(
             update(Job).where(

@@ -522,7 +522,7 @@ def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
     tried: set[str] = set()
     for row in rows:
         upstream_id = row.upstream_id or ""
-        if upstream_id in tried:
+        if upstream_id in tried or not lifecycle.usable_task_id(upstream_id):
             continue
         tried.add(upstream_id)
         if _confirmed_evidence(rt, job, kind, client, row):
@@ -533,7 +533,9 @@ def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
     except ProviderError as exc:
         log.warning("evidence_listing_failed job_id=%s error=%s", job.id, exc.message)
         return None
-    return (listed.task_id, "listing") if listed is not None else None
+    if listed is None or not lifecycle.usable_task_id(listed.task_id):
+        return None  # an id no row can hold is no evidence (the operator gets the anomaly)
+    return listed.task_id, "listing"
 
 
 def _confirmed_evidence(rt: Runtime, job: Job, kind: Kind, client: AsyncProvider,
