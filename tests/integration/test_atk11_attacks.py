@@ -123,3 +123,78 @@ def test_reproducer_a_hostile_task_id_is_held_for_an_operator_not_a_silent_error
                           .where(CreditAnomaly.job_id == job_id)).scalars().all()
     assert "uncertain_unresolved" in kinds
     assert simulator.creates(str(job_id)) == 1
+
+
+MESSAGE = (b'{"id": "msg_1", "type": "message", "model": "claude-x", "stop_reason": "end_turn", '
+           b'"content": [{"type": "text", "text": "hello"}]}')
+
+
+class LateTimer:
+    """``threading.Timer`` as the watchdog uses it, with the race it can lose made explicit:
+    the real ``Timer.cancel()`` cannot stop a callback whose wait already ran out (``run`` has
+    passed its ``finished`` check), so that callback runs whenever its thread is scheduled —
+    possibly after ``bounded()`` returned. Here ``cancel()`` always arrives too late and the
+    test decides when the callback runs."""
+
+    made: list[LateTimer] = []
+
+    def __init__(self, interval: float, function: object) -> None:
+        self.function = function
+        self.daemon = False
+        LateTimer.made.append(self)
+
+    def start(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_reproducer_a_late_watchdog_shuts_the_pooled_connection_of_the_next_call(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """REPRODUCER (atk11 finding 3, hole 7's watchdog). Call A reuses a kept-alive connection,
+    so its watch holds that connection's socket itself (not a dup it closes at the end). A's
+    deadline timer fires just as A finishes: ``cancel()`` comes too late, and ``expire()``
+    runs after A returned, while call B (the next request on the same client, here another
+    job) is using the same pooled connection. On main it shuts B's socket: B's answer never
+    arrives although the provider received the request (billed), and B is failed + refunded.
+    Expected: a watch whose exchange ended shuts nothing."""
+    from reconcile.providers import deadline
+
+    LateTimer.made.clear()
+    monkeypatch.setattr(deadline.threading, "Timer", LateTimer)
+    requests_seen: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            requests_seen.append(1)
+            if len(requests_seen) == 3:  # call B is on the wire: A's late watchdog fires now
+                LateTimer.made[1].function()  # type: ignore[operator]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(MESSAGE)))
+            self.end_headers()
+            self.wfile.write(MESSAGE)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        w = World(db, simulator, tmp_path,
+                  anthropic_base_url=f"http://127.0.0.1:{server.server_address[1]}")
+        warm, a, b = (w.submit("anthropic-sync") for _ in range(3))
+        assert sync.run_sync(w.rt, warm).status == "completed"  # opens the pooled connection
+        assert sync.run_sync(w.rt, a).status == "completed"  # reuses it
+        done = sync.run_sync(w.rt, b)
+        assert len(requests_seen) == 3  # the provider got (and billed) B's request
+        assert (done.status, done.credits_actual) == ("completed", 40), done.error_message
+    finally:
+        server.shutdown()
+        server.server_close()
