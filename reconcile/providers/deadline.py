@@ -32,6 +32,7 @@ class _Watch:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.expired = False
+        self.ended = False  # the exchange is over: a late timer shuts nothing
         self.sockets: list[Any] = []  # shut at the deadline
         self.owned: list[socket.socket] = []  # our dups: closed when the exchange ends
 
@@ -44,12 +45,25 @@ class _Watch:
         if expired:  # joined after the deadline: never used
             _shut(sock)
 
-    def expire(self) -> None:
+    def discard(self, *socks: Any) -> None:
+        """A connection went back to the pool: the next exchange (maybe another thread's)
+        owns it now, so this watch must never shut it."""
         with self.lock:
+            self.sockets = [s for s in self.sockets if all(s is not d for d in socks)]
+
+    def end(self) -> None:
+        with self.lock:
+            self.ended = True
+
+    def expire(self) -> None:
+        # under the lock: ``Timer.cancel()`` cannot stop a callback already running, so a late
+        # expire must not shut a socket that ``discard``/``end`` handed on meanwhile
+        with self.lock:
+            if self.ended:
+                return
             self.expired = True
-            sockets = list(self.sockets)
-        for sock in sockets:
-            _shut(sock)
+            for sock in self.sockets:
+                _shut(sock)
 
 
 def _shut(sock: Any) -> None:
@@ -73,7 +87,8 @@ class _Tracked:
         sock = super()._new_conn()  # type: ignore[misc]
         if _CURRENT.watch is not None:
             # a dup shuts the same connection, TLS-wrapped or not
-            _CURRENT.watch.add(sock.dup(), owned=True)
+            self._watch_dup = sock.dup()
+            _CURRENT.watch.add(self._watch_dup, owned=True)
         return sock
 
     def request(self, *args: Any, **kwargs: Any) -> Any:
@@ -91,11 +106,20 @@ class _HTTPSConnection(_Tracked, urllib3.connection.HTTPSConnection):
     pass
 
 
-class _HTTPPool(urllib3.HTTPConnectionPool):
+class _Pooled:
+    """Pool mixin: a connection put back (in the releasing exchange's thread) leaves its watch."""
+
+    def _put_conn(self, conn: Any) -> None:
+        if _CURRENT.watch is not None and conn is not None:
+            _CURRENT.watch.discard(getattr(conn, "sock", None), getattr(conn, "_watch_dup", None))
+        super()._put_conn(conn)  # type: ignore[misc]
+
+
+class _HTTPPool(_Pooled, urllib3.HTTPConnectionPool):
     ConnectionCls = _HTTPConnection
 
 
-class _HTTPSPool(urllib3.HTTPSConnectionPool):
+class _HTTPSPool(_Pooled, urllib3.HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection
 
 
@@ -140,6 +164,7 @@ def bounded(seconds: float) -> Iterator[None]:
         raise
     finally:
         timer.cancel()
+        watch.end()
         _CURRENT.watch = previous
         for sock in watch.owned:
             sock.close()
