@@ -9,15 +9,18 @@ import threading
 from pathlib import Path
 
 import pytest
+import requests
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import lifecycle, sync
 from reconcile.db.models import CreditAnomaly
 from reconcile.states import MAX_ATTEMPTS
-from reconcile.testing.simulator import Simulator
+from reconcile.testing.simulator import Script, Simulator
 from tests.integration.test_lifecycle_sync import Trickler
 from tests.integration.test_sweep import World
+
+RUNS_FOREVER = ((0.0, "queued"), (1.0, "running"), (10.0**6, "succeeded"))
 
 
 class Redirector:
@@ -198,3 +201,35 @@ def test_reproducer_a_late_watchdog_shuts_the_pooled_connection_of_the_next_call
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_reproducer_a_replayed_signed_webhook_never_gives_an_uncertain_job_another_jobs_task(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """REPRODUCER (atk11 finding 4, "ids of another job"). Replicate signs the delivery body,
+    not the URL, and the job id rides in the URL's query string: job B's genuine, signed
+    delivery posted to job A's callback URL (``?job_id=A``) verifies, and is stored as evidence
+    for A. A is ``uncertain``; on main the sweep adopts B's prediction for A without reading
+    it (only KIE's evidence is checked against the task's echo), so two jobs poll one paid
+    task: A is charged for B's result and its user receives B's output. Expected: the task is
+    read first, and a task whose own ``webhook`` names another job is no evidence for A."""
+    from reconcile.testing.sim_signing import replicate_headers
+    from reconcile.webhook_ingest import handle_webhook
+
+    w = World(db, simulator, tmp_path)
+    b = w.accept("replicate-prediction", Script(timeline=RUNS_FOREVER))
+    b_task = w.job(b).provider_task_id
+    a = w.submit("replicate-prediction")
+    w.set(a, submission_state="uncertain", provider_call_started_at=w.clock.now,
+          started_at=w.clock.now)  # its create's answer was lost; nothing created for A
+    # B's prediction, as its webhook carries it
+    body = requests.get(f"{w.rt.settings.replicate_base_url}/v1/predictions/{b_task}", timeout=10,
+                        headers={"Authorization": f"Bearer {w.rt.settings.replicate_api_key}"}).content
+    headers = replicate_headers(simulator.secrets.replicate_webhook_secret, body, "msg_replay",
+                                int(w.clock.now.timestamp()))
+    assert handle_webhook(w.rt, "replicate", headers, body, {"job_id": str(a)}) == \
+        (202, {"status": "evidence"})
+    w.clock.advance(minutes=6)
+    w.tick()
+    job = w.job(a)
+    assert job.provider_task_id != b_task, "job A adopted job B's paid task"
+    assert (job.status, job.submission_state) == ("pending", "uncertain")
