@@ -1,6 +1,8 @@
 """Attacker atk11 (issue 11 follow-up): reproducers against the hole fixes, on PostgreSQL with
-the shipped simulator and loopback servers. Every test here was written as a REPRODUCER: it
-failed on main at acd9c7e; the fix commit that follows it on branch atk11 makes it pass."""
+the shipped simulator and loopback servers. Every test here was written as a REPRODUCER and
+failed on main at acd9c7e. Findings 1-3 still fail on main at 45045b3; the fix commit after each
+on branch atk11 makes it pass. Finding 4 was fixed on main meanwhile (i11c's evidence binding,
+reconcile/evidence.py): its test passes on 45045b3 and stays as a regression guard."""
 
 from __future__ import annotations
 
@@ -211,7 +213,8 @@ def test_reproducer_a_replayed_signed_webhook_never_gives_an_uncertain_job_anoth
     for A. A is ``uncertain``; on main the sweep adopts B's prediction for A without reading
     it (only KIE's evidence is checked against the task's echo), so two jobs poll one paid
     task: A is charged for B's result and its user receives B's output. Expected: the task is
-    read first, and a task whose own ``webhook`` names another job is no evidence for A."""
+    read first, and a task whose own ``webhook`` names another job is no evidence for A.
+    (Failed on acd9c7e; passes since main merged i11c's ``reconcile.evidence`` binding.)"""
     from reconcile.testing.sim_signing import replicate_headers
     from reconcile.webhook_ingest import handle_webhook
 
