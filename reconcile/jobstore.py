@@ -170,11 +170,9 @@ def start_new_chain(session: Session, job_id: uuid.UUID, now: datetime,
     )
 
 
-def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
-                  last_error: str | None, *, verdict: bool = True) -> Job | None:
-    """One attempt, at most once per ``spacing`` per job, whoever observes it, recording what
-    it observed (``verdict=False``: an error that is no verdict keeps an upstream one)."""
-    last_error = redact.signed(last_error) if last_error else last_error
+def _attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
+             **values: Any) -> Job | None:
+    """The attempt CAS: at most one attempt per ``spacing`` per in-flight job."""
     return _cas(
         session,
         Job.id == job_id,
@@ -183,23 +181,24 @@ def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: t
             Job.reconcile_last_attempt_at <= now - spacing),
         reconcile_attempts=Job.reconcile_attempts + 1,
         reconcile_last_attempt_at=now,
-        reconcile_last_error=last_error if verdict else _unless_verdict(last_error),
+        **values,
     )
+
+
+def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
+                  last_error: str | None, *, verdict: bool = True) -> Job | None:
+    """One attempt, at most once per ``spacing`` per job, whoever observes it, recording what
+    it observed (``verdict=False``: an error that is no verdict keeps an upstream one)."""
+    last_error = redact.signed(last_error) if last_error else last_error
+    return _attempt(session, job_id, now, spacing,
+                    reconcile_last_error=last_error if verdict else _unless_verdict(last_error))
 
 
 def claim_attempt(session: Session, job_id: uuid.UUID, now: datetime,
                   spacing: timedelta) -> Job | None:
     """The sweep's claim of an attempt (``count_attempt``'s CAS) before it observes: the claim
     is no observation, so ``reconcile_last_error`` is kept (issue 11 hole 11)."""
-    return _cas(
-        session,
-        Job.id == job_id,
-        Job.status.in_(IN_FLIGHT),
-        or_(Job.reconcile_last_attempt_at.is_(None),
-            Job.reconcile_last_attempt_at <= now - spacing),
-        reconcile_attempts=Job.reconcile_attempts + 1,
-        reconcile_last_attempt_at=now,
-    )
+    return _attempt(session, job_id, now, spacing)
 
 
 def _unless_verdict(last_error: str | None) -> Any:
