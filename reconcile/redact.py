@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 import traceback
@@ -27,8 +28,13 @@ _SIGNED_PARAMS = (
 _SIGNED = re.compile(
     r"(?i)([?&;](?:" + "|".join(re.escape(p) for p in _SIGNED_PARAMS) + r")=)[^&#\s\"'<>]*")
 _URL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s\"'<>]+")
-_IPV4 = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b")
-_IPV6 = re.compile(r"(?i)\[?\b(?:[0-9a-f]{1,4}:){2,7}(?::|[0-9a-f]{1,4})?(?:%\w+)?\]?(?::\d{1,5})?")
+# No \b: an address glued to a word character (``%2F10.0.0.5`` in an encoded URL, ``ip_10.0.0.5``)
+# must go too.
+_IPV4 = re.compile(r"(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?(?![\d.]*\d)")
+# A candidate IPv6 token (compressed forms included: ``fd00::1``, ``::1``, ``fe80::1%eth0``);
+# it is scrubbed only when it parses as an address, so ``12:30:45`` stays.
+_IPV6 = re.compile(r"(?i)(?<![\w:])\[?(?:[0-9a-f]{0,4}:){2,7}[0-9a-f.]*(?:%[\w.-]+)?\]?"
+                   r"(?::\d{1,5})?")
 _FILE_SUFFIXES = ("png", "jpg", "jpeg", "webp", "gif", "mp4", "mov", "mp3", "wav", "txt", "json",
                   "pdf", "zip", "safetensors", "tar", "gz")
 _HOST = re.compile(r"(?i)\b(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9])?\.)+([a-z][a-z0-9-]{1,23})"
@@ -59,12 +65,25 @@ def detail(value: Any, _depth: int = 0) -> Any:
 
 def for_customer(text: str) -> str:
     """A provider's message fit for the customer: no URL, host name or IP address left."""
-    text = _URL.sub("[url]", text)
+    text = _URL.sub("[url]", signed(text))  # a scheme-less presigned URL keeps its path
+    text = _IPV6.sub(lambda m: "[address]" if _is_ipv6(m.group(0)) else m.group(0), text)
     text = _IPV4.sub("[address]", text)
-    text = _IPV6.sub(lambda m: "[address]" if m.group(0).count(":") >= 2 else m.group(0), text)
     text = _HOST.sub(lambda m: m.group(0) if m.group(1).lower() in _FILE_SUFFIXES
                      else "[host]", text)
     return _HOST_PORT.sub("[host]", text)
+
+
+def _is_ipv6(token: str) -> bool:
+    """``token`` (maybe ``[v6]:port``, ``v6%zone``, or ``v6:port`` unbracketed) is an IPv6 address."""
+    core = token.lstrip("[")
+    candidates = [core.split("]", 1)[0]] if "]" in core else [core, core.rpartition(":")[0]]
+    for candidate in candidates:
+        try:
+            ipaddress.IPv6Address(candidate)
+        except ValueError:
+            continue
+        return True
+    return False
 
 
 class _Redacting:
