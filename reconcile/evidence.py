@@ -58,6 +58,9 @@ BINDINGS: dict[str, Binding] = {
 }
 
 
+FAL_CHECKED_USER = "_reconcile_fal_user_id"  # set by ingestion on every stored fal delivery
+
+
 def family(kind_name: str | None) -> str:
     return (kind_name or "").split("-", 1)[0]
 
@@ -81,8 +84,10 @@ def signed_job_id(row: WebhookDelivery, settings: Settings) -> str | None:
         return planted_job_id(payload.get("webhook"))
     if row.provider == "elevenlabs":
         return _elevenlabs_job_id(payload)
-    if row.provider == "fal" and settings.fal_webhook_user_id and row.job_id is not None:
-        # ingestion refused every delivery whose signed user id is not the configured one
+    if row.provider == "fal" and settings.fal_webhook_user_id and row.job_id is not None \
+            and payload.get(FAL_CHECKED_USER) == settings.fal_webhook_user_id:
+        # ingestion refused every delivery whose signed user id is not the configured one, and
+        # recorded that id on the row (a row stored while it was unset is any account's)
         return str(row.job_id)
     return None  # kie: nothing that names the job is signed
 

@@ -98,6 +98,11 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
     event = dataclasses.replace(event, **{f: _pg_text(getattr(event, f)) for f in (
         "delivery_id", "task_id", "status", "error", "payload")})
 
+    if provider == "fal" and isinstance(event.payload, dict):
+        # Which account the signature was checked against, kept with the row: a delivery stored
+        # while RECONCILE_FAL_WEBHOOK_USER_ID was unset (any fal account's) never binds later.
+        event = dataclasses.replace(event, payload={
+            **event.payload, evidence.FAL_CHECKED_USER: rt.settings.fal_webhook_user_id})
     planted = _as_uuid(event.planted_job_id)
     try:
         with rt.sessions.begin() as session:

@@ -36,7 +36,11 @@ def row(provider: str, payload: dict[str, Any], planted: str | None = JOB) -> We
     (row("elevenlabs", {"data": {"webhook_metadata": {"job_id": JOB}}}), "elevenlabs-async",
      {}, True, True, True),
     # fal: the configured account id binds; unset, operator only
-    (row("fal", {"request_id": "r"}), "fal-queue", {"fal_webhook_user_id": "me"}, True, False, True),
+    (row("fal", {"request_id": "r", evidence.FAL_CHECKED_USER: "me"}), "fal-queue",
+     {"fal_webhook_user_id": "me"}, True, False, True),
+    # stored while the id was unset (or another): any account's, so never bound
+    (row("fal", {"request_id": "r", evidence.FAL_CHECKED_USER: None}), "fal-queue",
+     {"fal_webhook_user_id": "me"}, False, False, False),
     (row("fal", {"request_id": "r"}), "fal-queue", {}, False, False, False),
     # another provider's delivery is never evidence
     (row("fal", {"request_id": "r"}), "replicate-prediction", {"fal_webhook_user_id": "me"},
