@@ -16,6 +16,8 @@ replaces the configuration and with it these changes):
   ``worker_init`` that refuses a worker whose deliveries could outlive the broker's limits
   (:mod:`reconcile.broker`); applies the library's fix for a worker that exits when its Redis
   goes away (Celery 5.7.0).
+* connects :func:`check_settings` to ``worker_init`` / ``beat_init``; adds the retention entry
+  (``reconcile-prune``) to the beat schedule when a retention is set.
 
 Platforms that prefer a plain module use ``app.config_from_object("reconcile.celery_settings")``
 and ``import reconcile.tasks``; enqueues then go through ``reconcile.celery_app`` (configured

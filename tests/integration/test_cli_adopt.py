@@ -211,3 +211,30 @@ def test_worker_and_beat_refuse_an_unknown_observe_only_name(monkeypatch: pytest
         _check_settings()
     monkeypatch.setenv("RECONCILE_OBSERVE_ONLY_KINDS", '["legacy", "kie-standard", "*"]')
     _check_settings()
+
+
+def test_the_prune_beat_entry_exists_only_with_a_retention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packaged Celery settings (and so install(app)) schedule reconcile.prune only when a
+    retention is set."""
+    import importlib
+
+    from celery import Celery
+
+    from reconcile import celery_install, celery_settings
+
+    try:
+        monkeypatch.setenv("RECONCILE_WEBHOOK_DELIVERIES_RETENTION_DAYS", "30")
+        importlib.reload(celery_settings)
+        assert celery_settings.beat_schedule["reconcile-prune"]["task"] == "reconcile.prune"
+        app = Celery("platform", set_as_current=False)
+        celery_install.install(app)
+        assert "reconcile-prune" in app.conf.beat_schedule
+        monkeypatch.delenv("RECONCILE_WEBHOOK_DELIVERIES_RETENTION_DAYS")
+        importlib.reload(celery_settings)
+        assert "reconcile-prune" not in celery_settings.beat_schedule
+    finally:
+        monkeypatch.delenv("RECONCILE_WEBHOOK_DELIVERIES_RETENTION_DAYS", raising=False)
+        importlib.reload(celery_settings)
+        from reconcile import celery_app
+
+        celery_install.install(celery_app.app)  # the library's own app stays the installed one
