@@ -82,7 +82,8 @@ class Ledger(Protocol):
         ...
 
     def refunded(self, session: Session, job_id: uuid.UUID) -> int:
-        """What the library's own refund of ``job_id`` gave back (0: none)."""
+        """What the library's own refund of ``job_id`` gave back and the user still keeps (0:
+        none, or taken back by an operator's re-charge)."""
         ...
 
     def audit(self, session: Session, *, now: datetime | None = None,
@@ -119,7 +120,13 @@ class BuiltinLedger:
 
     def refunded(self, session: Session, job_id: uuid.UUID) -> int:
         txn = session.get(CreditTransaction, credits.refund_txn_id(job_id))
-        return txn.amount if txn is not None else 0
+        if txn is None:
+            return 0
+        # an operator's re-charge (credits.recharge: a job-recharge:{job} USAGE + COMMIT pair)
+        # takes the refund back: what is left refunded is the difference
+        recharge_id = getattr(credits, "recharge_commit_txn_id", None)
+        recharged = session.get(CreditTransaction, recharge_id(job_id)) if recharge_id else None
+        return max(0, txn.amount - (recharged.amount if recharged is not None else 0))
 
     def audit(self, session: Session, *, now: datetime | None = None,
               grace: timedelta = timedelta(minutes=10), **options: Any) -> list[Discrepancy]:
