@@ -18,8 +18,9 @@ new) and never writes a platform row:
   it is the pool the library's own refund uses for a log without a split); when the two fields
   are present but do not add up, they are scaled to the log's credits pro rata (remainder to
   ``sub``), as the library's refund would split it. Every row decided by a rule is reported.
-* A log without a ``job_id`` is held under its own id (``import-hold:log:{id}``); a job with
-  more than one reserved log, or a negative balance, is reported and skipped.
+* A log without a ``job_id`` (the ledger's transactions name a job), a job with more than one
+  reserved log, or a negative balance is reported and skipped: fix it on the platform's side
+  and re-run.
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ def _hold(session: Session, user: uuid.UUID, pool: str, amount: int, txn_id: str
 
 def _import_reservation(session: Session, summary: ImportSummary, log: UsageLog,
                         now: datetime) -> None:
-    key = str(log.job_id) if log.job_id is not None else f"log:{log.id}"
-    usage_id = credits.usage_txn_id(log.job_id) if log.job_id is not None else f"import-usage:{key}"
+    assert log.job_id is not None
+    key = str(log.job_id)
+    usage_id = credits.usage_txn_id(log.job_id)
     if session.get(CreditTransaction, usage_id) is not None:
         summary.reservations_skipped += 1
         return
@@ -153,7 +155,10 @@ def import_credits(session: Session, *, now: datetime, dry_run: bool = False,
         if log.job_id is not None:
             per_job[log.job_id] = per_job.get(log.job_id, 0) + 1
     for log in logs:
-        if log.job_id is not None and per_job[log.job_id] > 1:
+        if log.job_id is None:
+            summary.problems.append(f"usage log {log.id}: reserved without a job_id; skipped")
+            continue
+        if per_job[log.job_id] > 1:
             summary.problems.append(f"job {log.job_id}: {per_job[log.job_id]} reserved usage "
                                     f"logs; log {log.id} skipped")
             continue

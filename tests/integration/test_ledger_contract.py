@@ -127,11 +127,6 @@ def test_commit_for_less_releases_the_rest(ledger_backend: Backend) -> None:
     assert b.audit() == []
 
 
-@pytest.mark.parametrize("ledger_backend", [
-    pytest.param("builtin", marks=pytest.mark.xfail(
-        strict=True, reason="credits.commit still splits a commit for less pro rata; the fix "
-                            "to DESIGN §2.2 (sub first) is i11a's, and turns this into XPASS")),
-    "platform"], indirect=True)
 def test_commit_for_less_charges_sub_first_and_releases_each_pools_rest(
         ledger_backend: Backend) -> None:
     """DESIGN §2.2: a commit for less takes from the pools in the order the reservation took
