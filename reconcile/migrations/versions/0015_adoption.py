@@ -12,7 +12,7 @@
   (``completed_after_refund``) costs what the anomalies cost, never what the history does.
 
 Revision ID: 0015
-Revises: 0014
+Revises: 0018
 """
 
 from datetime import UTC, datetime
@@ -30,7 +30,7 @@ from reconcile.db.models import CreditTransaction
 from reconcile.db.types import UTCDateTime
 
 revision = "0015"
-down_revision = "0014"
+down_revision = "0018"
 branch_labels = None
 depends_on = None
 
