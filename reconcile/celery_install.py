@@ -16,6 +16,8 @@ replaces the configuration and with it these changes):
   ``worker_init`` that refuses a worker whose deliveries could outlive the broker's limits
   (:mod:`reconcile.broker`); applies the library's fix for a worker that exits when its Redis
   goes away (Celery 5.7.0).
+* connects :func:`check_settings` to ``worker_init`` / ``beat_init``; adds the retention entry
+  (``reconcile-prune``) to the beat schedule when a retention is set.
 
 Platforms that prefer a plain module use ``app.config_from_object("reconcile.celery_settings")``
 and ``import reconcile.tasks``; enqueues then go through ``reconcile.celery_app`` (configured
@@ -31,7 +33,7 @@ from types import ModuleType
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init
+from celery.signals import beat_init, worker_init, worker_process_init
 
 log = logging.getLogger("reconcile.install")
 
@@ -39,6 +41,7 @@ QUEUE = "reconcile"
 SWEEP_QUEUE = "reconcile.sweep"
 SWEEP_TASK = "reconcile.sweep"
 BEAT_ENTRY = "reconcile-sweep"
+PRUNE_ENTRY = "reconcile-prune"
 # the platform's to choose (its broker, its backend, its default queue), or merged key by key
 _NOT_MERGED = frozenset({
     "broker_url", "result_backend", "task_default_queue", "task_routes", "beat_schedule",
@@ -85,11 +88,14 @@ def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
     _add_routes(conf)
     if beat:
         _add_beat_entry(conf, wanted.get("beat_schedule", {}).get(BEAT_ENTRY))
+        _add_prune_entry(conf, wanted.get("beat_schedule", {}).get(PRUNE_ENTRY))
     worker_process_init.connect(fresh_engines, weak=False, dispatch_uid="reconcile.fresh_engines")
     worker_init.connect(check_broker_limits, weak=False, dispatch_uid="reconcile.broker_limits")
     from .broker import survive_broker_loss
 
     survive_broker_loss()
+    for signal in (worker_init, beat_init):
+        signal.connect(check_settings, weak=False, dispatch_uid=f"reconcile.check_settings.{signal.name}")
     with _lock:
         if _app is not None and _app is not app:
             if not replace:
@@ -111,6 +117,15 @@ def installed_app() -> Celery:
 def send(task_name: str, args: list[Any], countdown: float | None = None) -> None:
     """Enqueue one of the library's tasks through the installed app."""
     installed_app().tasks[task_name].apply_async(args=args, countdown=countdown or None)
+
+
+def check_settings(**_: object) -> None:
+    """``worker_init`` / ``beat_init`` (the platform's kinds are registered by then): an
+    ``OBSERVE_ONLY_KINDS`` name that protects nothing stops the process, never a silent no-op."""
+    from .adoption import check_observe_only
+    from .settings import Settings
+
+    check_observe_only(Settings().observe_only_kinds)
 
 
 def fresh_engines(**_: object) -> None:
@@ -200,6 +215,12 @@ def _add_routes(conf: Any) -> None:
     else:
         routers = list(theirs) if isinstance(theirs, list | tuple) else [theirs]
         conf["task_routes"] = [ours, *[r for r in routers if r != ours]]
+
+
+def _add_prune_entry(conf: Any, entry: dict[str, Any] | None) -> None:
+    """The retention entry, present only when a retention is set (the platform's wins)."""
+    if entry is not None:
+        conf["beat_schedule"] = {PRUNE_ENTRY: entry, **dict(conf.get("beat_schedule") or {})}
 
 
 def _add_beat_entry(conf: Any, entry: dict[str, Any] | None) -> None:

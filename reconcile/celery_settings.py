@@ -80,6 +80,7 @@ broker_connection_retry_on_startup = True
 task_default_queue = "reconcile"
 task_routes = {
     "reconcile.sweep": {"queue": "reconcile.sweep"},
+    "reconcile.prune": {"queue": "reconcile.sweep"},
 }
 
 # exactly one beat process (never `worker -B` in production); the sweep is idempotent, so a
@@ -91,4 +92,11 @@ beat_schedule = {
         "options": {"queue": "reconcile.sweep", "expires": _settings.sweep_interval * _settings.time_scale},
     },
 }
+# retention (`reconcile prune`) hourly, only when a retention is set (the default keeps all)
+if _settings.job_events_retention_days is not None \
+        or _settings.webhook_deliveries_retention_days is not None:
+    beat_schedule["reconcile-prune"] = {
+        "task": "reconcile.prune", "schedule": timedelta(hours=1),
+        "options": {"queue": "reconcile.sweep", "expires": 3600},
+    }
 beat_max_loop_interval = min(300.0, max(1.0, _settings.sweep_interval * _settings.time_scale))

@@ -327,7 +327,7 @@ def _threshold(rt: Runtime, job: Job) -> timedelta:
 
 
 @main.command()
-@click.option("--kind", help="Only this provider_kind ('legacy': rows without one).")
+@click.option("--kind", help="Only this provider_kind ('legacy': rows without one; '*': all).")
 @click.option("--older-than", type=click.FloatRange(min=0), metavar="MINUTES",
               help="Instead of each kind's stale threshold, list in-flight jobs older than this.")
 @limit_option
@@ -335,8 +335,14 @@ def _threshold(rt: Runtime, job: Job) -> timedelta:
 @pass_cli
 def stuck(cli: Cli, kind: str | None, older_than: float | None, limit: int, as_json: bool) -> None:
     """In-flight jobs past their kind's stale threshold (legacy rows: past 5 minutes)."""
+    from .adoption import ALL, LEGACY, SettingsError, check_observe_only
     from .kinds import all_kinds
 
+    if kind:
+        try:  # the same names as OBSERVE_ONLY_KINDS: a kind, or "legacy" for rows without one
+            check_observe_only([kind])
+        except SettingsError as exc:
+            raise Refused(f"unknown kind {kind!r}: a registered kind or {LEGACY!r}") from exc
     rt = cli.runtime()
     now = rt.now()
     if older_than is not None:
@@ -345,9 +351,9 @@ def stuck(cli: Cli, kind: str | None, older_than: float | None, limit: int, as_j
         floor = rt.settings.scaled(min([LEGACY_AGE] + [k.stale_threshold for k in all_kinds()]))
     started = _started().label("started")
     stmt = select(Job, started).where(Job.status.in_(IN_FLIGHT), started < now - floor)
-    if kind == "legacy":
+    if kind == LEGACY:
         stmt = stmt.where(Job.provider_kind.is_(None))
-    elif kind:
+    elif kind and kind != ALL:
         stmt = stmt.where(Job.provider_kind == kind)
     rows: list[dict[str, Any]] = []
     with cli.session() as session:
@@ -512,23 +518,16 @@ def show(cli: Cli, job_id: uuid.UUID, as_json: bool) -> None:
 # ----------------------------------------------------------------------------- changes
 
 
-def _refunded(session: Session, job_id: uuid.UUID) -> int | None:
-    from .credits import refund_txn_id
-
-    txn = session.get(CreditTransaction, refund_txn_id(job_id))
-    return txn.amount if txn is not None else None
-
-
 def _report_failed(cli: Cli, job_id: uuid.UUID, verb: str) -> None:
     with cli.session() as session:
         job = _load(session, job_id)
-        refunded = _refunded(session, job_id)
+        refunded = cli.runtime().ledger.refunded(session, job_id)
     if job.credits_actual is None:
         click.echo(f"job {job_id} {verb}; its refund is pending (next try {_cell(job.next_poll_at)})"
                    " — the sweep settles it")
     else:
         click.echo(f"job {job_id} {verb} ({job.error_code}); refunded "
-                   f"{refunded if refunded is not None else 0} credits")
+                   f"{refunded} credits")
 
 
 @main.command()
@@ -622,11 +621,28 @@ def sweep(cli: Cli, dry_run: bool, as_json: bool) -> None:
         if exc.name != f"{__package__}.sweep":
             raise
         raise Failed("this install has no reconcile.sweep") from exc
-    report = run(cli.runtime(), dry_run=dry_run)
+    rt = cli.runtime()
+    report = run(rt, dry_run=dry_run)
     if as_json:
         _dump({**asdict(report), "line": report.line()})
-    else:
-        click.echo(report.line())
+        return
+    click.echo(report.line())
+    if dry_run:
+        _list_by_action(rt, report)
+
+
+def _list_by_action(rt: Runtime, report: Any) -> None:
+    """A dry run's rows, one table per action (observe-only rows under ``observe_only``)."""
+    from .adopt_report import rows_of
+
+    outcome = {a.job_id: a.outcome for a in report.actions}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows_of(rt, report.actions, rt.now()):
+        label = "observe_only " + row.action if outcome[row.job_id] == "observe_only" else row.action
+        groups.setdefault(label, []).append(row.__dict__)
+    for label, rows in sorted(groups.items()):
+        click.echo(f"\n{label} ({len(rows)})")
+        click.echo(_table(rows, ("job_id", "row", "job_type", "kind", "status", "age", "credits")))
 
 
 def _since(value: str | None, now: datetime) -> datetime | None:
@@ -654,13 +670,13 @@ def _since(value: str | None, now: datetime) -> datetime | None:
 @pass_cli
 def audit(cli: Cli, grace_minutes: int, since_arg: str | None, as_json: bool) -> None:
     """Check the credit ledger; exit 1 when it is out of balance."""
-    from .credits import audit as run_audit
+    from .ledger import audit as run_audit
 
     rt = cli.runtime()
     now = rt.now()
     since = _since(since_arg, now)
     with cli.session() as session:
-        found = run_audit(session, now=now, grace=timedelta(minutes=grace_minutes),
+        found = run_audit(rt.ledger, session, now=now, grace=timedelta(minutes=grace_minutes),
                           settings=rt.settings, since=since)
     rows = [asdict(d) for d in found]
     _listing(rows, ("kind", "user_id", "job_id", "detail"), as_json, "ledger clean")
@@ -752,6 +768,8 @@ def _wait_for_signal() -> None:
     while not stop.wait(0.5):
         pass
 
+
+from . import cli_adopt  # noqa: E402,F401  (registers adopt, credits, prune)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from . import credits, idempotency, jobstore
+from . import idempotency, jobstore
 from .db.models import Asset, CreditAnomaly, Job
 from .errors import (
     CreateRateLimited,
@@ -180,7 +180,7 @@ def submit_job(
             provider_options=dict(options) if options else None,
         ))
         session.flush()
-        credits.reserve(session, user_id, job_id, credits_, now=now)
+        rt.ledger.reserve(session, user_id, job_id, credits_, now=now)
         add_event(session, _stub(job_id, user_id), "queued", now)
     publish(rt, job_id=job_id)
     if enqueue and not kind.sync:
@@ -667,8 +667,8 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
         )
         if done is not None:
             won = True
-            credits.commit(session, job_id, amount, now=now)
-            actual = credits.settled_amount(session, job_id)
+            rt.ledger.commit(session, job_id, amount, now=now)
+            actual = rt.ledger.settled_amount(session, job_id)
             done.credits_actual = actual if actual is not None else 0
             done.display_cost = done.credits_actual
             for index, s in enumerate(stored):
@@ -804,9 +804,9 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> bool:
             if job is None or job.status not in (Status.FAILED, Status.CANCELLED) \
                     or job.credits_actual is not None:
                 return False
-            credits.refund(session, job_id, now=now)
+            rt.ledger.refund(session, job_id, now=now)
             rt.crash_point("mid_refund")
-            actual = credits.settled_amount(session, job_id)
+            actual = rt.ledger.settled_amount(session, job_id)
             jobstore.settled(session, job_id, actual if actual is not None else 0)
         log.info("job_settled job_id=%s", job_id)
         return True

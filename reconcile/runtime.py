@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING, Any
 import requests
 from sqlalchemy.orm import Session, sessionmaker
 
+from .adoption import check_observe_only
 from .db.session import engine_for, make_sessionmaker
 from .kinds import Kind, get_kind
+from .ledger import DEFAULT as DEFAULT_LEDGER
+from .ledger import Ledger
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -66,8 +69,16 @@ class Runtime:
     event_hooks: list[EventHook] = field(default_factory=list)
     # named crash points for the reliability harness (None in production)
     crash_hook: Callable[[str], None] | None = None
+    # the credit backend (DESIGN: the ledger seam); the library's own ledger by default
+    ledger: Ledger = field(default_factory=lambda: DEFAULT_LEDGER)
+    # values read once from the database and never changed (the adoption time)
+    adoption_cache: dict[str, Any] = field(default_factory=dict, repr=False)
     _clients: dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        # a name that protects nothing must stop the process, not be a silent no-op
+        check_observe_only(self.settings.observe_only_kinds)
 
     @classmethod
     def from_settings(cls, settings: Settings, **kwargs: Any) -> Runtime:

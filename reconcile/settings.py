@@ -7,13 +7,15 @@ multiplied by ``TIME_SCALE`` (demo and tests only) through :meth:`Settings.scale
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SQLITE_URL = "sqlite:///reconcile.db"
+LegacySweep = Literal["observe", "enforce", "off"]
 
 
 class Settings(BaseSettings):
@@ -52,11 +54,22 @@ class Settings(BaseSettings):
 
     # Sweep
     sweep_interval: float = 300.0  # seconds
-    legacy_sweep: bool = True
+    # rows without provider_kind or submission_state (DESIGN.md §6 row 1, §10.11): "observe"
+    # logs and counts what it would fail; "enforce" fails + refunds (seed phase 2); "off"
+    legacy_sweep: LegacySweep = "observe"
+    # only rows created before it are legacy candidates (default: reconcile_meta.adopted_at)
+    legacy_cutoff: datetime | None = None
+    # a candidate's age before it is failed (default: the registry's longest exhaustion horizon)
+    legacy_age: timedelta | None = None
+    legacy_job_types: list[str] = Field(default_factory=list)  # allow-list; empty: every type
     legacy_exclude_job_types: list[str] = Field(default_factory=list)
+    # kinds the sweep only logs; "legacy" names the rows without a kind, "*" every row
     observe_only_kinds: list[str] = Field(default_factory=list)
     sweep_time_budget: float = 20.0  # seconds handled inline per tick
     time_scale: float = 1.0
+    # retention (`reconcile prune`, and the beat's prune entry when either is set); None: keep
+    job_events_retention_days: float | None = None
+    webhook_deliveries_retention_days: float | None = None
 
     # Providers
     kie_base_url: str = "https://api.kie.ai"
@@ -85,6 +98,32 @@ class Settings(BaseSettings):
     # fal signs every account's webhooks with one JWKS: only a delivery whose signed
     # X-Fal-Webhook-User-Id is this id can bind to a job (unset: fal evidence is operator-only)
     fal_webhook_user_id: str | None = None
+
+    @field_validator("legacy_sweep", mode="before")
+    @classmethod
+    def _legacy_mode(cls, value: object) -> object:
+        # the former boolean switch: true meant "sweep legacy rows", false "leave them"
+        if isinstance(value, bool):
+            return "enforce" if value else "off"
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+            return "enforce" if value.strip().lower() in ("true", "1") else "off"
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("legacy_age", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        # like every other duration setting, a plain number is seconds (ISO 8601 also works)
+        if isinstance(value, str):
+            try:
+                return timedelta(seconds=float(value))
+            except ValueError:
+                return value
+        return value
+
+    @field_validator("legacy_cutoff")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
     def scaled(self, duration: timedelta) -> timedelta:
         """``duration`` multiplied by ``TIME_SCALE`` (1.0 in production)."""

@@ -39,8 +39,8 @@ from typing import Any
 from sqlalchemy import Select, or_, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
-from . import evidence, idempotency, jobstore, lifecycle
-from .db.models import CreditAnomaly, Job, WebhookDelivery
+from . import adoption, evidence, idempotency, jobstore, lifecycle
+from .db.models import COMPLETED_AFTER_FAILURE, CreditAnomaly, Job, WebhookDelivery
 from .errors import ErrorCode, ProviderError
 from .events import add_event, publish
 from .kinds import Kind
@@ -49,7 +49,7 @@ from .runtime import Runtime
 from .states import (
     ATTEMPT_SPACING,
     IN_FLIGHT,
-    LEGACY_AGE,
+    LEGACY_AGE,  # row 2's age (an unknown kind that never reached a provider): 5 minutes
     MAX_ATTEMPTS,
     MAX_CREATE_REENQUEUES,
     NOT_STARTED_AGE,
@@ -72,6 +72,7 @@ LISTING_SLACK = timedelta(minutes=2)
 # literal predicates so PostgreSQL can match the partial indexes even under generic plans
 _INFLIGHT_SQL = text("jobs.status IN ('pending', 'processing')")
 _UNSETTLED_SQL = text("jobs.status IN ('failed', 'cancelled')")
+LATE_BATCH = 100  # late completions checked per transaction
 
 
 class Action(StrEnum):
@@ -84,6 +85,10 @@ class Action(StrEnum):
     EVIDENCE = "evidence"
     ANOMALY = "anomaly"
     SETTLE = "settle"
+
+
+# actions that try to bring a job to its result (a dry run's would_recover)
+RECOVERING = ("poll", "resume", "evidence", "reenqueue")
 
 
 @dataclass(frozen=True)
@@ -118,11 +123,32 @@ class SweepReport:
     elapsed_ms: int
     fanned_out: int = 0
     actions: tuple[SweepAction, ...] = ()
+    dry_run: bool = False
+    # what observe-only rows (LEGACY_SWEEP=observe, OBSERVE_ONLY_KINDS) would have had done
+    observed: int = 0
+    observed_would_fail: int = 0
+    # dry run: the decided actions that would run (observe-only rows excluded)
+    would: tuple[tuple[str, int], ...] = ()
+    late_completions: int = 0  # completed_after_refund anomalies found this tick
 
     def line(self) -> str:
+        if self.dry_run:
+            return self._dry_line()
+        observed = (f"observed={self.observed} would_fail={self.observed_would_fail} "
+                    if self.observed else "")
         return (f"[reconcile] scanned={self.scanned} recovered={self.recovered} "
                 f"failed={self.failed} stillRunning={self.still_running} "
-                f"errors={self.errors} ({self.elapsed_ms}ms)")
+                f"errors={self.errors} {observed}({self.elapsed_ms}ms)")
+
+    def _dry_line(self) -> str:
+        would = dict(self.would)
+        recover = sum(would.get(a, 0) for a in RECOVERING)
+        other = sum(would.get(a, 0) for a in (Action.MARK_UNCERTAIN, Action.ANOMALY))
+        return (f"[reconcile] DRY RUN scanned={self.scanned} would_recover={recover} "
+                f"would_fail={would.get(Action.FAIL, 0)} would_settle={would.get(Action.SETTLE, 0)} "
+                f"would_other={other} observed={self.observed} "
+                f"observed_would_fail={self.observed_would_fail} errors={self.errors} "
+                f"({self.elapsed_ms}ms)")
 
 
 # ----------------------------------------------------------------------------- the §6 table
@@ -156,14 +182,19 @@ class _Row:
 
 
 def _legacy(r: _Row) -> Decision | None:
-    """1: a row nobody submitted through the library (seed phase 2's catch-all)."""
-    j, s = r.job, r.rt.settings
-    if j.submission_state is not None or j.provider_kind is not None:
+    """1: a row nobody submitted through the library (seed phase 2's catch-all), bounded by
+    the legacy cutoff, age and job types (``adoption``; DESIGN.md §10.11). In ``observe`` mode
+    the FAIL is only logged and counted (:func:`_observed`)."""
+    j = r.job
+    if not adoption.is_foreign(j):
         return None
-    if not s.legacy_sweep or j.job_type in s.legacy_exclude_job_types:
-        return None
-    if not r.aged(j.started_at or j.created_at, LEGACY_AGE):
-        return None
+    if r.rt.settings.legacy_sweep == "off":
+        return Decision("legacy_off", Action.LEAVE)
+    why_not = adoption.legacy_candidate(r.rt, j, r.now)
+    if why_not == "after_cutoff":  # another subsystem's row: never touched, in any mode
+        return Decision("foreign_after_cutoff", Action.LEAVE)
+    if why_not is not None:
+        return Decision("legacy", Action.LEAVE)
     return Decision("legacy", Action.FAIL)
 
 
@@ -282,7 +313,8 @@ _ERROR = Decision("error", Action.LEAVE)
 
 
 def decide(rt: Runtime, job: Job, now: datetime) -> Decision:
-    """The §6 action for one row (pure: reads nothing but the row, the kind and settings)."""
+    """The §6 action for one row (reads nothing but the row, the kind, settings and the
+    adoption time, which the runtime reads from the database once)."""
     if job.status in (Status.FAILED, Status.CANCELLED):
         due = (job.credits_actual is None and job.next_poll_at is not None
                and job.next_poll_at <= _settle_cutoff(rt, now))
@@ -317,8 +349,9 @@ def _plan(rt: Runtime, session: Session, job: Job, now: datetime, *, dry_run: bo
     plan = _Plan(job, decision, rt.kind(job.provider_kind))
     if decision.action is Action.LEAVE:
         plan.outcome = "left"
-    elif dry_run or (job.provider_kind or "") in rt.settings.observe_only_kinds:
-        plan.outcome = "dry_run" if dry_run else "observe_only"
+    elif _observed(rt, job, decision) or dry_run:
+        # observe wins over dry run: a dry run reports what the real tick would do
+        plan.outcome = "observe_only" if _observed(rt, job, decision) else "dry_run"
         log.info("sweep_would job_id=%s row=%s action=%s mode=%s", job.id, decision.row,
                  decision.action, plan.outcome)
     elif not claim:
@@ -327,6 +360,13 @@ def _plan(rt: Runtime, session: Session, job: Job, now: datetime, *, dry_run: bo
         with session.begin_nested():  # a bad row rolls back alone
             _claim(rt, session, plan, now)
     return plan
+
+
+def _observed(rt: Runtime, job: Job, decision: Decision) -> bool:
+    """Only logged: a legacy FAIL under ``LEGACY_SWEEP=observe``, or an observe-only kind."""
+    if decision.row == "legacy" and rt.settings.legacy_sweep == "observe":
+        return True
+    return adoption.observe_only(rt.settings, job)
 
 
 def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
@@ -572,9 +612,17 @@ class _Tally:
     errors: int = 0
     fanned_out: int = 0
     actions: list[SweepAction] = field(default_factory=list)
+    observed: int = 0
+    observed_would_fail: int = 0
+    would: dict[str, int] = field(default_factory=dict)
 
     def add(self, job_id: uuid.UUID, decision: Decision, outcome: str) -> None:
         self.scanned += 1
+        if outcome == "observe_only":
+            self.observed += 1
+            self.observed_would_fail += decision.action is Action.FAIL
+        elif outcome == "dry_run":
+            self.would[str(decision.action)] = self.would.get(str(decision.action), 0) + 1
         if outcome == "completed":
             self.recovered += 1
         elif outcome in ("failed", "settled"):
@@ -663,6 +711,12 @@ def sweep(rt: Runtime, *, dry_run: bool = False, now: datetime | None = None,
                           _run(rt, plan, fan_out if over and plan.outcome is None else None))
             if cursor is None:
                 break
+    try:
+        late = _late_completions(rt, dry_run=dry_run)
+    except Exception:
+        log.exception("sweep_late_completions_failed")
+        tally.errors += 1
+        late = 0
     if not dry_run:
         try:
             republished = publish(rt, older_than=rt.settings.scaled(EVENT_REPUBLISH_AGE))
@@ -681,9 +735,48 @@ def sweep(rt: Runtime, *, dry_run: bool = False, now: datetime | None = None,
         scanned=tally.scanned, recovered=tally.recovered, failed=tally.failed,
         still_running=tally.still_running, errors=tally.errors,
         elapsed_ms=int((timer() - started_at) * 1000), fanned_out=tally.fanned_out,
-        actions=tuple(tally.actions))
+        actions=tuple(tally.actions), dry_run=dry_run, observed=tally.observed,
+        observed_would_fail=tally.observed_would_fail, would=tuple(sorted(tally.would.items())),
+        late_completions=late)
     log.info(report.line())
     return report
+
+
+def _late_completions(rt: Runtime, *, dry_run: bool) -> int:
+    """A job the library failed and refunded that something else then completed (an old
+    worker finishing a legacy row): one ``completed_after_refund`` anomaly, so the operator
+    decides — keep the refund, or re-charge it (README: "Adopting on a live platform"). The
+    candidates come from a partial index holding only such completions, so the cost follows
+    the anomalies, never the history. Returns the anomalies recorded (dry run: found)."""
+    from .ledger import COMPLETED_AFTER_REFUND, anomaly_recorded
+
+    found = 0
+    stmt = (select(Job).where(text(COMPLETED_AFTER_FAILURE)).order_by(Job.id)
+            .limit(LATE_BATCH))
+    if not dry_run:
+        stmt = stmt.with_for_update(skip_locked=True)
+    after: uuid.UUID | None = None
+    while True:
+        page = stmt if after is None else stmt.where(Job.id > after)
+        with rt.sessions.begin() as session:
+            jobs = list(session.execute(page).scalars())
+            for job in jobs:
+                if anomaly_recorded(session, job.id, COMPLETED_AFTER_REFUND):
+                    continue
+                refunded = rt.ledger.refunded(session, job.id)
+                if refunded <= 0:
+                    continue
+                found += 1
+                log.warning("completed_after_refund job_id=%s refunded=%s error_code=%s",
+                            job.id, refunded, job.error_code)
+                if not dry_run:
+                    _anomaly_once(session, job, COMPLETED_AFTER_REFUND, rt.now(),
+                                  {"refunded": refunded, "error_code": job.error_code,
+                                   "completed_at": job.completed_at.isoformat()
+                                   if job.completed_at else None})
+        if len(jobs) < LATE_BATCH:
+            return found
+        after = jobs[-1].id
 
 
 def _batch(rt: Runtime, phase: str, query: Callable[[_Cursor], Select[tuple[Job]]],

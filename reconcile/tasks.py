@@ -140,3 +140,15 @@ def sweep() -> str:
 
     report = run(get_runtime(), fan_out=enqueue_reconcile_job)
     return report.line()
+
+
+@shared_task(name="reconcile.prune", ignore_result=True, acks_late=True)
+def prune() -> str:
+    """Retention (beat, when a retention is set): published events, settled-job deliveries."""
+    from .retention import days
+    from .retention import prune as run
+
+    rt = get_runtime()
+    s = rt.settings
+    return run(rt.sessions, now=rt.now(), events=days(s.job_events_retention_days),
+               deliveries=days(s.webhook_deliveries_retention_days)).line()

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     Identity,
     Index,
     Integer,
@@ -40,6 +41,7 @@ NAMING = {
 
 BIGID = BigInteger().with_variant(Integer, "sqlite")
 IN_FLIGHT = text("status IN ('pending', 'processing')")
+COMPLETED_AFTER_FAILURE = "status = 'completed' AND error_code IS NOT NULL"
 
 
 class Base(DeclarativeBase):
@@ -110,6 +112,11 @@ class Job(Base):
         Index("jobs_inflight_task_idx", "provider_task_id",
               postgresql_where=text("status IN ('pending', 'processing') AND provider_task_id IS NOT NULL"),
               sqlite_where=text("status IN ('pending', 'processing') AND provider_task_id IS NOT NULL")),
+        # completed by someone else after the library failed it (the library's own completion
+        # clears error_code): the late-completion sweep phase reads only these
+        Index("jobs_completed_after_failure_idx", "completed_at",
+              postgresql_where=text(COMPLETED_AFTER_FAILURE),
+              sqlite_where=text(COMPLETED_AFTER_FAILURE)),
     )
 
 
@@ -134,6 +141,17 @@ class WorkflowExecution(Base):
     status: Mapped[str] = mapped_column(Text)
     failed_nodes: Mapped[Any | None] = mapped_column(JSONType)
     error_message: Mapped[str | None] = mapped_column(Text)
+
+
+class ReconcileMeta(Base):
+    """One row: when the library was adopted on this database (the legacy cutoff's default)."""
+
+    __tablename__ = "reconcile_meta"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, server_default=text("1"))
+    adopted_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
 
 
 class CreatedObject(Base):
@@ -260,7 +278,7 @@ class JobEvent(Base):
 
 __all__ = [
     "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
-    "CreditTransaction", "Job", "JobEvent", "UsageLog", "WebhookDelivery", "WorkflowExecution",
+    "CreditTransaction", "Job", "JobEvent", "ReconcileMeta", "UsageLog", "WebhookDelivery", "WorkflowExecution",
 ]
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,15 +56,44 @@ class Clock:
         return self.now
 
 
+# the ledger backend a parametrized test runs with (tests.integration.ledgers.Backend); empty:
+# the built-in ledger. make_runtime, fund and audit follow it.
+_BACKEND: list[Any] = []
+
+
+@contextmanager
+def ledger_backend(backend: Any) -> Iterator[Any]:
+    _BACKEND.append(backend)
+    try:
+        yield backend
+    finally:
+        _BACKEND.remove(backend)
+
+
+def backend() -> Any | None:
+    return _BACKEND[-1] if _BACKEND else None
+
+
+def audit(session: Session, now: datetime | None = None) -> list[Any]:
+    """The library's audit through the current backend (built-in: credits.audit and more)."""
+    from reconcile.ledger import DEFAULT
+    from reconcile.ledger import audit as library_audit
+
+    current = backend()
+    return library_audit(current.ledger if current is not None else DEFAULT, session, now=now)
+
+
 def make_runtime(db: sessionmaker[Session], sim: Simulator, tmp: Path, *, clock: Any = None,
                  **settings: Any) -> tuple[Runtime, Queues]:
     queues = Queues()
+    current = backend()
     rt = Runtime(
         settings=sim.settings(webhook_base_url="https://platform.example/hooks", **settings),
         sessions=db,
         storage=LocalStorage(tmp / "media"),
         enqueue_create=queues.enqueue_create,
         enqueue_poll=queues.enqueue_poll,
+        **({"ledger": current.ledger} if current is not None else {}),
     )
     if clock is not None:
         rt.clock = clock
@@ -87,5 +118,9 @@ def drain(rt: Runtime, queues: Queues, *, max_steps: int = 200, sleep: float = 0
 
 
 def fund(db: sessionmaker[Session], user: uuid.UUID, amount: int = 1000, pool: str = "sub") -> None:
+    current = backend()
+    if current is not None:
+        current.fund(user, amount, pool)
+        return
     with db.begin() as s:
         credits.grant(s, user, pool, amount, f"grant-{uuid.uuid4()}")

@@ -16,7 +16,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile.db.models import Asset, CreditTransaction, Job, JobEvent
 from reconcile.sweep import SweepReport, reconcile_job, sweep
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_sweep import FOREVER, INSTANT, World, assert_refunded, snapshot
+from tests.integration.test_sweep import (
+    FOREVER,
+    INSTANT,
+    SEED_PHASE_2,
+    World,
+    assert_refunded,
+    snapshot,
+)
 
 
 @pytest.fixture
@@ -43,7 +50,7 @@ def test_two_overlapping_sweeps_handle_every_job_exactly_once(
     for user in users:
         sync += w.platform_rows(30, user=user)  # legacy rows (seed phase 2)
     w.clock.advance(minutes=11)
-    other, _ = make_runtime(db, simulator, tmp_path, clock=w.clock)
+    other, _ = make_runtime(db, simulator, tmp_path, clock=w.clock, **SEED_PHASE_2)
     start = threading.Barrier(2)
     reports: list[SweepReport] = []
 
@@ -146,7 +153,7 @@ def test_sqlite_overlapping_sweeps_serialise_on_begin_immediate(
     stale = [w.platform_row() for _ in range(40)] + [w.submit("anthropic-sync") for _ in range(20)]
     recovered = [w.accept("kie-standard", Script(timeline=INSTANT)) for _ in range(10)]
     w.clock.advance(minutes=11)
-    other, _ = make_runtime(db, simulator, tmp_path, clock=w.clock)
+    other, _ = make_runtime(db, simulator, tmp_path, clock=w.clock, **SEED_PHASE_2)
     start = threading.Barrier(2)
     reports: list[SweepReport] = []
 

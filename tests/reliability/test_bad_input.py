@@ -485,6 +485,8 @@ class BrokenClient:
 BROKEN = BROKEN_NAME
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 OLD, RECENT, FUTURE = NOW - timedelta(hours=5), NOW - timedelta(seconds=10), NOW + timedelta(hours=1)
+# seed phase 2's legacy sweep: enforced, every row here created before the cutoff
+LEGACY_ENFORCED: dict[str, Any] = {"legacy_sweep": "enforce", "legacy_cutoff": FUTURE}
 when = st.sampled_from([None, OLD, RECENT, FUTURE])
 odd_rows = st.fixed_dictionaries({
     "status": st.sampled_from(["pending", "processing", "failed", "cancelled", "completed",
@@ -526,7 +528,7 @@ def test_odd_rows_never_crash_the_tick_nor_block_good_rows(
         def run(rows: list[dict[str, Any]]) -> None:
             truncate(db)
             fund(db, user, 1_000_000)
-            rt, q = runtime(db, simulator, tmp_path, clock=lambda: NOW)
+            rt, q = runtime(db, simulator, tmp_path, clock=lambda: NOW, **LEGACY_ENFORCED)
             bad_ids = []
             with db.begin() as s:
                 for values in rows:
@@ -578,7 +580,7 @@ def test_a_row_that_raises_is_isolated_from_the_rest(
     try:
         user = uuid.uuid4()
         fund(db, user, 1_000)
-        rt, q = runtime(db, simulator, tmp_path, clock=lambda: NOW)
+        rt, q = runtime(db, simulator, tmp_path, clock=lambda: NOW, **LEGACY_ENFORCED)
         with db.begin() as s:
             rows = []
             for i in range(3):

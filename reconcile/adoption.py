@@ -1,0 +1,146 @@
+"""Safe adoption on a live platform (DESIGN.md §6 row 1, §10.11): which rows are the library's.
+
+A row with neither ``provider_kind`` nor ``submission_state`` was never submitted through the
+library: a legacy row from before it, or another subsystem's (pipeline wrappers, jobs an old
+worker still runs). The sweep treats such a row as a *legacy candidate* only when
+
+* it was created before the **legacy cutoff** — ``LEGACY_CUTOFF``, by default the adoption time
+  the migration recorded in ``reconcile_meta`` (rows created later are never touched, in any
+  mode);
+* it is older (by ``started_at``, else ``created_at``) than ``LEGACY_AGE`` — by default the
+  longest exhaustion horizon in the kind registry (stale threshold + 18 attempts 5 minutes
+  apart: ``kie-lip-sync`` 75 + 90 = 165 minutes), so no row a live worker could still finish
+  looks abandoned;
+* its ``job_type`` is allowed (``LEGACY_JOB_TYPES``, empty: all) and not excluded
+  (``LEGACY_EXCLUDE_JOB_TYPES``).
+
+``LEGACY_SWEEP`` then decides: ``observe`` (the default) logs and counts the row as "would
+fail", ``enforce`` fails it ``RECONCILE_NO_RECOVERY`` and refunds it (seed phase 2), ``off``
+ignores it.
+
+``OBSERVE_ONLY_KINDS`` names kinds the sweep only logs; :data:`LEGACY` (``legacy``, the name the
+CLI's ``stuck --kind legacy`` and the metrics use) covers the rows without a kind, :data:`ALL`
+(``*``) every row. An unknown name is a start-up error (:func:`check_observe_only`), never a
+silent no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from .db.models import Job, ReconcileMeta
+from .kinds import Kind, all_kinds
+from .states import ATTEMPT_SPACING, MAX_ATTEMPTS
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+    from .settings import Settings
+
+log = logging.getLogger("reconcile.adoption")
+
+LEGACY = "legacy"
+ALL = "*"
+
+
+class SettingsError(ValueError):
+    """A setting names something that does not exist (raised at start-up)."""
+
+
+def exhaustion_horizon(kind: Kind) -> timedelta:
+    """How long after its start a job of ``kind`` can still be in flight legitimately."""
+    if kind.sync:
+        return kind.stale_threshold
+    return kind.stale_threshold + MAX_ATTEMPTS * ATTEMPT_SPACING
+
+
+def default_legacy_age() -> timedelta:
+    """The longest kind's exhaustion horizon in the registry (165 minutes with the built-ins)."""
+    return max(exhaustion_horizon(k) for k in all_kinds())
+
+
+def legacy_age(settings: Settings) -> timedelta:
+    return settings.legacy_age if settings.legacy_age is not None else default_legacy_age()
+
+
+def check_observe_only(names: Iterable[str]) -> None:
+    """Raise :class:`SettingsError` for a name that is no registered kind, ``legacy`` or ``*``."""
+    known = {k.name for k in all_kinds()}
+    unknown = sorted(n for n in names if n not in known and n not in (LEGACY, ALL))
+    if unknown:
+        raise SettingsError(
+            f"OBSERVE_ONLY_KINDS names unknown provider kinds {unknown}: use registered kinds, "
+            f"{LEGACY!r} (rows without a provider_kind) or {ALL!r} (every row)")
+
+
+def observe_only(settings: Settings, job: Job) -> bool:
+    """True when ``OBSERVE_ONLY_KINDS`` covers this row (its kind, ``legacy`` or ``*``)."""
+    names = settings.observe_only_kinds
+    if not names:
+        return False
+    if ALL in names:
+        return True
+    return (LEGACY in names) if job.provider_kind is None else job.provider_kind in names
+
+
+def adopted_at(session: Session) -> datetime | None:
+    """The adoption time the migration recorded (None: the database predates revision 0015)."""
+    try:
+        with session.begin_nested():
+            return session.execute(select(ReconcileMeta.adopted_at)).scalar_one_or_none()
+    except DBAPIError:
+        return None
+
+
+def legacy_cutoff(rt: Runtime, session: Session | None = None) -> datetime | None:
+    """``LEGACY_CUTOFF``, else the recorded adoption time (read once per runtime: it never
+    changes). None: no row is a legacy candidate (the safe side), logged once."""
+    if rt.settings.legacy_cutoff is not None:
+        return rt.settings.legacy_cutoff
+    cached = rt.adoption_cache.get("adopted_at")
+    if cached is not None or "adopted_at" in rt.adoption_cache:
+        return cached
+    if session is not None:
+        value = adopted_at(session)
+    else:
+        with rt.sessions() as own:
+            value = adopted_at(own)
+    if value is None:
+        log.warning("legacy_cutoff_unknown: reconcile_meta has no adoption time; legacy rows "
+                    "are left alone (run the migrations, or set RECONCILE_LEGACY_CUTOFF)")
+    rt.adoption_cache["adopted_at"] = value
+    return value
+
+
+def legacy_candidate(rt: Runtime, job: Job, now: datetime) -> str | None:
+    """Why a kind-less, never-submitted row is *not* a candidate now (``after_cutoff``,
+    ``job_type``, ``young``), or None when it is one."""
+    s = rt.settings
+    cutoff = legacy_cutoff(rt)
+    if cutoff is None or job.created_at is None or job.created_at >= cutoff:
+        return "after_cutoff"
+    if (s.legacy_job_types and job.job_type not in s.legacy_job_types) \
+            or job.job_type in s.legacy_exclude_job_types:
+        return "job_type"
+    since = job.started_at or job.created_at
+    if now - since < s.scaled(legacy_age(s)):
+        return "young"
+    return None
+
+
+def is_foreign(job: Job) -> bool:
+    """A row the library never submitted and that names no kind (legacy or another's)."""
+    return job.submission_state is None and job.provider_kind is None
+
+
+__all__ = [
+    "ALL", "LEGACY", "SettingsError", "adopted_at", "check_observe_only", "default_legacy_age",
+    "exhaustion_horizon", "is_foreign", "legacy_age", "legacy_candidate", "legacy_cutoff",
+    "observe_only",
+]

@@ -1,0 +1,201 @@
+"""The ledger seam: how the lifecycle, the sweep, cancel and the CLI reach credits.
+
+The library never touches balances except through a :class:`Ledger`. The default,
+:class:`BuiltinLedger`, is the library's own ledger (``reconcile.credits``: balances per pool,
+FIFO lots, deterministic transactions). A platform that keeps its own balance table plugs in its
+own implementation (``Runtime(ledger=...)``); ``reconcile.testing.platform_ledger`` is a tested
+example over a ``user_credits(user_id, sub, topup)`` table.
+
+Contract (every backend; ``tests/integration/test_ledger_contract.py`` checks it):
+
+* **The caller's transaction.** Every operation runs in the ``session`` it is given and never
+  commits, rolls back or opens a transaction of its own, so submit (insert + reserve) and
+  finalize (complete + commit + assets + event) stay single transactions (seed 001, DESIGN.md
+  §10.3). An operation may use a SAVEPOINT.
+* **Idempotent on deterministic ids.** The job id names the reservation (``job-usage:{job}``),
+  its commit (``job-commit:{job}``) and its refund (``job-refund:{job}``): reserving a job again
+  returns the first reservation; a second commit or refund changes nothing and returns False.
+* **A CAS on the usage log.** ``commit`` and ``refund`` move the job's ``usage_logs`` row from
+  ``reserved`` (to ``committed`` / ``refunded``) by a compare-and-set; False means nothing was
+  reserved any more (already settled, or never reserved), never an error.
+* **A commit for less never exceeds what is held.** ``commit(amount)`` with ``amount`` above what
+  the reservation still holds raises; the rest of a commit for less goes back to the user.
+* **Legacy partial refunds count.** A refund ``p`` the platform made before the library on a log
+  still ``reserved`` for ``a`` shrinks what it holds to ``a − p``: a later refund returns
+  ``a − p``, a later commit commits at most ``a − p``.
+* **Pools one by one.** What goes back (a release, a refund) returns to the pools the reservation
+  took it from, each pool getting exactly its own unsettled remainder.
+* **An error raises and leaves nothing written** (the operation's own writes are undone, the
+  caller's are untouched): e.g. :class:`~reconcile.errors.InsufficientCredits` from ``reserve``,
+  :class:`~reconcile.errors.LedgerError` from an over-commit.
+* **Lock order: the balance, then the log.** An operation that moves credits locks the user's
+  balance row first and only then the usage log, so concurrent settlements never deadlock.
+
+The job-level audit checks (a terminal job still holding a reservation; a job completed after the
+library refunded it) are the library's, for every backend: :func:`audit` adds them to the
+backend's own :meth:`Ledger.audit`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from . import credits
+from .credits import Discrepancy, Reservation
+from .db.models import COMPLETED_AFTER_FAILURE, CreditAnomaly, CreditTransaction, Job, UsageLog
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+TERMINAL = ("completed", "failed", "cancelled")
+COMPLETED_AFTER_REFUND = "completed_after_refund"
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """Reserve → commit (possibly for less) or refund; see the module docstring's contract."""
+
+    name: str
+
+    def reserve(self, session: Session, user_id: uuid.UUID, job_id: uuid.UUID, amount: int, *,
+                now: datetime | None = None) -> Reservation:
+        """Hold ``amount`` credits for ``job_id``; raises InsufficientCredits (nothing written)."""
+        ...
+
+    def commit(self, session: Session, job_id: uuid.UUID, amount: int | None = None, *,
+               now: datetime | None = None) -> bool:
+        """Charge ``amount`` (default: all held) of the reservation, release the rest."""
+        ...
+
+    def refund(self, session: Session, job_id: uuid.UUID, *, now: datetime | None = None) -> bool:
+        """Give back what the reservation still holds (net of legacy refunds)."""
+        ...
+
+    def settled_amount(self, session: Session, job_id: uuid.UUID) -> int | None:
+        """What the job finally cost: the committed amount, 0 when refunded or never reserved,
+        None while still reserved."""
+        ...
+
+    def refunded(self, session: Session, job_id: uuid.UUID) -> int:
+        """What the library's own refund of ``job_id`` gave back and the user still keeps (0:
+        none, or taken back by an operator's re-charge)."""
+        ...
+
+    def audit(self, session: Session, *, now: datetime | None = None,
+              grace: timedelta = timedelta(minutes=10), **options: Any) -> list[Discrepancy]:
+        """The backend's own consistency checks (empty: clean); ``options`` are the backend's
+        own (the built-in audit's ``settings``, ``since``)."""
+        ...
+
+
+class BuiltinLedger:
+    """The library's ledger (``reconcile.credits``), each operation inside a SAVEPOINT so an
+    error leaves nothing of it written."""
+
+    name = "builtin"
+    # credits.audit already runs the job-level checks (reconcile.audit)
+    includes_job_checks = True
+
+    def reserve(self, session: Session, user_id: uuid.UUID, job_id: uuid.UUID, amount: int, *,
+                now: datetime | None = None) -> Reservation:
+        with session.begin_nested():
+            return credits.reserve(session, user_id, job_id, amount, now=now)
+
+    def commit(self, session: Session, job_id: uuid.UUID, amount: int | None = None, *,
+               now: datetime | None = None) -> bool:
+        with session.begin_nested():
+            return credits.commit(session, job_id, amount, now=now)
+
+    def refund(self, session: Session, job_id: uuid.UUID, *, now: datetime | None = None) -> bool:
+        with session.begin_nested():
+            return credits.refund(session, job_id, now=now)
+
+    def settled_amount(self, session: Session, job_id: uuid.UUID) -> int | None:
+        return credits.settled_amount(session, job_id)
+
+    def refunded(self, session: Session, job_id: uuid.UUID) -> int:
+        txn = session.get(CreditTransaction, credits.refund_txn_id(job_id))
+        if txn is None:
+            return 0
+        # an operator's re-charge (credits.recharge: a job-recharge:{job} USAGE + COMMIT pair)
+        # takes the refund back: what is left refunded is the difference
+        recharge_id = getattr(credits, "recharge_commit_txn_id", None)
+        recharged = session.get(CreditTransaction, recharge_id(job_id)) if recharge_id else None
+        return max(0, txn.amount - (recharged.amount if recharged is not None else 0))
+
+    def audit(self, session: Session, *, now: datetime | None = None,
+              grace: timedelta = timedelta(minutes=10), **options: Any) -> list[Discrepancy]:
+        return credits.audit(session, now=now, grace=grace, **options)
+
+
+DEFAULT = BuiltinLedger()
+
+
+def audit(ledger: Ledger, session: Session, *, now: datetime | None = None,
+          grace: timedelta = timedelta(minutes=10), **options: Any) -> list[Discrepancy]:
+    """The backend's audit plus the library's job-level checks (each finding once; the
+    built-in audit runs them itself)."""
+    now = now or datetime.now(UTC)
+    found = list(ledger.audit(session, now=now, grace=grace, **options))
+    if getattr(ledger, "includes_job_checks", False):
+        return found
+    seen = {(d.kind, d.job_id) for d in found}
+    for extra in job_checks(ledger, session, now=now, grace=grace):
+        if (extra.kind, extra.job_id) not in seen:
+            found.append(extra)
+            seen.add((extra.kind, extra.job_id))
+    return found
+
+
+def job_checks(ledger: Ledger, session: Session, *, now: datetime,
+               grace: timedelta) -> list[Discrepancy]:
+    """Checks on jobs, whatever the backend: no terminal job holds a ``reserved`` usage log
+    past ``grace``; no job is ``completed`` while holding the library's refund."""
+    found: list[Discrepancy] = []
+    stuck = session.execute(
+        select(Job.id, Job.user_id, Job.status).join(UsageLog, UsageLog.job_id == Job.id).where(
+            Job.status.in_(TERMINAL), UsageLog.status == "reserved",
+            func.coalesce(Job.completed_at, Job.created_at) < now - grace))
+    for job_id, user_id, status in stuck:
+        found.append(Discrepancy("terminal_job_reserved", user_id, job_id,
+                                 f"job {status} still holds a reserved usage log"))
+    for job_id, user_id in completed_after_failure(session):
+        refunded = ledger.refunded(session, job_id)
+        if refunded > 0:
+            found.append(Discrepancy(COMPLETED_AFTER_REFUND, user_id, job_id,
+                                     f"completed with its output after the library refunded "
+                                     f"{refunded} credits"))
+    return found
+
+
+def completed_after_failure(session: Session, *, after: datetime | None = None,
+                            limit: int | None = None) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """(job id, user id) of completed jobs that still carry the library's failure code: the
+    library clears ``error_code`` when it completes a job itself, so these were completed by
+    someone else after it failed them (``jobs_completed_after_failure_idx``, partial)."""
+    # the literal predicate, so PostgreSQL matches the partial index even under generic plans
+    stmt = select(Job.id, Job.user_id).where(text(COMPLETED_AFTER_FAILURE))
+    if after is not None:
+        stmt = stmt.where(func.coalesce(Job.completed_at, Job.created_at) >= after)
+    stmt = stmt.order_by(Job.completed_at, Job.id)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return [(j, u) for j, u in session.execute(stmt)]
+
+
+def anomaly_recorded(session: Session, job_id: uuid.UUID, kind: str) -> bool:
+    return session.execute(select(CreditAnomaly.id).where(
+        CreditAnomaly.job_id == job_id, CreditAnomaly.kind == kind).limit(1)).first() is not None
+
+
+def ledger_of(rt: Runtime | None) -> Ledger:
+    return rt.ledger if rt is not None else DEFAULT
+
+
+__all__ = ["COMPLETED_AFTER_REFUND", "DEFAULT", "BuiltinLedger", "Ledger", "audit",
+           "completed_after_failure", "job_checks"]

@@ -1,0 +1,89 @@
+"""Retention for the tables that grow with history: ``job_events`` and ``webhook_deliveries``.
+
+``reconcile prune`` (and the beat's ``reconcile.prune`` entry when a retention is set) deletes,
+in small batches (oldest ids first, so each batch stops early instead of scanning history):
+
+* job events older than ``JOB_EVENTS_RETENTION_DAYS`` that were **published** — an unpublished
+  event is the outbox's promise and is never removed;
+* webhook deliveries older than ``WEBHOOK_DELIVERIES_RETENTION_DAYS`` whose job is **not in
+  flight** — a delivery naming a pending/processing job (an uncertain submission's evidence, or
+  a running job's dedupe record) is kept however old it is.
+
+A retention below :data:`MIN_RETENTION` is refused: deliveries also dedupe replays, and a
+replay older than a day fails the providers' timestamp checks anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, exists, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from .db.models import Job, JobEvent, WebhookDelivery
+from .states import IN_FLIGHT
+
+log = logging.getLogger("reconcile.retention")
+
+MIN_RETENTION = timedelta(days=1)
+BATCH = 1000
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    events: int
+    deliveries: int
+    dry_run: bool
+
+    def line(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        return f"[reconcile] prune {verb} job_events={self.events} webhook_deliveries={self.deliveries}"
+
+
+def _check(retention: timedelta | None) -> None:
+    if retention is not None and retention < MIN_RETENTION:
+        raise ValueError(f"a retention below {MIN_RETENTION} is refused (got {retention})")
+
+
+def _events(cutoff: datetime):  # type: ignore[no-untyped-def]
+    return select(JobEvent.id).where(JobEvent.published_at.is_not(None),
+                                     JobEvent.created_at < cutoff)
+
+
+def _deliveries(cutoff: datetime):  # type: ignore[no-untyped-def]
+    live = exists().where(Job.id == WebhookDelivery.job_id, Job.status.in_(IN_FLIGHT))
+    return select(WebhookDelivery.id).where(WebhookDelivery.received_at < cutoff, ~live)
+
+
+def _drain(sessions: sessionmaker[Session], model: type, ids, dry_run: bool) -> int:  # type: ignore[no-untyped-def]
+    if dry_run:
+        with sessions() as session:
+            return int(session.execute(select(func.count()).select_from(ids.subquery())).scalar_one())
+    total = 0
+    while True:
+        with sessions.begin() as session:
+            batch = list(session.execute(ids.order_by(model.id).limit(BATCH)).scalars())
+            if batch:
+                session.execute(delete(model).where(model.id.in_(batch)))
+        total += len(batch)
+        if len(batch) < BATCH:
+            return total
+
+
+def prune(sessions: sessionmaker[Session], *, now: datetime, events: timedelta | None,
+          deliveries: timedelta | None, dry_run: bool = False) -> PruneReport:
+    """Delete what is past its retention (None: keep that table whole)."""
+    _check(events)
+    _check(deliveries)
+    n_events = _drain(sessions, JobEvent, _events(now - events), dry_run) if events else 0
+    n_deliveries = (_drain(sessions, WebhookDelivery, _deliveries(now - deliveries), dry_run)
+                    if deliveries else 0)
+    report = PruneReport(n_events, n_deliveries, dry_run)
+    log.info(report.line())
+    return report
+
+
+def days(value: float | None) -> timedelta | None:
+    return timedelta(days=value) if value is not None else None
