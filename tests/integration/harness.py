@@ -124,3 +124,12 @@ def fund(db: sessionmaker[Session], user: uuid.UUID, amount: int = 1000, pool: s
         return
     with db.begin() as s:
         credits.grant(s, user, pool, amount, f"grant-{uuid.uuid4()}")
+
+
+def balance(db: sessionmaker[Session], user: uuid.UUID) -> tuple[int, int]:
+    """The built-in ledger's (sub, topup) balance of ``user`` ((0, 0) without a balance row)."""
+    from reconcile.db.models import CreditBalance
+
+    with db() as s:
+        b = s.get(CreditBalance, user)
+        return (b.sub, b.topup) if b else (0, 0)

@@ -14,14 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import credits
 from reconcile.db.models import CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
 from reconcile.errors import InsufficientCredits, InvalidParam, LedgerError
+from tests.integration.harness import balance
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-
-
-def _balance(db: sessionmaker[Session], user: uuid.UUID) -> tuple[int, int]:
-    with db() as s:
-        b = s.get(CreditBalance, user)
-        return (b.sub, b.topup) if b else (0, 0)
 
 
 def _job(s: Session, user: uuid.UUID, status: str = "pending") -> uuid.UUID:
@@ -37,7 +32,7 @@ def test_grant_is_idempotent_on_its_transaction_id(db: sessionmaker[Session]) ->
         assert credits.grant(s, user, "sub", 100, "grant-1") is True
     with db.begin() as s:
         assert credits.grant(s, user, "sub", 100, "grant-1") is False
-    assert _balance(db, user) == (100, 0)
+    assert balance(db, user) == (100, 0)
 
 
 def test_reserve_drains_sub_first_fifo_and_records_pools(db: sessionmaker[Session]) -> None:
@@ -56,7 +51,7 @@ def test_reserve_drains_sub_first_fifo_and_records_pools(db: sessionmaker[Sessio
         assert log.status == "reserved" and log.metadata_ == {"from_sub": 60, "from_topup": 10}
         lots = {lot.source_txn_id: lot.remaining_amount for lot in s.execute(select(CreditLot)).scalars()}
     assert lots == {"t1": 40, "s1": 0, "s2": 0}
-    assert _balance(db, user) == (0, 40)
+    assert balance(db, user) == (0, 40)
 
 
 def test_reserve_refuses_an_insufficient_balance_and_changes_nothing(db: sessionmaker[Session]) -> None:
@@ -68,7 +63,7 @@ def test_reserve_refuses_an_insufficient_balance_and_changes_nothing(db: session
         credits.reserve(s, user, _job(s, user), 11)
     with db() as s:
         assert s.execute(select(UsageLog)).first() is None
-    assert _balance(db, user) == (10, 0)
+    assert balance(db, user) == (10, 0)
 
 
 @pytest.mark.parametrize("bad", [0, -5, 1.5, True, "10"])
@@ -92,7 +87,7 @@ def test_refund_returns_to_recorded_pools_as_lots_later_reservations_consume(
         assert credits.refund(s, j1) is True
     with db.begin() as s:
         assert credits.refund(s, j1) is False
-    assert _balance(db, user) == (30, 30)
+    assert balance(db, user) == (30, 30)
     with db() as s:
         refund_lots = {lot.source_txn_id: lot.amount for lot in s.execute(
             select(CreditLot).where(CreditLot.kind == "REFUND")).scalars()}
@@ -120,7 +115,7 @@ def test_commit_for_less_takes_sub_first_and_releases_each_pools_rest(
         assert credits.commit(s, jid, 40) is True
         assert credits.commit(s, jid, 40) is False
         assert credits.refund(s, jid) is False
-    assert _balance(db, user) == (30, 30)
+    assert balance(db, user) == (30, 30)
     with db() as s:
         assert credits.settled_amount(s, jid) == 40
         c, r = s.get(CreditTransaction, f"job-commit:{jid}"), s.get(CreditTransaction, f"job-release:{jid}")
@@ -162,7 +157,7 @@ def test_legacy_partial_refund_shrinks_reservation(db: sessionmaker[Session]) ->
         assert s.get(CreditTransaction, f"job-refund:{j1}").amount == 15
         assert s.get(CreditTransaction, f"job-commit:{j2}").amount == 35
         assert credits.audit(s) == []
-    assert sum(_balance(db, user)) == 100 - 35
+    assert sum(balance(db, user)) == 100 - 35
 
 
 def test_audit_reports_terminal_job_still_reserved_and_corruption(db: sessionmaker[Session]) -> None:
@@ -208,7 +203,7 @@ def test_16_concurrent_refunds_of_one_job_refund_once(db: sessionmaker[Session])
     for t in threads:
         t.join()
     assert sorted(results) == [False] * 15 + [True]
-    assert _balance(db, user) == (100, 0)
+    assert balance(db, user) == (100, 0)
     with db() as s:
         assert s.execute(select(CreditTransaction).where(
             CreditTransaction.type == "REFUND")).scalars().all().__len__() == 1
@@ -258,7 +253,7 @@ def test_8_writers_2000_random_operations_on_one_hot_user(db: sessionmaker[Sessi
         assert credits.audit(s) == []
         reserved = sum(s.execute(select(UsageLog.credits).where(UsageLog.status == "reserved")).scalars())
     # no lost update: every credit is in the balance, a reservation, or a commit we counted
-    assert sum(_balance(db, user)) + reserved + committed_total[0] == 100_000
+    assert sum(balance(db, user)) + reserved + committed_total[0] == 100_000
 
 
 def test_reserve_pages_through_many_small_lots_in_fifo_order(db: sessionmaker[Session]) -> None:

@@ -18,12 +18,7 @@ from reconcile.db.models import (
     UsageLog,
 )
 from reconcile.errors import BadUsageMetadata, LegacyRefundRefused
-
-
-def _balance(db: sessionmaker[Session], user: uuid.UUID) -> tuple[int, int]:
-    with db() as s:
-        b = s.get(CreditBalance, user)
-        return (b.sub, b.topup) if b else (0, 0)
+from tests.integration.harness import balance
 
 
 def _job(s: Session, user: uuid.UUID, status: str = "pending") -> uuid.UUID:
@@ -76,7 +71,7 @@ def test_legacy_refund_after_the_librarys_refund_is_refused_and_writes_nothing(
     with pytest.raises(LegacyRefundRefused) as err, db.begin() as s:
         credits.import_legacy_refund(s, job, 40, "platform-refund-1")
     assert err.value.reason == "legacy_refund_after_refund"
-    assert _balance(db, user) == (100, 0)
+    assert balance(db, user) == (100, 0)
     assert "platform-refund-1" not in _txns(db, job)
     assert _audit(db) == []
 
@@ -90,7 +85,7 @@ def test_legacy_refund_after_a_commit_is_refused(db: sessionmaker[Session]) -> N
     with pytest.raises(LegacyRefundRefused) as err, db.begin() as s:
         credits.import_legacy_refund(s, job, 40, "platform-refund-2")
     assert err.value.reason == "legacy_refund_after_commit"
-    assert _balance(db, user) == (60, 0)
+    assert balance(db, user) == (60, 0)
     assert _audit(db) == []
 
 
@@ -108,10 +103,10 @@ def test_legacy_refund_above_what_is_still_held_is_refused(db: sessionmaker[Sess
     with db.begin() as s:  # the same import again is an idempotent no-op
         assert credits.import_legacy_refund(s, job, 15, "platform-refund-4") is False
         assert credits.import_legacy_refund(s, job, 25, "platform-refund-6") is True
-    assert _balance(db, user) == (100, 0)
+    assert balance(db, user) == (100, 0)
     with db.begin() as s:  # everything went back: the library's refund adds nothing
         assert credits.refund(s, job) is True
-    assert _balance(db, user) == (100, 0)
+    assert balance(db, user) == (100, 0)
     assert _audit(db) == []
 
 
@@ -132,7 +127,7 @@ def test_lock_balance_yields_current_values_to_a_session_that_holds_a_stale_copy
         platform.flush()
         credits.reserve(library, user, _job(library, user), 30)
         library.flush()
-    assert _balance(db, user) == (30, 0)
+    assert balance(db, user) == (30, 0)
     assert _audit(db) == []
 
 
@@ -150,7 +145,7 @@ def test_read_then_concurrent_reserve_then_grant_gives_the_right_total(
     with reader.begin():
         credits.grant(reader, user, "sub", 40, f"late-grant-{user}")
     reader.close()
-    assert _balance(db, user) == (105, 0)
+    assert balance(db, user) == (105, 0)
     assert _audit(db) == []
 
 
@@ -173,7 +168,7 @@ def test_commit_for_less_takes_sub_first_and_releases_topup_to_its_own_lot(
         lots = {lot.source_txn_id: (lot.pool, lot.amount) for lot in s.execute(
             select(CreditLot).where(CreditLot.kind == "RELEASE")).scalars()}
     assert lots == {f"job-release:{job}:topup": ("topup", 1)}
-    assert _balance(db, user) == (0, 1)
+    assert balance(db, user) == (0, 1)
     assert _audit(db) == []
 
 
@@ -186,7 +181,7 @@ def test_legacy_refund_then_library_refund_restores_each_pool(db: sessionmaker[S
         assert credits.import_legacy_refund(s, job, 1, "platform-partial") is True
     with db.begin() as s:
         assert credits.refund(s, job) is True
-    assert _balance(db, user) == (1, 2)
+    assert balance(db, user) == (1, 2)
     rows = _txns(db, job)
     assert rows["platform-partial"] == ("REFUND", 0, 1)
     assert rows[f"job-refund:{job}"] == ("REFUND", 1, 1)
@@ -203,7 +198,7 @@ def test_legacy_refund_then_commit_moves_pools_like_a_commit_for_less(
         credits.import_legacy_refund(s, job, 1, "platform-partial-2")
         assert credits.commit(s, job) is True
     assert _txns(db, job)[f"job-commit:{job}"] == ("COMMIT", 1, 0)
-    assert _balance(db, user) == (0, 1)
+    assert balance(db, user) == (0, 1)
     assert _audit(db) == []
 
 
@@ -227,7 +222,7 @@ def test_refund_survives_non_object_usage_metadata_with_one_anomaly(
         assert credits.refund(s, job) is True
     with db.begin() as s:
         assert credits.refund(s, job) is False
-    assert _balance(db, user) == (30, 10)
+    assert balance(db, user) == (30, 10)
     with db() as s:
         kinds = list(s.execute(select(CreditAnomaly.kind).where(CreditAnomaly.job_id == job)).scalars())
     assert kinds == ["bad_usage_metadata"]
@@ -264,7 +259,7 @@ def test_platform_reservation_with_unusable_metadata_is_refused_clearly_and_repa
     assert ok.exit_code == 0, ok.output
     with db.begin() as s:
         assert credits.refund(s, job) is True
-    assert _balance(db, user) == (30, 10)
+    assert balance(db, user) == (30, 10)
 
 
 # ----------------------------------------------------------------------------- hole 10
@@ -281,7 +276,7 @@ def test_legacy_refund_ids_under_the_librarys_prefixes_are_refused(
     with pytest.raises(LegacyRefundRefused) as err, db.begin() as s:
         credits.import_legacy_refund(s, job, 10, prefix.format(job=job))
     assert err.value.reason == "legacy_refund_reserved_id"
-    assert _balance(db, user) == (60, 0)
+    assert balance(db, user) == (60, 0)
 
 
 def test_ledger_and_audit_count_a_prefixed_legacy_refund_the_same_way(
@@ -302,7 +297,7 @@ def test_ledger_and_audit_count_a_prefixed_legacy_refund_the_same_way(
     with db.begin() as s:
         assert credits.refund(s, job) is True
         assert s.get(CreditTransaction, f"job-refund:{job}").amount == 25
-    assert _balance(db, user) == (100, 0)
+    assert balance(db, user) == (100, 0)
     assert _audit(db) == []
 
 
@@ -331,5 +326,5 @@ def test_recharge_after_refund_is_a_usage_commit_pair_the_audit_counts(
     rows = _txns(db, job)
     assert rows[f"job-recharge:{job}:usage"] == ("USAGE", 30, 10)
     assert rows[f"job-recharge:{job}:commit"] == ("COMMIT", 30, 10)
-    assert _balance(db, user) == (0, 20)
+    assert balance(db, user) == (0, 20)
     assert _audit(db) == []
