@@ -104,6 +104,9 @@ class Job(Base):
     __table_args__ = (
         Index("jobs_inflight_idx", "provider_call_started_at",
               postgresql_where=IN_FLIGHT, sqlite_where=IN_FLIGHT),
+        # the sweep's keyset cursor (provider_call_started_at, id) > (…) as an index condition
+        Index("jobs_inflight_keyset_idx", "provider_call_started_at", "id",
+              postgresql_where=IN_FLIGHT, sqlite_where=IN_FLIGHT),
         # failed/cancelled rows whose refund has not settled: only the library sets next_poll_at
         Index("jobs_unsettled_idx", "next_poll_at",
               postgresql_where=text("next_poll_at IS NOT NULL"),
