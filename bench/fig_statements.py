@@ -6,44 +6,23 @@ against PostgreSQL and the simulator, exactly the code a Celery task calls. A SQ
 connection event counts transactions, and the pool's ``checkout`` event counts
 connection checkouts (each costs one ``pool_pre_ping`` round trip, which the cursor listener does
 not see). The simulator's clock is stepped, so each poll sees the state the script says.
+(The counter is ``reconcile.testing.counting.Counting``, shared with
+``tests/integration/test_round_trips.py``.)
 """
 
 from __future__ import annotations
 
 import tempfile
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from reconcile.testing.counting import Counting
 
 from .common import log, throwaway_db
 
 KINDS = (("kie-standard", "m"), ("replicate-prediction", "o/m:v"), ("fal-queue", "fal-ai/flux/dev"))
 RUNNING_POLLS = 3
-
-
-class Counting:
-    """Statements, transactions and checkouts per named step."""
-
-    def __init__(self, engine: Any) -> None:
-        self.step = "setup"
-        self.statements: Counter[str] = Counter()
-        self.transactions: Counter[str] = Counter()
-        self.checkouts: Counter[str] = Counter()
-        self.samples: dict[str, list[str]] = {}
-        event.listen(engine, "before_cursor_execute", self._stmt)
-        event.listen(engine, "begin", lambda conn: self.transactions.update([self.step]))
-        event.listen(engine.pool, "checkout", lambda *a: self.checkouts.update([self.step]))
-
-    def _stmt(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        self.statements[self.step] += 1
-        self.samples.setdefault(self.step, []).append(" ".join(statement.split())[:90])
-
-    def of(self, step: str) -> dict[str, int]:
-        return {"statements": self.statements[step], "transactions": self.transactions[step],
-                "checkouts": self.checkouts[step]}
 
 
 def _one_job(rt: Any, sim: Any, clock: list[float], counting: Counting, kind: str,
@@ -88,6 +67,10 @@ def _one_job(rt: Any, sim: Any, clock: list[float], counting: Counting, kind: st
     total = sum(counting.statements[k] for k in ("submit", "create")) + sum(
         s["statements"] for s in steps)
     outside = total - per_poll * len(steps)
+    running_txns = [s["transactions"] for s in steps if s["outcome"] == "in_flight"]
+    per_poll_txns = max(set(running_txns), key=running_txns.count) if running_txns else 0
+    txns_total = sum(counting.transactions[k] for k in ("submit", "create")) + sum(
+        s["transactions"] for s in steps)
     final = steps[-1]
     return {
         "kind": kind, "submit": counting.of("submit"), "create": counting.of("create"),
@@ -98,8 +81,9 @@ def _one_job(rt: Any, sim: Any, clock: list[float], counting: Counting, kind: st
         "outside_breakdown": {"submit": counting.statements["submit"],
                               "create": counting.statements["create"],
                               "finalize (final poll minus one poll)": final["statements"] - per_poll},
-        "transactions_total": sum(counting.transactions[k] for k in ("submit", "create"))
-        + sum(s["transactions"] for s in steps),
+        "transactions_total": txns_total,
+        "transactions_per_running_poll": per_poll_txns,
+        "transactions_outside_polls": txns_total - per_poll_txns * len(steps),
         "checkouts_total": sum(counting.checkouts[k] for k in ("submit", "create"))
         + sum(s["checkouts"] for s in steps),
         "statement_texts": {k: counting.samples.get(k, []) for k in
@@ -124,14 +108,13 @@ def run(quick: bool = False) -> dict[str, Any]:
         rt = Runtime(settings=sim.settings(webhook_base_url="https://platform.example/hooks"), sessions=make_sessionmaker(engine),
                      storage=LocalStorage(Path(tmp) / "media"))
         for kind, model in KINDS:
-            counting.statements.clear()
-            counting.transactions.clear()
-            counting.checkouts.clear()
-            counting.samples.clear()
+            counting.clear()
             result["kinds"][kind] = _one_job(rt, sim, clock, counting, kind, model)
             r = result["kinds"][kind]
-            log(f"fig5: {kind}: outside polls {r['statements_outside_polls']}, per poll "
-                f"{r['statements_per_running_poll']}, total {r['statements_total']}")
+            log(f"fig5: {kind}: outside polls {r['statements_outside_polls']} statements in "
+                f"{r['transactions_outside_polls']} transactions, per poll "
+                f"{r['statements_per_running_poll']} in {r['transactions_per_running_poll']}, "
+                f"total {r['statements_total']} in {r['transactions_total']}")
         # an idle system: nothing in flight, nothing unsettled (three completed jobs of history)
         ticks = []
         for i in range(3):
@@ -148,6 +131,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     head = result["kinds"]["kie-standard"]
     result["headline"] = {
         "outside_polls": head["statements_outside_polls"],
+        "transactions_outside_polls": head["transactions_outside_polls"],
         "per_poll": head["statements_per_running_poll"],
         "idle_sweep_tick": result["idle_sweep_tick"]["statements"],
         "target_outside_polls": 8,

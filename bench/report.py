@@ -384,16 +384,19 @@ def _fig4(r: dict[str, Any]) -> str:
 def _fig5(r: dict[str, Any]) -> str:
     s = [r["method"] + "\n"]
     s.append("| kind | submit | create | per running poll | final poll (incl. finalize) | "
-             "outside the polls | total | transactions | pool checkouts (pre-pings) |")
+             "outside the polls | total | transactions (outside the polls) | "
+             "pool checkouts (pre-pings) |")
     s.append("|---|---|---|---|---|---|---|---|---|")
     for kind, k in r["kinds"].items():
         s.append(f"| {kind} | {k['submit']['statements']} | {k['create']['statements']} | "
                  f"{k['statements_per_running_poll']} | {k['statements_final_poll']} | "
                  f"**{k['statements_outside_polls']}** | {k['statements_total']} | "
-                 f"{k['transactions_total']} | {k['checkouts_total']} |")
+                 f"{k['transactions_total']} ({k.get('transactions_outside_polls', '?')}) | "
+                 f"{k['checkouts_total']} |")
     t = r["idle_sweep_tick"]
     s.append(f"\nIdle sweep tick: **{t['statements']} statements** in {t['transactions']} "
-             f"transactions (one candidate query per phase + the outbox republish query).\n")
+             f"transactions (one candidate query per phase, the idempotency-key purge; the "
+             f"outbox republish query only when a publisher is configured).\n")
     k = r["kinds"]["kie-standard"]
     s.append("Statements of the kie-standard job, step by step:\n")
     lines = []
@@ -405,14 +408,14 @@ def _fig5(r: dict[str, Any]) -> str:
     s.append(
         f"Where the {k['statements_outside_polls']} outside the polls come from: submit "
         f"{b['submit']}, create {b['create']}, finalize {b['finalize (final poll minus one poll)']}. "
-        "Each state change also publishes its outbox event after commit (`events.publish`: a "
-        "SELECT of the unpublished row and an UPDATE marking it published — 2 statements and a "
-        "transaction per event, 3 events per job, even with no publisher configured); "
-        "`create_step` loads the row, claims it, then `on_task_created` loads it again; "
-        "`finalize` reads back what `credits.commit` just wrote (`settled_amount`: the usage log "
-        "and the COMMIT transaction) and updates `credits_actual` in a second UPDATE; `reserve` "
-        "checks the USAGE transaction id with a SELECT before inserting it. Every transaction "
-        "also costs BEGIN/COMMIT round trips, and every pool checkout a `pool_pre_ping`.\n")
+        "Each step loads the job once: the create claim, the id save and the poll turn are each "
+        "one `UPDATE … RETURNING` (the lease picked per kind in SQL), and finalize reuses the "
+        "poll turn's row. With no publisher configured the outbox rows are written already "
+        "published (no query after commit); with one, each step marks its events in one UPDATE. "
+        "The rest is the ledger: `reserve`, `commit` and the `settled_amount` read-back of what "
+        "the commit wrote, plus the `credits_actual` UPDATE when the pricing hook gave no amount. "
+        "Every transaction also costs BEGIN/COMMIT round trips, and every pool checkout a "
+        "`pool_pre_ping`.\n")
     return "\n".join(s)
 
 

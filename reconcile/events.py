@@ -1,10 +1,15 @@
 """The ``job_events`` outbox: written with the state change, published after commit.
 
-Publishing is at least once: a row is marked published only after every publisher took it, and
-the sweep republishes rows left unpublished for more than 30 s. Consumers dedupe on
-``event_id``. Publishers: the runtime's in-process hooks and, when
+Publishing is at least once: a row is marked published only after its transaction committed
+and every publisher took it, and the sweep republishes rows left unpublished for more than 30 s.
+Consumers dedupe on ``event_id``. Publishers: the runtime's in-process hooks and, when
 ``RECONCILE_EVENTS_REDIS_URL`` is set, Redis pub/sub on ``reconcile:job:{job_id}`` and
 ``reconcile:user:{user_id}``.
+
+With no publisher configured the row is still written (``follow_job`` and the SSE stream read
+the outbox) but already marked published: there is nobody to hand it to, so nothing is queried
+or updated after the commit. With a publisher, a step hands its own events over after its
+commit (:func:`publish_events`) and marks them published in ONE UPDATE.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -28,11 +33,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("reconcile.events")
 
 
+def has_publisher(rt: Runtime) -> bool:
+    """Whether anything takes published events (in-process hooks or Redis pub/sub)."""
+    return bool(rt.event_hooks) or bool(rt.settings.events_redis_url)
+
+
 def add_event(session: Session, job: Job, type_: str, now: datetime,
-              payload: dict[str, Any] | None = None) -> JobEvent:
-    """Queue one event in the caller's transaction."""
+              payload: dict[str, Any] | None = None, *, rt: Runtime | None = None) -> JobEvent:
+    """Queue one event in the caller's transaction.
+
+    With ``rt`` and no publisher configured, the row is written already published (``now``);
+    otherwise it is unpublished until :func:`publish_events` (after the commit) or the sweep's
+    republish hands it over.
+    """
+    published_at = now if rt is not None and not has_publisher(rt) else None
     event = JobEvent(event_id=str(uuid.uuid4()), job_id=job.id, user_id=job.user_id, type=type_,
-                     payload=payload or {}, created_at=now)
+                     payload=payload or {}, created_at=now, published_at=published_at)
     session.add(event)
     return event
 
@@ -49,9 +65,25 @@ def _redis(url: str) -> Any:
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
+def publish_events(rt: Runtime, events: Sequence[JobEvent | None]) -> int:
+    """After the commit that wrote ``events``: hand them to the publishers and mark the ones
+    taken published in one UPDATE. Nothing at all (no query) without a publisher or when the
+    events were written already published; returns how many were published."""
+    pending = [e for e in events if e is not None and e.published_at is None]
+    if not pending or not has_publisher(rt):
+        return 0
+    return _deliver(rt, pending)
+
+
 def publish(rt: Runtime, *, job_id: uuid.UUID | None = None,
             older_than: timedelta | None = None, limit: int = 500) -> int:
-    """Publish unpublished events (of one job, or all older than ``older_than``); returns count."""
+    """Publish unpublished events (of one job, or all older than ``older_than``); returns count.
+
+    Without a publisher this does nothing (no query): the rows stay unpublished until a
+    publisher is configured (events written meanwhile are written published).
+    """
+    if not has_publisher(rt):
+        return 0
     now = rt.now()
     with rt.sessions() as session:
         stmt = select(JobEvent).where(JobEvent.published_at.is_(None)).order_by(JobEvent.id).limit(limit)
@@ -60,7 +92,12 @@ def publish(rt: Runtime, *, job_id: uuid.UUID | None = None,
         if older_than is not None:
             stmt = stmt.where(JobEvent.created_at < now - older_than)
         events = list(session.execute(stmt).scalars())
-    published = 0
+    return _deliver(rt, events) if events else 0
+
+
+def _deliver(rt: Runtime, events: Sequence[JobEvent]) -> int:
+    """Every publisher takes each event (in order); the taken ones are marked in ONE UPDATE."""
+    taken: list[int] = []
     for event in events:
         message = as_message(event)
         try:
@@ -75,11 +112,13 @@ def publish(rt: Runtime, *, job_id: uuid.UUID | None = None,
             log.warning("event_publish_failed event_id=%s job_id=%s", event.event_id, event.job_id,
                         exc_info=True)
             continue
+        taken.append(event.id)
+    if taken:
         with rt.sessions.begin() as session:
-            session.execute(update(JobEvent).where(JobEvent.id == event.id)
+            session.execute(update(JobEvent)
+                            .where(JobEvent.id.in_(taken), JobEvent.published_at.is_(None))
                             .values(published_at=rt.now()))
-        published += 1
-    return published
+    return len(taken)
 
 
 def follow_job(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID, *, interval: float = 1.0,

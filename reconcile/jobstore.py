@@ -8,10 +8,11 @@ the state this step expects" — the caller then does nothing more. No other mod
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from . import redact
@@ -38,14 +39,17 @@ def _cas(session: Session, *where: Any, **values: Any) -> Job | None:
 
 
 def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
-                 lease: timedelta) -> Job | None:
-    """not_started → submitting, only for a pending row past its not-before time."""
+                 lease: timedelta, *, kinds: Sequence[str] | None = None) -> Job | None:
+    """not_started → submitting, only for a pending row past its not-before time (and, with
+    ``kinds``, only for a row of one of those provider kinds): the claim and the load in one."""
+    where: list[Any] = [] if kinds is None else [Job.provider_kind.in_(list(kinds))]
     return _cas(
         session,
         Job.id == job_id,
         Job.status == Status.PENDING,
         Job.submission_state == Submission.NOT_STARTED,
         or_(Job.create_not_before.is_(None), Job.create_not_before <= now),
+        *where,
         submission_state=Submission.SUBMITTING,
         claim_token=token,
         claim_expires_at=now + lease,
@@ -55,8 +59,6 @@ def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
 
 
 def _coalesce(column: Any, value: datetime) -> Any:
-    from sqlalchemy import func
-
     return func.coalesce(column, value)
 
 
@@ -143,12 +145,33 @@ def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | 
                 next_poll_at=None, poll_lease_expires_at=None, claim_expires_at=None, **values)
 
 
+def record_cost(session: Session, job_id: uuid.UUID, credits_actual: int) -> bool:
+    """A completed job's final cost, when it was not known at the completion CAS."""
+    return _cas(session, Job.id == job_id, Job.status == Status.COMPLETED,
+                credits_actual=credits_actual, display_cost=credits_actual) is not None
+
+
+# kind name → [(age, lease until)]: the first step whose age the job has reached wins; an age
+# of None always matches (the kind's base interval, last)
+LeaseSteps = Mapping[str, Sequence[tuple[timedelta | None, datetime]]]
+
+
 def take_poll_turn(session: Session, job_id: uuid.UUID, generation: int, seq: int,
-                   lease_until: datetime) -> Job | None:
+                   lease_until: datetime | LeaseSteps, *, now: datetime | None = None) -> Job | None:
     """Fence a poll run: move ``poll_seq`` from ``seq`` to ``seq + 1`` for this generation.
 
     A duplicate run, a stale chain or a terminal job loses and must not call the provider.
+    ``lease_until`` is a time, or (with ``now``) the lease by kind and age: then the turn is
+    also the step's load (one ``UPDATE … RETURNING``), and a row of a kind not named loses.
     """
+    where: list[Any] = []
+    if isinstance(lease_until, Mapping):
+        if now is None:
+            raise ValueError("a lease by kind needs now")
+        where.append(Job.provider_kind.in_(list(lease_until)))
+        lease: Any = _lease_by_kind(lease_until, now)
+    else:
+        lease = lease_until
     return _cas(
         session,
         Job.id == job_id,
@@ -156,9 +179,27 @@ def take_poll_turn(session: Session, job_id: uuid.UUID, generation: int, seq: in
         Job.provider_task_id.is_not(None),
         Job.poll_generation == generation,
         Job.poll_seq == seq,
+        *where,
         poll_seq=seq + 1,
-        poll_lease_expires_at=lease_until,
+        poll_lease_expires_at=lease,
     )
+
+
+def _lease_by_kind(steps: LeaseSteps, now: datetime) -> Any:
+    """SQL: the lease for the row's kind and age (``now − provider_call_started_at``, 0 when
+    unset); kinds with the same steps share their branches."""
+    groups: dict[tuple[tuple[timedelta | None, datetime], ...], list[str]] = {}
+    for name, kind_steps in steps.items():
+        groups.setdefault(tuple(kind_steps), []).append(name)
+    started = func.coalesce(Job.provider_call_started_at, now)
+    whens: list[Any] = []
+    for kind_steps, names in groups.items():
+        of_kind = Job.provider_kind.in_(names)
+        for age, until in kind_steps:
+            whens.append((of_kind if age is None else and_(of_kind, started <= now - age), until))
+    if not whens:
+        return Job.poll_lease_expires_at
+    return case(*whens, else_=Job.poll_lease_expires_at)
 
 
 def start_new_chain(session: Session, job_id: uuid.UUID, now: datetime,

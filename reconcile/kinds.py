@@ -49,11 +49,16 @@ class Kind:
 
     def interval_at(self, age: timedelta) -> timedelta:
         """The poll interval for a job that has been running ``age``."""
-        interval = self.poll_interval or timedelta(seconds=5)
-        for after, slower in self.backoff:
-            if age >= after:
-                interval = slower
-        return interval
+        for after, interval in self.interval_steps():
+            if after is None or age >= after:
+                return interval
+        raise AssertionError("interval_steps ends with an unconditional step")
+
+    def interval_steps(self) -> tuple[tuple[timedelta | None, timedelta], ...]:
+        """``(age, interval)`` in the order they are tried: the first step whose age a job has
+        reached applies (the last backoff entry reached wins); ``None``, last, is any age."""
+        return (*((after, slower) for after, slower in reversed(self.backoff)),
+                (None, self.poll_interval or timedelta(seconds=5)))
 
 
 H24 = timedelta(hours=24)

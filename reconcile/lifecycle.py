@@ -35,8 +35,8 @@ from .errors import (
     ReconcileError,
     UnsafeMediaURL,
 )
-from .events import add_event, publish
-from .kinds import Kind
+from .events import add_event, publish_events
+from .kinds import Kind, all_kinds
 from .providers.base import AsyncProvider, CreateRequest, Output, PollResult, PollStatus
 from .runtime import Runtime, Validator
 from .states import (
@@ -179,10 +179,10 @@ def submit_job(
             submission_state=Submission.NOT_STARTED,
             provider_options=dict(options) if options else None,
         ))
-        session.flush()
+        session.flush()  # the job row before the ledger's rows that name it
         rt.ledger.reserve(session, user_id, job_id, credits_, now=now)
-        add_event(session, _stub(job_id, user_id), "queued", now)
-    publish(rt, job_id=job_id)
+        queued = add_event(session, _stub(job_id, user_id), "queued", now, rt=rt)
+    publish_events(rt, [queued])
     if enqueue and not kind.sync:
         _enqueue_after_commit(rt, job_id)
     log.info("job_submitted job_id=%s kind=%s", job_id, provider_kind)
@@ -220,8 +220,22 @@ class CreateOutcome:
 
 def poll_lease(rt: Runtime, kind: Kind, age: timedelta = timedelta(0)) -> timedelta:
     """2 × interval + slack + the poll step's total deadline (scaled like every duration)."""
-    return rt.settings.scaled(kind.interval_at(age) * 2 + POLL_LEASE_SLACK
-                              + poll_step_deadline(rt.settings))
+    return _lease_for(rt, kind.interval_at(age))
+
+
+def _lease_for(rt: Runtime, interval: timedelta) -> timedelta:
+    return rt.settings.scaled(interval * 2 + POLL_LEASE_SLACK + poll_step_deadline(rt.settings))
+
+
+def _turn_leases(rt: Runtime, now: datetime) -> dict[str, list[tuple[timedelta | None, datetime]]]:
+    """Every registered kind's ``now + poll_lease(rt, kind, age)`` by age (``Kind.interval_steps``):
+    the poll turn picks its row's in SQL, so it needs no load before it."""
+    return {kind.name: [(after, now + _lease_for(rt, interval))
+                        for after, interval in kind.interval_steps()] for kind in all_kinds()}
+
+
+def _async_kinds() -> list[str]:
+    return [kind.name for kind in all_kinds() if not kind.sync]
 
 
 def poll_step_deadline(settings: Any) -> timedelta:
@@ -237,42 +251,24 @@ def poll_countdown(rt: Runtime, kind: Kind, job: Job, now: datetime) -> float:
 
 
 def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
-    """Run the create for one job, at most once upstream whatever the number of messages."""
-    now = rt.now()
-    with rt.sessions.begin() as session:
-        job = jobstore.load(session, job_id)
-        if job is None:
-            return CreateOutcome("lost", job_id)
-        if job.provider_task_id:  # the retry guard (seed phase 4): resume, never re-create
-            state = "resumed"
-        elif job.submission_state == Submission.SUBMITTING:
-            if job.claim_expires_at and job.claim_expires_at > now:
-                return CreateOutcome("busy", job_id)
-            expired_kind = rt.kind(job.provider_kind)
-            if expired_kind is None or expired_kind.sync:
-                # a sync call's claim (issue 11 hole 12): never uncertain — there is nothing to
-                # look up later; the sweep fails + refunds it past the threshold (§6)
-                return CreateOutcome("lost", job_id)
-            jobstore.mark_uncertain(session, job_id, token=None, now=now,
-                                    code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
-                                    detail={"reason": "submission claim expired before the id was saved"})
-            return CreateOutcome("uncertain", job_id)
-        else:
-            state = "claim"
-    if state == "resumed":
-        resume_chain(rt, job_id, only_if_lease_expired=True)
-        return CreateOutcome("resumed", job_id)
+    """Run the create for one job, at most once upstream whatever the number of messages.
 
-    kind = rt.kind(job.provider_kind)
-    if kind is None or kind.sync:
-        return CreateOutcome("lost", job_id)  # sync kinds are run by the platform's request
+    The claim comes first and is the step's load (one ``UPDATE … RETURNING``, only for a
+    not-started row of an async kind); only a lost claim reads the row to tell a resume, a busy
+    claim or an expired one from a lost message.
+    """
+    now = rt.now()
     token = uuid.uuid4().hex
     rt.crash_point("before_claim")
     with rt.sessions.begin() as session:
         claimed = jobstore.claim_create(session, job_id, token, now,
-                                        rt.settings.scaled(CREATE_CLAIM_LEASE))
+                                        rt.settings.scaled(CREATE_CLAIM_LEASE),
+                                        kinds=_async_kinds())  # sync kinds: the platform's request
     if claimed is None:
-        return CreateOutcome("lost", job_id)
+        return _not_claimed(rt, job_id, now)
+    kind = rt.kind(claimed.provider_kind)
+    if kind is None or kind.sync:  # the kind registry changed under the claim: the sweep's
+        return CreateOutcome("lost", job_id)  # expired-claim row marks it uncertain
     rt.crash_point("after_claim")
     client = rt.client(kind)
     assert isinstance(client, AsyncProvider)
@@ -318,11 +314,37 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
                                             "answered_task_id": repr(created.task_id)[:200]})
         log.warning("create_unusable_task_id job_id=%s", job_id)
         return CreateOutcome("uncertain", job_id)
-    saved = on_task_created(rt, job_id, token, created.task_id)
+    saved = on_task_created(rt, job_id, token, created.task_id, kind=kind)
     if not saved:
         return CreateOutcome("lost", job_id)
     rt.crash_point("after_id_saved")
     return CreateOutcome("accepted", job_id)
+
+
+def _not_claimed(rt: Runtime, job_id: uuid.UUID, now: datetime) -> CreateOutcome:
+    """The claim lost: read the row once to say why (and act on an expired claim)."""
+    with rt.sessions.begin() as session:
+        job = jobstore.load(session, job_id)
+        if job is None:
+            return CreateOutcome("lost", job_id)
+        if not job.provider_task_id:
+            if job.submission_state != Submission.SUBMITTING:
+                # claimed by someone else and moved on, not due yet, terminal, or a sync kind
+                return CreateOutcome("lost", job_id)
+            if job.claim_expires_at and job.claim_expires_at > now:
+                return CreateOutcome("busy", job_id)
+            expired_kind = rt.kind(job.provider_kind)
+            if expired_kind is None or expired_kind.sync:
+                # a sync call's claim (issue 11 hole 12): never uncertain — there is nothing to
+                # look up later; the sweep fails + refunds it past the threshold (§6)
+                return CreateOutcome("lost", job_id)
+            jobstore.mark_uncertain(session, job_id, token=None, now=now,
+                                    code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
+                                    detail={"reason": "submission claim expired before the id was saved"})
+            return CreateOutcome("uncertain", job_id)
+    # the retry guard (seed phase 4): a persisted id is resumed, never re-created
+    resume_chain(rt, job_id, only_if_lease_expired=True)
+    return CreateOutcome("resumed", job_id)
 
 
 def usable_task_id(task_id: object) -> bool:
@@ -344,20 +366,31 @@ def _detail(exc: ProviderError, **extra: Any) -> dict[str, Any]:
     return detail
 
 
-def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str) -> bool:
-    """Persist the upstream id before the first poll and start the poll chain."""
+def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str, *,
+                    kind: Kind | None = None) -> bool:
+    """Persist the upstream id before the first poll and start the poll chain.
+
+    ``kind``: the job's kind, known to the claim's owner; then the save is the step's only read
+    of the row (the row is loaded only when the save lost, or to learn the kind).
+    """
     now = rt.now()
+    job: Job | None = None
     with rt.sessions.begin() as session:
-        job = jobstore.load(session, job_id)
-        kind = rt.kind(job.provider_kind) if job else None
-        if job is None or kind is None:
-            return False
+        if kind is None:
+            job = jobstore.load(session, job_id)
+            kind = rt.kind(job.provider_kind) if job else None
+            if job is None or kind is None:
+                return False
         saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind))
         if saved is None:
+            job = job or jobstore.load(session, job_id)
+            if job is None:
+                return False
             verdict = _late_answer(session, job, task_id, now)
         else:
-            add_event(session, saved, "running", now, {"provider_task_id": task_id})
+            running = add_event(session, saved, "running", now, {"provider_task_id": task_id}, rt=rt)
     if saved is None:
+        assert job is not None
         if verdict == "cancel":
             log.warning("task_created_after_terminal job_id=%s task_id=%s", job_id, task_id)
             client = rt.client(kind)
@@ -366,7 +399,7 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str) ->
             except ReconcileError:
                 pass
         return verdict == "same"
-    publish(rt, job_id=job_id)
+    publish_events(rt, [running])
     log.info("task_created job_id=%s task_id=%s", job_id, task_id)
     rt.enqueue_poll(job_id, saved.poll_generation, 0, poll_countdown(rt, kind, saved, now))
     return True
@@ -442,18 +475,21 @@ def resume_chain(rt: Runtime, job_id: uuid.UUID, *, only_if_lease_expired: bool 
 
 
 def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
-    """One status read for one job; reschedules itself while the job is in flight."""
+    """One status read for one job; reschedules itself while the job is in flight.
+
+    The turn is the step's load: one ``UPDATE … RETURNING`` whose lease is the row's
+    ``poll_lease(kind, age)`` picked in SQL. Only a lost turn reads the row (``lost``: no such
+    job or an unknown kind; else ``fenced``).
+    """
     now = rt.now()
     with rt.sessions.begin() as session:
-        job = jobstore.load(session, job_id)
-        kind = rt.kind(job.provider_kind) if job else None
-        if job is None or kind is None:
-            return "lost"
-        age = now - (job.provider_call_started_at or now)
-        turn = jobstore.take_poll_turn(session, job_id, generation, seq,
-                                       now + poll_lease(rt, kind, age))
-    if turn is None:
-        return "fenced"
+        turn = jobstore.take_poll_turn(session, job_id, generation, seq, _turn_leases(rt, now),
+                                       now=now)
+    kind = rt.kind(turn.provider_kind) if turn is not None else None
+    if turn is None or kind is None:
+        with rt.sessions() as session:
+            job = jobstore.load(session, job_id)
+        return "fenced" if job is not None and rt.kind(job.provider_kind) is not None else "lost"
     rt.crash_point("mid_poll")
     outcome = observe(rt, turn, kind, via="poll")
     if outcome in ("in_flight", "error"):
@@ -508,7 +544,7 @@ def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
                           {**_poll_detail(result, via), "outputs": len(result.outputs)})
             return "failed" if ok else "lost"
         try:
-            ok = finalize_job_with_media(rt, job.id, result, source=via)
+            ok = finalize_job_with_media(rt, job.id, result, source=via, job=job)
         except MediaExpired as exc:
             return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_MEDIA_EXPIRED, exc.message)
         except (UnsafeMediaURL, MediaTooLarge) as exc:
@@ -529,8 +565,10 @@ def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
     if result.status is PollStatus.NOT_FOUND:
         return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_TASK_NOT_FOUND, "task not found upstream")
     if result.progress is not None:
-        with rt.sessions.begin() as session:
-            jobstore.set_progress(session, job.id, max(0, min(99, int(result.progress))))
+        progress = max(0, min(99, int(result.progress)))
+        if job.progress is None or progress > job.progress:  # else the CAS could only lose
+            with rt.sessions.begin() as session:
+                jobstore.set_progress(session, job.id, progress)
     return _unfinished(rt, job, kind, None, None)
 
 
@@ -563,20 +601,33 @@ def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: st
     verdict = code is not None or message is None
     if not past_threshold(rt, job, kind, now):
         if last_error:
-            with rt.sessions.begin() as session:
-                jobstore.note_error(session, job.id, last_error, verdict=verdict)
+            _note_error(rt, job, last_error, verdict)
         return "in_flight"
     with rt.sessions.begin() as session:
         counted = jobstore.count_attempt(session, job.id, now, rt.settings.scaled(ATTEMPT_SPACING),
                                          last_error, verdict=verdict)
     if counted is None:
         if last_error:
-            with rt.sessions.begin() as session:
-                jobstore.note_error(session, job.id, last_error, verdict=verdict)
+            _note_error(rt, job, last_error, verdict)
         return "in_flight"
     if counted.reconcile_attempts < MAX_ATTEMPTS:
         return "in_flight"
     return exhaust(rt, counted)
+
+
+def _note_error(rt: Runtime, job: Job, last_error: str, verdict: bool) -> None:
+    """``note_error``, only when it changes the row as this step read it (``job`` is the
+    step's own fresh row, kept in step with what it writes)."""
+    from . import redact
+
+    current, new = job.reconcile_last_error, redact.signed(last_error)
+    if not verdict and current is not None and current.startswith("UPSTREAM_"):
+        return  # an error that is no verdict keeps the upstream one
+    if current == new:
+        return
+    with rt.sessions.begin() as session:
+        jobstore.note_error(session, job.id, last_error, verdict=verdict)
+    job.reconcile_last_error = new
 
 
 def exhaust(rt: Runtime, job: Job) -> str:
@@ -602,15 +653,22 @@ class _Stored:
 
 
 def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult | None, *,
-                            source: str, outputs: tuple[Output, ...] | None = None) -> bool:
+                            source: str, outputs: tuple[Output, ...] | None = None,
+                            job: Job | None = None) -> bool:
     """Store every output, then complete + commit + assets + event + workflow reopen in ONE
-    transaction. False: the job was already terminal or another writer won the race."""
+    transaction. False: the job was already terminal or another writer won the race.
+
+    ``job``: the row the caller's step just read (a poll turn, a sweep claim); then it is not
+    read again. Only fields fixed at submit are taken from it, and its status only as the early
+    "already terminal" check: the completion CAS is what decides.
+    """
     from .media import guess_extension, safe_fetch
     from .storage import object_key
 
     outputs = outputs if outputs is not None else (result.outputs if result else ())
-    with rt.sessions() as session:
-        job = jobstore.load(session, job_id)
+    if job is None or job.id != job_id:
+        with rt.sessions() as session:
+            job = jobstore.load(session, job_id)
     if job is None or job.status in TERMINAL:
         if job is not None and job.status == Status.CANCELLED:
             _completion_refused(rt, job, source)
@@ -656,6 +714,8 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
     won = False
     with rt.sessions.begin() as session:
         amount = rt.pricing_hook(job, result) if rt.pricing_hook else None
+        # an explicit amount is what the commit below charges: written with the completion
+        cost = {} if amount is None else {"credits_actual": amount, "display_cost": amount}
         done = jobstore.mark_completed(
             session, job_id,
             output_data={"outputs": [{"key": s.key, "media_type": s.media_type} for s in stored],
@@ -663,21 +723,24 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
             provider=job.provider_kind.split("-")[0] if job.provider_kind else None,
             provider_cost=result.cost_usd if result else None,
             completed_at=now, progress=100, error_code=None, error_message=None,
-            reconcile_last_error=None,
+            reconcile_last_error=None, **cost,
         )
         if done is not None:
             won = True
-            rt.ledger.commit(session, job_id, amount, now=now)
-            actual = rt.ledger.settled_amount(session, job_id)
-            done.credits_actual = actual if actual is not None else 0
-            done.display_cost = done.credits_actual
+            committed = rt.ledger.commit(session, job_id, amount, now=now)
+            if amount is None or not committed:
+                # nothing held any more (settled before, legacy refunds), or all of it
+                actual = rt.ledger.settled_amount(session, job_id)  # B: carried by commit
+                actual = actual if actual is not None else 0
+                jobstore.record_cost(session, job_id, actual)  # refreshes ``done`` too
             for index, s in enumerate(stored):
                 session.add(Asset(id=uuid.uuid4(), job_id=job_id, user_id=job.user_id, index=index,
                                   storage_key=s.key, media_type=s.media_type, is_public=is_public,
                                   watermarked=watermark and rt.watermark_hook is not None,
                                   created_at=now))
-            add_event(session, done, "completed", now,
-                      {"outputs": len(stored), "credits_actual": done.credits_actual, "via": source})
+            completed = add_event(session, done, "completed", now,
+                                  {"outputs": len(stored), "credits_actual": done.credits_actual,
+                                   "via": source}, rt=rt)
             _reopen_workflow(session, done)
             hook = rt.completion_hooks.get(job.provider_kind or "")
             if hook is not None:
@@ -691,7 +754,7 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
         log.info("finalize_lost job_id=%s source=%s", job_id, source)
         return False
     rt.crash_point("after_complete_txn")
-    publish(rt, job_id=job_id)
+    publish_events(rt, [completed])
     log.info("job_completed job_id=%s source=%s outputs=%d", job_id, source, len(stored))
     return True
 
@@ -780,15 +843,15 @@ def fail_job(rt: Runtime, job_id: uuid.UUID, code: str, message: str,
                                       submission_state=submission_state, status=status)
         if failed is None:
             return False
-        add_event(session, failed, "canceled" if status == Status.CANCELLED else "failed", now,
-                  {"code": str(code)})
+        event = add_event(session, failed, "canceled" if status == Status.CANCELLED else "failed",
+                          now, {"code": str(code)}, rt=rt)
         if anomaly:
             session.add(CreditAnomaly(job_id=job_id, user_id=failed.user_id, kind=anomaly,
                                       detail={"code": str(code), **(detail or {})}, created_at=now))
     log.info("job_failed job_id=%s code=%s", job_id, code)
     rt.crash_point("before_refund")
     settle(rt, job_id)
-    publish(rt, job_id=job_id)
+    publish_events(rt, [event])
     return True
 
 
@@ -866,8 +929,9 @@ def adopt_upstream_id(rt: Runtime, job_id: uuid.UUID, task_id: str, *, source: s
         ).scalar_one_or_none()
         if adopted is None:
             return False
-        add_event(session, adopted, "running", now, {"provider_task_id": task_id, "adopted_from": source})
-    publish(rt, job_id=job_id)
+        running = add_event(session, adopted, "running", now,
+                            {"provider_task_id": task_id, "adopted_from": source}, rt=rt)
+    publish_events(rt, [running])
     log.info("uncertain_adopted job_id=%s task_id=%s source=%s", job_id, task_id, source)
     rt.enqueue_poll(job_id, adopted.poll_generation, 0, 0.0)
     return True

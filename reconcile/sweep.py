@@ -376,7 +376,7 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
     if action is Action.FAIL:
         where = ((Job.submission_state == Submission.NOT_STARTED,)
                  if plan.decision.row == "not_started_exhausted" else ())
-        claimed = _persist_failure(session, job, now, plan.decision.row, where)
+        claimed = _persist_failure(rt, session, job, now, plan.decision.row, where)
     elif action is Action.REENQUEUE:
         claimed = _claim_reenqueue(session, job.id, now, rt.settings.scaled(NOT_STARTED_AGE))
     elif action is Action.MARK_UNCERTAIN:
@@ -410,14 +410,15 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
             plan.job, plan.generation = fresh_chain, fresh_chain.poll_generation
 
 
-def _persist_failure(session: Session, job: Job, now: datetime, row: str,
+def _persist_failure(rt: Runtime, session: Session, job: Job, now: datetime, row: str,
                      where: tuple[Any, ...]) -> Job | None:
     """The persist half of ``lifecycle.fail_job`` (the refund settles after commit)."""
     failed = jobstore.mark_failed(
         session, job.id, now=now, code=ErrorCode.RECONCILE_NO_RECOVERY,
         message="reconcile_no_recovery", detail={"reason": row, "via": "sweep"}, where=where)
     if failed is not None:
-        add_event(session, failed, "failed", now, {"code": str(ErrorCode.RECONCILE_NO_RECOVERY)})
+        add_event(session, failed, "failed", now, {"code": str(ErrorCode.RECONCILE_NO_RECOVERY)},
+                  rt=rt)
     return failed
 
 
