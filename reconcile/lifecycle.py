@@ -667,8 +667,9 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
         )
         if done is not None:
             won = True
-            rt.ledger.commit(session, job_id, amount, now=now)
-            actual = rt.ledger.settled_amount(session, job_id)
+            from .ledger import commit_settled  # the amount with the commit, no re-read
+
+            actual = commit_settled(rt.ledger, session, job_id, amount, now=now)
             done.credits_actual = actual if actual is not None else 0
             done.display_cost = done.credits_actual
             for index, s in enumerate(stored):
