@@ -489,12 +489,12 @@ _PG_LOCK = f"SELECT sub, topup FROM {_B.name} WHERE user_id = %(u)s FOR UPDATE"
 _PG_WALK = f"""
 walk(p, id, rem, cum) AS (
   SELECT * FROM (
-    (SELECT 0, l.id, l.remaining_amount, l.remaining_amount FROM {_L.name} l
+    (SELECT 0 AS p, l.id, l.remaining_amount AS rem, l.remaining_amount AS cum FROM {_L.name} l
      WHERE l.user_id = %(u)s AND l.pool = 'sub' AND l.remaining_amount > 0 ORDER BY l.id LIMIT 1)
     UNION ALL
     (SELECT 1, l.id, l.remaining_amount, l.remaining_amount FROM {_L.name} l
      WHERE l.user_id = %(u)s AND l.pool = 'topup' AND l.remaining_amount > 0 ORDER BY l.id LIMIT 1)
-    LIMIT 1) first_lot
+    LIMIT 1) AS first_lot
   UNION ALL
   SELECT n.p, n.id, n.rem, w.cum + n.rem FROM walk w CROSS JOIN LATERAL (
     (SELECT 0 AS p, l.id, l.remaining_amount AS rem FROM {_L.name} l
