@@ -25,7 +25,11 @@
   by what is still held and returns it in the reverse order of consumption (``topup`` first), so
   a legacy partial refund followed by a commit moves the pools exactly as a commit for less.
 
-Credits are integers. Each function runs inside the caller's transaction and never commits.
+Credits are integers. Each function runs inside the caller's transaction and never commits. The
+operations are SQLAlchemy Core (no ORM object graphs); every error is raised before the
+operation's first write. On PostgreSQL reserve, commit and refund are each the balance lock plus
+one statement of data-modifying CTEs (the FIFO walk, the ``ON CONFLICT`` USAGE insert, the CAS),
+so they need no SAVEPOINT; :func:`settle_commit` returns the committed amount with the CAS.
 The audit lives in :mod:`reconcile.audit`; :func:`audit` here is its entry point.
 """
 
@@ -793,7 +797,13 @@ def commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
     the order the reservation consumed them (``sub`` first) and each pool's rest is released
     back to it. False: no reservation is held (already settled, or none).
     """
-    return settle_commit(session, job_id, amount, now=now).done
+    done = settle_commit(session, job_id, amount, now=now)
+    if done.done:  # for BuiltinLedger.commit_settled: the amount without a re-read
+        session.info[SETTLED_KEY] = (job_id, done.amount)
+    return done.done
+
+
+SETTLED_KEY = "reconcile.credits.settled"  # session.info: (job id, amount) of the last commit
 
 
 def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,

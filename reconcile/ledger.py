@@ -31,6 +31,11 @@ Contract (every backend; ``tests/integration/test_ledger_contract.py`` checks it
 * **Lock order: the balance, then the log.** An operation that moves credits locks the user's
   balance row first and only then the usage log, so concurrent settlements never deadlock.
 
+Optional: ``commit_settled(session, job_id, amount=None, *, now=None) -> int | None``, a commit
+that returns what the job finally cost (what :meth:`Ledger.settled_amount` would say), so
+finalize needs no read after the commit; :func:`commit_settled` calls it when a ledger has it and
+``commit`` then ``settled_amount`` otherwise (a ``commit`` returning a bool keeps working).
+
 The job-level audit checks (a terminal job still holding a reservation; a job completed after the
 library refunded it) are the library's, for every backend: :func:`audit` adds them to the
 backend's own :meth:`Ledger.audit`.
@@ -123,9 +128,13 @@ class BuiltinLedger:
                        now: datetime | None = None) -> int | None:
         """:meth:`commit`, then :meth:`settled_amount` — without a re-read when the commit
         settled the job (the optional method :func:`commit_settled` looks for)."""
+        session.info.pop(credits.SETTLED_KEY, None)
         with self._guard(session):
-            done = credits.settle_commit(session, job_id, amount, now=now)
-        return done.amount if done.done else self.settled_amount(session, job_id)
+            done = credits.commit(session, job_id, amount, now=now)
+        settled = session.info.pop(credits.SETTLED_KEY, None)
+        if done and settled is not None and settled[0] == job_id:
+            return settled[1]  # type: ignore[no-any-return]
+        return self.settled_amount(session, job_id)
 
     def refund(self, session: Session, job_id: uuid.UUID, *, now: datetime | None = None) -> bool:
         with self._guard(session):
