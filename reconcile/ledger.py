@@ -31,6 +31,11 @@ Contract (every backend; ``tests/integration/test_ledger_contract.py`` checks it
 * **Lock order: the balance, then the log.** An operation that moves credits locks the user's
   balance row first and only then the usage log, so concurrent settlements never deadlock.
 
+Optional: ``commit_settled(session, job_id, amount=None, *, now=None) -> int | None``, a commit
+that returns what the job finally cost (what :meth:`Ledger.settled_amount` would say), so
+finalize needs no read after the commit; :func:`commit_settled` calls it when a ledger has it and
+``commit`` then ``settled_amount`` otherwise (a ``commit`` returning a bool keeps working).
+
 The job-level audit checks (a terminal job still holding a reservation; a job completed after the
 library refunded it) are the library's, for every backend: :func:`audit` adds them to the
 backend's own :meth:`Ledger.audit`.
@@ -39,6 +44,7 @@ backend's own :meth:`Ledger.audit`.
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -94,25 +100,44 @@ class Ledger(Protocol):
 
 
 class BuiltinLedger:
-    """The library's ledger (``reconcile.credits``), each operation inside a SAVEPOINT so an
-    error leaves nothing of it written."""
+    """The library's ledger (``reconcile.credits``). An error leaves nothing of an operation
+    written: on PostgreSQL every operation raises before its first write (its writes are one
+    statement), so it needs no SAVEPOINT; elsewhere (SQLite) each runs inside one."""
 
     name = "builtin"
     # credits.audit already runs the job-level checks (reconcile.audit)
     includes_job_checks = True
 
+    @staticmethod
+    def _guard(session: Session) -> Any:
+        if session.get_bind().dialect.name == "postgresql":
+            return nullcontext()
+        return session.begin_nested()
+
     def reserve(self, session: Session, user_id: uuid.UUID, job_id: uuid.UUID, amount: int, *,
                 now: datetime | None = None) -> Reservation:
-        with session.begin_nested():
+        with self._guard(session):
             return credits.reserve(session, user_id, job_id, amount, now=now)
 
     def commit(self, session: Session, job_id: uuid.UUID, amount: int | None = None, *,
                now: datetime | None = None) -> bool:
-        with session.begin_nested():
+        with self._guard(session):
             return credits.commit(session, job_id, amount, now=now)
 
+    def commit_settled(self, session: Session, job_id: uuid.UUID, amount: int | None = None, *,
+                       now: datetime | None = None) -> int | None:
+        """:meth:`commit`, then :meth:`settled_amount` — without a re-read when the commit
+        settled the job (the optional method :func:`commit_settled` looks for)."""
+        session.info.pop(credits.SETTLED_KEY, None)
+        with self._guard(session):
+            done = credits.commit(session, job_id, amount, now=now)
+        settled = session.info.pop(credits.SETTLED_KEY, None)
+        if done and settled is not None and settled[0] == job_id:
+            return settled[1]  # type: ignore[no-any-return]
+        return self.settled_amount(session, job_id)
+
     def refund(self, session: Session, job_id: uuid.UUID, *, now: datetime | None = None) -> bool:
-        with session.begin_nested():
+        with self._guard(session):
             return credits.refund(session, job_id, now=now)
 
     def settled_amount(self, session: Session, job_id: uuid.UUID) -> int | None:
@@ -134,6 +159,22 @@ class BuiltinLedger:
 
 
 DEFAULT = BuiltinLedger()
+
+
+def commit_settled(ledger: Ledger, session: Session, job_id: uuid.UUID,
+                   amount: int | None = None, *, now: datetime | None = None) -> int | None:
+    """Commit the job's reservation (:meth:`Ledger.commit`) and return what the job finally
+    cost (:meth:`Ledger.settled_amount`).
+
+    A ledger may offer both in one call, an optional method ``commit_settled(session, job_id,
+    amount, *, now)`` returning the settled amount (the built-in one does: no re-read after its
+    commit); any other ledger — ``commit`` returning a bool — gets ``commit`` then
+    ``settled_amount``, as before."""
+    method = getattr(ledger, "commit_settled", None)
+    if callable(method):
+        return method(session, job_id, amount, now=now)  # type: ignore[no-any-return]
+    ledger.commit(session, job_id, amount, now=now)
+    return ledger.settled_amount(session, job_id)
 
 
 def audit(ledger: Ledger, session: Session, *, now: datetime | None = None,
@@ -198,4 +239,4 @@ def ledger_of(rt: Runtime | None) -> Ledger:
 
 
 __all__ = ["COMPLETED_AFTER_REFUND", "DEFAULT", "BuiltinLedger", "Ledger", "audit",
-           "completed_after_failure", "job_checks"]
+           "commit_settled", "completed_after_failure", "job_checks"]

@@ -727,11 +727,13 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
         )
         if done is not None:
             won = True
-            committed = rt.ledger.commit(session, job_id, amount, now=now)
-            if amount is None or not committed:
-                # nothing held any more (settled before, legacy refunds), or all of it
-                actual = rt.ledger.settled_amount(session, job_id)  # B: carried by commit
-                actual = actual if actual is not None else 0
+            from .ledger import commit_settled  # the amount with the commit, no re-read
+
+            actual = commit_settled(rt.ledger, session, job_id, amount, now=now)
+            actual = actual if actual is not None else 0
+            if actual != amount:
+                # not known at the completion CAS (no pricing hook), or the commit settled
+                # otherwise (nothing held any more, legacy refunds)
                 jobstore.record_cost(session, job_id, actual)  # refreshes ``done`` too
             for index, s in enumerate(stored):
                 session.add(Asset(id=uuid.uuid4(), job_id=job_id, user_id=job.user_id, index=index,
