@@ -18,7 +18,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import batch_poll, jobstore, lifecycle
-from reconcile.db.models import CreditTransaction, Job, JobEvent
+from reconcile.db.models import CreditTransaction, JobEvent
 from reconcile.providers.base import PollResult, PollStatus
 from reconcile.states import ATTEMPT_SPACING, MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator
