@@ -308,3 +308,30 @@ def test_chain_mode_is_unchanged(db: sessionmaker[Session], simulator: Simulator
     assert lifecycle.create_step(w.rt, job_id).action == "accepted"
     assert len(w.q.polls) == 1 and w.job(job_id).poll_due_at is None
     assert batch_poll.claim(w.rt) == []
+
+
+def test_batch_mode_on_the_embedded_sqlite_default(simulator: Simulator, tmp_path: Path) -> None:
+    """SQLite (no SKIP LOCKED, no UPDATE … FROM VALUES): the same claims and outcomes."""
+    from reconcile.db.migrate import upgrade
+    from reconcile.db.session import make_engine, make_sessionmaker
+
+    url = f"sqlite:///{tmp_path}/reconcile.db"
+    upgrade(url)
+    w = World(make_sessionmaker(make_engine(url)), simulator, tmp_path, poll_mode="batch",
+              poll_batch_threads=4)
+    running = _accepted(w, n=3)
+    done = _accepted(w, timeline=INSTANT)[0]
+    assert list(w.q.polls) == []
+    w.clock.now += INTERVAL
+    report = batch_poll.poll_due(w.rt, budget=60)
+    assert report.outcomes == {"completed": 1, "in_flight": 3}, report.line()
+    assert w.job(done).status == "completed" and _completions(w, done) == 1
+    for job_id in running:
+        job = w.job(job_id)
+        assert job.poll_due_at == w.clock.now + INTERVAL and job.poll_seq == 1
+    w.clock.now += INTERVAL
+    (stale,) = batch_poll.claim(w.rt, limit=1)
+    w.clock.now += batch_poll.claim_lease(w.rt)
+    fresh = batch_poll.claim(w.rt, limit=5)  # the stale claim's row and the two still due
+    assert stale.job.id in {c.job.id for c in fresh} and len(fresh) == 3
+    assert batch_poll.run_claims(w.rt, [stale]).fenced == 1
