@@ -226,7 +226,33 @@ def read_all(rt: Runtime, claims: list[Claim]) -> list[Any]:
     threads = min(rt.settings.poll_batch_threads, len(claims))
     if threads <= 1:
         return [_read(rt, c) for c in claims]
+    for kind in {c.kind.name: c.kind for c in claims if c.kind is not None and not c.kind.sync
+                 }.values():
+        _widen_pool(rt.client(kind), rt.settings.poll_batch_threads)
     return list(_pool(rt.settings.poll_batch_threads).map(lambda c: _read(rt, c), claims))
+
+
+_WIDENED: set[tuple[int, int]] = set()
+
+
+def _widen_pool(client: Any, size: int) -> None:
+    """Keep ``size`` connections per host in the client's ``requests.Session`` (requests
+    pools 10): concurrent reads beyond the pool would each open and drop a connection."""
+    from requests.adapters import HTTPAdapter
+
+    from .providers.http import HttpClient
+
+    http = getattr(client, "http", None)
+    session = getattr(http, "session", None) if isinstance(http, HttpClient) else None
+    if session is None or size <= 10:
+        return
+    key = (os.getpid(), id(session))
+    with _POOL_LOCK:
+        if key in _WIDENED:
+            return
+        for prefix in ("http://", "https://"):
+            session.mount(prefix, HTTPAdapter(pool_connections=10, pool_maxsize=size))
+        _WIDENED.add(key)
 
 
 # ----------------------------------------------------------------------------- hooks

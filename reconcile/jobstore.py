@@ -11,7 +11,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select, text, update
 from sqlalchemy.orm import Session
 
 from . import redact
@@ -218,14 +218,21 @@ def hold_claim(session: Session, job_id: uuid.UUID, generation: int, seq: int,
                 poll_lease_expires_at=until)
 
 
+_RESCHEDULE = text("""
+UPDATE jobs SET poll_due_at = v.due,
+       progress = CASE WHEN v.progress > jobs.progress THEN v.progress ELSE jobs.progress END
+FROM unnest(CAST(:ids AS uuid[]), CAST(:gens AS int[]), CAST(:seqs AS int[]),
+            CAST(:dues AS timestamptz[]), CAST(:progress AS int[])) AS v(id, gen, seq, due, progress)
+WHERE jobs.id = v.id AND jobs.status IN ('pending', 'processing')
+  AND jobs.poll_generation = v.gen AND jobs.poll_seq = v.seq""")
+
+
 def reschedule_claimed(session: Session, rows: list[tuple[uuid.UUID, int, int, datetime, int | None]]
                        ) -> int:
     """The set-based write of a batch's still-running rows: ``(id, generation, seq, due,
     progress)`` each; a row is written only while its claim holds; progress only rises
-    (``None``: unchanged). One ``UPDATE … FROM (VALUES …)`` on PostgreSQL. Returns rows won."""
-    from sqlalchemy import Integer, Uuid, case, column, values
-
-    from .db.types import UTCDateTime
+    (``None``: unchanged). One ``UPDATE … FROM unnest(…)`` on PostgreSQL. Returns rows won."""
+    from sqlalchemy import case
 
     if not rows:
         return 0
@@ -239,16 +246,12 @@ def reschedule_claimed(session: Session, rows: list[tuple[uuid.UUID, int, int, d
                                      .values(poll_due_at=due, **extra))
             won += result.rowcount or 0  # type: ignore[attr-defined]
         return won
-    # an untyped NULL in VALUES would be text: -1 stands for "unchanged" (progress is >= 0)
-    data = [(i, g, q, due, -1 if p is None else p) for i, g, q, due, p in rows]
-    v = values(column("id", Uuid), column("gen", Integer), column("seq", Integer),
-               column("due", UTCDateTime()), column("progress", Integer), name="v").data(data)
-    result = session.execute(
-        update(Job).where(Job.id == v.c.id, Job.status.in_(IN_FLIGHT),
-                          Job.poll_generation == v.c.gen, Job.poll_seq == v.c.seq)
-        .values(poll_due_at=v.c.due,
-                progress=case((v.c.progress > Job.progress, v.c.progress), else_=Job.progress)),
-        execution_options={"synchronize_session": False})
+    # one statement over five arrays (unnest: a relation like VALUES, but a fixed text with five
+    # parameters — nothing to compile per batch, where VALUES binds 5 × n); -1 stands for
+    # "progress unchanged" (progress is >= 0)
+    result = session.execute(_RESCHEDULE, {
+        "ids": [r[0] for r in rows], "gens": [r[1] for r in rows], "seqs": [r[2] for r in rows],
+        "dues": [r[3] for r in rows], "progress": [-1 if r[4] is None else r[4] for r in rows]})
     return result.rowcount or 0  # type: ignore[attr-defined]
 
 

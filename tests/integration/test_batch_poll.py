@@ -196,7 +196,7 @@ def test_still_running_rows_are_rescheduled_in_one_statement_with_progress(
         event.remove(engine, "before_cursor_execute", count)
     assert (report.claimed, report.running, report.fenced, report.batches) == (5, 5, 0, 1)
     assert len(updates) == 2  # the claim, then one set-based write for all five
-    assert "FROM (VALUES" in updates[1]
+    assert "FROM unnest(" in updates[1]
     for job_id in ids:
         job = w.job(job_id)
         assert job.progress == 40 and job.poll_due_at == w.clock.now + INTERVAL
