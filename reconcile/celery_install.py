@@ -42,6 +42,7 @@ SWEEP_QUEUE = "reconcile.sweep"
 SWEEP_TASK = "reconcile.sweep"
 BEAT_ENTRY = "reconcile-sweep"
 PRUNE_ENTRY = "reconcile-prune"
+POLL_DUE_ENTRY = "reconcile-poll-due"
 # the platform's to choose (its broker, its backend, its default queue), or merged key by key
 _NOT_MERGED = frozenset({
     "broker_url", "result_backend", "task_default_queue", "task_routes", "beat_schedule",
@@ -89,6 +90,7 @@ def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
     if beat:
         _add_beat_entry(conf, wanted.get("beat_schedule", {}).get(BEAT_ENTRY))
         _add_prune_entry(conf, wanted.get("beat_schedule", {}).get(PRUNE_ENTRY))
+        _add_poll_due_entry(conf, wanted.get("beat_schedule", {}).get(POLL_DUE_ENTRY))
     worker_process_init.connect(fresh_engines, weak=False, dispatch_uid="reconcile.fresh_engines")
     worker_init.connect(check_broker_limits, weak=False, dispatch_uid="reconcile.broker_limits")
     from .broker import survive_broker_loss
@@ -221,6 +223,19 @@ def _add_prune_entry(conf: Any, entry: dict[str, Any] | None) -> None:
     """The retention entry, present only when a retention is set (the platform's wins)."""
     if entry is not None:
         conf["beat_schedule"] = {PRUNE_ENTRY: entry, **dict(conf.get("beat_schedule") or {})}
+
+
+def _add_poll_due_entry(conf: Any, entry: dict[str, Any] | None) -> None:
+    """RECONCILE_POLL_MODE=batch: the batch poller's tick (the platform's entry wins); beat
+    wakes at least that often."""
+    if entry is None:
+        return
+    conf["beat_schedule"] = {POLL_DUE_ENTRY: entry, **dict(conf.get("beat_schedule") or {})}
+    every = conf["beat_schedule"][POLL_DUE_ENTRY]["schedule"]
+    every = every.total_seconds() if hasattr(every, "total_seconds") else None
+    current = conf.get("beat_max_loop_interval") or 300
+    if every is not None and current > every:
+        conf["beat_max_loop_interval"] = every
 
 
 def _add_beat_entry(conf: Any, entry: dict[str, Any] | None) -> None:

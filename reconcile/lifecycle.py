@@ -381,7 +381,9 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str, *,
             kind = rt.kind(job.provider_kind) if job else None
             if job is None or kind is None:
                 return False
-        saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind))
+        batch = _batch_mode(rt)
+        saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind),
+                                      poll_due_at=_first_due(rt, kind, now) if batch else None)
         if saved is None:
             job = job or jobstore.load(session, job_id)
             if job is None:
@@ -401,8 +403,19 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str, *,
         return verdict == "same"
     publish_events(rt, [running])
     log.info("task_created job_id=%s task_id=%s", job_id, task_id)
-    rt.enqueue_poll(job_id, saved.poll_generation, 0, poll_countdown(rt, kind, saved, now))
+    if not batch:  # batch mode: the row is due at poll_due_at, no message (reconcile.batch_poll)
+        rt.enqueue_poll(job_id, saved.poll_generation, 0, poll_countdown(rt, kind, saved, now))
     return True
+
+
+def _batch_mode(rt: Runtime) -> bool:
+    return rt.settings.poll_mode == "batch"
+
+
+def _first_due(rt: Runtime, kind: Kind, now: datetime) -> datetime:
+    from .batch_poll import first_due
+
+    return first_due(rt, kind, now)
 
 
 # --- issue 11 hole 1: what a create answer that lost ``save_task_id`` may do (begin) ---------
@@ -464,13 +477,20 @@ def resume_chain(rt: Runtime, job_id: uuid.UUID, *, only_if_lease_expired: bool 
         kind = rt.kind(job.provider_kind) if job else None
         if job is None or kind is None or kind.sync or job.status not in IN_FLIGHT:
             return False
+        batch = _batch_mode(rt)
+        if only_if_lease_expired and batch and job.poll_due_at is not None:
+            return False  # scheduled: due (or claimed until its lease ends) — nothing to resume
         if only_if_lease_expired and job.poll_lease_expires_at and job.poll_lease_expires_at > now:
             return False
-        fresh = jobstore.start_new_chain(session, job_id, now, poll_lease(rt, kind))
+        # batch mode: the new generation is due now (a claim in progress is fenced), no message
+        fresh = jobstore.start_new_chain(session, job_id, now, poll_lease(rt, kind),
+                                         poll_due_at=now if batch else None)
     if fresh is None:
         return False
-    log.info("poll_chain_resumed job_id=%s generation=%s", job_id, fresh.poll_generation)
-    rt.enqueue_poll(job_id, fresh.poll_generation, 0, 0.0)
+    log.info("poll_chain_resumed job_id=%s generation=%s batch=%s", job_id,
+             fresh.poll_generation, batch)
+    if not batch:
+        rt.enqueue_poll(job_id, fresh.poll_generation, 0, 0.0)
     return True
 
 
@@ -493,7 +513,12 @@ def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
     rt.crash_point("mid_poll")
     outcome = observe(rt, turn, kind, via="poll")
     if outcome in ("in_flight", "error"):
-        rt.enqueue_poll(job_id, generation, seq + 1, poll_countdown(rt, kind, turn, rt.now()))
+        if _batch_mode(rt):  # a chain message from before the switch: the row carries on due
+            from .batch_poll import reschedule_after_chain
+
+            reschedule_after_chain(rt, kind, turn, generation, seq + 1)
+        else:
+            rt.enqueue_poll(job_id, generation, seq + 1, poll_countdown(rt, kind, turn, rt.now()))
     return outcome
 
 
@@ -925,6 +950,7 @@ def adopt_upstream_id(rt: Runtime, job_id: uuid.UUID, task_id: str, *, source: s
                 error_code=None, reconcile_attempts=0, reconcile_last_attempt_at=None,
                 reconcile_last_error=None, poll_generation=Job.poll_generation + 1, poll_seq=0,
                 poll_lease_expires_at=now + poll_lease(rt, kind),
+                poll_due_at=now if _batch_mode(rt) else None,
                 error_detail={"adopted_from": source},
             ).returning(Job),
             execution_options={"synchronize_session": False, "populate_existing": True},
@@ -935,7 +961,8 @@ def adopt_upstream_id(rt: Runtime, job_id: uuid.UUID, task_id: str, *, source: s
                             {"provider_task_id": task_id, "adopted_from": source}, rt=rt)
     publish_events(rt, [running])
     log.info("uncertain_adopted job_id=%s task_id=%s source=%s", job_id, task_id, source)
-    rt.enqueue_poll(job_id, adopted.poll_generation, 0, 0.0)
+    if not _batch_mode(rt):
+        rt.enqueue_poll(job_id, adopted.poll_generation, 0, 0.0)
     return True
 
 

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SQLITE_URL = "sqlite:///reconcile.db"
 LegacySweep = Literal["observe", "enforce", "off"]
+PollMode = Literal["chain", "batch"]
 
 
 class Settings(BaseSettings):
@@ -66,6 +67,17 @@ class Settings(BaseSettings):
     # kinds the sweep only logs; "legacy" names the rows without a kind, "*" every row
     observe_only_kinds: list[str] = Field(default_factory=list)
     sweep_time_budget: float = 20.0  # seconds handled inline per tick
+
+    # Polling (reconcile.batch_poll): "chain" — one broker message per poll (the default);
+    # "batch" — the due time lives on the row (jobs.poll_due_at) and reconcile.poll_due claims
+    # due rows in batches (FOR UPDATE SKIP LOCKED) and reads them concurrently
+    poll_mode: PollMode = "chain"
+    poll_batch_size: int = Field(default=200, ge=1, le=5000)  # rows claimed per statement
+    poll_batch_threads: int = Field(default=32, ge=1, le=256)  # concurrent status reads
+    poll_batch_interval: float = 1.0  # seconds between beat's poll_due ticks (scaled)
+    # seconds one poll_due run keeps claiming while rows are due (scaled); then it ends and the
+    # next tick (or its own re-enqueue) carries on
+    poll_batch_time_budget: float = 20.0
     time_scale: float = 1.0
     # retention (`reconcile prune`, and the beat's prune entry when either is set); None: keep
     job_events_retention_days: float | None = None
@@ -107,6 +119,11 @@ class Settings(BaseSettings):
             return "enforce" if value else "off"
         if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
             return "enforce" if value.strip().lower() in ("true", "1") else "off"
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("poll_mode", mode="before")
+    @classmethod
+    def _poll_mode(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("legacy_age", mode="before")

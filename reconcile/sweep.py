@@ -39,7 +39,7 @@ from typing import Any
 from sqlalchemy import Select, or_, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
-from . import adoption, evidence, idempotency, jobstore, lifecycle
+from . import adoption, batch_poll, evidence, idempotency, jobstore, lifecycle
 from .db.models import COMPLETED_AFTER_FAILURE, CreditAnomaly, Job, WebhookDelivery
 from .errors import ErrorCode, ProviderError
 from .events import add_event, publish
@@ -174,6 +174,10 @@ class _Row:
         return last is None or self.aged(last, ATTEMPT_SPACING)
 
     def lease_expired(self) -> bool:
+        if self.job.poll_due_at is not None and self.rt.settings.poll_mode == "batch":
+            # a batch-polled row is never resumed: it is due, or claimed until its batch lease
+            # ends and then due again (a dead poller costs one lease, not a new chain)
+            return False
         lease = self.job.poll_lease_expires_at
         return lease is None or lease <= self.now
 
@@ -402,8 +406,11 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
     plan.job = claimed
     if kind is not None and (action is Action.RESUME or plan.decision.resume):
         age = now - (claimed.provider_call_started_at or now)
-        fresh_chain = jobstore.start_new_chain(session, job.id, now,
-                                               lifecycle.poll_lease(rt, kind, age))
+        if rt.settings.poll_mode == "batch":  # no chain: a new generation, due now (no message)
+            fresh_chain = jobstore.make_due(session, job.id, now, batch_poll.claim_lease(rt))
+        else:
+            fresh_chain = jobstore.start_new_chain(session, job.id, now,
+                                                   lifecycle.poll_lease(rt, kind, age))
         if fresh_chain is None:
             plan.outcome = "lost" if action is Action.RESUME else plan.outcome
         else:
@@ -506,6 +513,9 @@ def _carry_out(rt: Runtime, plan: _Plan, fan_out: Callable[[uuid.UUID], None] | 
 def _enqueue_chain(rt: Runtime, plan: _Plan) -> str | None:
     if plan.generation is None:
         return None
+    if rt.settings.poll_mode == "batch":  # made due in the claim: the batch poller reads it
+        log.info("poll_made_due job_id=%s generation=%s via=sweep", plan.job.id, plan.generation)
+        return "due"
     log.info("poll_chain_resumed job_id=%s generation=%s via=sweep", plan.job.id, plan.generation)
     rt.enqueue_poll(plan.job.id, plan.generation, 0, 0.0)
     return "resumed"

@@ -119,6 +119,22 @@ def poll(self: Any, job_id: str, generation: int, seq: int) -> str:
     return lifecycle.poll_step(get_runtime(), uuid.UUID(job_id), int(generation), int(seq))
 
 
+@shared_task(name="reconcile.poll_due", ignore_result=True, acks_late=True)
+def poll_due() -> str:
+    """RECONCILE_POLL_MODE=batch: claim, read and write batches of due rows (beat, every
+    POLL_BATCH_INTERVAL s); re-enqueues itself once when its time budget ran out with rows
+    still due. Chain mode: nothing."""
+    from .batch_poll import poll_due as run
+
+    rt = get_runtime()
+    if rt.settings.poll_mode != "batch":
+        return "off"
+    report = run(rt)
+    if report.more:
+        send("reconcile.poll_due", [])
+    return report.line()
+
+
 @shared_task(name="reconcile.settle", ignore_result=True, acks_late=True)
 def settle(job_id: str) -> bool:
     """Retry a failed/cancelled job's refund settlement."""

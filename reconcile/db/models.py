@@ -41,6 +41,7 @@ NAMING = {
 
 BIGID = BigInteger().with_variant(Integer, "sqlite")
 IN_FLIGHT = text("status IN ('pending', 'processing')")
+POLL_DUE = "status IN ('pending', 'processing') AND poll_due_at IS NOT NULL"
 COMPLETED_AFTER_FAILURE = "status = 'completed' AND error_code IS NOT NULL"
 
 
@@ -100,6 +101,9 @@ class Job(Base):
     create_rate_limit_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     create_enqueue_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     create_enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # RECONCILE_POLL_MODE=batch: when the next status read is due (a claim pushes it one batch
+    # lease ahead); NULL for chain-mode rows. Never next_poll_at (settlement retries use that)
+    poll_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
         Index("jobs_inflight_idx", "provider_call_started_at",
@@ -107,6 +111,9 @@ class Job(Base):
         # the sweep's keyset cursor (provider_call_started_at, id) > (…) as an index condition
         Index("jobs_inflight_keyset_idx", "provider_call_started_at", "id",
               postgresql_where=IN_FLIGHT, sqlite_where=IN_FLIGHT),
+        # the batch poller's claim: due rows in flight, oldest due first (migration 0020)
+        Index("jobs_poll_due_idx", "poll_due_at",
+              postgresql_where=text(POLL_DUE), sqlite_where=text(POLL_DUE)),
         # failed/cancelled rows whose refund has not settled: only the library sets next_poll_at
         Index("jobs_unsettled_idx", "next_poll_at",
               postgresql_where=text("next_poll_at IS NOT NULL"),

@@ -404,6 +404,8 @@ class Scenario:
     kind: str = "replicate-prediction"
     extra_checks: tuple[Callable[[Any, Context, str], list[str]], ...] = ()
     note: str = ""
+    # settings every runtime of the scenario runs with (e.g. ``(("poll_mode", "batch"),)``)
+    settings: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass
@@ -507,6 +509,7 @@ class Explorer:
         self._admin_lock = threading.Lock()
         self.rt = self._runtime(self.sessions)
         self.writer_rts = [self._runtime(s) for s in self.writer_sessions]
+        self._base_settings = self.rt.settings
 
     def _counting(self, method: Callable[..., Any]) -> Callable[..., Any]:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -619,6 +622,9 @@ class Explorer:
 
         ctx = Context(self, uuid.uuid5(uuid.NAMESPACE_URL, f"explorer/{scenario.name}/job"),
                       uuid.uuid5(uuid.NAMESPACE_URL, "explorer/user"))
+        settings = self._base_settings.model_copy(update=dict(scenario.settings))
+        for rt in (self.rt, *self.writer_rts):
+            rt.settings = settings
         snapshot = self._snapshots.get(scenario.name)
         if snapshot is None:
             self.reset()

@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from sqlalchemy import func, select
 
-from .. import credits, jobstore, lifecycle
+from .. import batch_poll, credits, jobstore, lifecycle
 from ..db.models import CreditTransaction, Job, JobEvent, WorkflowExecution
 from ..states import (
     ATTEMPT_SPACING,
@@ -48,6 +48,12 @@ SETTLE_GRACE = timedelta(seconds=30)
 NODE_TIMEOUT = timedelta(minutes=90)
 REPLICATE_THRESHOLD = timedelta(minutes=20)
 SYNC_THRESHOLD = timedelta(minutes=5)
+
+
+# RECONCILE_POLL_MODE=batch: reads inline (one thread) so the writer's steps stay its own
+BATCH = (("poll_mode", "batch"), ("poll_batch_threads", 1))
+# a batch claim's lease: a status read's total deadline (4 × 35 s + 3 × 30 s) + 15 s slack
+BATCH_LEASE = timedelta(seconds=245)
 
 
 class _Crash(Exception):
@@ -91,6 +97,21 @@ def accepted(script: Script = SUCCEEDS, *, workflow: bool = False) -> Callable[[
         queues = ctx.explorer.queues
         ctx.facts["poll"] = queues.polls.popleft()[1:]
         queues.clear()
+    return setup
+
+
+def batch_accepted(script: Script = SUCCEEDS) -> Callable[[Any, Context], None]:
+    """processing / accepted in batch mode: no poll message, the row due now (poll_due_at)."""
+    def setup(rt: Any, ctx: Context) -> None:
+        from sqlalchemy import update
+
+        _submit(rt, ctx, script=script)
+        lifecycle.create_step(rt, ctx.job_id)
+        assert not ctx.explorer.queues.polls, "batch mode sends no poll message"
+        with rt.sessions.begin() as session:
+            session.execute(update(Job).where(Job.id == ctx.job_id)
+                            .values(poll_due_at=ctx.clock.now))
+        ctx.explorer.queues.clear()
     return setup
 
 
@@ -152,6 +173,13 @@ def _create(rt: Any, ctx: Context) -> str:
 def _poll(rt: Any, ctx: Context) -> str:
     generation, seq = ctx.facts["poll"]
     return lifecycle.poll_step(rt, ctx.job_id, generation, seq)
+
+
+def _poll_due(rt: Any, ctx: Context) -> str:
+    """One ``reconcile.poll_due`` run: claim the due rows, read, write (reconcile.batch_poll)."""
+    report = batch_poll.poll_due(rt, budget=3600.0)
+    outcomes = ",".join(f"{k}={v}" for k, v in sorted(report.outcomes.items()))
+    return f"claimed={report.claimed} fenced={report.fenced} {outcomes}".strip()
 
 
 def _sweep(rt: Any, ctx: Context) -> str:
@@ -290,6 +318,7 @@ def _sync_platform(rt: Any, ctx: Context) -> str:
 
 CREATE = Writer("create", _create)
 POLL = Writer("poll", _poll)
+POLL_DUE = Writer("poll_due", _poll_due)
 SWEEP = Writer("sweep", _sweep)
 SWEEP2 = Writer("sweep×2", _sweep_twice)
 WEBHOOK = Writer("webhook", _webhook)
@@ -404,6 +433,8 @@ def _drain(rt: Any, ctx: Context) -> None:
         lifecycle.create_step(rt, job_id)
     for poll in polls:
         lifecycle.poll_step(rt, *poll)
+    if rt.settings.poll_mode == "batch":  # beat's poll_due tick: whatever is due now
+        batch_poll.poll_due(rt, budget=3600.0)
 
 
 def _next_deadline(rt: Any, job: Job, now: Any) -> Any:
@@ -411,7 +442,7 @@ def _next_deadline(rt: Any, job: Job, now: Any) -> Any:
     kind = rt.kind(job.provider_kind)
     started = job.provider_call_started_at or job.started_at or job.created_at
     candidates = [
-        job.claim_expires_at, job.poll_lease_expires_at, job.create_not_before,
+        job.claim_expires_at, job.poll_lease_expires_at, job.create_not_before, job.poll_due_at,
         job.created_at + NOT_STARTED_AGE if job.created_at else None,
         job.create_enqueued_at + NOT_STARTED_AGE if job.create_enqueued_at else None,
         job.reconcile_last_attempt_at + ATTEMPT_SPACING if job.reconcile_last_attempt_at else None,
@@ -483,6 +514,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     _pair("accepted", accepted(), POLL, WEBHOOK, (POLL_LEASE,)),
     _pair("accepted", accepted(), POLL, CANCEL, (POLL_LEASE,)),
     _pair("accepted", accepted(), POLL, FAIL, (POLL_LEASE,)),
+    _pair("running", accepted(SUCCEEDS_LATER), POLL, CANCEL, (POLL_LEASE,),
+          "the chain's twin of batch_running:poll_due/cancel"),
     _pair("accepted", accepted(), WEBHOOK, CANCEL, (POLL_LEASE,)),
     _pair("accepted", accepted(), SWEEP, CANCEL, (POLL_LEASE, REPLICATE_THRESHOLD)),
     _pair("accepted", accepted(), SWEEP, FAIL, (POLL_LEASE, REPLICATE_THRESHOLD)),
@@ -508,6 +541,19 @@ SCENARIOS: tuple[Scenario, ...] = (
           "hole 12: a stray create message for a sync job whose request died"),
     _pair("platform", platform_row, SYNC_PLATFORM, CANCEL, (),
           "hole 6: sync_call on a platform row after a cancel"),
+    # batch polling (issue 16): the batch poller against everyone who touches a polled job
+    *(Scenario(f"{state}:poll_due/{b.name}", setup, (POLL_DUE, b), marks, settings=BATCH,
+               note=note)
+      for state, setup, b, marks, note in (
+          ("batch", batch_accepted(), POLL_DUE, (BATCH_LEASE,),
+           "two pollers: SKIP LOCKED claims; a claim taken over past its lease is fenced"),
+          ("batch", batch_accepted(), WEBHOOK, (BATCH_LEASE,), ""),
+          ("batch", batch_accepted(), CANCEL, (BATCH_LEASE,), ""),
+          ("batch", batch_accepted(), SWEEP, (BATCH_LEASE, REPLICATE_THRESHOLD), ""),
+          ("batch_running", batch_accepted(SUCCEEDS_LATER), POLL_DUE, (BATCH_LEASE,),
+           "the set-based still-running write under two pollers"),
+          ("batch_running", batch_accepted(SUCCEEDS_LATER), CANCEL, (BATCH_LEASE,), ""),
+      )),
 )
 
 # the bounded exploration `make test` runs (tests/integration/test_explorer.py): one preemption,
@@ -516,6 +562,14 @@ SCENARIOS: tuple[Scenario, ...] = (
 BOUNDED: dict[str, int | None] = {
     "new:create/resolve_upstream": 30,  # hole 1 (58 schedules in all; its violation was #11)
     "workflow:poll/wait_for_job": 40,  # hole 8 (about 200 in all; its violation is #23-#25)
+    # batch polling (issue 16)
+    "batch:poll_due/poll_due": 40,
+    "batch:poll_due/webhook": 40,
+    "batch:poll_due/cancel": 40,
+    "batch:poll_due/sweep": 40,
+    "batch_running:poll_due/poll_due": 40,
+    "batch_running:poll_due/cancel": 40,
+    "running:poll/cancel": 40,
 }
 
 

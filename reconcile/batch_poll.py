@@ -1,0 +1,274 @@
+"""Polling at scale (issue 16): poll-due times on the rows, read in batches.
+
+``RECONCILE_POLL_MODE=batch`` (the default stays ``chain``: one ``reconcile.poll`` message per
+read). In batch mode an accepted job carries ``jobs.poll_due_at`` instead of a message, and
+``reconcile.poll_due`` (beat, every ``POLL_BATCH_INTERVAL`` s; it also re-enqueues itself while
+rows stay due past its time budget) runs :func:`poll_due`:
+
+1. **claim** up to ``POLL_BATCH_SIZE`` due rows in one transaction —
+   ``SELECT … WHERE poll_due_at <= now AND in flight ORDER BY poll_due_at LIMIT n FOR UPDATE
+   SKIP LOCKED`` then one ``UPDATE`` moving each ``poll_due_at`` one batch lease ahead with
+   ``poll_seq + 1``: the claim is ``(poll_generation, poll_seq)``. Two pollers never claim one
+   row; a poller that dies leaves its rows due again after one lease (no chain to resume);
+2. **read** every claimed task's status, ``POLL_BATCH_THREADS`` at a time (a bounded thread
+   pool for the HTTP reads only: no database work in those threads, the GIL is released on I/O);
+3. **write** the outcomes: the rows still running short of their stale threshold (no error, the
+   common case) in ONE set-based ``UPDATE … FROM (VALUES …)`` (next due time, progress), each
+   row guarded by its claim; every other outcome (succeeded, failed, an error, unknown / not
+   found, past the threshold) goes per job through ``lifecycle.observe`` exactly as the chain
+   does — after :func:`reconcile.jobstore.hold_claim` confirmed (and extended) the claim, so a
+   result read under a claim that was taken over is refused. Finalize stays one transaction,
+   attempts / threshold / exhaustion are the chain's own code (``lifecycle._unfinished``).
+
+The loop claims again while rows are due and its time budget is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from . import jobstore, lifecycle
+from .db.models import Job
+from .errors import ErrorCode, ProviderError
+from .kinds import Kind
+from .providers.base import PollResult, PollStatus
+from .runtime import Runtime
+from .states import POLL_LEASE_SLACK
+
+log = logging.getLogger("reconcile.batch_poll")
+
+# the outcomes of a read that need nothing but a new due time (and progress), short of the
+# stale threshold: the set-based path
+_RUNNING = (PollStatus.RUNNING,)
+
+
+def enabled(rt: Runtime) -> bool:
+    return rt.settings.poll_mode == "batch"
+
+
+def claim_lease(rt: Runtime) -> timedelta:
+    """How long a claim holds its rows: one status read's total deadline + the poll slack
+    (scaled). A dead poller's rows are due again after this."""
+    return rt.settings.scaled(lifecycle.poll_step_deadline(rt.settings) + POLL_LEASE_SLACK)
+
+
+def next_due(rt: Runtime, kind: Kind, job: Job, now: datetime) -> datetime:
+    """When the next read is due: the kind's interval at the job's age (the chain's countdown)."""
+    return now + timedelta(seconds=lifecycle.poll_countdown(rt, kind, job, now))
+
+
+def first_due(rt: Runtime, kind: Kind, now: datetime) -> datetime:
+    return now + rt.settings.scaled(kind.interval_at(timedelta(0)))
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+@dataclass
+class BatchReport:
+    claimed: int = 0
+    running: int = 0  # written by the set-based statement
+    observed: int = 0  # went per job through lifecycle.observe
+    fenced: int = 0  # the claim was taken over before the result was written: refused
+    batches: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    more: bool = False  # the time budget ran out with rows still due
+
+    def add(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def line(self) -> str:
+        outcomes = ",".join(f"{k}={v}" for k, v in sorted(self.outcomes.items()))
+        return (f"[reconcile] poll_due batches={self.batches} claimed={self.claimed} "
+                f"running={self.running} observed={self.observed} fenced={self.fenced}"
+                f"{' ' + outcomes if outcomes else ''}{' more' if self.more else ''}")
+
+
+@dataclass(frozen=True)
+class Claim:
+    job: Job
+    kind: Kind | None
+    generation: int
+    seq: int
+
+
+def claim(rt: Runtime, *, limit: int | None = None, now: datetime | None = None) -> list[Claim]:
+    """Claim up to ``limit`` due rows (one transaction; see the module docstring)."""
+    now = now or rt.now()
+    limit = limit or rt.settings.poll_batch_size
+    with rt.sessions.begin() as session:
+        rows = jobstore.claim_due(session, now, claim_lease(rt), limit)
+    return [Claim(job, rt.kind(job.provider_kind), job.poll_generation, job.poll_seq)
+            for job in rows]
+
+
+def poll_due(rt: Runtime, *, budget: float | None = None, limit: int | None = None) -> BatchReport:
+    """Claim, read and write batches while rows are due and ``budget`` (seconds of real time;
+    default ``POLL_BATCH_TIME_BUDGET`` scaled) is left."""
+    report = BatchReport()
+    if budget is None:
+        budget = rt.settings.poll_batch_time_budget * rt.settings.time_scale
+    deadline = time.monotonic() + budget
+    limit = limit or rt.settings.poll_batch_size
+    while True:
+        claims = claim(rt, limit=limit)
+        if not claims:
+            break
+        report.batches += 1
+        report.claimed += len(claims)
+        run_claims(rt, claims, report)
+        if len(claims) < limit:
+            break  # nothing more was due at the claim: the next tick picks up what falls due
+        if time.monotonic() >= deadline:
+            report.more = True
+            break
+    if report.claimed:
+        log.info(report.line())
+    return report
+
+
+def run_claims(rt: Runtime, claims: list[Claim], report: BatchReport | None = None) -> BatchReport:
+    """Read every claim's status, then write the outcomes (the module docstring's 2 and 3)."""
+    report = report if report is not None else BatchReport()
+    results = read_all(rt, claims)
+    now = rt.now()
+    running: list[tuple[uuid.UUID, int, int, datetime, int | None]] = []
+    others: list[tuple[Claim, PollResult | ProviderError | BaseException]] = []
+    for c, result in zip(claims, results, strict=True):
+        if c.kind is None or c.kind.sync:
+            report.add("lost")
+            continue
+        if isinstance(result, PollResult) and result.status in _RUNNING \
+                and not lifecycle.past_threshold(rt, c.job, c.kind, now):
+            progress = (max(0, min(99, int(result.progress)))
+                        if result.progress is not None else None)
+            running.append((c.job.id, c.generation, c.seq, next_due(rt, c.kind, c.job, now),
+                            progress))
+        else:
+            others.append((c, result))
+    if running:
+        with rt.sessions.begin() as session:
+            won = jobstore.reschedule_claimed(session, running)
+        report.running += won
+        report.fenced += len(running) - won
+        report.outcomes["in_flight"] = report.outcomes.get("in_flight", 0) + won
+    for c, result in others:
+        report.add(_one(rt, c, result, report))
+    return report
+
+
+def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseException,
+         report: BatchReport) -> str:
+    """A result that is not plain "still running": per job, through the chain's own code."""
+    assert c.kind is not None
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        held = jobstore.hold_claim(session, c.job.id, c.generation, c.seq, now + claim_lease(rt))
+    if held is None:
+        report.fenced += 1
+        return "fenced"
+    report.observed += 1
+    if isinstance(result, PollResult | ProviderError):
+        outcome = lifecycle.observe(rt, held, c.kind, via="poll", result=result)
+    else:  # the read raised something else: no verdict, an attempt as observe counts one
+        log.error("batch_read_raised job_id=%s", c.job.id, exc_info=result)
+        outcome = lifecycle._unfinished(
+            rt, held, c.kind, None,
+            f"{ErrorCode.INTERNAL}: {type(result).__name__}: {result}"[:1000])
+        outcome = "error" if outcome == "in_flight" else outcome
+    if outcome in ("in_flight", "error"):
+        with rt.sessions.begin() as session:
+            if not jobstore.reschedule_claimed(
+                    session, [(c.job.id, c.generation, c.seq,
+                               next_due(rt, c.kind, held, rt.now()), None)]):
+                report.fenced += 1
+    return outcome
+
+
+# ----------------------------------------------------------------------------- reads
+
+_POOLS: dict[int, tuple[int, ThreadPoolExecutor]] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(size: int) -> ThreadPoolExecutor:
+    """This process's read pool (made after fork, in the process that uses it)."""
+    with _POOL_LOCK:
+        held = _POOLS.get(os.getpid())
+        if held is None or held[0] != size:
+            if held is not None:
+                held[1].shutdown(wait=False)
+            held = (size, ThreadPoolExecutor(max_workers=size, thread_name_prefix="reconcile-poll"))
+            _POOLS[os.getpid()] = held
+        return held[1]
+
+
+def _read(rt: Runtime, c: Claim) -> PollResult | ProviderError | BaseException:
+    if c.kind is None or c.kind.sync:
+        return ProviderError("no async kind")  # not read; run_claims drops it
+    try:
+        return lifecycle.read_status(rt, c.job, c.kind)
+    except Exception as exc:  # a raising client: no verdict (run_claims counts an attempt)
+        return exc
+
+
+def read_all(rt: Runtime, claims: list[Claim]) -> list[Any]:
+    """The status reads, ``POLL_BATCH_THREADS`` at a time; in claim order. Threads do HTTP
+    only (no session, no enqueue)."""
+    threads = min(rt.settings.poll_batch_threads, len(claims))
+    if threads <= 1:
+        return [_read(rt, c) for c in claims]
+    for kind in {c.kind.name: c.kind for c in claims if c.kind is not None and not c.kind.sync
+                 }.values():
+        _widen_pool(rt.client(kind), rt.settings.poll_batch_threads)
+    return list(_pool(rt.settings.poll_batch_threads).map(lambda c: _read(rt, c), claims))
+
+
+_WIDENED: set[tuple[int, int]] = set()
+
+
+def _widen_pool(client: Any, size: int) -> None:
+    """Keep ``size`` connections per host in the client's ``requests.Session`` (requests
+    pools 10): concurrent reads beyond the pool would each open and drop a connection."""
+    from requests.adapters import HTTPAdapter
+
+    from .providers.http import HttpClient
+
+    http = getattr(client, "http", None)
+    session = getattr(http, "session", None) if isinstance(http, HttpClient) else None
+    if session is None or size <= 10:
+        return
+    key = (os.getpid(), id(session))
+    with _POOL_LOCK:
+        if key in _WIDENED:
+            return
+        for prefix in ("http://", "https://"):
+            session.mount(prefix, HTTPAdapter(pool_connections=10, pool_maxsize=size))
+        _WIDENED.add(key)
+
+
+# ----------------------------------------------------------------------------- hooks
+
+
+def reschedule_after_chain(rt: Runtime, kind: Kind, job: Job, generation: int, seq: int) -> bool:
+    """A chain message that ran in batch mode (sent before the switch): its next read is a due
+    time on the row, under the turn it just took, instead of another message."""
+    with rt.sessions.begin() as session:
+        return bool(jobstore.reschedule_claimed(
+            session, [(job.id, generation, seq, next_due(rt, kind, job, rt.now()), None)]))
+
+
+def make_due(rt: Runtime, job_id: uuid.UUID) -> bool:
+    """A row with no due time in batch mode (a dead chain, a row from before the switch):
+    a new generation, due now. False: it is scheduled already (or finished)."""
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        return jobstore.make_due(session, job_id, now, claim_lease(rt)) is not None

@@ -1,0 +1,337 @@
+"""RECONCILE_POLL_MODE=batch (issue 16): poll-due times on the rows, claimed and read in batches
+(``reconcile.batch_poll``), on PostgreSQL with the simulator and an injected clock.
+
+Claims are exclusive across concurrent claimers (FOR UPDATE SKIP LOCKED), a result read under a
+claim that was taken over is refused, a dead poller's rows are due again after one lease, and
+progress / completion / failure / exhaustion go the way the chain takes them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from reconcile import batch_poll, jobstore, lifecycle
+from reconcile.db.models import CreditTransaction, JobEvent
+from reconcile.providers.base import PollResult, PollStatus
+from reconcile.states import ATTEMPT_SPACING, MAX_ATTEMPTS
+from reconcile.testing.simulator import Script, Simulator
+from tests.integration.test_sweep import FOREVER, INSTANT, World
+
+KIND = "replicate-prediction"
+INTERVAL = timedelta(seconds=3)  # replicate's poll interval
+THRESHOLD = timedelta(minutes=20)
+FAILS = ((0.0, "queued"), (0.0, "failed"))
+
+
+@pytest.fixture
+def world(db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> World:
+    return World(db, simulator, tmp_path, poll_mode="batch", poll_batch_threads=4)
+
+
+def _accepted(w: World, timeline: Any = FOREVER, n: int = 1) -> list[uuid.UUID]:
+    ids = []
+    for _ in range(n):
+        ids.append(w.accept(KIND, Script(timeline=timeline)))
+    return ids
+
+
+def _completions(w: World, job_id: uuid.UUID) -> int:
+    with w.db() as s:
+        return s.execute(select(func.count()).select_from(JobEvent).where(
+            JobEvent.job_id == job_id, JobEvent.type == "completed")).scalar_one()
+
+
+def _txns(w: World, job_id: uuid.UUID, type_: str) -> int:
+    with w.db() as s:
+        return s.execute(select(func.count()).select_from(CreditTransaction).where(
+            CreditTransaction.job_id == job_id, CreditTransaction.type == type_)).scalar_one()
+
+
+def test_an_accepted_create_is_due_on_its_row_and_sends_no_poll_message(world: World) -> None:
+    w = world
+    job_id = w.submit(KIND)
+    w.sim.script(str(job_id), Script(timeline=FOREVER))
+    assert lifecycle.create_step(w.rt, job_id).action == "accepted"
+    assert list(w.q.polls) == []
+    job = w.job(job_id)
+    assert job.poll_due_at == w.clock.now + INTERVAL
+    assert (job.status, job.poll_seq) == ("processing", 0)
+
+
+def test_two_concurrent_claimers_never_claim_the_same_row(world: World) -> None:
+    """Two sessions claim at once: the second skips the rows the first holds locked."""
+    w = world
+    ids = set(_accepted(w, n=10))
+    w.clock.now += INTERVAL
+    lease = batch_poll.claim_lease(w.rt)
+    first, second = w.db(), w.db()
+    try:
+        first.begin()
+        a = {j.id for j in jobstore.claim_due(first, w.clock.now, lease, 6)}  # locked, uncommitted
+        second.begin()
+        b = {j.id for j in jobstore.claim_due(second, w.clock.now, lease, 10)}
+        second.commit()
+        first.commit()
+    finally:
+        first.close()
+        second.close()
+    assert len(a) == 6 and len(b) == 4
+    assert a.isdisjoint(b) and a | b == ids
+    for job_id in ids:  # each claimed once: one seq bump, due one lease ahead
+        job = w.job(job_id)
+        assert job.poll_seq == 1 and job.poll_due_at == w.clock.now + lease
+    assert batch_poll.claim(w.rt) == []  # nothing due any more
+
+
+def test_the_claim_takes_the_oldest_due_first_and_only_due_rows(world: World) -> None:
+    w = world
+    early = _accepted(w)[0]
+    w.clock.now += timedelta(seconds=1)
+    late = _accepted(w)[0]
+    w.clock.now += INTERVAL  # both due
+    assert [c.job.id for c in batch_poll.claim(w.rt, limit=1)] == [early]
+    assert [c.job.id for c in batch_poll.claim(w.rt, limit=5)] == [late]
+
+
+def test_the_claim_uses_the_partial_index(world: World) -> None:
+    w = world
+    with w.db() as s:
+        s.execute(text("SET enable_seqscan = off"))
+        plan = "\n".join(s.execute(text(
+            "EXPLAIN SELECT id FROM jobs WHERE status IN ('pending', 'processing') "
+            "AND poll_due_at IS NOT NULL AND poll_due_at <= now() "
+            "ORDER BY poll_due_at LIMIT 10 FOR UPDATE SKIP LOCKED")).scalars())
+    assert "jobs_poll_due_idx" in plan, plan
+
+
+def test_a_stale_claims_result_is_refused(world: World) -> None:
+    """Claim 1 reads, its lease passes, claim 2 takes the row: claim 1's results (still running,
+    or succeeded) are refused; claim 2's apply."""
+    w = world
+    job_id = _accepted(w, timeline=INSTANT)[0]
+    w.clock.now += INTERVAL
+    (stale,) = batch_poll.claim(w.rt)
+    w.clock.now += batch_poll.claim_lease(w.rt)  # the first poller stalled past its lease
+    (fresh,) = batch_poll.claim(w.rt)
+    assert (fresh.generation, fresh.seq) == (stale.generation, stale.seq + 1)
+
+    # a "still running" read under the stale claim: the set-based write skips the row
+    running = PollResult(PollStatus.RUNNING, progress=50)
+    due_before = w.job(job_id).poll_due_at
+    with w.db.begin() as s:
+        assert jobstore.reschedule_claimed(
+            s, [(job_id, stale.generation, stale.seq, w.clock.now, 50)]) == 0
+    assert (w.job(job_id).poll_due_at, w.job(job_id).progress) == (due_before, 0)
+    # a succeeded read under the stale claim: refused, nothing finalized
+    report = batch_poll.BatchReport()
+    assert batch_poll._one(w.rt, stale, lifecycle.read_status(w.rt, stale.job, stale.kind),
+                           report) == "fenced"
+    assert report.fenced == 1 and w.job(job_id).status == "processing"
+    assert running.status is PollStatus.RUNNING
+    # the live claim completes it, once
+    report = batch_poll.run_claims(w.rt, [fresh])
+    assert report.outcomes == {"completed": 1}
+    assert w.job(job_id).status == "completed" and _completions(w, job_id) == 1
+
+
+def test_a_new_generation_fences_a_claim_in_progress(world: World) -> None:
+    """A webhook's success resumes polling under a new generation: a claim taken before it is
+    refused (the chain's generation fence, on the batch path)."""
+    w = world
+    job_id = _accepted(w)[0]
+    w.clock.now += INTERVAL
+    (c,) = batch_poll.claim(w.rt)
+    assert lifecycle.resume_chain(w.rt, job_id)  # what the webhook's confirmed success does
+    assert list(w.q.polls) == []  # no message: due now
+    job = w.job(job_id)
+    assert job.poll_due_at == w.clock.now and job.poll_generation == c.generation + 1
+    report = batch_poll.run_claims(w.rt, [c])
+    assert report.fenced == 1 and report.running == 0
+
+
+def test_a_dead_pollers_rows_are_due_again_after_one_lease(world: World) -> None:
+    w = world
+    ids = set(_accepted(w, n=3))
+    w.clock.now += INTERVAL
+    assert {c.job.id for c in batch_poll.claim(w.rt)} == ids  # then the poller dies
+    lease = batch_poll.claim_lease(w.rt)
+    w.clock.now += lease - timedelta(seconds=1)
+    assert batch_poll.claim(w.rt) == []
+    tick = w.tick()  # the sweep starts no chain for them and sends nothing
+    assert list(w.q.polls) == [] and not any(a.outcome == "due" for a in tick.actions)
+    w.clock.now += timedelta(seconds=1)
+    again = batch_poll.claim(w.rt)
+    assert {c.job.id for c in again} == ids
+    assert all(c.seq == 2 for c in again)
+
+
+def test_still_running_rows_are_rescheduled_in_one_statement_with_progress(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = world
+    ids = _accepted(w, n=5)
+    client = w.rt.client(w.rt.kind(KIND))
+    monkeypatch.setattr(client, "poll", lambda task_id, model=None:
+                        PollResult(PollStatus.RUNNING, progress=40, raw_status="processing"))
+    w.clock.now += INTERVAL
+    updates: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE JOBS"):
+            updates.append(statement)
+
+    from sqlalchemy import event
+
+    engine = w.db.kw["bind"]
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        report = batch_poll.poll_due(w.rt, budget=60)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert (report.claimed, report.running, report.fenced, report.batches) == (5, 5, 0, 1)
+    assert len(updates) == 2  # the claim, then one set-based write for all five
+    assert "FROM unnest(" in updates[1]
+    for job_id in ids:
+        job = w.job(job_id)
+        assert job.progress == 40 and job.poll_due_at == w.clock.now + INTERVAL
+        assert job.reconcile_attempts == 0 and job.reconcile_last_error is None
+    # progress never goes down
+    monkeypatch.setattr(client, "poll", lambda task_id, model=None:
+                        PollResult(PollStatus.RUNNING, progress=10))
+    w.clock.now += INTERVAL
+    batch_poll.poll_due(w.rt, budget=60)
+    assert {w.job(j).progress for j in ids} == {40}
+
+
+def test_completion_and_failure_through_the_batch_path(world: World) -> None:
+    w = world
+    done = _accepted(w, timeline=INSTANT)[0]
+    failed = _accepted(w, timeline=FAILS)[0]
+    running = _accepted(w)[0]
+    w.clock.now += INTERVAL
+    report = batch_poll.poll_due(w.rt, budget=60)
+    assert report.outcomes == {"completed": 1, "failed": 1, "in_flight": 1}, report.line()
+    job = w.job(done)
+    assert job.status == "completed" and _completions(w, done) == 1
+    assert _txns(w, done, "COMMIT") + _txns(w, done, "USAGE") >= 1 and _txns(w, done, "REFUND") == 0
+    job = w.job(failed)
+    assert (job.status, job.error_code) == ("failed", "UPSTREAM_FAILED")
+    assert job.credits_actual == 0 and w.refunds(failed) == 1
+    assert w.job(running).status == "processing"
+    assert w.audit() == []
+    # a finished row is no longer due
+    w.clock.now += timedelta(hours=1)
+    assert {c.job.id for c in batch_poll.claim(w.rt)} == {running}
+
+
+def test_a_failed_read_is_noted_and_the_row_stays_due(world: World,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconcile.errors import ProviderError
+
+    w = world
+    job_id = _accepted(w)[0]
+    client = w.rt.client(w.rt.kind(KIND))
+
+    def broken(task_id: str, model: str | None = None) -> PollResult:
+        raise ProviderError("connection reset")
+
+    monkeypatch.setattr(client, "poll", broken)
+    w.clock.now += INTERVAL
+    report = batch_poll.poll_due(w.rt, budget=60)
+    assert report.observed == 1 and report.outcomes == {"in_flight": 1}
+    job = w.job(job_id)
+    assert job.status == "processing" and "read failed" in (job.reconcile_last_error or "")
+    assert job.poll_due_at == w.clock.now + INTERVAL and job.reconcile_attempts == 0
+
+
+def test_exhaustion_through_the_batch_path_as_the_chain_does_it(world: World) -> None:
+    """Past the stale threshold each read counts one attempt per spacing; at MAX_ATTEMPTS the
+    job fails UPSTREAM_TIMEOUT and is refunded (lifecycle._unfinished's own rules)."""
+    w = world
+    job_id = _accepted(w)[0]
+    w.clock.now += THRESHOLD
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        report = batch_poll.poll_due(w.rt, budget=60)
+        assert report.observed == 1, report.line()
+        if attempt < MAX_ATTEMPTS:
+            assert w.job(job_id).reconcile_attempts == attempt
+            # a second read inside the spacing counts nothing
+            w.clock.now += INTERVAL * 2
+            batch_poll.poll_due(w.rt, budget=60)
+            assert w.job(job_id).reconcile_attempts == attempt
+            w.clock.now += ATTEMPT_SPACING
+    job = w.job(job_id)
+    assert (job.status, job.error_code) == ("failed", "UPSTREAM_TIMEOUT")
+    assert job.reconcile_attempts == MAX_ATTEMPTS and w.refunds(job_id) == 1
+    assert w.anomalies(job_id, "reconcile_exhausted") == ["reconcile_exhausted"]
+
+
+def test_the_sweep_makes_a_dead_chain_row_due_instead_of_starting_a_chain(world: World) -> None:
+    """A row from before the switch (no poll_due_at, its chain lost): the sweep's resume row
+    gives it a new generation, due now — no poll message."""
+    w = world
+    job_id = _accepted(w)[0]
+    w.set(job_id, poll_due_at=None, poll_lease_expires_at=w.clock.now)  # a chain-mode row
+    generation = w.job(job_id).poll_generation
+    w.clock.now += timedelta(seconds=1)
+    tick = w.tick()
+    assert [(a.action, a.outcome) for a in tick.actions] == [("resume", "due")]
+    assert list(w.q.polls) == []
+    job = w.job(job_id)
+    assert job.poll_due_at == w.clock.now and job.poll_generation == generation + 1
+    assert [c.job.id for c in batch_poll.claim(w.rt)] == [job_id]
+
+
+def test_a_chain_message_from_before_the_switch_hands_the_row_to_the_batch_poller(
+        world: World) -> None:
+    w = world
+    job_id = _accepted(w)[0]
+    job = w.job(job_id)
+    w.set(job_id, poll_due_at=None)
+    w.clock.now += INTERVAL
+    assert lifecycle.poll_step(w.rt, job_id, job.poll_generation, job.poll_seq) == "in_flight"
+    assert list(w.q.polls) == []
+    assert w.job(job_id).poll_due_at == w.clock.now + INTERVAL
+
+
+def test_chain_mode_is_unchanged(db: sessionmaker[Session], simulator: Simulator,
+                                 tmp_path: Path) -> None:
+    w = World(db, simulator, tmp_path)
+    job_id = w.submit(KIND)
+    w.sim.script(str(job_id), Script(timeline=FOREVER))
+    assert lifecycle.create_step(w.rt, job_id).action == "accepted"
+    assert len(w.q.polls) == 1 and w.job(job_id).poll_due_at is None
+    assert batch_poll.claim(w.rt) == []
+
+
+def test_batch_mode_on_the_embedded_sqlite_default(simulator: Simulator, tmp_path: Path) -> None:
+    """SQLite (no SKIP LOCKED, no UPDATE … FROM VALUES): the same claims and outcomes."""
+    from reconcile.db.migrate import upgrade
+    from reconcile.db.session import make_engine, make_sessionmaker
+
+    url = f"sqlite:///{tmp_path}/reconcile.db"
+    upgrade(url)
+    w = World(make_sessionmaker(make_engine(url)), simulator, tmp_path, poll_mode="batch",
+              poll_batch_threads=4)
+    running = _accepted(w, n=3)
+    done = _accepted(w, timeline=INSTANT)[0]
+    assert list(w.q.polls) == []
+    w.clock.now += INTERVAL
+    report = batch_poll.poll_due(w.rt, budget=60)
+    assert report.outcomes == {"completed": 1, "in_flight": 3}, report.line()
+    assert w.job(done).status == "completed" and _completions(w, done) == 1
+    for job_id in running:
+        job = w.job(job_id)
+        assert job.poll_due_at == w.clock.now + INTERVAL and job.poll_seq == 1
+    w.clock.now += INTERVAL
+    (stale,) = batch_poll.claim(w.rt, limit=1)
+    w.clock.now += batch_poll.claim_lease(w.rt)
+    fresh = batch_poll.claim(w.rt, limit=5)  # the stale claim's row and the two still due
+    assert stale.job.id in {c.job.id for c in fresh} and len(fresh) == 3
+    assert batch_poll.run_claims(w.rt, [stale]).fenced == 1

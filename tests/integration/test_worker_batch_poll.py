@@ -1,0 +1,76 @@
+"""RECONCILE_POLL_MODE=batch end to end: a real ``celery worker`` and ``celery beat`` on Redis;
+beat's ``reconcile.poll_due`` tick claims and reads the due rows — no ``reconcile.poll`` message
+is ever sent — and every job completes once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from reconcile import lifecycle
+from reconcile.db.models import Job
+from reconcile.testing.simulator import Script, Simulator
+from tests.integration.harness import fund, make_runtime
+from tests.integration.test_worker_crash import TIME_SCALE, _env, _purge
+from tests.integration.workers import CELERY, ROOT, Worker, make_sender, wait_for
+
+pytestmark = pytest.mark.slow
+
+BATCH_ENV = {"RECONCILE_POLL_MODE": "batch", "RECONCILE_POLL_BATCH_INTERVAL": "4",  # 0.2 s
+             "RECONCILE_POLL_BATCH_THREADS": "4"}
+
+
+def test_real_worker_and_beat_complete_jobs_in_batch_mode(
+        db: sessionmaker[Session], pg_url: str, simulator: Simulator, tmp_path: Path,
+        redis_url: str) -> None:
+    broker = redis_url
+    _purge(broker)
+    sender = make_sender(broker)
+    rt, _ = make_runtime(db, simulator, tmp_path, time_scale=TIME_SCALE, poll_mode="batch")
+    rt.enqueue_create = lambda jid, countdown=0.0: sender.send_task(
+        "reconcile.create", args=[str(jid)], countdown=countdown or None)
+    env = {**os.environ, **_env(pg_url, broker, simulator, tmp_path, **BATCH_ENV)}
+    worker = Worker(env, tmp_path / "w.log", concurrency=2)
+    beat_log = open(tmp_path / "beat.log", "ab")  # noqa: SIM115 - closed below
+    beat = subprocess.Popen([CELERY, "-A", "reconcile.celery_app", "beat", "-l", "info",
+                             "-s", str(tmp_path / "beat-schedule")], cwd=ROOT, env=env,
+                            stdout=beat_log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        worker.wait_ready()
+        user = uuid.uuid4()
+        fund(db, user)
+        simulator.script_default(Script(timeline=((0.0, "queued"), (0.3, "running"),
+                                                  (1.5, "succeeded"))))
+        ids = [lifecycle.submit_job(rt, user, kind, model, {"prompt": "x"}, 10,
+                                    job_type="image").job_id
+               for kind, model in (("kie-standard", "m"), ("replicate-prediction", "o/m:v"),
+                                   ("fal-queue", "fal-ai/flux/dev"), ("kie-standard", "m"))]
+
+        def all_done() -> bool:
+            with db() as s:
+                return all(s.get(Job, j).status == "completed" for j in ids)  # type: ignore[union-attr]
+
+        assert wait_for(all_done, 60), worker.log_path.read_text()[-3000:]
+        assert [simulator.creates(str(j)) for j in ids] == [1, 1, 1, 1]
+        with db() as s:
+            for j in ids:
+                job = s.get(Job, j)
+                assert job is not None and job.credits_actual == 10 and job.poll_seq >= 1
+        log = worker.log_path.read_text()
+        assert "Task reconcile.poll_due[" in log and "poll_due batches=" in log
+        assert "Task reconcile.poll[" not in log  # no per-poll message in batch mode
+        assert "reconcile-poll-due" in (tmp_path / "beat.log").read_text()
+    finally:
+        try:
+            os.killpg(beat.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        beat.wait(timeout=10)
+        beat_log.close()
+        worker.stop()
