@@ -19,8 +19,8 @@ production-equivalent). Per sweep interval (the default 300 s, and 30 s):
   resamples the measured parts (lease left at the kill, dispatch after the tick) with a uniform
   tick phase.
 
-Expected shape: the poll lease still running at the kill (2 × interval + 30 s slack, renewed at
-each poll) plus the wait for the next sweep tick after it expires, plus dispatch.
+Expected shape: the poll lease still running at the kill (``lifecycle.poll_lease``: 2 × interval
++ ``POLL_LEASE_SLACK``, renewed at each poll) plus the wait for the next sweep tick after it expires, plus dispatch.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from .common import (
     Proc,
     log,
     make_sender,
+    poll_lease_seconds,
     purge_broker,
     summary,
     throwaway_db,
@@ -52,7 +53,7 @@ from .seed import add_inflight_jobs, add_users, sim_tasks
 SCALE = 0.05
 JOBS = 16
 INTERVAL = 5.0  # kie-standard poll interval (s)
-LEASE = 2 * INTERVAL + 30.0  # lifecycle.poll_lease: 2 x interval + POLL_LEASE_SLACK
+LEASE = poll_lease_seconds("kie-standard")  # lifecycle.poll_lease, imported (production s)
 CONFIGS = {"default_300s": (300.0, 3), "30s": (30.0, 5)}  # sweep interval, rounds
 
 

@@ -88,6 +88,10 @@ def _one_job(rt: Any, sim: Any, clock: list[float], counting: Counting, kind: st
     total = sum(counting.statements[k] for k in ("submit", "create")) + sum(
         s["statements"] for s in steps)
     outside = total - per_poll * len(steps)
+    running_tx = [s["transactions"] for s in steps if s["outcome"] == "in_flight"]
+    tx_per_poll = max(set(running_tx), key=running_tx.count) if running_tx else 0
+    tx_total = sum(counting.transactions[k] for k in ("submit", "create")) + sum(
+        s["transactions"] for s in steps)
     final = steps[-1]
     return {
         "kind": kind, "submit": counting.of("submit"), "create": counting.of("create"),
@@ -98,8 +102,9 @@ def _one_job(rt: Any, sim: Any, clock: list[float], counting: Counting, kind: st
         "outside_breakdown": {"submit": counting.statements["submit"],
                               "create": counting.statements["create"],
                               "finalize (final poll minus one poll)": final["statements"] - per_poll},
-        "transactions_total": sum(counting.transactions[k] for k in ("submit", "create"))
-        + sum(s["transactions"] for s in steps),
+        "transactions_total": tx_total,
+        "transactions_per_running_poll": tx_per_poll,
+        "transactions_outside_polls": tx_total - tx_per_poll * len(steps),
         "checkouts_total": sum(counting.checkouts[k] for k in ("submit", "create"))
         + sum(s["checkouts"] for s in steps),
         "statement_texts": {k: counting.samples.get(k, []) for k in
@@ -149,7 +154,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     result["headline"] = {
         "outside_polls": head["statements_outside_polls"],
         "per_poll": head["statements_per_running_poll"],
+        "transactions_outside_polls": head["transactions_outside_polls"],
+        "transactions_per_poll": head["transactions_per_running_poll"],
         "idle_sweep_tick": result["idle_sweep_tick"]["statements"],
-        "target_outside_polls": 8,
+        "target_outside_polls": 15,
+        "target_transactions_outside_polls": 5,
     }
     return result
