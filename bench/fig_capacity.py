@@ -168,7 +168,7 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str],
         try:
             worker.wait_ready()
             sender = make_sender()
-            lead = 8.0  # seconds to seed and publish every chain's first message before t0
+            lead = 8.0 + n / 250  # seconds to seed and publish every first message before t0
             offsets = [INTERVAL_S * i / n for i in range(n)]
             tasks = []
             t0_mono = time.monotonic() + lead
