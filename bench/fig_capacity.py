@@ -112,7 +112,7 @@ def batch_available() -> bool:
     return probe.returncode == 0
 
 
-def run(n: int = 2000, quick: bool = False, timeout: float = 300.0,
+def run(n: int = 2000, quick: bool = False, timeout: float = 180.0,
         knee: int | None = 400, batch_sizes: tuple[int, ...] = (2000, 10_000),
         batch: bool | None = None) -> dict[str, Any]:
     """``n`` generations in chain mode, then (``knee``) a smaller load the worker can poll on

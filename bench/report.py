@@ -502,18 +502,21 @@ def _fig6(r: dict[str, Any]) -> str:
          "recovers. *Measured* = kill → first poll of the resumed chain; *scaled* = real ÷ scale. "
          "*Model* resamples the measured parts with a uniform tick phase (a round gives one "
          "phase); *production* keeps the dispatch in real seconds (it does not scale).\n"]
+    s.append("*Measured production* = each measured latency with its lease and tick-wait parts "
+             "scaled back and its dispatch kept in real seconds.\n")
     s.append("| sweep interval | rounds | samples | measured real p50 / p99 s | measured scaled "
-             "p50 / p99 s | model scaled p50 / p99 s | **model production p50 / p99 s** | parts "
+             "p50 / p99 s | **measured production p50 / p99 s** | model scaled p50 / p99 s | **model production p50 / p99 s** | parts "
              "p50 scaled: lease left / tick wait / dispatch | dispatch real p50 s | expected "
              "range s |")
-    s.append("|---|---|---|---|---|---|---|---|---|---|")
+    s.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, c in r["configs"].items():
         parts = c.get("parts_scaled_s_p50", {})
         s.append(
             f"| {c['sweep_interval_s']:.0f} s ({name}) | {len(c['rounds'])} | {c['samples']} "
             f"(+{c['unresolved']} unresolved) | {_get(c, 'measured_real_s', 'p50')} / "
             f"{_get(c, 'measured_real_s', 'p99')} | {_get(c, 'measured_scaled_s', 'p50')} / "
-            f"{_get(c, 'measured_scaled_s', 'p99')} | {_get(c, 'model_scaled_s', 'p50')} / "
+            f"{_get(c, 'measured_scaled_s', 'p99')} | **{_get(c, 'measured_production_s', 'p50')}"
+            f" / {_get(c, 'measured_production_s', 'p99')}** | {_get(c, 'model_scaled_s', 'p50')} / "
             f"{_get(c, 'model_scaled_s', 'p99')} | **{_get(c, 'model_production_s', 'p50')} / "
             f"{_get(c, 'model_production_s', 'p99')}** | {parts.get('lease_left')} / "
             f"{parts.get('tick_wait')} / {parts.get('dispatch')} | "
@@ -625,11 +628,12 @@ def _aim_rows(figs: dict[str, Any]) -> list[str]:
     if r6:
         c30 = r6["configs"].get("30s", {})
         mod = _get(c30, "model_production_s", "p99")
-        mea = _get(c30, "measured_scaled_s", "p99")
+        mea = _get(c30, "measured_production_s", "p99")
         ok = None if mod is None or mea is None else (mod <= 60 and mea <= 60)
-        row("recovery after SIGKILL at 30 s sweep interval, p99",
-            f"modelled **{mod} s**, measured **{mea} s** (poll lease {c30.get('poll_lease_s')} s)",
-            "≤ 60 s modelled and measured", ok)
+        row("recovery after SIGKILL at 30 s sweep interval, p99 (production-equivalent)",
+            f"modelled **{mod} s**, measured **{mea} s** ({c30.get('samples')} dead chains; "
+            f"scaled-all {_get(c30, 'measured_scaled_s', 'p99')} s; poll lease "
+            f"{c30.get('poll_lease_s')} s)", "≤ 60 s modelled and measured", ok)
     else:
         row("recovery after SIGKILL, p99", "not run", "≤ 60 s", None)
     return rows
