@@ -44,9 +44,11 @@ chaos: setup services
 explore: setup services
 	$(BIN)/python -m reconcile.testing.explorer --preemptions $(or $(PREEMPTIONS),2) --jumps $(or $(JUMPS),1) $(if $(SCENARIO),--scenario $(SCENARIO))
 
-# speed and scale, reported (never asserted): writes bench/results/latest.{json,md} (≈ 11 min)
+# speed and scale, reported (never asserted): writes bench/results/latest.{json,md} and the
+# PNGs beside them (≈ 13 min here; `make bench ONLY=fig1,fig6` runs some figures)
 bench: setup services
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python -m bench.run $(if $(ONLY),--only $(ONLY))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis reconcile.db* reconcile-media .reconcile-broker

@@ -1,5 +1,6 @@
-"""ASCII charts for the Markdown report (matplotlib is not installed in the venv, and adding it
-to the ``test`` extra would pull numpy and friends for three pictures)."""
+"""ASCII charts for the Markdown report: they read in a diff and in a terminal. The PNGs beside
+``latest.md`` (``bench/pictures.py``, matplotlib from the ``bench`` extra, kept out of ``test``)
+draw the same data for a screen."""
 
 from __future__ import annotations
 

@@ -223,3 +223,57 @@ def task_runtimes(log_text: str) -> list[tuple[str, float, str]]:
 
     return [(m.group(1), float(m.group(2)), m.group(3).strip("'")) for m in re.finditer(
         r"Task (reconcile\.\w+)\[[^\]]+\] succeeded in ([0-9.eE+-]+)s: ?([^\n]*)", log_text)]
+
+
+def poll_lease_seconds(kind: str = "kie-standard", time_scale: float = 1.0) -> float:
+    """The poll lease the library writes at each turn (``lifecycle.poll_lease``, imported, with
+    the default settings and ``time_scale``): what a chain must beat between two turns."""
+    from types import SimpleNamespace
+
+    from reconcile.kinds import get_kind
+    from reconcile.lifecycle import poll_lease
+    from reconcile.settings import Settings
+
+    k = get_kind(kind)
+    assert k is not None, kind
+    rt = SimpleNamespace(settings=Settings(time_scale=time_scale))
+    return poll_lease(rt, k).total_seconds()  # type: ignore[arg-type]
+
+
+def process_cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
+    """user + system CPU seconds of each live pid (psutil; the ``bench`` extra)."""
+    import psutil
+
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[pid] = t.user + t.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (psutil)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return [pid, *(c.pid for c in p.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def backend_pids(conn: Any, db: str) -> list[int]:
+    """PostgreSQL backend pids serving database ``db`` (pg_stat_activity), the caller's own
+    backend excluded."""
+    return [int(r[0]) for r in conn.execute(text_(
+        "SELECT pid FROM pg_stat_activity WHERE datname = :db AND pid <> pg_backend_pid()"),
+        {"db": db}).all()]
+
+
+def text_(sql: str) -> Any:
+    from sqlalchemy import text
+
+    return text(sql)

@@ -39,12 +39,10 @@ CONFIGS = {"default_300s": 300.0, "30s": 30.0}
 
 
 def _lease_s() -> float:
-    """lifecycle.poll_lease for kie-standard at the default timeouts (production seconds)."""
-    from reconcile.lifecycle import POLL_LEASE_SLACK, poll_step_deadline
-    from reconcile.settings import Settings
+    """lifecycle.poll_lease for kie-standard at the default settings (production seconds)."""
+    from .common import poll_lease_seconds
 
-    return (timedelta(seconds=10) + POLL_LEASE_SLACK
-            + poll_step_deadline(Settings())).total_seconds()
+    return poll_lease_seconds("kie-standard")
 
 
 def _states(engine: Any, ids: list[uuid.UUID]) -> dict[str, tuple[int, int]]:

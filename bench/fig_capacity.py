@@ -9,10 +9,27 @@ steady rather than one synchronized burst) and succeeds 30 s later; its chain st
 Real time, no scaling. Overhead = ``completed_at`` − (generation start + 30 s): how late, after
 the upstream finished, the job was stored as completed. Slots: the pool holds 2 processes whatever
 the number of jobs in flight; their busy share comes from the worker log's task runtimes.
+
+CPU per in-flight poll: psutil's user + system CPU of the worker (main process and pool
+children), of the PostgreSQL backends serving the throwaway database, and of the bench process
+(the in-process simulator's threads, plus this driver's 1 Hz sampler), each read at the start
+and the end of the steady window (from one interval after t0, when every chain runs, to the
+first completion at t0 + 30 s), divided by the turns taken in that window (the rise of
+``sum(poll_seq)``).
+
+Lease margin: the sampler also reads, every second, each in-flight row's time since its last
+turn (``now() − (poll_lease_expires_at − lease)``). A job whose gap ever exceeds the lease would
+be resumed by a sweep tick at that moment although its chain is alive (a *false resume*: safe,
+the old chain is fenced, but wasted work); the figure reports the worst gaps and how many jobs
+candidate leases would have resumed.
+
+Batch mode (``RECONCILE_POLL_MODE=batch``, beat sending ``reconcile.poll_due``) runs at 2,000
+and 10,000 when the library has the task; otherwise it is recorded as not available.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 import uuid
@@ -23,9 +40,14 @@ from typing import Any
 from sqlalchemy import text
 
 from .common import (
+    ROOT,
     Proc,
+    backend_pids,
     log,
     make_sender,
+    poll_lease_seconds,
+    process_cpu_seconds,
+    process_tree,
     purge_broker,
     summary,
     task_runtimes,
@@ -36,8 +58,29 @@ from .common import (
 from .seed import add_inflight_jobs, add_users
 
 GENERATION_S = 30.0
+CANDIDATE_LEASES = (15.0, 20.0, 25.0, 30.0, 40.0, 60.0)  # seconds, for the false-resume count
 INTERVAL_S = 5.0  # kie-standard's poll interval (kinds.py)
 USERS = 100
+
+
+def _cpu_split(window: dict[str, Any]) -> dict[str, Any] | None:
+    """CPU ms per turn in the steady window, per side (a pid present at the end only counts
+    from zero: it started inside the window)."""
+    start, end = window.get("start"), window.get("end")
+    if not start or not end:
+        return None
+    turns = end["turns"] - start["turns"]
+    if turns <= 0:
+        return None
+    out: dict[str, Any] = {"turns_in_window": turns,
+                           "window_s": round(end["t"] - start["t"], 1)}
+    for side in ("worker", "postgres", "bench"):
+        used = sum(v - start[side].get(pid, 0.0) for pid, v in end[side].items())
+        out[side] = round(used / turns * 1000.0, 2)
+    out["total"] = round(out["worker"] + out["postgres"] + out["bench"], 2)
+    out["note"] = ("psutil user+system CPU in the steady window ÷ turns (sum of poll_seq); "
+                   "bench = the in-process simulator threads + this driver's 1 Hz sampler")
+    return out
 
 
 def _rss_mb(pid: int) -> float:
@@ -57,40 +100,75 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def run(n: int = 2000, quick: bool = False, timeout: float = 300.0,
-        knee: int | None = 400) -> dict[str, Any]:
-    """``n`` generations, then (``knee``) a smaller load the worker can poll on time."""
+def batch_available() -> bool:
+    """Whether this library has the batch poll mode (``reconcile.poll_due`` registered)."""
+    import subprocess
+    import sys
+
+    probe = subprocess.run(
+        [sys.executable, "-c", "from reconcile.celery_app import app; "
+         "import sys; sys.exit(0 if 'reconcile.poll_due' in app.tasks else 3)"],
+        cwd=ROOT, capture_output=True, text=True)
+    return probe.returncode == 0
+
+
+def run(n: int = 2000, quick: bool = False, timeout: float = 180.0,
+        knee: int | None = 400, batch_sizes: tuple[int, ...] = (2000, 10_000),
+        batch: bool | None = None) -> dict[str, Any]:
+    """``n`` generations in chain mode, then (``knee``) a smaller load the worker can poll on
+    time, then the batch mode at ``batch_sizes`` (when available, or forced by ``batch``)."""
     n = min(n, 200) if quick else n
+    lease = poll_lease_seconds("kie-standard")
     result: dict[str, Any] = {"jobs": n, "generation_s": GENERATION_S, "kind": "kie-standard",
                               "poll_interval_s": INTERVAL_S, "time_scale": 1.0,
+                              "poll_lease_s": lease,
                               "worker": "1 worker, prefork -c 2", "runs": {}}
+    available = batch_available() if batch is None else batch
     result["runs"][str(n)] = _run_once(n, timeout, "reconcile.celery_app", {})
-    if knee and not quick:
+    if knee and not quick and not available:  # the batch runs take its time in the budget
         result["runs"][str(knee)] = _run_once(knee, timeout, "reconcile.celery_app", {})
+    result["batch"] = {"available": available, "runs": {}}
+    if available:
+        for size in ((min(batch_sizes), ) if quick else batch_sizes):
+            size = min(size, 200) if quick else size
+            try:
+                result["batch"]["runs"][str(size)] = _run_once(
+                    size, timeout + size / 20, "reconcile.celery_app",
+                    {"RECONCILE_POLL_MODE": "batch"}, mode="batch")
+            except Exception as exc:  # recorded, the chain figures stay
+                result["batch"]["runs"][str(size)] = {"error": f"{type(exc).__name__}: {exc}"}
+    else:
+        result["batch"]["note"] = ("not available: this library has no `reconcile.poll_due` "
+                                   "task (RECONCILE_POLL_MODE=batch not merged)")
     head = result["runs"][str(n)]
     result["headline"] = {k: head[k] for k in (
         "overhead_s", "overhead_in_poll_intervals", "worker_slots_held", "seed_design_slots",
-        "polls_per_s_achieved", "polls_per_s_demanded", "poll_ms_in_flight")}
+        "polls_per_s_achieved", "polls_per_s_demanded", "poll_ms_in_flight",
+        "cpu_ms_per_poll", "lease_margin")}
     result["target"] = "p99 overhead <= 2 poll intervals (10 s) with 2 worker slots"
     return result
 
 
-def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str]) -> dict[str, Any]:
+def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str],
+              mode: str = "chain") -> dict[str, Any]:
     from reconcile.db.session import make_engine
     from reconcile.testing.simulator import Script, Simulator
 
     purge_broker()
+    lease = poll_lease_seconds("kie-standard")
     with throwaway_db("capacity") as (url, _), tempfile.TemporaryDirectory() as tmp, \
             Simulator() as sim:
         engine = make_engine(url)
+        db_name = url.rsplit("/", 1)[-1]
         users = [uuid.uuid4() for _ in range(USERS)]
         job_ids = [uuid.uuid4() for _ in range(n)]
-        worker = Proc.worker(worker_env(url, sim.env(), Path(tmp) / "media", **extra_env),
-                             Path(tmp) / "worker.log", concurrency=2, app=app)
+        env = worker_env(url, sim.env(), Path(tmp) / "media", **extra_env)
+        worker = Proc.worker(env, Path(tmp) / "worker.log", concurrency=2, app=app)
+        beat = None
         try:
             worker.wait_ready()
             sender = make_sender()
-            lead = 8.0  # seconds to seed and publish every chain's first message before t0
+            lead = 8.0 + n / 250  # seconds to seed and publish every first message before t0
             offsets = [INTERVAL_S * i / n for i in range(n)]
             tasks = []
             t0_mono = time.monotonic() + lead
@@ -110,22 +188,58 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str]) -> di
                                          enumerate(zip(job_ids, tasks, strict=True))],
                                   kind="kie-standard", model="m", started=t0_wall,
                                   lease=t0_wall + timedelta(minutes=10))
-            for job_id, s in zip(job_ids, offsets, strict=True):
-                countdown = max(0.0, t0_mono - time.monotonic()) + s + INTERVAL_S
-                sender.send_task("reconcile.poll", args=[str(job_id), 1, 3], countdown=countdown)
+            if mode == "batch":  # the batch poller finds them by their due time
+                with engine.begin() as conn:
+                    conn.execute(text(
+                        "UPDATE jobs SET poll_due_at = d.due FROM unnest(CAST(:ids AS uuid[]), "
+                        "CAST(:dues AS timestamptz[])) AS d(id, due) WHERE jobs.id = d.id"),
+                        {"ids": [str(j) for j in job_ids],
+                         "dues": [t0_wall + timedelta(seconds=s + INTERVAL_S) for s in offsets]})
+                beat = Proc.beat(env, Path(tmp) / "beat.log", Path(tmp) / "beat-schedule")
+            else:
+                for job_id, s in zip(job_ids, offsets, strict=True):
+                    countdown = max(0.0, t0_mono - time.monotonic()) + s + INTERVAL_S
+                    sender.send_task("reconcile.poll", args=[str(job_id), 1, 3],
+                                     countdown=countdown)
             slack = t0_mono - time.monotonic()
             log(f"fig3 [{app}]: {n} generations seeded, chains started {slack:.1f}s before t0")
             rss: list[float] = []
             inflight_peak = 0
+            gaps: dict[Any, float] = {}  # job → worst time since its last turn (s)
+            window: dict[str, Any] = {}  # the steady window's CPU and turn counts
+
+            def cpu_snapshot() -> dict[str, Any]:
+                with engine.connect() as conn:
+                    turns = int(conn.execute(text(
+                        "SELECT coalesce(sum(poll_seq), 0) FROM jobs")).scalar_one())
+                    pg = backend_pids(conn, db_name)
+                return {"t": time.monotonic(), "turns": turns,
+                        "worker": process_cpu_seconds(process_tree(worker.proc.pid)),
+                        "postgres": process_cpu_seconds(pg),
+                        "bench": process_cpu_seconds([os.getpid()])}
 
             def done() -> bool:
                 nonlocal inflight_peak
+                now_m = time.monotonic()
+                if "start" not in window and now_m >= t0_mono + INTERVAL_S + 1.0:
+                    window["start"] = cpu_snapshot()
+                if "start" in window and "end" not in window and \
+                        now_m >= t0_mono + GENERATION_S - 0.5:
+                    window["end"] = cpu_snapshot()
                 children = _children(worker.proc.pid)
                 rss.append(_rss_mb(worker.proc.pid) + sum(_rss_mb(c) for c in children))
                 with engine.connect() as conn:
+                    rows_ = conn.execute(text(
+                        "SELECT id, extract(epoch FROM now() - poll_lease_expires_at) "
+                        "FROM jobs WHERE status IN ('pending', 'processing') AND poll_seq > 3"
+                    )).all()
                     left = int(conn.execute(text(
                         "SELECT count(*) FROM jobs WHERE status IN ('pending', 'processing')")
                     ).scalar_one())
+                for job, past in rows_:
+                    gap = float(past) + lease
+                    if gap > gaps.get(job, float("-inf")):
+                        gaps[job] = gap
                 if time.monotonic() >= t0_mono + INTERVAL_S:
                     inflight_peak = max(inflight_peak, left)
                 return left == 0
@@ -135,6 +249,8 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str]) -> di
             log_text = worker.text()
             child_rss = [_rss_mb(c) for c in _children(worker.proc.pid)]
         finally:
+            if beat is not None:
+                beat.stop()
             worker.stop()
         with engine.connect() as conn:
             rows = conn.execute(text("SELECT id, status, completed_at FROM jobs")).all()
@@ -147,7 +263,7 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str]) -> di
     busy = sum(sec for _, sec, _ in runtimes)
     over = summary(overheads, 2)
     out: dict[str, Any] = {
-        "app": app, "finished": finished, "completed": len(overheads), "overhead_s": over,
+        "app": app, "mode": mode, "finished": finished, "completed": len(overheads), "overhead_s": over,
         "overhead_in_poll_intervals": {"p50": round(over["p50"] / INTERVAL_S, 2),
                                        "p99": round(over["p99"] / INTERVAL_S, 2)}
         if overheads else None,
@@ -167,6 +283,18 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str]) -> di
         "overhead_sorted_sample": [round(x, 2) for x in
                                    sorted(overheads)[::max(1, len(overheads) // 200)]],
     }
+    out["cpu_ms_per_poll"] = _cpu_split(window)
+    worst = sorted(gaps.values())
+    out["lease_margin"] = {
+        "poll_lease_s": lease,
+        "jobs_sampled": len(worst),
+        "worst_gap_between_turns_s": summary(worst, 2),
+        "jobs_past_lease_false_resumes": sum(1 for g in worst if g > lease),
+        "false_resumes_at_candidate_leases": {f"{c:g}": sum(1 for g in worst if g > c)
+                                              for c in CANDIDATE_LEASES},
+        "note": "per job, the worst time since its last turn seen by a 1 Hz sampler (a gap "
+                "under 1 s may be missed); a job past the lease would have been resumed by a "
+                "sweep tick at that moment while its chain was alive"}
     if child_rss:
         per = sum(child_rss) / len(child_rss)
         out["seed_design_memory_gb_estimate"] = round(per * n / 1024.0, 1)

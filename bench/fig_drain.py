@@ -36,7 +36,7 @@ SEED_RATE = 50 / 300.0  # the seed's cron: 50 rows per 5-minute tick
 USERS = 100
 
 
-def run(n: int = 10_000, quick: bool = False, timeout: float = 600.0) -> dict[str, Any]:
+def run(n: int = 10_000, quick: bool = False, timeout: float = 360.0) -> dict[str, Any]:
     from reconcile.db.session import make_engine
     from reconcile.testing.simulator import Script, Simulator
 

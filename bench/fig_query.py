@@ -7,11 +7,13 @@ database migrated to head, then ANALYZEd. The statements timed are *imported* fr
 runs its first page (``LIMIT BATCH_SIZE FOR UPDATE SKIP LOCKED``) on an engine from
 ``reconcile.db.session.make_engine`` (psycopg 3, server-side binding, auto-prepare).
 
-Two index variants: ``shipped`` (every index the migrations create) and ``no_inflight_idx``
-(``jobs_inflight_idx`` dropped, the rest kept). The EXPLAIN plan of each is recorded: without
-``jobs_inflight_idx`` the planner does not use ``jobs_inflight_task_idx`` (which also covers
-in-flight rows with a task id) but scans the table, i.e. what the seed's table did before
-migration 135.
+Three index variants: ``shipped`` (every index the migrations create, including 0019's
+``jobs_inflight_keyset_idx (provider_call_started_at, id)``), ``no_single_col_idx``
+(``jobs_inflight_idx`` dropped, the keyset index kept: is the one-column index still needed next
+to the new one?) and ``no_inflight_idx`` (both in-flight indexes dropped, the rest kept). The
+EXPLAIN plan of each is recorded: without an in-flight index the planner does not use
+``jobs_inflight_task_idx`` (which also covers in-flight rows with a task id) but scans the table,
+i.e. what the seed's table did before migration 135.
 """
 
 from __future__ import annotations
@@ -109,11 +111,14 @@ def _explain(conn: Any, stmt: Any) -> dict[str, Any]:
         plan = conn.exec_driver_sql(sql, compiled.params).scalar_one()[0]
         conn.rollback()
     nodes: list[str] = []
+    conds: list[str] = []
 
     def walk(node: dict[str, Any], depth: int) -> None:
         label = node["Node Type"]
         if node.get("Index Name"):
             label += f" using {node['Index Name']}"
+            if node.get("Index Cond"):
+                conds.append(node["Index Cond"])
         if node.get("Relation Name") and not node.get("Index Name"):
             label += f" on {node['Relation Name']}"
         nodes.append("  " * depth + label)
@@ -124,6 +129,7 @@ def _explain(conn: Any, stmt: Any) -> dict[str, Any]:
     top = plan["Plan"]
     return {"execution_ms": round(plan["Execution Time"], 3),
             "planning_ms": round(plan["Planning Time"], 3), "plan": nodes,
+            "index_cond": conds,
             "shared_buffers_hit_read": [top.get("Shared Hit Blocks"), top.get("Shared Read Blocks")]}
 
 
@@ -212,9 +218,13 @@ def _plan_stability(conn: Any, now: datetime, tries: int) -> dict[str, Any]:
 
 _VARIANTS = {
     "shipped": (),
-    "no_inflight_idx": ("jobs_inflight_idx",),
+    "no_single_col_idx": ("jobs_inflight_idx",),
+    "no_inflight_idx": ("jobs_inflight_idx", "jobs_inflight_keyset_idx"),
 }
 _RECREATE = {
+    "jobs_inflight_keyset_idx": "CREATE INDEX jobs_inflight_keyset_idx ON jobs "
+                                "(provider_call_started_at, id) "
+                                "WHERE status IN ('pending', 'processing')",
     "jobs_inflight_idx": "CREATE INDEX jobs_inflight_idx ON jobs (provider_call_started_at) "
                          "WHERE status IN ('pending', 'processing')",
     "jobs_inflight_task_idx": "CREATE INDEX jobs_inflight_task_idx ON jobs (provider_task_id) "
@@ -264,6 +274,10 @@ def _measure(engine: Any, runs_fast: int, runs_slow: int, load_s: float,
     with engine.connect() as conn:
         out["table_mb"] = round(float(conn.execute(text(
             "SELECT pg_total_relation_size('jobs') / 1048576.0")).scalar_one()), 1)
+        out["index_mb"] = {name: round(float(mb), 2) for name, mb in conn.execute(text(
+            "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) / 1048576.0 "
+            "FROM pg_index WHERE indrelid = 'jobs'::regclass AND indexrelid::regclass::text "
+            "IN ('jobs_inflight_idx', 'jobs_inflight_keyset_idx')"))}
         for variant, dropped in _VARIANTS.items():
             for name in dropped:
                 with conn.begin():
@@ -276,7 +290,7 @@ def _measure(engine: Any, runs_fast: int, runs_slow: int, load_s: float,
                 slow = plan["execution_ms"] > 20
                 samples = _time_page(conn, stmt, runs_slow if slow else runs_fast)
                 entry["phases"][phase] = {"client_ms": summary(samples), "explain": plan}
-            if variant == "shipped":
+            if variant != "no_inflight_idx":
                 entry["tick_walk"] = _walk(conn, now)
                 entry["mid_walk_plan_stability"] = _plan_stability(conn, now, 3 if quick else 6)
             else:
@@ -291,21 +305,7 @@ def _measure(engine: Any, runs_fast: int, runs_slow: int, load_s: float,
                     conn.execute(text(_RECREATE[name]))
             log(f"fig1:   {variant}: started-phase p50 "
                 f"{entry['phases']['started']['client_ms']['p50']} ms")
-        # what-if: an index matching the keyset order (throwaway database only)
-        with conn.begin():
-            conn.execute(text(_KEYSET_IDX))
-        conn.execute(text("ANALYZE jobs"))
-        conn.commit()
-        out["tick_walk_with_keyset_idx"] = _walk(conn, now)
-        out["tick_walk_with_keyset_idx"]["mid_walk_plan_stability"] = _plan_stability(
-            conn, now, 3 if quick else 6)
-        with conn.begin():
-            conn.execute(text("DROP INDEX bench_keyset_idx"))
     return out
-
-
-_KEYSET_IDX = ("CREATE INDEX bench_keyset_idx ON jobs (provider_call_started_at, id) "
-               "WHERE status IN ('pending', 'processing')")
 
 
 def _ratios(result: dict[str, Any], sizes: tuple[int, ...]) -> None:
@@ -328,6 +328,22 @@ def _ratios(result: dict[str, Any], sizes: tuple[int, ...]) -> None:
              for size in (small, big)}
     head["tick_walk_ms"] = walks
     head["growth_tick_walk_small_to_big"] = round(walks[big] / walks[small], 2)
+    # is jobs_inflight_idx (one column) still needed beside jobs_inflight_keyset_idx?
+    single = {}
+    for size in (small, big):
+        v = result["sizes"][size]["variants"]
+        single[size] = {
+            "tick_walk_ms_shipped": v["shipped"]["tick_walk"]["total_ms"],
+            "tick_walk_ms_without": v["no_single_col_idx"]["tick_walk"]["total_ms"],
+            "first_page_p50_ms_shipped": {p: v["shipped"]["phases"][p]["client_ms"]["p50"]
+                                          for p in v["shipped"]["phases"]},
+            "first_page_p50_ms_without": {p: v["no_single_col_idx"]["phases"][p]["client_ms"]["p50"]
+                                          for p in v["no_single_col_idx"]["phases"]},
+            "plans_without": {p: v["no_single_col_idx"]["phases"][p]["explain"]["plan"]
+                              for p in v["no_single_col_idx"]["phases"]},
+        }
+    head["without_single_col_idx"] = single
+    head["index_sizes_mb"] = result["sizes"][big].get("index_mb")
     head["mid_walk_full_sort_plans"] = {
         size: f"{st['full_sort_plans']}/{st['tries']}" for size in (small, big)
         for st in [result["sizes"][size]["variants"]["shipped"]["mid_walk_plan_stability"]]}

@@ -131,9 +131,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     head = result["kinds"]["kie-standard"]
     result["headline"] = {
         "outside_polls": head["statements_outside_polls"],
-        "transactions_outside_polls": head["transactions_outside_polls"],
         "per_poll": head["statements_per_running_poll"],
+        "transactions_outside_polls": head["transactions_outside_polls"],
+        "transactions_per_poll": head["transactions_per_running_poll"],
         "idle_sweep_tick": result["idle_sweep_tick"]["statements"],
-        "target_outside_polls": 8,
+        "target_outside_polls": 15,
+        "target_transactions_outside_polls": 5,
     }
     return result

@@ -1,13 +1,14 @@
 """``make bench``: measure speed and scale, side by side with the seed design and the machine.
 
 Runs the seven figures in order, each isolated (one failing is recorded and the rest still run),
-then writes ``bench/results/latest.json`` and ``bench/results/latest.md``. Figures are reported,
+then writes ``bench/results/latest.json``, ``bench/results/latest.md`` and the PNGs beside them
+(``bench/pictures.py``; matplotlib from the ``bench`` extra). Figures are reported,
 never asserted: a missed aim does not fail the run; an error in a figure does (exit 1).
 
-    python -m bench.run                 # everything (≈ 10–12 min here)
+    python -m bench.run                 # everything (≈ 13 min here)
     python -m bench.run --quick         # small sizes, a smoke test of the harness (≈ 3 min)
     python -m bench.run --only fig1,fig5
-    python -m bench.run --drain-jobs 10000
+    python -m bench.run --drain-jobs 3000  # a smaller backlog for figure 2
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict
         "fig5": ("Database statements per job", lambda: fig_statements.run(args.quick)),
         "fig4": ("Ledger throughput vs pgbench", lambda: fig_ledger.run(args.quick)),
         "fig2": ("Backlog drain", drain),
-        "fig3": ("In-flight capacity", lambda: fig_capacity.run(quick=args.quick)),
+        "fig3": ("In-flight capacity", lambda: fig_capacity.run(
+            quick=args.quick, batch={"auto": None, "on": True, "off": False}[args.batch])),
         "fig6": ("Recovery after SIGKILL of a whole worker", lambda: fig_recovery.run(args.quick)),
         "fig7": ("Ledger audit on 1M transactions: full and --since", lambda: fig_audit.run(args.quick)),
     }
@@ -138,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run")
     parser.add_argument("--quick", action="store_true", help="small sizes (harness smoke test)")
     parser.add_argument("--only", default="", help="comma-separated figures, e.g. fig1,fig5")
-    parser.add_argument("--drain-jobs", type=int, default=3000,
-                        help="stale jobs for figure 2 (10000 is the brief's size; ≈ 5 min here)")
+    parser.add_argument("--drain-jobs", type=int, default=10_000,
+                        help="stale jobs for figure 2 (the issue's size, measured in full)")
+    parser.add_argument("--batch", choices=("auto", "on", "off"), default="auto",
+                        help="figure 3's batch poll mode: auto = when reconcile.poll_due exists")
     parser.add_argument("--out", default=str(RESULTS), help="folder for latest.json / latest.md")
     args = parser.parse_args(argv)
 
@@ -172,12 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_seconds"] = round(time.monotonic() - started, 1)
     results["environment"]["load_at_end"] = _load()
 
+    from .pictures import draw
     from .report import markdown
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "latest.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    (out / "latest.md").write_text(markdown(results))
+    for old in out.glob("fig*.png"):  # no picture of an earlier run may stay beside this one
+        old.unlink()
+    pictures = draw(results, out)
+    (out / "latest.md").write_text(markdown(results, pictures))
     log(f"wrote {out / 'latest.json'} and {out / 'latest.md'} "
         f"(bench wall time {results['wall_seconds']}s)")
     return 1 if failed else 0

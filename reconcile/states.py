@@ -32,13 +32,16 @@ ATTEMPT_SPACING = timedelta(minutes=5)  # an attempt counts at most once per 5 m
 MAX_RATE_LIMITED_CREATES = 5  # 429 / KIE 455 retries before the job is rejected
 MAX_CREATE_REENQUEUES = 5  # sweep re-enqueues of a lost create before giving up
 CREATE_CLAIM_LEASE = timedelta(minutes=2)  # > connect + read timeouts of a create
-# lease = 2 × poll interval + slack: a dead chain is resumed by the next sweep after that
-# (bench figure 6: the slack dominates recovery latency); a late-but-alive chain that loses its
-# lease is harmless — the resumed chain bumps the generation and the old one is fenced
+# lease = 2 × poll interval + slack, renewed at each turn: a dead chain is resumed by the first
+# sweep tick after it (bench figure 6: lease + one sweep interval is the recovery time; 25 s + a
+# 30 s interval keeps p99 under a minute for a 5-s kind); a live chain must take its next turn
+# within it (bench figure 3's lease-margin table). A late-but-alive chain that loses its lease is
+# harmless — the resumed chain bumps the generation and the old one is fenced
 POLL_LEASE_SLACK = timedelta(seconds=15)
-# ... plus a poll step's total deadline, so a slow but live chain is never taken over: the status
-# read (HttpClient.read) makes up to 1 + 3 attempts, each bounded by connect + read timeout
-# (the per-request total deadline), with up to 30 s of backoff (Retry-After capped) between
+# the longest a poll step's status read can take (lifecycle.poll_step_deadline; the lease no
+# longer covers it, issue 16): the read (HttpClient.read) makes up to 1 + 3 attempts, each
+# bounded by connect + read timeout (the per-request total deadline), with up to 30 s of backoff
+# (Retry-After capped) between
 POLL_READ_ATTEMPTS = 4
 POLL_READ_BACKOFF_MAX = timedelta(seconds=30)
 LEGACY_AGE = timedelta(minutes=5)

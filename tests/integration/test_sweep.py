@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import jobstore, lifecycle
+from reconcile import jobstore, lifecycle, states
 from reconcile.db.models import (
     CreditAnomaly,
     CreditBalance,
@@ -460,7 +460,7 @@ def test_accepted_with_expired_lease_is_resumed_before_threshold(world: World) -
     """Row 11: a dead poll chain is resumed at once (new generation), no attempt counted."""
     job_id = world.accept("kie-standard", Script(timeline=FOREVER))
     generation = world.job(job_id).poll_generation
-    world.clock.advance(minutes=5)  # past the lease (2 × 5 s + 15 s + the read deadline)
+    world.clock.advance(minutes=5)  # past the lease (2 × 5 s + 15 s)
     world.tick()
     job = world.job(job_id)
     assert (job.reconcile_attempts, job.poll_generation) == (0, generation + 1)
@@ -468,19 +468,28 @@ def test_accepted_with_expired_lease_is_resumed_before_threshold(world: World) -
     assert lifecycle.poll_step(world.rt, job_id, generation, 1) == "fenced"  # the old chain
 
 
-def test_poll_lease_outlasts_the_slowest_poll_step(world: World) -> None:
-    """Issue 18: a chain whose status read is still within its total deadline (every attempt
-    to connect + read timeout, the capped backoff between) keeps its lease: the sweep leaves it
-    instead of starting a second chain beside the live one."""
+def test_poll_lease_is_two_intervals_plus_slack_not_the_read_deadline(world: World) -> None:
+    """Issue 16 (replaces issue 18's "the lease outlasts the slowest poll step", whose 255-s
+    lease made a dead chain wait ≈ 4.5 min at a 30 s sweep): the lease is 2 × interval +
+    POLL_LEASE_SLACK. Inside it the sweep leaves the chain; one second past it the chain is
+    resumed under a new generation, even though a status read could still be running within its
+    total deadline — and that slow chain is fenced at its next turn."""
     job_id = world.accept("kie-standard", Script(timeline=FOREVER))
     generation = world.job(job_id).poll_generation
-    deadline = lifecycle.poll_step_deadline(world.rt.settings)
-    assert deadline >= timedelta(seconds=4 * (world.rt.settings.connect_timeout
-                                              + world.rt.settings.read_timeout))
-    world.clock.advance(seconds=deadline.total_seconds())
+    kind = world.rt.kind("kie-standard")
+    assert kind is not None
+    lease = lifecycle.poll_lease(world.rt, kind)
+    assert lease == world.rt.settings.scaled(2 * timedelta(seconds=5) + states.POLL_LEASE_SLACK)
+    assert lease < lifecycle.poll_step_deadline(world.rt.settings)  # the trade, stated
+    world.clock.advance(seconds=lease.total_seconds() - 1)
     report = world.tick()
     assert world.job(job_id).poll_generation == generation
     assert report.actions == () and report.still_running == 1
+    world.clock.advance(seconds=2)
+    world.tick()
+    assert world.job(job_id).poll_generation == generation + 1
+    assert list(world.q.polls)[-1] == (job_id, generation + 1, 0)
+    assert lifecycle.poll_step(world.rt, job_id, generation, 1) == "fenced"  # the slow chain
 
 
 def test_accepted_with_live_lease_before_threshold_is_left(world: World) -> None:
