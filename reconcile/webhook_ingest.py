@@ -26,7 +26,6 @@ from sqlalchemy.exc import IntegrityError
 
 from . import jobstore, lifecycle, webhooks
 from .db.models import Job, WebhookDelivery
-from .kinds import provider_of
 from .errors import (
     ErrorCode,
     ProviderError,
@@ -34,6 +33,7 @@ from .errors import (
     WebhookError,
     WebhookPayloadError,
 )
+from .kinds import provider_of
 from .providers.base import PollResult, PollStatus
 from .runtime import Runtime
 from .states import IN_FLIGHT, Submission

@@ -7,6 +7,7 @@ envelope ``code`` even under HTTP 200) and Anthropic keep their own tables.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import requests
@@ -21,8 +22,49 @@ from ..errors import (
     ReadFailed,
     SyncCallFailed,
 )
+from .http import body_json, body_text, header_value, parse_retry_after
 
 Op = Literal["create", "read", "sync"]
+Headers = Mapping[str, str] | None
+# (the parsed error body, the headers) -> (message, provider code, request id in the body,
+# well-formed: the body is the provider's own error shape)
+Describe = Callable[[Any, Headers], tuple[str | None, str | None, str | None, bool]]
+
+
+def retry_after_header(headers: Headers, message: str | None) -> float | None:
+    """``Retry-After`` (seconds or an HTTP date), the default hint of a 429."""
+    return parse_retry_after(header_value(headers, "Retry-After"))
+
+
+def answer_error(
+    provider: str,
+    op: Op,
+    status: int | None,
+    body: str | bytes | None,
+    headers: Headers,
+    exc: BaseException | None,
+    *,
+    describe: Describe,
+    request_id_headers: tuple[str, ...],
+    retry_after: Callable[[Headers, str | None], float | None] = retry_after_header,
+    maybe_sent: frozenset[int] = frozenset({408}),
+) -> ProviderError:
+    """What every status-classified provider's ``to_error`` does: a transport failure, or the
+    answer's error body described by the provider (``describe``) and classified by
+    :func:`status_error`. Each provider keeps only its body shape and its hints."""
+    if exc is not None:
+        return transport_error(provider, op, exc)
+    message, provider_code, body_request_id, well_formed = describe(body_json(body), headers)
+    kw: dict[str, Any] = {
+        "status": status,
+        "provider_code": provider_code,
+        "request_id": header_value(headers, *request_id_headers) or body_request_id,
+        "body": body_text(body),
+    }
+    return status_error(
+        provider, op, status, kw, message=message, well_formed=well_formed,
+        retry_after=retry_after(headers, message), maybe_sent=maybe_sent,
+    )
 
 
 def transport_error(provider: str, op: Op, exc: BaseException) -> ProviderError:

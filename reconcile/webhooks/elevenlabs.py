@@ -32,7 +32,7 @@ from ._common import (
 from .registry import Binding, WebhookScheme, from_settings, register_webhook_scheme
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    pass
 
 ELEVENLABS_TOLERANCE = timedelta(minutes=30)
 
