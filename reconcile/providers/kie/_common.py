@@ -45,7 +45,7 @@ from ..base import (
     PollStatus,
     unwrap_sdk,
 )
-from ..http import HttpClient, parse_retry_after
+from ..http import HttpClient, parse_retry_after, provider_http
 
 PLANT_PARAM = "job_id"  # the callBackUrl query parameter that carries our job id
 REQUEST_ID_HEADERS = ("x-request-id", "request-id")  # KIE documents none; kept when present
@@ -374,12 +374,10 @@ class KieApi:
 
 
 def http_client(settings: Settings, session: requests.Session | None, *, read_timeout: float,
-          sleep: Callable[[float], None]) -> HttpClient:
-    return HttpClient(
+                sleep: Callable[[float], None]) -> HttpClient:
+    return provider_http(
         settings.kie_base_url,
-        headers={"Authorization": f"Bearer {settings.kie_api_key}",
-                 "Content-Type": "application/json", "Accept": "application/json"},
-        session=session, connect_timeout=settings.connect_timeout, read_timeout=read_timeout,
-        sleep=sleep,
+        {"Authorization": f"Bearer {settings.kie_api_key}",
+         "Content-Type": "application/json", "Accept": "application/json"},
+        settings, session, read_timeout=read_timeout, sleep=sleep,
     )
-
