@@ -24,7 +24,14 @@ from reconcile import evidence, lifecycle, webhooks
 from reconcile.db.models import Job, WebhookDelivery
 from reconcile.errors import WebhookSignatureError
 from reconcile.kinds import Kind, get_kind, provider_of, register_kind, unregister_kind
-from reconcile.providers.base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus
+from reconcile.providers.base import (
+    Created,
+    CreateRequest,
+    ListedTask,
+    Output,
+    PollResult,
+    PollStatus,
+)
 from reconcile.testing.simulator import Simulator
 from reconcile.webhook_ingest import handle_webhook
 from tests.integration.harness import Queues, drain, fund, make_runtime
