@@ -41,14 +41,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import (
     InvalidParam,
-    ProviderError,
 )
 from ..settings import Settings
 from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
 from .http import body_json as _json
 from .http import cancel_once, provider_http, send_create
 from .http import header_value as _header
-from .outcome import Op, answer_error
+from .outcome import make_to_error, validated
 from .outputs import (
     Expect,
     OutputSpec,
@@ -149,17 +148,10 @@ def _describe(
     return (detail if isinstance(detail, str) else None), error_type, None, True
 
 
-def to_error(
-    op: Op,
-    status: int | None = None,
-    body: str | bytes | None = None,
-    headers: Mapping[str, str] | None = None,
-    exc: BaseException | None = None,
-) -> ProviderError:
-    """The one place a fal answer (or a transport failure) becomes an exception."""
-    # fal's 499 (client_disconnected/cancelled): may have gone through
-    return answer_error("fal", op, status, body, headers, exc, describe=_describe,
-                        request_id_headers=_REQUEST_ID_HEADERS, maybe_sent=frozenset({408, 499}))
+# The one place a fal answer (or a transport failure) becomes an exception; fal's 499
+# (client_disconnected/cancelled): may have gone through.
+to_error = make_to_error("fal", describe=_describe, request_id_headers=_REQUEST_ID_HEADERS,
+                         maybe_sent=frozenset({408, 499}))
 
 
 def _media(node: Any, in_media: bool, depth: int) -> Iterator[Output]:
@@ -217,13 +209,7 @@ def parse_create(
     status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
 ) -> Created:
     """The queued request's id (kept exactly), or the submit's outcome as an exception."""
-    if not 200 <= status_code < 300:
-        raise to_error("create", status_code, body, headers)
-    data, _ = unwrap_sdk(_json(body))
-    try:
-        submitted = Submitted.model_validate(data)
-    except ValidationError:
-        raise to_error("create", status_code, body, headers) from None
+    submitted, data, _ = validated("create", Submitted, status_code, body, headers, to_error)
     return Created(submitted.request_id, _header(headers, *_REQUEST_ID_HEADERS), data)
 
 

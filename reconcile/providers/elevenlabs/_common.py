@@ -14,11 +14,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ...errors import (
     InvalidParam,
-    ProviderError,
 )
 from ...settings import Settings
 from ..http import HttpClient, provider_http
-from ..outcome import Op, answer_error
+from ..outcome import make_to_error
 
 JOB_NAME_PREFIX = "reconcile-job:"
 _QUERY_KEYS = ("output_format", "enable_logging", "optimize_streaming_latency")
@@ -62,16 +61,8 @@ def _describe(body: Any, headers: Mapping[str, str] | None = None) -> tuple[str 
     return None, None, None, False
 
 
-def to_error(
-    op: Op,
-    status: int | None = None,
-    body: str | bytes | None = None,
-    headers: Mapping[str, str] | None = None,
-    exc: BaseException | None = None,
-) -> ProviderError:
-    """The one place an ElevenLabs answer (or a transport failure) becomes an exception."""
-    return answer_error("elevenlabs", op, status, body, headers, exc, describe=_describe,
-                        request_id_headers=_REQUEST_ID_HEADERS)
+# The one place an ElevenLabs answer (or a transport failure) becomes an exception.
+to_error = make_to_error("elevenlabs", describe=_describe, request_id_headers=_REQUEST_ID_HEADERS)
 
 
 def _form_value(value: Any) -> str:

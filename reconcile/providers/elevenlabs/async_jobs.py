@@ -39,6 +39,7 @@ from ..base import (
 from ..http import body_json as _json
 from ..http import header_value as _header
 from ..http import send_create
+from ..outcome import validated
 from ._common import (
     _REQUEST_ID_HEADERS,
     JOB_NAME_PREFIX,
@@ -158,13 +159,7 @@ def parse_dubbing(
     """One ``GET /v1/dubbing/{id}`` answer; ``dubbed`` gives a download URL per target language."""
     if status_code == 404:
         return PollResult(status=PollStatus.NOT_FOUND, raw_status="404")
-    if not 200 <= status_code < 300:
-        raise to_error("read", status_code, body, headers)
-    data, wrapped_id = unwrap_sdk(_json(body))
-    try:
-        dubbing = Dubbing.model_validate(data)
-    except ValidationError:
-        raise to_error("read", status_code, body, headers) from None
+    dubbing, data, wrapped_id = validated("read", Dubbing, status_code, body, headers, to_error)
     dubbing_id = dubbing.dubbing_id or task_id
     name = dubbing.name or ""
     common: dict[str, Any] = {

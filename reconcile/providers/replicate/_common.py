@@ -12,13 +12,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ...errors import (
-    ProviderError,
-)
 from ..base import Output
 from ..http import header_value as _header
 from ..http import parse_retry_after
-from ..outcome import Op, answer_error
+from ..outcome import make_to_error
 from ..outputs import ANY as ANY_OUTPUT
 from ..outputs import (
     Expect,
@@ -152,17 +149,8 @@ def _retry_after(headers: Mapping[str, str] | None, message: str | None) -> floa
     return seconds
 
 
-def to_error(
-    op: Op,
-    status: int | None = None,
-    body: str | bytes | None = None,
-    headers: Mapping[str, str] | None = None,
-    exc: BaseException | None = None,
-) -> ProviderError:
-    """The one place a Replicate answer (or a transport failure) becomes an exception.
-
-    ``op`` decides the branch of the outcome table (DESIGN.md §4): a create that may have
-    reached Replicate is *uncertain*, never rejected, because resubmitting could pay twice.
-    """
-    return answer_error("replicate", op, status, body, headers, exc, describe=_describe,
-                        request_id_headers=REQUEST_ID_HEADERS, retry_after=_retry_after)
+# The one place a Replicate answer (or a transport failure) becomes an exception. ``op`` decides
+# the branch of the outcome table (DESIGN.md §4): a create that may have reached Replicate is
+# *uncertain*, never rejected, because resubmitting could pay twice.
+to_error = make_to_error("replicate", describe=_describe, request_id_headers=REQUEST_ID_HEADERS,
+                         retry_after=_retry_after)

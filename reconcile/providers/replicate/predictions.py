@@ -12,14 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from pydantic import ValidationError
-
 from ...errors import (
     InvalidParam,
 )
-from ..base import Created, CreateRequest, PollResult, PollStatus, unwrap_sdk
-from ..http import body_json as _json
+from ..base import Created, CreateRequest, PollResult, PollStatus
 from ..http import header_value as _header
+from ..outcome import validated
 from ..outputs import (
     OutputSpec,
 )
@@ -71,13 +69,8 @@ def parse_create(
     status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
 ) -> Created:
     """The created prediction's id, or the create's outcome as an exception."""
-    if not 200 <= status_code < 300:
-        raise to_error("create", status_code, body, headers)
-    data, wrapped_id = unwrap_sdk(_json(body))
-    try:
-        prediction = Prediction.model_validate(data)
-    except ValidationError:
-        raise to_error("create", status_code, body, headers) from None
+    prediction, data, wrapped_id = validated("create", Prediction, status_code, body, headers,
+                                             to_error)
     return Created(
         task_id=prediction.id,
         request_id=wrapped_id or _header(headers, *REQUEST_ID_HEADERS),
@@ -95,13 +88,8 @@ def parse_status(
     """One ``GET /v1/predictions/{id}`` (or trainings) answer, normalised."""
     if status_code == 404:
         return PollResult(status=PollStatus.NOT_FOUND, raw_status="404")
-    if not 200 <= status_code < 300:
-        raise to_error("read", status_code, body, headers)
-    data, wrapped_id = unwrap_sdk(_json(body))
-    try:
-        prediction = Prediction.model_validate(data)
-    except ValidationError:
-        raise to_error("read", status_code, body, headers) from None
+    prediction, data, wrapped_id = validated("read", Prediction, status_code, body, headers,
+                                             to_error)
     raw_status = prediction.status
     common: dict[str, Any] = {
         "raw_status": raw_status,
