@@ -102,5 +102,5 @@ def confirmed(assessment: Assessment, echoed: str | None, job_id: str) -> bool:
     return assessment.bound
 
 
-__all__ = ["BINDINGS", "FAL_CHECKED_USER", "Assessment", "Binding", "assess", "confirmed", "family", "same_kind",
-           "signed_job_id"]
+__all__ = ["BINDINGS", "FAL_CHECKED_USER", "Assessment", "Binding", "assess", "confirmed", "family",
+           "same_kind", "signed_job_id"]

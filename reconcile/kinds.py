@@ -126,7 +126,9 @@ _REGISTRY: dict[str, Kind] = {k.name: k for k in _BUILTIN}
 BUILTIN_KINDS: tuple[str, ...] = tuple(k.name for k in _BUILTIN)
 
 
-def register_kind(kind: Kind, *, replace: bool = False, webhook: WebhookScheme | None = None) -> None:
+def register_kind(
+    kind: Kind, *, replace: bool = False, webhook: WebhookScheme | None = None
+) -> None:
     """Add a platform's own kind. Refuses to shadow an existing one unless ``replace``.
 
     ``webhook``: the provider family's webhook scheme, registered with it (its ``provider`` must

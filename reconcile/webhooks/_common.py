@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import WebhookPayloadError, WebhookSignatureError, WebhookTimestampError
 
+Headers = Mapping[str, str]  # headers (looked up case-insensitively) and the query string
 _UNIX_SECONDS = re.compile(r"\d{1,12}")  # bounded so float conversion can never overflow
 
 

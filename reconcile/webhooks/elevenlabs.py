@@ -19,6 +19,7 @@ from ..errors import WebhookSignatureError
 from ._common import (
     FAILED,
     SUCCEEDED,
+    Headers,
     WebhookEvent,
     _event,
     _fresh,
@@ -45,13 +46,8 @@ ELEVENLABS_TOLERANCE = timedelta(minutes=30)
 _ELEVENLABS_IDS = ("transcription_id", "dubbing_id", "conversation_id")
 
 
-def verify_elevenlabs(
-    headers: Mapping[str, str],
-    body: bytes,
-    query: Mapping[str, str],
-    secret: str | None,
-    now: datetime,
-) -> WebhookEvent:
+def verify_elevenlabs(headers: Headers, body: bytes, query: Headers, secret: str | None,
+                      now: datetime) -> WebhookEvent:
     """Verify an ElevenLabs workspace webhook (speech-to-text results among others)."""
     key = _require_secret(secret, "elevenlabs")
     (header,) = _required(headers, ("ElevenLabs-Signature",), "missing ElevenLabs-Signature header")

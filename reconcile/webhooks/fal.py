@@ -26,6 +26,7 @@ from ..errors import ReadFailed, WebhookSignatureError
 from ._common import (
     FAILED,
     SUCCEEDED,
+    Headers,
     WebhookEvent,
     _event,
     _json_object,
@@ -148,15 +149,9 @@ class JwksCache:
         return keys
 
 
-def verify_fal(
-    headers: Mapping[str, str],
-    body: bytes,
-    query: Mapping[str, str],
-    jwks: JwksCache | Mapping[str, Any],
-    now: datetime,
-    *,
-    user_id: str | None = None,
-) -> WebhookEvent:
+def verify_fal(headers: Headers, body: bytes, query: Headers,
+               jwks: JwksCache | Mapping[str, Any], now: datetime, *,
+               user_id: str | None = None) -> WebhookEvent:
     """Verify a fal queue webhook against every Ed25519 key of the JWKS (a cache or a document).
 
     fal signs every account's deliveries with the same keys: with ``user_id`` (our account),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hmac
-from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,6 +19,7 @@ from ._common import (
     FAILED,
     RUNNING,
     SUCCEEDED,
+    Headers,
     WebhookEvent,
     _event,
     _hmac_sha256,
@@ -43,13 +43,8 @@ _KIE_FLAG = {0: RUNNING, 1: SUCCEEDED, 2: FAILED, 3: FAILED, 4: SUCCEEDED}
 _KIE_CALLBACK = {"complete": SUCCEEDED, "error": FAILED, "text": RUNNING, "first": RUNNING}
 
 
-def verify_kie(
-    headers: Mapping[str, str],
-    body: bytes,
-    query: Mapping[str, str],
-    key: str | None,
-    now: datetime,
-) -> WebhookEvent:
+def verify_kie(headers: Headers, body: bytes, query: Headers, key: str | None,
+               now: datetime) -> WebhookEvent:
     """Verify a KIE callback; only its task id and timestamp are authenticated."""
     hmac_key = _require_secret(key, "kie")
     (given,) = _required(headers, ("X-Webhook-Signature",),

@@ -24,6 +24,7 @@ from ._common import (
     FAILED,
     RUNNING,
     SUCCEEDED,
+    Headers,
     WebhookEvent,
     _event,
     _json_object,
@@ -46,13 +47,8 @@ _REPLICATE = {"succeeded": SUCCEEDED, "failed": FAILED, "canceled": FAILED, "abo
               "starting": RUNNING, "processing": RUNNING}  # fmt: skip
 
 
-def verify_replicate(
-    headers: Mapping[str, str],
-    body: bytes,
-    query: Mapping[str, str],
-    secret: str | None,
-    now: datetime,
-) -> WebhookEvent:
+def verify_replicate(headers: Headers, body: bytes, query: Headers, secret: str | None,
+                     now: datetime) -> WebhookEvent:
     """Verify a Replicate (Standard Webhooks) delivery whose body is a prediction."""
     key = _require_secret(secret, "replicate")
     msg_id, signatures = _required(headers, ("webhook-id", "webhook-signature"),

@@ -12,9 +12,7 @@ from typing import Any
 import requests
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ...errors import (
-    InvalidParam,
-)
+from ...errors import InvalidParam
 from ...settings import Settings
 from ..http import HttpClient, provider_http
 from ..outcome import make_to_error

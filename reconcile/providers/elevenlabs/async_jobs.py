@@ -19,23 +19,9 @@ from urllib.parse import quote
 import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ...errors import (
-    InvalidParam,
-    MediaExpired,
-    MediaFetchFailed,
-    MediaTooLarge,
-    ReadFailed,
-)
+from ...errors import InvalidParam, MediaExpired, MediaFetchFailed, MediaTooLarge, ReadFailed
 from ...settings import Settings
-from ..base import (
-    Created,
-    CreateRequest,
-    ListedTask,
-    Output,
-    PollResult,
-    PollStatus,
-    unwrap_sdk,
-)
+from ..base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
 from ..http import body_json as _json
 from ..http import header_value as _header
 from ..http import send_create

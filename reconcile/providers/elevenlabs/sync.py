@@ -15,16 +15,10 @@ from urllib.parse import quote
 import requests
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ...errors import (
-    InvalidParam,
-)
+from ...errors import InvalidParam
 from ...settings import Settings
 from .. import deadline
-from ..base import (
-    Output,
-    SyncResult,
-    unwrap_sdk,
-)
+from ..base import Output, SyncResult, unwrap_sdk
 from ..http import body_json as _json
 from ..http import header_value as _header
 from ._common import (

@@ -37,14 +37,7 @@ from ...errors import (
     bounded,
 )
 from ...settings import Settings
-from ..base import (
-    Created,
-    CreateRequest,
-    Output,
-    PollResult,
-    PollStatus,
-    unwrap_sdk,
-)
+from ..base import Created, CreateRequest, Output, PollResult, PollStatus, unwrap_sdk
 from ..http import HttpClient, parse_retry_after, provider_http
 
 PLANT_PARAM = "job_id"  # the callBackUrl query parameter that carries our job id
@@ -134,8 +127,6 @@ class Envelope(_Model):
     @property
     def text(self) -> str | None:
         return self.msg or self.message
-
-
 
 
 # ---------------------------------------------------------------- classification
@@ -349,16 +340,12 @@ def _read(model: type[_Model], decide: Callable[[Any], PollResult], body: Any, s
     )
 
 
-
-
 Headers = Mapping[str, str] | None
 
 
 def top_level_body(request: CreateRequest) -> dict[str, Any]:
     """Veo / Suno / Kontext / Runway: the input's fields at top level plus ``model``."""
     return {**request.input, "model": request.model} if request.model else dict(request.input)
-
-
 
 
 @dataclass(frozen=True)
@@ -372,7 +359,6 @@ class KieApi:
     parse: Callable[[Any, int, Headers], PollResult]
 
 
-
 def http_client(settings: Settings, session: requests.Session | None, *, read_timeout: float,
                 sleep: Callable[[float], None]) -> HttpClient:
     return provider_http(
@@ -381,3 +367,24 @@ def http_client(settings: Settings, session: requests.Session | None, *, read_ti
          "Content-Type": "application/json", "Accept": "application/json"},
         settings, session, read_timeout=read_timeout, sleep=sleep,
     )
+
+
+def state_decider(running: frozenset[str] | set[str],
+                  outputs: Callable[[Any], tuple[Output, ...]]) -> Callable[[Any], PollResult]:
+    """The decision of a ``state`` record (market, Runway): ``running`` states, ``success`` (its
+    ``outputs``), ``fail`` (``failCode``/``failMsg``); anything else is UNKNOWN, never guessed."""
+
+    def decide(r: Any) -> PollResult:
+        state = (r.state or "").lower()
+        if state in running:
+            return PollResult(PollStatus.RUNNING, progress=getattr(r, "progress", None),
+                              raw_status=r.state)
+        if state == "success":
+            return PollResult(PollStatus.SUCCEEDED, progress=100, raw_status=r.state,
+                              outputs=outputs(r))
+        if state == "fail":
+            return PollResult(PollStatus.FAILED, raw_status=r.state, error_code=r.fail_code,
+                              error_message=r.fail_msg)
+        return PollResult(PollStatus.UNKNOWN, raw_status=r.state)
+
+    return decide

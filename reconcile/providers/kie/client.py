@@ -8,21 +8,10 @@ from datetime import datetime
 
 import requests
 
-from ...errors import (
-    CreateUncertain,
-)
+from ...errors import CreateUncertain
 from ...settings import Settings
-from ..base import (
-    Created,
-    CreateRequest,
-    ListedTask,
-    PollResult,
-)
-from ._common import (
-    KieApi,
-    http_client,
-    parse_create,
-)
+from ..base import Created, CreateRequest, ListedTask, PollResult
+from ._common import KieApi, http_client, parse_create
 from .flags import KONTEXT, LUMA, VEO
 from .market import MARKET
 from .runway import RUNWAY
@@ -61,29 +50,20 @@ class KieClient:
         return None  # KIE has no task listing; evidence comes from webhooks and recordInfo
 
 
+def _factory(api: KieApi, name: str, doc: str) -> Callable[[Settings, requests.Session | None],
+                                                          KieClient]:
+    def factory(settings: Settings, session: requests.Session | None = None) -> KieClient:
+        return KieClient(api, settings, session)
 
-def market_client(settings: Settings, session: requests.Session | None = None) -> KieClient:
-    """kie-standard, kie-kling3 and kie-lip-sync: the market jobs API."""
-    return KieClient(MARKET, settings, session)
-
-
-def veo_client(settings: Settings, session: requests.Session | None = None) -> KieClient:
-    return KieClient(VEO, settings, session)
-
-
-def suno_client(settings: Settings, session: requests.Session | None = None) -> KieClient:
-    return KieClient(SUNO, settings, session)
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = doc
+    return factory
 
 
-def kontext_client(settings: Settings, session: requests.Session | None = None) -> KieClient:
-    return KieClient(KONTEXT, settings, session)
-
-
-def luma_client(settings: Settings, session: requests.Session | None = None) -> KieClient:
-    return KieClient(LUMA, settings, session)
-
-
-def runway_client(settings: Settings, session: requests.Session | None = None) -> KieClient:
-    return KieClient(RUNWAY, settings, session)
-
-
+market_client = _factory(MARKET, "market_client",
+                         "kie-standard, kie-kling3 and kie-lip-sync: the market jobs API.")
+veo_client = _factory(VEO, "veo_client", "kie-veo: Veo.")
+suno_client = _factory(SUNO, "suno_client", "kie-suno: Suno.")
+kontext_client = _factory(KONTEXT, "kontext_client", "kie-kontext: Flux Kontext.")
+luma_client = _factory(LUMA, "luma_client", "kie-luma: Luma modify.")
+runway_client = _factory(RUNWAY, "runway_client", "kie-runway: Runway.")

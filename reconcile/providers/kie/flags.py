@@ -9,22 +9,8 @@ from typing import Any
 
 from pydantic import Field
 
-from ..base import (
-    CreateRequest,
-    PollResult,
-    PollStatus,
-)
-from ._common import (
-    Headers,
-    KieApi,
-    Text,
-    Timestamp,
-    Urls,
-    _Model,
-    _outputs,
-    _read,
-    top_level_body,
-)
+from ..base import CreateRequest, PollResult, PollStatus
+from ._common import Headers, KieApi, Text, Timestamp, Urls, _Model, _outputs, _read, top_level_body
 
 
 class FlagResponse(_Model):
@@ -43,7 +29,6 @@ class FlagRecord(_Model):
     error_message: Text = Field(None, alias="errorMessage")
     create_time: Timestamp = Field(None, alias="createTime")
     complete_time: Timestamp = Field(None, alias="completeTime")
-
 
 
 def _flag_decider(succeeded: frozenset[str]) -> Callable[[FlagRecord], PollResult]:
@@ -82,13 +67,9 @@ def parse_record_luma(body: Any, status_code: int = 200, headers: Headers = None
     return _read(FlagRecord, _decide_luma, body, status_code, headers)
 
 
-
-
 def modelless_body(request: CreateRequest) -> dict[str, Any]:
     """Luma modify has no ``model`` parameter: the input's fields only."""
     return dict(request.input)
-
-
 
 
 VEO = KieApi("kie-veo", "/api/v1/veo/generate", "/api/v1/veo/record-info",

@@ -9,23 +9,11 @@ from urllib.parse import quote
 
 import requests
 
-from ...errors import (
-    ErrorCode,
-    InvalidParam,
-    SyncCallFailed,
-)
+from ...errors import ErrorCode, InvalidParam, SyncCallFailed
 from ...settings import Settings
 from .. import deadline
-from ..base import (
-    Output,
-    SyncResult,
-)
-from ._common import (
-    Headers,
-    decode,
-    error_for,
-    http_client,
-)
+from ..base import Output, SyncResult
+from ._common import Headers, decode, error_for, http_client
 
 # kie-llm: KIE serves each chat model under its own path, ``POST /{model}/v1/chat/completions``
 # (docs.kie.ai/market/chat/gemini: ``https://api.kie.ai/gemini-3-pro/v1/chat/completions``), with
@@ -54,8 +42,6 @@ def parse_chat(status_code: int, body: Any, headers: Headers = None) -> SyncResu
                              status=status_code, request_id=answer.request_id, body=answer.raw)
     return SyncResult(outputs=(Output(text=content, media_type="text/plain"),),
                       request_id=answer.request_id, raw=answer.mapping)
-
-
 
 
 class KieLlmClient:
@@ -87,7 +73,6 @@ class KieLlmClient:
         except requests.RequestException as exc:
             raise SyncCallFailed(f"KIE chat: {exc.__class__.__name__}: {exc}") from exc
         return parse_chat(response.status_code, response.content, response.headers)
-
 
 
 def llm_client(settings: Settings, session: requests.Session | None = None) -> KieLlmClient:

@@ -9,16 +9,8 @@ from typing import Any
 
 from pydantic import Field
 
-from ...errors import (
-    MalformedResponse,
-)
-from ..base import (
-    CreateRequest,
-    Output,
-    PollResult,
-    PollStatus,
-    unwrap_sdk,
-)
+from ...errors import MalformedResponse
+from ..base import CreateRequest, Output, PollResult, unwrap_sdk
 from ._common import (
     _URLS,
     Headers,
@@ -29,6 +21,7 @@ from ._common import (
     _Model,
     _outputs,
     _read,
+    state_decider,
 )
 
 
@@ -42,7 +35,6 @@ class MarketRecord(_Model):
     progress: Progress = None  # third-party code reads it; not documented
     create_time: Timestamp = Field(None, alias="createTime")
     complete_time: Timestamp = Field(None, alias="completeTime")
-
 
 
 _MARKET_RUNNING = {"waiting", "queuing", "queueing", "generating"}  # KIE spells it both ways
@@ -69,17 +61,7 @@ def _market_outputs(result_json: Any) -> tuple[Output, ...]:
     return outputs
 
 
-def _decide_market(r: MarketRecord) -> PollResult:
-    state = (r.state or "").lower()
-    if state in _MARKET_RUNNING:
-        return PollResult(PollStatus.RUNNING, progress=r.progress, raw_status=r.state)
-    if state == "success":
-        return PollResult(PollStatus.SUCCEEDED, progress=100, raw_status=r.state,
-                          outputs=_market_outputs(r.result_json))
-    if state == "fail":
-        return PollResult(PollStatus.FAILED, raw_status=r.state, error_code=r.fail_code,
-                          error_message=r.fail_msg)
-    return PollResult(PollStatus.UNKNOWN, raw_status=r.state)
+_decide_market = state_decider(_MARKET_RUNNING, lambda r: _market_outputs(r.result_json))
 
 
 def parse_record_market(body: Any, status_code: int = 200, headers: Headers = None) -> PollResult:
@@ -87,13 +69,9 @@ def parse_record_market(body: Any, status_code: int = 200, headers: Headers = No
     return _read(MarketRecord, _decide_market, body, status_code, headers)
 
 
-
-
 def market_body(request: CreateRequest) -> dict[str, Any]:
     """Market: ``{"model", "input"}`` (+ ``callBackUrl``, added by the client)."""
     return {"model": request.model, "input": dict(request.input)}
-
-
 
 
 MARKET = KieApi("kie-market", "/api/v1/jobs/createTask", "/api/v1/jobs/recordInfo",

@@ -7,10 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ..base import (
-    PollResult,
-    PollStatus,
-)
+from ..base import PollResult
 from ._common import (
     Headers,
     KieApi,
@@ -20,6 +17,7 @@ from ._common import (
     _Model,
     _outputs,
     _read,
+    state_decider,
     top_level_body,
 )
 
@@ -38,30 +36,16 @@ class RunwayRecord(_Model):
     generate_time: Timestamp = Field(None, alias="generateTime")
 
 
-
 _RUNWAY_RUNNING = {"wait", "waiting", "queueing", "queuing", "generating"}
 
 
-def _decide_runway(r: RunwayRecord) -> PollResult:
-    state = (r.state or "").lower()
-    if state in _RUNWAY_RUNNING:
-        return PollResult(PollStatus.RUNNING, raw_status=r.state)
-    if state == "success":
-        urls = RunwayVideo.model_validate(r.video_info or {}).video_url
-        return PollResult(PollStatus.SUCCEEDED, progress=100, raw_status=r.state,
-                          outputs=_outputs(urls))
-    if state == "fail":
-        return PollResult(PollStatus.FAILED, raw_status=r.state, error_code=r.fail_code,
-                          error_message=r.fail_msg)
-    return PollResult(PollStatus.UNKNOWN, raw_status=r.state)
-
+_decide_runway = state_decider(
+    _RUNWAY_RUNNING, lambda r: _outputs(RunwayVideo.model_validate(r.video_info or {}).video_url))
 
 
 def parse_record_runway(body: Any, status_code: int = 200, headers: Headers = None) -> PollResult:
     """A Runway ``record-detail`` answer (``state``; ``videoInfo.videoUrl``) → PollResult."""
     return _read(RunwayRecord, _decide_runway, body, status_code, headers)
-
-
 
 
 # DECISION (Runway, Veo): both accept ``callBackUrl`` (KIE's callback pages; the OpenAPI callback

@@ -7,20 +7,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from ..base import (
-    PollResult,
-    PollStatus,
-)
-from ._common import (
-    Headers,
-    KieApi,
-    Text,
-    Urls,
-    _Model,
-    _outputs,
-    _read,
-    top_level_body,
-)
+from ..base import PollResult, PollStatus
+from ._common import Headers, KieApi, Text, Urls, _Model, _outputs, _read, top_level_body
 
 
 class SunoTrack(_Model):
@@ -38,7 +26,6 @@ class SunoRecord(_Model):
     response: Any = None  # read only on SUCCESS
     error_code: Text = Field(None, alias="errorCode")
     error_message: Text = Field(None, alias="errorMessage")
-
 
 
 _SUNO_RUNNING = {"PENDING", "TEXT_SUCCESS", "FIRST_SUCCESS"}
@@ -76,12 +63,9 @@ def _decide_suno(r: SunoRecord) -> PollResult:
     return PollResult(PollStatus.UNKNOWN, raw_status=r.status)
 
 
-
 def parse_record_suno(body: Any, status_code: int = 200, headers: Headers = None) -> PollResult:
     """A Suno record (``status``; every ``sunoData[].audioUrl`` on SUCCESS) → PollResult."""
     return _read(SunoRecord, _decide_suno, body, status_code, headers)
-
-
 
 
 SUNO = KieApi("kie-suno", "/api/v1/generate", "/api/v1/generate/record-info",

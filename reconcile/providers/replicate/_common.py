@@ -17,13 +17,7 @@ from ..http import header_value as _header
 from ..http import parse_retry_after
 from ..outcome import make_to_error
 from ..outputs import ANY as ANY_OUTPUT
-from ..outputs import (
-    Expect,
-    OutputSpec,
-    data_uri_output,
-    document_output,
-    text_output,
-)
+from ..outputs import Expect, OutputSpec, data_uri_output, document_output, text_output
 
 Resource = Literal["predictions", "trainings"]
 

@@ -13,12 +13,7 @@ from pydantic import ValidationError
 from ..base import ListedTask
 from ..http import HttpClient
 from ..http import body_json as _json
-from ._common import (
-    Prediction,
-    Resource,
-    planted_job_id,
-    to_error,
-)
+from ._common import Prediction, Resource, planted_job_id, to_error
 
 MAX_LIST_PAGES = 10  # find_created is evidence, not a crawl: bound the cost of one search
 

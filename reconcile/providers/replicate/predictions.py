@@ -12,15 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from ...errors import (
-    InvalidParam,
-)
+from ...errors import InvalidParam
 from ..base import Created, CreateRequest, PollResult, PollStatus
 from ..http import header_value as _header
 from ..outcome import validated
-from ..outputs import (
-    OutputSpec,
-)
+from ..outputs import OutputSpec
 from ._common import (
     _CANCELED,
     _RUNNING,

@@ -7,9 +7,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from ...errors import (
-    InvalidParam,
-)
+from ...errors import InvalidParam
 from ..base import CreateRequest
 
 
