@@ -111,7 +111,7 @@ def verify(
     scheme = get_scheme(provider)
     if scheme is None:
         raise WebhookPayloadError(f"no webhook scheme for provider {provider!r}")
-    if scheme is _fal.SCHEME:
+    if scheme.provider == "fal":
         options = {"user_id": fal_user_id, **options}
     return scheme.verify(headers, body, query, key, now, **options)
 
