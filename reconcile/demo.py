@@ -643,7 +643,7 @@ def submit_all(rt: Any, sim: Any, story: Story, script_cls: Any) -> None:
                                                outputs=plan.outputs, create=plan.create,
                                                webhook=plan.webhook))
         submit_job(rt, story.users[plan.user], plan.kind, plan.model, dict(plan.input),
-                   plan.credits, job_type="demo-" + plan.kind.split("-")[0], job_id=job_id)
+                   plan.credits, job_type="demo-" + _provider(plan.kind), job_id=job_id)
 
 
 def start_requests(children: Children, setup: Setup, story: Story, logs: Path,
@@ -864,7 +864,9 @@ def report(rt: Any, sim: Any, story: Story, sweeper: Sweeper, say: Printer) -> l
 
 
 def _provider(kind: str) -> str:
-    return kind.split("-")[0]
+    from .kinds import provider_of
+
+    return provider_of(kind) or kind
 
 
 def check(plan: Planned, job: Any, log: Any, assets: list[Any], refunded: int, sim: Any,

@@ -33,76 +33,40 @@ an ElevenLabs speech-to-text delivery planted only in the query) is shown to the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from .db.models import WebhookDelivery
-from .kinds import Kind
+from .kinds import Kind, provider_of
 from .settings import Settings
+from .webhooks import FAL_CHECKED_USER, PROVIDERS, Binding, get_scheme
 
-
-@dataclass(frozen=True)
-class Binding:
-    """One provider's row of the table above (the README carries the same table)."""
-
-    signed_field: str | None
-    confirming_read: str | None
-
-
-BINDINGS: dict[str, Binding] = {
-    "replicate": Binding("signed body `webhook` (the callback URL's job_id)",
-                         "GET prediction/training echoes `webhook`"),
-    "kie": Binding(None, "record-info/record-detail echoes param.callBackUrl's job_id"),
-    "elevenlabs": Binding("signed body data.webhook_metadata.job_id (dubbing: data.name)",
-                          "GET dubbing echoes `name` (speech-to-text: none)"),
-    "fal": Binding("signed X-Fal-Webhook-User-Id == RECONCILE_FAL_WEBHOOK_USER_ID", None),
-}
-
-
-FAL_CHECKED_USER = "_reconcile_fal_user_id"  # set by ingestion on every stored fal delivery
+# The shipped schemes' rows of the table above; each provider's webhook module
+# (:mod:`reconcile.webhooks`) owns its row, and a platform's scheme brings its own.
+BINDINGS: dict[str, Binding] = {p: scheme.binding for p in PROVIDERS
+                                if (scheme := get_scheme(p)) is not None}
 
 
 def family(kind_name: str | None) -> str:
-    return (kind_name or "").split("-", 1)[0]
-
-
-def _elevenlabs_job_id(payload: dict[str, Any]) -> str | None:
-    """The job id in the signed body only (never the unsigned query)."""
-    from .webhooks import _dubbing_name_job_id, _metadata_job_id
-
-    inner = payload.get("data")
-    if not isinstance(inner, dict):
-        return None
-    return _metadata_job_id(inner.get("webhook_metadata")) or _dubbing_name_job_id(inner.get("name"))
+    """The provider family of a kind (its :attr:`~reconcile.kinds.Kind.provider`)."""
+    return provider_of(kind_name) or ""
 
 
 def signed_job_id(row: WebhookDelivery, settings: Settings) -> str | None:
     """The job id the provider's signature ties this stored delivery to, or None."""
     payload = row.payload if isinstance(row.payload, dict) else {}
-    if row.provider == "replicate":
-        from .providers.replicate import planted_job_id
-
-        return planted_job_id(payload.get("webhook"))
-    if row.provider == "elevenlabs":
-        return _elevenlabs_job_id(payload)
-    if row.provider == "fal" and settings.fal_webhook_user_id and row.job_id is not None \
-            and payload.get(FAL_CHECKED_USER) == settings.fal_webhook_user_id:
-        # ingestion refused every delivery whose signed user id is not the configured one, and
-        # recorded that id on the row (a row stored while it was unset is any account's)
-        return str(row.job_id)
-    return None  # kie: nothing that names the job is signed
+    scheme = get_scheme(row.provider)
+    if scheme is None:
+        return None
+    return scheme.signed_job_id(payload, str(row.job_id) if row.job_id is not None else None,
+                                settings)
 
 
 def same_kind(row: WebhookDelivery, kind: Kind) -> bool:
     """The delivery is for this job's provider family and, where the body says, its kind."""
-    if row.provider != family(kind.name):
+    if row.provider != kind.provider:
         return False
     payload = row.payload if isinstance(row.payload, dict) else {}
-    if row.provider == "replicate":
-        urls = payload.get("urls")
-        get = urls.get("get") if isinstance(urls, dict) else None
-        if isinstance(get, str) and ("/trainings/" in get) != (kind.name == "replicate-training"):
-            return False
-    return True
+    scheme = get_scheme(row.provider)
+    return scheme is None or scheme.same_kind(payload, kind)
 
 
 @dataclass(frozen=True)
@@ -116,15 +80,16 @@ class Assessment:
 
 
 def assess(row: WebhookDelivery, job_id: str, kind: Kind, settings: Settings) -> Assessment:
-    fam = family(kind.name)
-    binding = BINDINGS.get(fam, Binding(None, None))
+    scheme = get_scheme(kind.provider)
+    binding = scheme.binding if scheme is not None else Binding(None, None)
     if not same_kind(row, kind):
         return Assessment(False, False, False, f"a {row.provider} delivery for a {kind.name} job")
     signed = signed_job_id(row, settings)
     if signed is not None and signed != job_id:
         return Assessment(False, False, False, f"its signed job id is {signed!r}")
     bound = signed == job_id
-    needs_read = binding.confirming_read is not None
+    needs_read = kind.echo_check if kind.echo_check is not None else \
+        binding.confirming_read is not None
     if not bound and not needs_read:
         return Assessment(False, False, False, "nothing the provider signed names this job")
     return Assessment(True, needs_read, bound, "bound" if bound else "to be confirmed")
@@ -137,5 +102,5 @@ def confirmed(assessment: Assessment, echoed: str | None, job_id: str) -> bool:
     return assessment.bound
 
 
-__all__ = ["BINDINGS", "Assessment", "Binding", "assess", "confirmed", "family", "same_kind",
-           "signed_job_id"]
+__all__ = ["BINDINGS", "FAL_CHECKED_USER", "Assessment", "Binding", "assess", "confirmed", "family",
+           "same_kind", "signed_job_id"]

@@ -4,6 +4,12 @@ A kind says whether the call is sync or async, how long before a job of that kin
 how often to poll, how long its result URLs live, where the job id is planted for the provider
 to echo back, and how to build its client. A platform registers its own with
 :func:`register_kind`.
+
+A kind also names its provider family (:attr:`Kind.provider`): the value stored in
+``jobs.provider``, the last path segment of the webhook URL planted in its creates, and the
+name of the webhook scheme (:mod:`reconcile.webhooks`) that verifies its deliveries. It
+defaults to the kind name's first ``-`` segment (``kie-veo`` → ``kie``), so every shipped kind
+keeps its family; a platform kind named otherwise sets it. Nothing else reads the name's prefix.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ if TYPE_CHECKING:
 
     from .providers.base import AsyncProvider, SyncProvider
     from .settings import Settings
+    from .webhooks import WebhookScheme
 
 ClientFactory = Callable[["Settings", "requests.Session | None"], Any]
 
@@ -39,6 +46,17 @@ class Kind:
     factory: ClientFactory | None = field(default=None, compare=False)
     # (after, interval): poll less often as a job ages (KIE: 2–3 s early, 15–30 s later)
     backoff: tuple[tuple[timedelta, timedelta], ...] = ()
+    # The provider family: jobs.provider, the webhook path segment and the webhook scheme's
+    # name. "" (the default) means the name's first "-" segment.
+    provider: str = ""
+    # Whether a stored delivery the provider's signature does not bind to a job may be bound by
+    # a read of the task echoing the planted job id (KIE, ElevenLabs). None: the provider's
+    # webhook scheme decides (:attr:`reconcile.webhooks.WebhookScheme.echo_check`).
+    echo_check: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not self.provider:
+            object.__setattr__(self, "provider", family_of_name(self.name))
 
     def build(self, settings: Settings, session: requests.Session | None = None) -> AsyncProvider | SyncProvider:
         factory = self.factory
@@ -59,6 +77,11 @@ class Kind:
         reached applies (the last backoff entry reached wins); ``None``, last, is any age."""
         return (*((after, slower) for after, slower in reversed(self.backoff)),
                 (None, self.poll_interval or timedelta(seconds=5)))
+
+
+def family_of_name(name: str | None) -> str:
+    """The default provider family of a kind name: its first ``-`` segment."""
+    return (name or "").split("-", 1)[0]
 
 
 H24 = timedelta(hours=24)
@@ -108,10 +131,23 @@ _REGISTRY: dict[str, Kind] = {k.name: k for k in _BUILTIN}
 BUILTIN_KINDS: tuple[str, ...] = tuple(k.name for k in _BUILTIN)
 
 
-def register_kind(kind: Kind, *, replace: bool = False) -> None:
-    """Add a platform's own kind. Refuses to shadow an existing one unless ``replace``."""
+def register_kind(
+    kind: Kind, *, replace: bool = False, webhook: WebhookScheme | None = None
+) -> None:
+    """Add a platform's own kind. Refuses to shadow an existing one unless ``replace``.
+
+    ``webhook``: the provider family's webhook scheme, registered with it (its ``provider`` must
+    be the kind's :attr:`Kind.provider`); a family's later kinds may leave it out.
+    """
     if kind.name in _REGISTRY and not replace:
         raise ValueError(f"provider kind {kind.name!r} is already registered")
+    if webhook is not None:
+        if webhook.provider != kind.provider:
+            raise ValueError(f"webhook scheme {webhook.provider!r} is not kind {kind.name!r}'s "
+                             f"provider {kind.provider!r}")
+        from .webhooks import register_webhook_scheme
+
+        register_webhook_scheme(webhook, replace=replace)
     _REGISTRY[kind.name] = kind
 
 
@@ -128,3 +164,28 @@ def get_kind(name: str | None) -> Kind | None:
 
 def all_kinds() -> tuple[Kind, ...]:
     return tuple(_REGISTRY.values())
+
+
+def provider_of(name: str | None) -> str | None:
+    """The provider family of the kind named ``name`` (``jobs.provider``); None for no name.
+
+    Resolved through the registry, so a platform kind's own :attr:`Kind.provider` counts; a name
+    no longer registered falls back to its first ``-`` segment (what rows written before carry).
+    """
+    if not name:
+        return None
+    kind = _REGISTRY.get(name)
+    return kind.provider if kind is not None else family_of_name(name)
+
+
+__all__ = [
+    "BUILTIN_KINDS",
+    "ClientFactory",
+    "Kind",
+    "all_kinds",
+    "family_of_name",
+    "get_kind",
+    "provider_of",
+    "register_kind",
+    "unregister_kind",
+]

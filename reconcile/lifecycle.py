@@ -36,7 +36,7 @@ from .errors import (
     UnsafeMediaURL,
 )
 from .events import add_event, publish_events
-from .kinds import Kind, all_kinds
+from .kinds import Kind, all_kinds, provider_of
 from .providers.base import AsyncProvider, CreateRequest, Output, PollResult, PollStatus
 from .runtime import Runtime, Validator
 from .states import (
@@ -279,7 +279,7 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
     assert isinstance(client, AsyncProvider)
     request = CreateRequest(model=claimed.provider_model or "", input=claimed.input_data or {},
                             job_id=str(job_id),
-                            webhook_url=rt.webhook_url(kind.name.split("-")[0], job_id),
+                            webhook_url=rt.webhook_url(kind.provider, job_id),
                             extra=claimed.provider_options or {})
     try:
         created = client.create(request)
@@ -750,7 +750,7 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
             session, job_id,
             output_data={"outputs": [{"key": s.key, "media_type": s.media_type} for s in stored],
                          **({"text": "\n".join(texts)} if texts else {})},
-            provider=job.provider_kind.split("-")[0] if job.provider_kind else None,
+            provider=provider_of(job.provider_kind),
             provider_cost=result.cost_usd if result else None,
             completed_at=now, progress=100, error_code=None, error_message=None,
             reconcile_last_error=None, **cost,

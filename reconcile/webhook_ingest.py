@@ -1,7 +1,8 @@
 """Webhook ingestion: verify → store (dedupe) → re-read the task → the same CAS path as polls.
 
 ``handle_webhook`` is framework-agnostic: give it the provider name (``kie``, ``replicate``,
-``elevenlabs``, ``fal`` — the last path segment of the planted callback URL), the headers, the
+``elevenlabs``, ``fal`` or a platform's registered scheme — the last path segment of the planted
+callback URL, the kind's :attr:`~reconcile.kinds.Kind.provider`), the headers, the
 raw body and the query string; it returns ``(http_status, body)``. Polling stays authoritative:
 a delivery only makes the library read the task now. A delivery that names a job still
 ``submitting``/``uncertain`` is kept as evidence for the sweep, never dropped (what may bind it
@@ -23,7 +24,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from . import evidence, jobstore, lifecycle, webhooks
+from . import jobstore, lifecycle, webhooks
 from .db.models import Job, WebhookDelivery
 from .errors import (
     ErrorCode,
@@ -32,6 +33,7 @@ from .errors import (
     WebhookError,
     WebhookPayloadError,
 )
+from .kinds import provider_of
 from .providers.base import PollResult, PollStatus
 from .runtime import Runtime
 from .states import IN_FLIGHT, Submission
@@ -39,23 +41,12 @@ from .states import IN_FLIGHT, Submission
 log = logging.getLogger("reconcile.webhooks")
 
 
-def _secret(rt: Runtime, provider: str) -> Any:
-    s = rt.settings
-    if provider == "replicate":
-        return s.replicate_webhook_secret
-    if provider == "kie":
-        return s.kie_webhook_hmac_key
-    if provider == "elevenlabs":
-        return s.elevenlabs_webhook_secret
-    if provider == "fal":
-        cache = rt._clients.get("__fal_jwks__")
-        if cache is None:
-            import requests
-
-            cache = rt._clients["__fal_jwks__"] = webhooks.JwksCache(
-                s.fal_jwks_url, rt.http or requests.Session())
-        return cache
-    raise WebhookPayloadError(f"unknown webhook provider {provider!r}")
+def _scheme(provider: str) -> webhooks.WebhookScheme:
+    """The scheme served on this path segment (:mod:`reconcile.webhooks.registry`)."""
+    scheme = webhooks.get_scheme(provider)
+    if scheme is None:
+        raise WebhookPayloadError(f"unknown webhook provider {provider!r}")
+    return scheme
 
 
 def _pg_text(value: Any) -> Any:
@@ -85,8 +76,9 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
         return 413, {"error": {"type": "invalid_request_error", "code": "WEBHOOK_INVALID",
                                "message": f"webhook body over {limit} bytes"}}
     try:
-        event = webhooks.verify(provider, headers, body, query, _secret(rt, provider), now,
-                                fal_user_id=rt.settings.fal_webhook_user_id)
+        scheme = _scheme(provider)
+        event = scheme.verify(headers, body, query, scheme.secret(rt), now,
+                              **scheme.options(rt.settings))
     except WebhookPayloadError as exc:
         return 400, {"error": {"type": "invalid_request_error", "code": "WEBHOOK_INVALID",
                                "message": exc.message}}
@@ -98,11 +90,8 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
     event = dataclasses.replace(event, **{f: _pg_text(getattr(event, f)) for f in (
         "delivery_id", "task_id", "status", "error", "payload")})
 
-    if provider == "fal" and isinstance(event.payload, dict):
-        # Which account the signature was checked against, kept with the row: a delivery stored
-        # while RECONCILE_FAL_WEBHOOK_USER_ID was unset (any fal account's) never binds later.
-        event = dataclasses.replace(event, payload={
-            **event.payload, evidence.FAL_CHECKED_USER: rt.settings.fal_webhook_user_id})
+    if isinstance(event.payload, dict):  # what the scheme keeps with the row (fal: the account)
+        event = dataclasses.replace(event, payload=scheme.stamp(event.payload, rt.settings))
     planted = _as_uuid(event.planted_job_id)
     try:
         with rt.sessions.begin() as session:
@@ -122,7 +111,7 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
         if job is None and event.task_id:
             job = session.execute(select(Job).where(
                 Job.provider_task_id == event.task_id, Job.status.in_(IN_FLIGHT))).scalars().first()
-    if job is not None and evidence.family(job.provider_kind) != provider:
+    if job is not None and provider_of(job.provider_kind) != provider:
         # a delivery on one provider's route never makes us read another provider's task
         log.warning("webhook_provider_mismatch job_id=%s route=%s kind=%s", job.id, provider,
                     job.provider_kind)

@@ -41,15 +41,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import (
     InvalidParam,
-    ProviderError,
 )
 from ..settings import Settings
 from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
-from .http import HttpClient, parse_retry_after
 from .http import body_json as _json
-from .http import body_text as _text
+from .http import cancel_once, provider_http, send_create
 from .http import header_value as _header
-from .outcome import Op, status_error, transport_error
+from .outcome import make_to_error, validated
 from .outputs import (
     Expect,
     OutputSpec,
@@ -122,15 +120,17 @@ def app_path(model: str | None) -> str:
     return "/".join(quote(s, safe="") for s in segments[:keep])
 
 
-def _describe(body: Any, headers: Mapping[str, str] | None) -> tuple[str | None, str | None, bool]:
-    """(message, error type, well-formed?) of a fal error body.
+def _describe(
+    body: Any, headers: Mapping[str, str] | None
+) -> tuple[str | None, str | None, None, bool]:
+    """(message, error type, no body request id, well-formed?) of a fal error body.
 
     Shapes: ``{"detail": [{loc, msg, type}]}`` (422), ``{"detail": "…", "error_type": "…"}``
     (infra, with ``X-Fal-Error-Type``), and ``{"error": "…"}``.
     """
     error_type = _header(headers, "x-fal-error-type")
     if not isinstance(body, Mapping) or not ({"detail", "error", "error_type"} & set(body)):
-        return None, error_type, False
+        return None, error_type, None, False
     if isinstance(body.get("error_type"), str):
         error_type = body["error_type"]
     detail = body.get("detail", body.get("error"))
@@ -144,32 +144,14 @@ def _describe(body: Any, headers: Mapping[str, str] | None) -> tuple[str | None,
         message = "; ".join(parts) or None
         if error_type is None and items and isinstance(items[0].get("type"), str):
             error_type = items[0]["type"]
-        return message, error_type, True
-    return (detail if isinstance(detail, str) else None), error_type, True
+        return message, error_type, None, True
+    return (detail if isinstance(detail, str) else None), error_type, None, True
 
 
-def to_error(
-    op: Op,
-    status: int | None = None,
-    body: str | bytes | None = None,
-    headers: Mapping[str, str] | None = None,
-    exc: BaseException | None = None,
-) -> ProviderError:
-    """The one place a fal answer (or a transport failure) becomes an exception."""
-    if exc is not None:
-        return transport_error("fal", op, exc)
-    message, error_type, well_formed = _describe(_json(body), headers)
-    kw: dict[str, Any] = {
-        "status": status,
-        "provider_code": error_type,
-        "request_id": _header(headers, *_REQUEST_ID_HEADERS),
-        "body": _text(body),
-    }
-    return status_error(
-        "fal", op, status, kw, message=message, well_formed=well_formed,
-        retry_after=parse_retry_after(_header(headers, "Retry-After")),
-        maybe_sent=frozenset({408, 499}),  # fal's 499 (client_disconnected/cancelled): may have gone through
-    )
+# The one place a fal answer (or a transport failure) becomes an exception; fal's 499
+# (client_disconnected/cancelled): may have gone through.
+to_error = make_to_error("fal", describe=_describe, request_id_headers=_REQUEST_ID_HEADERS,
+                         maybe_sent=frozenset({408, 499}))
 
 
 def _media(node: Any, in_media: bool, depth: int) -> Iterator[Output]:
@@ -227,13 +209,7 @@ def parse_create(
     status_code: int, body: str | bytes | None, headers: Mapping[str, str] | None = None
 ) -> Created:
     """The queued request's id (kept exactly), or the submit's outcome as an exception."""
-    if not 200 <= status_code < 300:
-        raise to_error("create", status_code, body, headers)
-    data, _ = unwrap_sdk(_json(body))
-    try:
-        submitted = Submitted.model_validate(data)
-    except ValidationError:
-        raise to_error("create", status_code, body, headers) from None
+    submitted, data, _ = validated("create", Submitted, status_code, body, headers, to_error)
     return Created(submitted.request_id, _header(headers, *_REQUEST_ID_HEADERS), data)
 
 
@@ -302,7 +278,7 @@ def parse_result(
             request_id=wrapped_id or _header(headers, *_REQUEST_ID_HEADERS),
             raw=payload if isinstance(payload, Mapping) else {"result": payload},
         )
-    message, error_type, well_formed = _describe(_json(body), headers)
+    message, error_type, _, well_formed = _describe(_json(body), headers)
     failed = well_formed and 400 <= status_code < 500 and status_code != 429
     if failed or (status_code >= 500 and error_type):
         return PollResult(
@@ -331,24 +307,16 @@ class FalQueueClient:
         sleep: Callable[[float], None] = time.sleep,
         read_retries: int = 3,
     ) -> None:
-        self.http = HttpClient(
-            settings.fal_base_url,
-            headers={"Authorization": f"Key {settings.fal_api_key}"},
-            session=session,
-            connect_timeout=settings.connect_timeout,
-            read_timeout=settings.read_timeout,
-            read_retries=read_retries,
-            sleep=sleep,
-        )
+        self.http = provider_http(settings.fal_base_url,
+                                  {"Authorization": f"Key {settings.fal_api_key}"}, settings,
+                                  session, read_retries=read_retries, sleep=sleep)
 
     def create(self, request: CreateRequest) -> Created:
         app_path(request.model)  # refuse an unusable model id before anything is sent
         path = "/".join(quote(s, safe="") for s in request.model.strip("/").split("/"))
         params = {"fal_webhook": request.webhook_url} if request.webhook_url else None
-        try:
-            response = self.http.send_once("POST", path, json=dict(request.input), params=params)
-        except requests.RequestException as exc:
-            raise to_error("create", exc=exc) from exc
+        response = send_create(self.http, to_error, "POST", path, json=dict(request.input),
+                               params=params)
         created = parse_create(response.status_code, response.content, response.headers)
         self._check_urls(request, created)
         return created
@@ -377,11 +345,7 @@ class FalQueueClient:
 
     def cancel(self, task_id: str, *, model: str | None = None) -> bool:
         path = f"{app_path(model)}/requests/{quote(task_id, safe='')}/cancel"
-        try:
-            response = self.http.send_once("PUT", path)
-        except requests.RequestException:
-            return False
-        return 200 <= response.status_code < 300
+        return cancel_once(self.http, "PUT", path)
 
     def find_created(self, job_id: str, created_after: datetime) -> ListedTask | None:
         return None  # fal has no request listing to search

@@ -17,12 +17,15 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 import urllib3
 
-from ..errors import ReadFailed
+from ..errors import ProviderError, ReadFailed
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
 MAX_BODY_BYTES = 64 * 1024 * 1024  # no status/result/listing body (nor sync TTS audio) nears it
@@ -224,3 +227,53 @@ def header_value(headers: Mapping[str, str] | None, *names: str) -> str | None:
         if value:
             return str(value)
     return None
+
+
+# -- request plumbing every provider client shares ------------------------------------------
+
+
+def provider_http(
+    base_url: str,
+    auth: Mapping[str, str],
+    settings: Settings,
+    session: requests.Session | None,
+    *,
+    read_timeout: float | None = None,
+    read_retries: int = 3,
+    sleep: Callable[[float], None] = time.sleep,
+) -> HttpClient:
+    """The :class:`HttpClient` of one provider API: its base URL and auth headers, the
+    settings' connect timeout and (unless given) read timeout."""
+    return HttpClient(
+        base_url,
+        headers=auth,
+        session=session,
+        connect_timeout=settings.connect_timeout,
+        read_timeout=settings.read_timeout if read_timeout is None else read_timeout,
+        read_retries=read_retries,
+        sleep=sleep,
+    )
+
+
+def send_create(
+    http: HttpClient,
+    to_error: Callable[..., ProviderError],
+    method: str,
+    path: str,
+    **kwargs: Any,
+) -> requests.Response:
+    """Send a create once; a transport failure (sent or not, we cannot know) is the provider's
+    ``to_error("create", exc=…)``: uncertain, never resubmitted."""
+    try:
+        return http.send_once(method, path, **kwargs)
+    except requests.RequestException as exc:
+        raise to_error("create", exc=exc) from exc
+
+
+def cancel_once(http: HttpClient, method: str, path: str) -> bool:
+    """A best-effort cancel: True only for a 2xx; a transport error is "not confirmed"."""
+    try:
+        response = http.send_once(method, path)
+    except requests.RequestException:
+        return False
+    return 200 <= response.status_code < 300

@@ -14,6 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .sim_core import Request, Response, Script, json_response, retry_after_header
+from .sim_registry import SimRoute, register_route
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -96,3 +97,6 @@ def _stream(message: dict[str, Any], request_id: str) -> Response:
                _event("message_stop", {"type": "message_stop"})]
     return Response(200, b"".join(events), {"Content-Type": "text/event-stream; charset=utf-8",
                                             "Cache-Control": "no-cache", "request-id": request_id})
+
+
+register_route(SimRoute(PREFIX, authorized, error, handle))

@@ -32,6 +32,7 @@ from .sim_core import (
     raw_status,
     retry_after_header,
 )
+from .sim_registry import SimRoute, SimWebhooks, register_route, register_webhooks
 from .sim_signing import Delivery, elevenlabs_headers, now_seconds
 
 if TYPE_CHECKING:
@@ -334,3 +335,7 @@ def callback(sim: Simulator, task: Task, state: str, since: float) -> Delivery |
     body = json.dumps(event, separators=(",", ":")).encode()
     return Delivery(url, body, elevenlabs_headers(sim.secrets.elevenlabs_webhook_secret, body,
                                                   timestamp))
+
+
+register_route(SimRoute(PREFIX, authorized, error, handle))
+register_webhooks(SimWebhooks(PROVIDER, callback, elevenlabs_headers))

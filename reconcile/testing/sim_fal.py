@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -32,6 +31,7 @@ from .sim_core import (
     raw_status,
     retry_after_header,
 )
+from .sim_registry import SimRoute, SimWebhooks, register_route, register_webhooks
 from .sim_signing import Delivery, fal_headers, jwks, now_seconds
 
 if TYPE_CHECKING:
@@ -226,4 +226,8 @@ def _sync(sim: Simulator, req: Request) -> Response | None:
                          {"x-fal-request-id": task.task_id})
 
 
-SYNC = SimpleNamespace(PREFIX="fal-sync", authorized=authorized, error=error, handle=_sync)
+SYNC = register_route(SimRoute("fal-sync", authorized, error, _sync))
+
+
+register_route(SimRoute(PREFIX, authorized, error, handle))
+register_webhooks(SimWebhooks(PROVIDER, callback, fal_headers))

@@ -1,5 +1,6 @@
 """The stdlib HTTP plumbing under the simulator: a threading server that can close its idle
-keep-alive connections, and a handler that hands every request to ``Simulator.dispatch``."""
+keep-alive connections, a handler that hands every request to ``Simulator.dispatch``, and the
+simulator's serving lifecycle (:class:`Serving`: start, TLS, stop)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,84 @@ class SimHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests read counters
         pass
+
+
+class Serving:
+    """The :class:`~reconcile.testing.simulator.Simulator`'s server threads (a mixin)."""
+
+    host: str
+    port: int
+    _server: SimServer | None
+    _tls_servers: list[SimServer]
+    _threads: list[threading.Thread]
+    _stopping: threading.Event
+    _url: str | None
+
+    _tick_forever: Any  # the webhook ticker (:class:`.sim_delivery.Delivering`)
+
+    def start(self) -> Any:
+        if self._server is not None:
+            return self
+        self._stopping.clear()
+        self._server = SimServer((self.host, self.port), self)  # type: ignore[arg-type]
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        self._url = f"http://{host}:{self._server.server_address[1]}"
+        self._threads = [
+            threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                             name="sim-http", daemon=True),
+            threading.Thread(target=self._tick_forever, name="sim-webhooks", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def serve_tls(self, certfile: str, keyfile: str) -> str:
+        """Also serve over TLS on another loopback port; returns its ``https://`` URL.
+
+        For SDKs whose scheme is fixed to https (fal_client builds ``https://{FAL_QUEUE_RUN_HOST}/``
+        from its env var): point the env var at this URL's host and trust ``certfile`` through
+        ``SSL_CERT_FILE``. Answers are the same simulator's (returned URLs stay on :attr:`url`).
+        """
+        import ssl
+
+        if self._server is None:
+            raise RuntimeError("start the simulator first")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(certfile, keyfile)
+        server = SimServer((self.host, 0), self)  # type: ignore[arg-type]
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        self._tls_servers.append(server)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                  name="sim-https", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"https://{host}:{server.server_address[1]}"
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping.set()
+        for extra in self._tls_servers:
+            extra.shutdown()
+            extra.close_connections()
+            extra.server_close()
+        self._tls_servers = []
+        server.shutdown()
+        server.close_connections()
+        server.server_close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            raise RuntimeError("the simulator is not started")
+        return self._url

@@ -26,6 +26,7 @@ from .sim_core import (
     raw_status,
     retry_after_header,
 )
+from .sim_registry import SimRoute, SimWebhooks, register_route, register_webhooks
 from .sim_signing import Delivery, kie_headers, now_seconds
 
 if TYPE_CHECKING:
@@ -275,3 +276,7 @@ def _chat(sim: Simulator, req: Request, model: str) -> Response:
                      "message": {"role": "assistant", "content": "Simulated reply."}}],
         "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
     })
+
+
+register_route(SimRoute(PREFIX, authorized, error, handle))
+register_webhooks(SimWebhooks(PROVIDER, callback, kie_headers))

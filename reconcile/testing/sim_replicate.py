@@ -28,6 +28,7 @@ from .sim_core import (
     raw_status,
     retry_after_header,
 )
+from .sim_registry import SimRoute, SimWebhooks, register_route, register_webhooks
 from .sim_signing import Delivery, now_seconds, replicate_headers
 
 if TYPE_CHECKING:
@@ -254,3 +255,7 @@ def callback(sim: Simulator, task: Task, state: str, since: float) -> Delivery |
     headers = replicate_headers(sim.secrets.replicate_webhook_secret, body,
                                 "msg_" + sim.new_id(27), now_seconds())
     return Delivery(task.callback_url, body, headers)
+
+
+register_route(SimRoute(PREFIX, authorized, error, handle))
+register_webhooks(SimWebhooks(PROVIDER, callback, replicate_headers))

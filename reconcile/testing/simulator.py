@@ -19,13 +19,10 @@ in tests instead of sleeping. Run standalone with ``python -m reconcile.testing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import signal
 import threading
 import time
-import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -34,12 +31,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from . import sim_anthropic, sim_elevenlabs, sim_fal, sim_kie, sim_replicate
+from . import sim_anthropic, sim_elevenlabs, sim_fal, sim_kie, sim_registry, sim_replicate
 from .sim_control import CONFIG, SimulatorClient, control
 from .sim_core import (
     GARBAGE,
     MEDIA,
-    TERMINAL,
     Rejection,
     Request,
     Response,
@@ -51,23 +47,21 @@ from .sim_core import (
     json_response,
     planted_job_id,
 )
-from .sim_http import SimServer
-from .sim_signing import deliver, fal_key
+from .sim_delivery import Delivering
+from .sim_http import Serving, SimServer
+from .sim_signing import fal_key
 
 if TYPE_CHECKING:
     from ..settings import Settings
 
 __all__ = ["Script", "SimSecrets", "Simulator", "SimulatorClient", "Task", "base_urls_for", "main"]
 
-_ROUTES: dict[str, Any] = {m.PREFIX: m for m in (sim_kie, sim_replicate, sim_elevenlabs, sim_fal,
-                                                 sim_fal.SYNC, sim_anthropic)}
-_CALLBACKS: dict[str, Any] = {"kie": sim_kie, "replicate": sim_replicate,
-                              "elevenlabs": sim_elevenlabs, "fal": sim_fal}
+# importing the provider modules registers their routes and webhooks (:mod:`.sim_registry`)
+PROVIDER_MODULES = (sim_kie, sim_replicate, sim_elevenlabs, sim_fal, sim_anthropic)
 _REJECTS = {"reject_invalid": "invalid", "reject_auth": "auth", "server_error": "server_error"}
-_TICK = 0.02  # seconds between webhook due-checks
 
 
-class Simulator:
+class Simulator(Serving, Delivering):
     """The provider simulator: start it, point clients at :meth:`base_urls`, script, count."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, seed: int | None = None,
@@ -107,75 +101,6 @@ class Simulator:
             self._limited: Counter[tuple[str, str]] = Counter()
             self._deliveries: list[dict[str, Any]] = []
             self._unrouted: list[tuple[str, str]] = []  # requests no route serves
-
-    # --- lifecycle ------------------------------------------------------------------------------
-
-    def start(self) -> Simulator:
-        if self._server is not None:
-            return self
-        self._stopping.clear()
-        self._server = SimServer((self.host, self.port), self)
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        self._url = f"http://{host}:{self._server.server_address[1]}"
-        self._threads = [
-            threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                             name="sim-http", daemon=True),
-            threading.Thread(target=self._tick_forever, name="sim-webhooks", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def serve_tls(self, certfile: str, keyfile: str) -> str:
-        """Also serve over TLS on another loopback port; returns its ``https://`` URL.
-
-        For SDKs whose scheme is fixed to https (fal_client builds ``https://{FAL_QUEUE_RUN_HOST}/``
-        from its env var): point the env var at this URL's host and trust ``certfile`` through
-        ``SSL_CERT_FILE``. Answers are the same simulator's (returned URLs stay on :attr:`url`).
-        """
-        import ssl
-
-        if self._server is None:
-            raise RuntimeError("start the simulator first")
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(certfile, keyfile)
-        server = SimServer((self.host, 0), self)
-        server.socket = context.wrap_socket(server.socket, server_side=True)
-        self._tls_servers.append(server)
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                  name="sim-https", daemon=True)
-        self._threads.append(thread)
-        thread.start()
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"https://{host}:{server.server_address[1]}"
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        self._stopping.set()
-        for extra in self._tls_servers:
-            extra.shutdown()
-            extra.close_connections()
-            extra.server_close()
-        self._tls_servers = []
-        server.shutdown()
-        server.close_connections()
-        server.server_close()
-        for thread in self._threads:
-            thread.join(timeout=5)
-
-    def __enter__(self) -> Simulator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        if self._url is None:
-            raise RuntimeError("the simulator is not started")
-        return self._url
 
     def base_urls(self) -> dict[str, str]:
         return base_urls_for(self.url)
@@ -277,12 +202,6 @@ class Simulator:
         client calling an endpoint the simulator does not know."""
         with self._lock:
             return list(self._unrouted)
-
-    @property
-    def deliveries(self) -> list[dict[str, Any]]:
-        """Webhook deliveries attempted: task, url, body, headers, status or error."""
-        with self._lock:
-            return list(self._deliveries)
 
     # --- used by the provider route modules -----------------------------------------------------
 
@@ -393,7 +312,7 @@ class Simulator:
             return control(self, method, "/" + rest, query, body)
         if prefix == "media":
             response = self._media(method, rest)
-        elif (module := _ROUTES.get(prefix)) is None:
+        elif (module := sim_registry.route(prefix)) is None:
             response = self._unserved(method, split.path)
         else:
             req = Request(method, "/" + rest, query, dict(headers), body)
@@ -444,67 +363,12 @@ class Simulator:
         content_type, data = MEDIA[ext]
         return Response(200, data, {"Content-Type": content_type})
 
-    # --- webhooks -------------------------------------------------------------------------------
-
-    def _tick_forever(self) -> None:
-        while not self._stopping.wait(_TICK):
-            try:
-                self._tick()
-            except Exception:  # never let the ticker die; a bug shows as a missing delivery
-                traceback.print_exc()
-
-    def _tick(self) -> None:
-        now, due = self.now(), []
-        with self._lock:
-            for task in self._tasks.values():
-                if task.webhook_sent or not task.script.webhook:
-                    continue
-                reached = task.first_at(TERMINAL, now)
-                if reached is not None:
-                    task.webhook_sent = True
-                    due.append((task, *reached))
-        for task, state, since in due:
-            delivery = _CALLBACKS[task.provider].callback(self, task, state, since)
-            if delivery is None:
-                continue
-            record = {"task_id": task.task_id, "job_id": task.job_id, "provider": task.provider,
-                      "state": state, "url": delivery.url, "headers": dict(delivery.headers),
-                      "body": delivery.body}
-            deliver(delivery, lambda outcome, record=record: self._delivered(record, outcome))
-
-    def _delivered(self, record: dict[str, Any], outcome: dict[str, Any]) -> None:
-        with self._lock:
-            self._deliveries.append({**record, "status": outcome["status"],
-                                     "error": outcome["error"]})
-
-    def wait_deliveries(self, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
-        """Block until ``count`` webhook deliveries were attempted (or ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while len(self.deliveries) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self.deliveries
-
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve the simulator until SIGTERM/SIGINT; prints the URL, then the settings env."""
-    parser = argparse.ArgumentParser(prog="python -m reconcile.testing.simulator",
-                                     description="Loopback simulator of the AI providers' APIs.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765, help="0 picks a free port")
-    parser.add_argument("--seed", type=int, default=None, help="seed for ids and chaos")
-    parser.add_argument("--time-scale", type=float, default=1.0,
-                        help="real seconds per timeline second (0.01: 30 min play in 18 s)")
-    args = parser.parse_args(argv)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    with Simulator(args.host, args.port, seed=args.seed, time_scale=args.time_scale) as sim:
-        print(sim.url, flush=True)
-        for name, value in sim.env().items():
-            print(f"{name}={value}", flush=True)
-        while not stop.wait(0.2):
-            pass
-    return 0
+    """Serve the simulator until SIGTERM/SIGINT (:func:`.sim_main.main`)."""
+    from .sim_main import main as serve
+
+    return serve(argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Route coverage: every path the library's provider clients can call is served by the simulator.
 
 The paths come from the client code, not from a list kept here: every path template in
-``reconcile/providers/*.py`` (string constants and f-strings that look like API paths; ``{…}``
+``reconcile/providers/*.py`` and the provider subpackages' modules (string constants and f-strings that look like API paths; ``{…}``
 parts are wildcards) is collected from the modules' syntax trees. Then every client operation of
 every built-in kind runs against the shipped simulator through a recording ``requests.Session``.
 A template no recorded request matches fails (a new client path must be exercised here), and so
@@ -46,11 +46,17 @@ def _template(node: ast.AST) -> str | None:
     return None
 
 
+def _sources(module: str) -> list[Path]:
+    """A provider's one module, or every module of its subpackage (``providers/kie/…``)."""
+    single = PROVIDERS_DIR / f"{module}.py"
+    return [single] if single.exists() else sorted((PROVIDERS_DIR / module).glob("*.py"))
+
+
 def client_path_templates() -> list[tuple[str, str]]:
     """(module, template) of every API path literal in the provider modules."""
     found: set[tuple[str, str]] = set()
-    for module in sorted(PREFIX):
-        tree = ast.parse((PROVIDERS_DIR / f"{module}.py").read_text())
+    for module, source in ((m, s) for m in sorted(PREFIX) for s in _sources(m)):
+        tree = ast.parse(source.read_text())
         inner = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
         for node in ast.walk(tree):
             if id(node) in inner:

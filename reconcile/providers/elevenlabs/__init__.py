@@ -1,0 +1,88 @@
+"""ElevenLabs: dubbing and webhook-mode STT (async), everything else sync (PROVIDERS.md §3).
+
+Async model strings (``CreateRequest.model``, also passed to ``poll``):
+
+* ``dubbing`` (or empty) — ``POST /v1/dubbing`` (multipart) → ``dubbing_id``; poll
+  ``GET /v1/dubbing/{id}``. Unless the input names the dubbing, ``name`` is set to
+  ``reconcile-job:<job_id>`` so the job id is visible upstream.
+* ``speech-to-text[:<model_id>]`` / ``stt[:<model_id>]`` — ``POST /v1/speech-to-text`` with
+  ``webhook=true`` and ``webhook_metadata={"job_id": …}`` (the planted id the webhook echoes).
+  The answer is ``{message, request_id, transcription_id?}``; the task id is
+  ``transcription_id``, else ``request_id``. Poll ``GET /v1/speech-to-text/transcripts/{id}``:
+  the transcript once done; before that (or when only a ``request_id`` was returned) we assume
+  a 404, read as NOT_FOUND — the workspace webhook normally completes these jobs first.
+
+Sync model strings (:class:`ElevenLabsSyncClient.call`):
+
+* ``tts:<voice_id>[:<model_id>]`` — ``POST /v1/text-to-speech/{voice_id}`` → audio bytes;
+* ``sound-effects[:<model_id>]`` — ``POST /v1/sound-generation`` → audio bytes;
+* ``stt[:<model_id>]`` — ``POST /v1/speech-to-text`` (multipart) → transcript JSON;
+* ``voice-clone`` — ``POST /v1/voices/add`` (multipart) → ``{voice_id, …}``;
+* ``voice-design[:<model_id>]`` — ``POST /v1/text-to-voice/design`` → one audio Output per preview;
+* ``voice-create`` — ``POST /v1/text-to-voice`` (saves a designed voice) → JSON;
+* ``forced-alignment`` — ``POST /v1/forced-alignment`` (multipart) → alignment JSON.
+
+``output_format``, ``enable_logging`` and ``optimize_streaming_latency`` in the input go to the
+query string. In multipart inputs, ``bytes`` values (or base64 strings under ``<field>_base64``,
+so stored JSON inputs can carry files) become file parts; other values become form fields.
+
+:mod:`.async_jobs` holds the async families, :mod:`.sync` the sync calls, :mod:`._common` what
+they share (:func:`to_error`, form parts, the HTTP plumbing). The webhook scheme is
+:mod:`reconcile.webhooks.elevenlabs`.
+"""
+
+from __future__ import annotations
+
+from ._common import JOB_NAME_PREFIX, ApiErrorDetail, FormParts, form_parts, to_error
+from .async_jobs import (
+    AsyncOperation,
+    Dubbing,
+    DubbingCreated,
+    ElevenLabsAsyncClient,
+    SttAccepted,
+    async_client,
+    async_operation,
+    audio_url,
+    build_create,
+    parse_create,
+    parse_dubbing,
+    parse_transcript,
+)
+from .sync import (
+    ElevenLabsSyncClient,
+    Preview,
+    ResponseKind,
+    SyncCall,
+    VoiceDesign,
+    build_sync,
+    parse_sync,
+    sync_client,
+)
+
+__all__ = [
+    "JOB_NAME_PREFIX",
+    "ApiErrorDetail",
+    "AsyncOperation",
+    "Dubbing",
+    "DubbingCreated",
+    "ElevenLabsAsyncClient",
+    "ElevenLabsSyncClient",
+    "FormParts",
+    "Preview",
+    "ResponseKind",
+    "SttAccepted",
+    "SyncCall",
+    "VoiceDesign",
+    "async_client",
+    "async_operation",
+    "audio_url",
+    "build_create",
+    "build_sync",
+    "form_parts",
+    "parse_create",
+    "parse_dubbing",
+    "parse_sync",
+    "parse_transcript",
+    "sync_client",
+    "to_error",
+]

@@ -1,0 +1,31 @@
+"""``python -m reconcile.testing.simulator``: serve the simulator until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the simulator until SIGTERM/SIGINT; prints the URL, then the settings env."""
+    parser = argparse.ArgumentParser(prog="python -m reconcile.testing.simulator",
+                                     description="Loopback simulator of the AI providers' APIs.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    parser.add_argument("--seed", type=int, default=None, help="seed for ids and chaos")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="real seconds per timeline second (0.01: 30 min play in 18 s)")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    from .simulator import Simulator
+
+    with Simulator(args.host, args.port, seed=args.seed, time_scale=args.time_scale) as sim:
+        print(sim.url, flush=True)
+        for name, value in sim.env().items():
+            print(f"{name}={value}", flush=True)
+        while not stop.wait(0.2):
+            pass
+    return 0

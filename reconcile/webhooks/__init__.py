@@ -1,0 +1,158 @@
+"""Webhook signature schemes: verify a delivery and parse it into a :class:`WebhookEvent`.
+
+Verification and parsing only: storing deliveries, deduping them and finishing jobs happen
+elsewhere (:mod:`reconcile.webhook_ingest`). Every verifier takes the raw ``headers`` (looked up
+case-insensitively), the raw ``body`` bytes, the callback URL's ``query`` (where the library
+plants ``job_id``), the secret and an injected ``now``; it returns a :class:`WebhookEvent` or
+raises a :class:`~reconcile.errors.WebhookError` subclass — never anything else for bad input.
+
+One module per provider owns its scheme (verify, where its secret comes from, what it signs
+that binds a delivery to a job) and registers it in :mod:`.registry`:
+
+- :mod:`.replicate`: HMAC-SHA256 of ``{webhook-id}.{webhook-timestamp}.{body}`` (Standard
+  Webhooks, base64, ``v1,`` entries); ±5 min; body signed.
+- :mod:`.kie`: base64 HMAC-SHA256 of ``{taskId}.{X-Webhook-Timestamp}``; ±5 min; body **not**
+  signed.
+- :mod:`.elevenlabs`: hex HMAC-SHA256 of ``{t}.{body}`` (``ElevenLabs-Signature: t=…,v0=…``);
+  ±30 min; body signed.
+- :mod:`.fal`: Ed25519 over ``{request_id}\\n{user_id}\\n{timestamp}\\n{sha256_hex(body)}`` by
+  any key of fal's JWKS; ±300 s; body signed.
+
+KIE signs only the task id and the timestamp, so its status fields are hints
+(``signed_body=False``): re-read the task before acting on it. ``planted_job_id`` comes from
+the unsigned callback URL (or ElevenLabs' echoed metadata), so it is a hint too: match the
+event's ``task_id`` against the job's stored upstream id before finishing anything.
+
+A platform adds a provider family's webhooks with :func:`register_webhook_scheme` (or
+``register_kind(kind, webhook=scheme)``); the shared checks a scheme should refuse bad input
+with are here too (:func:`header`, :func:`require_secret`, :func:`fresh_timestamp`,
+:func:`json_object`, :func:`hmac_sha256`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from ..errors import WebhookPayloadError
+from . import elevenlabs as _elevenlabs
+from . import fal as _fal
+from . import kie as _kie
+from . import replicate as _replicate
+from ._common import (
+    FAILED,
+    MAX_DEPTH,
+    RUNNING,
+    SUCCEEDED,
+    WebhookEvent,
+    _event,
+    _header,
+    _hmac_sha256,
+    _json_object,
+    _require_secret,
+    _required,
+    _timestamp,
+    payload_digest,
+)
+from .elevenlabs import DUBBING_NAME_PREFIX, ELEVENLABS_TOLERANCE, verify_elevenlabs
+from .fal import (
+    FAL_CHECKED_USER,
+    FAL_TOLERANCE,
+    JWKS_FAILURE_TTL,
+    JWKS_MAX_AGE,
+    JWKS_MAX_BYTES,
+    JWKS_MIN_REFRESH,
+    JwksCache,
+    parse_jwks,
+    verify_fal,
+)
+from .kie import KIE_TOLERANCE, verify_kie
+from .registry import (
+    Binding,
+    WebhookScheme,
+    from_settings,
+    get_scheme,
+    register_webhook_scheme,
+    schemes,
+    unregister_webhook_scheme,
+)
+from .replicate import REPLICATE_TOLERANCE, verify_replicate
+
+# The shipped schemes, in their registration order (a platform's own are in ``schemes()``).
+PROVIDERS: tuple[str, ...] = tuple(
+    m.SCHEME.provider for m in (_replicate, _kie, _elevenlabs, _fal))
+
+# Public names for the shared checks, for a platform's own scheme.
+header = _header
+required_headers = _required
+require_secret = _require_secret
+fresh_timestamp = _timestamp
+json_object = _json_object
+hmac_sha256 = _hmac_sha256
+event = _event
+
+
+def verify(
+    provider: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    query: Mapping[str, str],
+    key: Any,
+    now: datetime,
+    *,
+    fal_user_id: str | None = None,
+    **options: Any,
+) -> WebhookEvent:
+    """Verify a delivery for ``provider``; ``key`` is its secret (fal: a JwksCache or JWKS).
+
+    ``options`` reach the scheme's verifier as keyword arguments; ``fal_user_id`` is fal's
+    ``user_id`` (our account), ignored by every other scheme."""
+    scheme = get_scheme(provider)
+    if scheme is None:
+        raise WebhookPayloadError(f"no webhook scheme for provider {provider!r}")
+    if scheme.provider == "fal":
+        options = {"user_id": fal_user_id, **options}
+    return scheme.verify(headers, body, query, key, now, **options)
+
+
+__all__ = [
+    "DUBBING_NAME_PREFIX",
+    "ELEVENLABS_TOLERANCE",
+    "FAILED",
+    "FAL_CHECKED_USER",
+    "FAL_TOLERANCE",
+    "JWKS_FAILURE_TTL",
+    "JWKS_MAX_AGE",
+    "JWKS_MAX_BYTES",
+    "JWKS_MIN_REFRESH",
+    "KIE_TOLERANCE",
+    "MAX_DEPTH",
+    "PROVIDERS",
+    "REPLICATE_TOLERANCE",
+    "RUNNING",
+    "SUCCEEDED",
+    "Binding",
+    "JwksCache",
+    "WebhookEvent",
+    "WebhookScheme",
+    "event",
+    "fresh_timestamp",
+    "from_settings",
+    "get_scheme",
+    "header",
+    "hmac_sha256",
+    "json_object",
+    "parse_jwks",
+    "payload_digest",
+    "register_webhook_scheme",
+    "require_secret",
+    "required_headers",
+    "schemes",
+    "unregister_webhook_scheme",
+    "verify",
+    "verify_elevenlabs",
+    "verify_fal",
+    "verify_kie",
+    "verify_replicate",
+]
