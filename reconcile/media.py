@@ -1,4 +1,6 @@
-"""Safe fetch of provider outputs: the SSRF guard in front of every result URL.
+"""Safe fetch of provider outputs: the SSRF guard in front of every result URL (the URL and
+address checks are :mod:`reconcile.media_guard`, the type helpers :mod:`reconcile.media_types`;
+this module re-exports both).
 
 A result URL comes from a provider's answer (or an unsigned KIE callback), so it is untrusted.
 What the fetch guarantees, hop by hop (redirects are followed by hand):
