@@ -62,7 +62,6 @@ class FetchedMedia:
     final_url: str  # after redirects
 
 
-
 # -- the pinned transport -------------------------------------------------------------------
 
 

@@ -20,8 +20,6 @@ from .output import _cell, _dump, _table
 _ROOT = __package__.rpartition(".")[0]  # "reconcile"
 
 
-
-
 def _report_failed(cli: Cli, job_id: uuid.UUID, verb: str) -> None:
     with cli.session() as session:
         job = _load(session, job_id)
@@ -147,7 +145,6 @@ def _list_by_action(rt: Runtime, report: Any) -> None:
     for label, rows in sorted(groups.items()):
         click.echo(f"\n{label} ({len(rows)})")
         click.echo(_table(rows, ("job_id", "row", "job_type", "kind", "status", "age", "credits")))
-
 
 
 @main.command("repair-usage-metadata")

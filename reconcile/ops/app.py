@@ -174,7 +174,6 @@ def _load(session: Session, job_id: uuid.UUID) -> Job:
     return job
 
 
-
 # ----------------------------------------------------------------------------- the group
 
 

@@ -39,7 +39,6 @@ class ChaosConfig:
     quiet: bool = False
 
 
-
 class _Run:
     """One chaos run's moving parts (see :func:`run`)."""
 
