@@ -1,4 +1,4 @@
-"""``python -m reconcile`` runs the operator command (see :mod:`reconcile.cli`)."""
+"""``python -m reconcile`` runs the operator command (see :mod:`reconcile.ops`)."""
 
 from .cli import main
 

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from reconcile.testing import chaos
+from reconcile.testing.chaos import control
 from reconcile.testing.processes import ScratchRedis
 
 
@@ -49,7 +50,7 @@ def scratch(tmp_path: Path) -> Any:
 
 def _watch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, scratch: ScratchRedis,
            worker: FakeWorker, until: str) -> list[str]:
-    state = chaos._Run(chaos.ChaosConfig(quiet=True, workers=1), chaos.make_plan(1, 10, workers=1),
+    state = control._Run(chaos.ChaosConfig(quiet=True, workers=1), chaos.make_plan(1, 10, workers=1),
                        tmp_path)
     state.workers[0] = worker  # type: ignore[assignment]
     replacements: list[FakeWorker] = []
@@ -59,10 +60,10 @@ def _watch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, scratch: ScratchRedi
         replacements.append(fresh)
         return fresh
 
-    monkeypatch.setattr(chaos, "_spawn", spawn)
-    monkeypatch.setattr(chaos, "STALL_SECONDS", 1.5)
+    monkeypatch.setattr(control, "_spawn", spawn)
+    monkeypatch.setattr(control, "STALL_SECONDS", 1.5)
     redis.Redis(port=scratch.port).rpush("reconcile", b"m1", b"m2", b"m3")
-    thread = threading.Thread(target=chaos._watchdog, args=(state, {}, scratch), daemon=True)
+    thread = threading.Thread(target=control._watchdog, args=(state, {}, scratch), daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not any(until in v for v in state.live_violations):
@@ -91,12 +92,12 @@ def test_a_worker_that_stops_consuming_while_messages_wait_is_a_violation(
 
 def test_a_consuming_worker_is_no_violation(monkeypatch, tmp_path, scratch) -> None:
     healthy = FakeWorker(tmp_path / "ok.log", alive=True, receiving=True)
-    state = chaos._Run(chaos.ChaosConfig(quiet=True, workers=1), chaos.make_plan(1, 10, workers=1),
+    state = control._Run(chaos.ChaosConfig(quiet=True, workers=1), chaos.make_plan(1, 10, workers=1),
                        tmp_path)
     state.workers[0] = healthy  # type: ignore[assignment]
-    monkeypatch.setattr(chaos, "STALL_SECONDS", 1.0)
+    monkeypatch.setattr(control, "STALL_SECONDS", 1.0)
     redis.Redis(port=scratch.port).rpush("reconcile", b"m1")
-    thread = threading.Thread(target=chaos._watchdog, args=(state, {}, scratch), daemon=True)
+    thread = threading.Thread(target=control._watchdog, args=(state, {}, scratch), daemon=True)
     thread.start()
     time.sleep(3.0)
     state.stop.set()

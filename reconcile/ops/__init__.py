@@ -1,0 +1,31 @@
+"""The ``reconcile`` operator command (DESIGN.md §7); also ``python -m reconcile``.
+
+Listings (``stuck``, ``uncertain``, ``unsettled``) and ``show`` print aligned tables for people
+and, with ``--json``, one JSON value on stdout for scripts. Changes go through the lifecycle's
+compare-and-set functions, never raw SQL: ``fail`` fails a job *with* its refund (the seed's
+``reconcile-jobs --fail`` forgot it), ``resolve`` settles an uncertain submission either way.
+
+In JSON, times are ISO 8601 (UTC) and durations (``age``, ``threshold``, ``due_in``) seconds.
+
+Exit codes: 0 done (or nothing to do), 1 an error or — for ``audit`` — discrepancies found,
+2 a bad argument or a refused change (unknown job, an uncertain job given to ``fail``, …).
+
+A platform can run the command with its own :class:`~reconcile.runtime.Runtime` (its hooks,
+its enqueue functions): ``main(args, obj=runtime)``; tests do the same with ``CliRunner``.
+
+The command lives in this package, one module a concern: :mod:`.app` (the root group, the
+shared :class:`Cli` state, exit codes, options), :mod:`.output` (tables and JSON),
+:mod:`.listings` (the read-only queries: ``stuck``, ``uncertain``, ``unsettled``, ``show``,
+``audit``), :mod:`.actions` (``fail``, ``resolve``, ``sweep``, ``repair-usage-metadata``),
+:mod:`.database` (``db upgrade|downgrade``), :mod:`.adopt` (``adopt report``, ``credits
+import``, ``prune``) and :mod:`.tools` (``simulator``, ``demo``, ``metrics``). Importing the
+package registers every command on :func:`main`; ``reconcile.cli`` re-exports it (the console
+script's entry point).
+"""
+
+from __future__ import annotations
+
+from . import actions, adopt, database, listings, tools  # noqa: F401  (register the commands)
+from .app import JOB_ID, NO_DATABASE, Cli, Failed, Refused, main
+
+__all__ = ["JOB_ID", "NO_DATABASE", "Cli", "Failed", "Refused", "main"]

@@ -1,0 +1,156 @@
+"""The invariants of a chaos run, over the quiescent end state: no duplicate create, no double
+settlement, a clean audit, every job terminal and settled (but ``uncertain`` ones), every asset's
+object stored and counted right, every refund backed by evidence, every event published."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+from ..processes import ScratchRedis, WebhookReceiver
+from .control import _Run
+from .plan import SYNC_KINDS
+from .report import ChaosReport
+
+
+def _evidenced_uncertain() -> Any:
+    """Uncertain jobs a stored webhook delivery names (with an upstream id): resolvable."""
+    from sqlalchemy import select
+
+    from ...db.models import Job, WebhookDelivery
+
+    return select(WebhookDelivery.job_id).join(Job, Job.id == WebhookDelivery.job_id).where(
+        Job.status == "pending", Job.submission_state == "uncertain",
+        WebhookDelivery.upstream_id.is_not(None))
+
+
+def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
+           redis_server: ScratchRedis) -> ChaosReport:
+    """Every invariant, over the quiescent end state."""
+    from sqlalchemy import func, select
+
+    from ... import credits
+    from ...db.models import Asset, CreditTransaction, Job, JobEvent, UsageLog
+    from ...events import publish
+
+    publish(rt, older_than=timedelta(0), limit=10**6)  # the outbox drains once all is quiet
+    violations: list[str] = list(state.live_violations)
+    specs = {uuid.UUID(s.job_id): s for s in state.plan.jobs}
+    with rt.sessions() as session:
+        jobs = {j.id: j for j in session.execute(select(Job)).scalars()}
+        assets: dict[uuid.UUID, list[Asset]] = {}
+        for asset in session.execute(select(Asset)).scalars():
+            assets.setdefault(asset.job_id, []).append(asset)
+        settlements = Counter(session.execute(
+            select(CreditTransaction.job_id).where(
+                CreditTransaction.id.like("job-commit:%") | CreditTransaction.id.like(
+                    "job-refund:%"))).scalars())
+        refunded = session.execute(select(func.count()).select_from(UsageLog).where(
+            UsageLog.status == "refunded")).scalar_one()
+        unpublished = session.execute(select(func.count()).select_from(JobEvent).where(
+            JobEvent.published_at.is_(None))).scalar_one()
+        problems = credits.audit(session, now=rt.now(), grace=timedelta(0), settings=rt.settings)
+        evidenced = set(session.execute(_evidenced_uncertain()).scalars())
+
+    for job_id, spec in specs.items():
+        if job_id not in jobs and job_id not in state.failed_submits:
+            violations.append(f"missing_job {job_id} ({spec.kind})")
+    uncertain: list[str] = []
+    outcomes: Counter[str] = Counter()
+    tasks_by_job: dict[str, list[Any]] = {}
+    for task in sim.tasks.values():
+        tasks_by_job.setdefault(task.job_id or "", []).append(task)
+    for job_id, job in jobs.items():
+        kind = job.provider_kind or "?"
+        outcomes[f"{job.status}:{job.error_code or 'ok'}"] += 1
+        creates = sim.creates(str(job_id))
+        if kind not in SYNC_KINDS and creates > 1:
+            violations.append(f"duplicate_create {job_id} ({kind}): {creates} upstream tasks")
+        if settlements[job_id] > 1:
+            violations.append(f"double_settlement {job_id} ({kind})")
+        if job.status in ("pending", "processing"):
+            if job.submission_state == "uncertain":
+                created = "created upstream" if creates else "never created"
+                uncertain.append(f"{job_id} ({kind}, {created})")
+                if job_id in evidenced:
+                    violations.append(f"evidence_ignored {job_id} ({kind}): a stored webhook "
+                                      f"names its upstream id, still uncertain")
+            else:
+                violations.append(f"not_terminal {job_id} ({kind}) status={job.status} "
+                                  f"submission={job.submission_state}")
+            continue
+        if job.credits_actual is None:
+            violations.append(f"unsettled {job_id} ({kind}) status={job.status}")
+        mine = sorted(assets.get(job_id, []), key=lambda a: a.index)
+        if job.status == "completed":
+            outputs = (job.output_data or {}).get("outputs") or []
+            if len(mine) != len(outputs) or [a.index for a in mine] != list(range(len(mine))) \
+                    or not mine:
+                violations.append(f"asset_rows {job_id} ({kind}): {len(mine)} rows for "
+                                  f"{len(outputs)} outputs")
+            if kind not in SYNC_KINDS:
+                upstream = tasks_by_job.get(str(job_id), [])
+                if not any(t.first_at({"succeeded"}, sim.now()) for t in upstream):
+                    violations.append(f"completed_without_upstream_success {job_id} ({kind})")
+                script = specs[job_id].script if job_id in specs else {}
+                if kind != "elevenlabs-async" and script.get("outputs") and \
+                        len(mine) != script["outputs"]:
+                    violations.append(f"asset_count {job_id} ({kind}): {len(mine)} rows, "
+                                      f"upstream made {script['outputs']}")
+        else:
+            if mine:
+                violations.append(f"assets_on_{job.status}_job {job_id} ({kind})")
+            if kind not in SYNC_KINDS:
+                why = _refund_evidence(job, creates, tasks_by_job.get(str(job_id), []), sim)
+                if why:
+                    violations.append(f"refund_without_evidence {job_id} ({kind}): {why}")
+    for job_id, rows in assets.items():
+        for asset in rows:
+            if not rt.storage.exists(asset.storage_key):
+                violations.append(f"asset_object_missing {job_id} {asset.storage_key}")
+    named = {a.storage_key for rows in assets.values() for a in rows}
+    orphans = [key for key in rt.storage.keys() if key not in named]
+    violations += [f"audit {p.kind} job={p.job_id} user={p.user_id}: {p.detail}" for p in problems]
+    if unpublished:
+        violations.append(f"events_unpublished {unpublished}")
+    terminal = sum(1 for j in jobs.values() if j.status not in ("pending", "processing"))
+    elapsed = time.monotonic() - state.started
+    recovered = sum(1 for jid in state.recovered_ids
+                    if jid in jobs and jobs[jid].status not in ("pending", "processing"))
+    return ChaosReport(
+        seed=state.plan.seed, plan_digest=state.plan.digest(), jobs=len(state.plan.jobs),
+        by_kind=dict(Counter(s.kind for s in state.plan.jobs)), kills=state.counts["kills"],
+        worker_restarts=state.counts["worker_restarts"],
+        unplanned_worker_exits=state.counts["unplanned_worker_exits"],
+        redis_restarts=redis_server.restarts,
+        pg_terminations=state.counts["pg_terminations"],
+        submit_failed=state.counts["submit_failed"], pg_backends_terminated=state.counts["pg_backends_terminated"],
+        sweeps=state.counts["sweeps"], sweep_errors=state.counts["sweep_errors"],
+        recovered=recovered,
+        completed=sum(1 for j in jobs.values() if j.status == "completed"),
+        failed=sum(1 for j in jobs.values() if j.status in ("failed", "cancelled")),
+        refunded=int(refunded), uncertain=sorted(uncertain), orphans=len(orphans),
+        lost_publishes=state.counts["lost_publishes"],
+        webhook_answers={str(k): v for k, v in sorted(receiver.answers.items())},
+        violations=violations, seconds=elapsed, throughput=terminal / elapsed if elapsed else 0.0,
+        outcomes=dict(outcomes))
+
+
+def _refund_evidence(job: Any, creates: int, upstream: list[Any], sim: Any) -> str | None:
+    """Why this async job's refund is NOT backed by evidence (None: it is). Automatic refunds
+    need a rejection, a provider-reported failure, or a create that never happened."""
+    code = job.error_code
+    if code in ("UPSTREAM_INVALID_INPUT", "UPSTREAM_SUBMISSION_FAILED", "UPSTREAM_RATE_LIMITED",
+                "RECONCILE_NO_RECOVERY"):
+        return f"{code} but created upstream" if creates else None
+    states = {t.state_at(sim.now())[0] for t in upstream}
+    if code == "UPSTREAM_FAILED":
+        return None if states & {"failed", "canceled"} else f"{code} but upstream is {states}"
+    if code == "UPSTREAM_EMPTY_RESULT":
+        ok = any(t.state_at(sim.now())[0] == "succeeded" and t.script.outputs == 0
+                 for t in upstream)
+        return None if ok else f"{code} but upstream is {states}"
+    return f"unexpected code {code} (no exhaustion or cancel happens in a chaos run)"

@@ -1,0 +1,124 @@
+"""The seeded plan of a chaos run: every job (id, kind, script, price, submit time) and the whole
+fault schedule, derived in one deterministic pass of one ``random.Random(seed)``."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# --------------------------------------------------------------------------- the seeded plan
+
+# (kind, model, input) per provider family; a sync kind is run by the platform's request
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "kie-standard": ("seedream/4.5-edit", {"prompt": "a cat"}),
+    "kie-veo": ("veo3_fast", {"prompt": "a dog"}),
+    "replicate-prediction": ("owner/model:abc123", {"prompt": "x"}),
+    "elevenlabs-async": ("dubbing", {"source_url": "https://example.com/a.mp4",
+                                     "target_lang": "es"}),
+    "fal-queue": ("fal-ai/flux/dev", {"prompt": "x"}),
+    "anthropic-sync": ("claude-sonnet-4-5", {"prompt": "hi"}),
+    "kie-llm": ("gpt-5", {"messages": [{"role": "user", "content": "hi"}]}),
+    "elevenlabs-sync": ("tts:voice1", {"text": "hi"}),
+}
+SYNC_KINDS = ("anthropic-sync", "kie-llm", "elevenlabs-sync")
+ASYNC_WEIGHTS = {"kie-standard": 3, "kie-veo": 2, "replicate-prediction": 3,
+                 "elevenlabs-async": 1, "fal-queue": 3}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    index: int
+    job_id: str
+    kind: str
+    user: int
+    credits: int
+    submit_at: float  # seconds after the start
+    script: dict[str, Any]  # Script fields (sync kinds: create mode only)
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float  # seconds after the start
+    action: str  # kill_worker | redis_restart | pg_terminate
+    target: int = 0  # the worker index (kill_worker)
+    down_for: float = 0.0  # seconds until the restart (kill_worker, redis_restart)
+
+
+@dataclass(frozen=True)
+class Plan:
+    seed: int
+    window: float  # seconds over which jobs are submitted and faults happen
+    jobs: tuple[JobSpec, ...]
+    faults: tuple[Fault, ...]
+    sim_knobs: dict[str, Any]
+    sweep_intervals: tuple[float, float]
+    users: int
+
+    def digest(self) -> str:
+        """A short fingerprint: the same seed (and N) always prints the same one."""
+        import hashlib
+
+        text = json.dumps([asdict(j) for j in self.jobs] + [asdict(f) for f in self.faults]
+                          + [self.sim_knobs, list(self.sweep_intervals)], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _script(rng: random.Random, kind: str) -> dict[str, Any]:
+    """One upstream behaviour: mostly success, some failures, odd states, 429s, lost answers.
+
+    A sync call carries no job id upstream, so sync kinds follow the simulator's default script
+    (their failures come from its ``fail_rate``)."""
+    if kind in SYNC_KINDS:
+        return {}
+    start = round(rng.uniform(0.05, 0.6), 3)
+    done = round(start + rng.uniform(0.2, 2.5), 3)
+    end = rng.choices(["succeeded", "failed", "canceled", "empty"], [78, 15, 3, 4])[0]
+    outputs = 0 if end == "empty" else rng.randint(1, 3)
+    timeline: list[tuple[float, str]] = [(0.0, "queued"), (start, "running")]
+    if rng.random() < 0.05:  # a status the adapters do not know, then a real ending
+        timeline.append((round((start + done) / 2, 3), "unknown:mystery"))
+    timeline.append((done, "succeeded" if end == "empty" else end))
+    create = rng.choices(["accept", "rate_limit", "reject_invalid", "reject_auth",
+                          "server_error", "drop_after_accept", "garbage_2xx"],
+                         [84, 5, 2, 1, 2, 4, 2])[0]
+    return {"timeline": timeline, "outputs": outputs, "create": create,
+            "rate_limit_times": rng.randint(1, 2) if create == "rate_limit" else None,
+            "retry_after": 1.0, "webhook": rng.random() < 0.5,
+            "kie_msg_key": rng.choice(["msg", "message"])}
+
+
+def make_plan(seed: int, jobs: int, *, rate: float = 12.0, workers: int = 2) -> Plan:
+    """Everything the seed decides, in one deterministic pass of one ``random.Random(seed)``."""
+    rng = random.Random(seed)
+    window = max(8.0, jobs / rate)
+    users = max(3, jobs // 50)
+    kinds = list(ASYNC_WEIGHTS) + list(SYNC_KINDS)
+    weights = list(ASYNC_WEIGHTS.values()) + [1] * len(SYNC_KINDS)
+    specs = []
+    for index in range(jobs):
+        kind = rng.choices(kinds, weights)[0]
+        specs.append(JobSpec(
+            index=index, job_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)), kind=kind,
+            user=rng.randrange(users), credits=rng.randint(1, 60),
+            submit_at=round(rng.uniform(0.0, window), 3), script=_script(rng, kind)))
+    specs.sort(key=lambda s: (s.submit_at, s.index))
+    faults: list[Fault] = []
+    kills = max(2, round(jobs / 150))
+    for n in range(kills):  # each worker is killed at least once
+        faults.append(Fault(round(rng.uniform(0.1, 0.9) * window, 3), "kill_worker",
+                            target=n % workers, down_for=round(rng.uniform(0.2, 2.0), 3)))
+    for _ in range(1 + jobs // 2500):  # down for seconds, as a real restart: a worker must
+        # ride out a broker that stays away while it holds unacked messages (issue 18)
+        faults.append(Fault(round(rng.uniform(0.3, 0.8) * window, 3), "redis_restart",
+                            down_for=round(rng.uniform(2.0, 5.0), 3)))
+    for _ in range(2 + jobs // 200):
+        faults.append(Fault(round(rng.uniform(0.05, 0.95) * window, 3), "pg_terminate"))
+    faults.sort(key=lambda f: (f.at, f.action, f.target))
+    knobs = {"fail_rate": round(rng.uniform(0.0, 0.02), 4),
+             "read_fail_rate": round(rng.uniform(0.02, 0.08), 4),
+             "latency_range": (0.0, round(rng.uniform(0.005, 0.05), 4))}
+    sweeps = (round(rng.uniform(0.4, 1.2), 3), round(rng.uniform(0.4, 1.2), 3))
+    return Plan(seed, window, tuple(specs), tuple(faults), knobs, sweeps, users)
