@@ -56,7 +56,7 @@ def world(db: sessionmaker[Session], pg_engine: Engine, tmp_path: Path) -> Itera
     with Simulator(clock=lambda: clock[0]) as sim:
         rt = Runtime(settings=sim.settings(webhook_base_url="https://platform.example/hooks"),
                      sessions=db, storage=LocalStorage(tmp_path / "media"))
-        with Counting(pg_engine, sample_width=200) as counting:
+        with Counting(pg_engine, sample_width=100_000) as counting:
             w = World(rt, sim, clock, counting, db)
             rt.enqueue_create = lambda job_id, countdown=0.0: w.creates.append(job_id)
             rt.enqueue_poll = lambda job_id, g, s, countdown: w.polls.append((g, s))
