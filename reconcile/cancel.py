@@ -9,7 +9,9 @@
   ``SUBMISSION_RECONCILIATION_REQUIRED``;
 * ``accepted`` with its task id → the provider's cancel where it has one (Replicate, fal; its
   errors are only logged), then cancelled + refund; elsewhere (KIE, ElevenLabs) cancelled +
-  refund locally;
+  refund locally. A poll or webhook that reads our own upstream cancel before the local CAS
+  fails the job ``UPSTREAM_FAILED`` (refunded); the cancel then rewrites that row to
+  cancelled (same refund, :func:`jobstore.cancelled_over_failure`) and answers 200, not 409;
 * ``submitting``, ``uncertain``, ``accepted`` without its id → 409
   ``SUBMISSION_RECONCILIATION_REQUIRED``.
 
@@ -64,8 +66,31 @@ def cancel_job(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID) -> Job:
                               where=where, status=Status.CANCELLED):
             log.info("job_canceled job_id=%s submission_state=%s", job_id, job.submission_state)
             return load_owned(rt, user_id, job_id)
+        if detail.get("upstream_cancel") == "requested" and _own_cancel_seen(rt, job, detail):
+            return load_owned(rt, user_id, job_id)
         log.info("cancel_cas_lost job_id=%s", job_id)  # the row moved on: decide again
     raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED, RECONCILIATION_MESSAGE)
+
+
+def _own_cancel_seen(rt: Runtime, job: Job, detail: dict[str, Any]) -> bool:
+    """The upstream cancel we just requested was read first: a poll or a webhook between it and
+    our CAS saw the task ``canceled`` and failed the job ``UPSTREAM_FAILED`` (refunded). The job
+    is the user's cancel, not a provider failure: rewrite the status (the refund stays the one
+    that was settled) and answer 200, not 409. False: the row moved on otherwise."""
+    from .events import add_event, publish_events
+
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        moved = jobstore.cancelled_over_failure(
+            session, job.id, job.provider_task_id or "", code=ErrorCode.CANCELED,
+            message=CANCELED_MESSAGE, detail={**detail, "read_first_by": "a status read"})
+        if moved is None:
+            return False
+        event = add_event(session, moved, "canceled", now, {"code": str(ErrorCode.CANCELED)}, rt=rt)
+    log.info("job_canceled job_id=%s over_upstream_failed=true", job.id)
+    lifecycle.settle(rt, job.id)  # a no-op when the failure's refund was settled already
+    publish_events(rt, [event])
+    return True
 
 
 def _decide(rt: Runtime, job: Job) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -140,6 +140,19 @@ def mark_failed(session: Session, job_id: uuid.UUID, *, now: datetime, code: str
     return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), *where, **values)
 
 
+def cancelled_over_failure(session: Session, job_id: uuid.UUID, task_id: str, *, code: str,
+                           message: str, detail: dict[str, Any] | None) -> Job | None:
+    """failed → cancelled, for the user's cancel whose own upstream cancel a poll (or a webhook)
+    read first: the task failed ``UPSTREAM_FAILED`` *because* we cancelled it. Money is not
+    touched (a failed and a cancelled job settle the same refund, once); only the status, the
+    code and the detail say what happened. Guarded on the same upstream task and on that code,
+    so a completion, an exhaustion or another task's failure is never rewritten."""
+    return _cas(session, Job.id == job_id, Job.status == Status.FAILED,
+                Job.error_code == "UPSTREAM_FAILED", Job.provider_task_id == task_id,
+                status=Status.CANCELLED, error_code=code, error_message=redact.signed(message),
+                error_detail=redact.detail(detail))
+
+
 def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | None:
     """Completion is allowed only from pending/processing (DESIGN §10.1)."""
     return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), status=Status.COMPLETED,

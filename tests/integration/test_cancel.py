@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle
 from reconcile.cancel import cancel_job
-from reconcile.db.models import Asset, Job
+from reconcile.db.models import Asset, Job, JobEvent
 from reconcile.errors import Conflict, ErrorCode, JobNotFound
 from reconcile.providers.base import Output, PollResult, PollStatus
 from reconcile.runtime import Runtime
@@ -227,6 +227,40 @@ def test_accepted_job_is_cancelled_upstream_too(env, db, simulator, kind: str, m
     assert job.error_detail["upstream_cancel"] == "requested"
     drain(rt, queues)  # the poll chain is fenced off: the job stays cancelled
     assert load(db, job_id).status == "cancelled"
+
+
+@pytest.mark.parametrize("kind, model", [("replicate-prediction", "acme/flux"),
+                                         ("fal-queue", "fal-ai/flux/dev")])
+def test_a_poll_that_reads_our_upstream_cancel_first_still_ends_cancelled(
+        env, db, simulator, monkeypatch, kind: str, model: str) -> None:
+    """The explorer's running:poll/cancel hole: between the provider's cancel and the cancel's
+    CAS, a poll reads ``canceled`` and fails the job UPSTREAM_FAILED (refunded). The user's
+    cancel is still a cancel: 200 with the cancelled row, one refund, no 409."""
+    rt, _, _ = env
+    user = uuid.uuid4()
+    fund(db, user)
+    simulator.script_default(Script(timeline=RUNNING))
+    job_id = submit(rt, user, kind, model)
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
+    client = rt.client(rt.kind(kind))
+    real_cancel = client.cancel
+
+    def cancel_then_a_poll_reads_it(task_id: str, **kwargs: Any) -> bool:
+        done = real_cancel(task_id, **kwargs)
+        job = load(db, job_id)
+        assert lifecycle.observe(rt, job, rt.kind(kind), via="poll") == "failed"
+        assert load(db, job_id).error_code == "UPSTREAM_FAILED"
+        return done
+
+    monkeypatch.setattr(client, "cancel", cancel_then_a_poll_reads_it)
+    returned = cancel_job(rt, user, job_id)
+    assert (returned.status, returned.error_code) == ("cancelled", "CANCELED")
+    job = assert_cancelled_and_refunded(db, job_id, user)
+    assert job.error_detail["upstream_cancel"] == "requested"
+    with db() as s:
+        types = [e.type for e in s.execute(select(JobEvent).where(JobEvent.job_id == job_id)
+                                           .order_by(JobEvent.id)).scalars()]
+    assert types[-2:] == ["failed", "canceled"]
 
 
 def test_upstream_cancel_errors_are_ignored(env, db, simulator, monkeypatch, caplog) -> None:

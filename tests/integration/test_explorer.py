@@ -26,14 +26,7 @@ BOUNDS = ex.Bounds(preemptions=1, jumps=1)
 
 # a scenario whose hole is still open on main would be listed here as (name, reason), run as a
 # strict xfail: the day the fix lands the marker has to go. Holes 1 and 8 are fixed (i11b).
-_CANCEL_HOLE = ("a poll between the cancel's upstream cancel and its CAS reads 'canceled' and "
-                "fails the job UPSTREAM_FAILED (refunded); the user's cancel then answers 409 "
-                "and the job is failed, not cancelled, though we cancelled its polled task "
-                "(cancel.py, found with issue 16's scenarios; the chain has it as the batch does)")
-OPEN_HOLES: dict[str, str] = {
-    "running:poll/cancel": _CANCEL_HOLE,
-    "batch_running:poll_due/cancel": _CANCEL_HOLE,
-}
+OPEN_HOLES: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
