@@ -112,6 +112,9 @@ class Matrix:
             "RECONCILE_TIME_SCALE": str(TIME_SCALE),
             "RECONCILE_WEBHOOK_BASE_URL": (self.receiver.base_url if webhooks
                                            else "http://127.0.0.1:9/hooks"),
+            # the workers publish too (Redis pub/sub): with no publisher a process writes its
+            # events already published, and after_complete_txn would leave nothing to republish
+            "RECONCILE_EVENTS_REDIS_URL": self.redis.url(1),
             **extra,
         }
 
