@@ -76,6 +76,7 @@ def test_two_concurrent_claimers_never_claim_the_same_row(world: World) -> None:
         first.begin()
         a = {j.id for j in jobstore.claim_due(first, w.clock.now, lease, 6)}  # locked, uncommitted
         second.begin()
+        second.execute(text("SET LOCAL lock_timeout = '5s'"))  # waiting on a lock fails the test
         b = {j.id for j in jobstore.claim_due(second, w.clock.now, lease, 10)}
         second.commit()
         first.commit()
@@ -167,6 +168,12 @@ def test_a_dead_pollers_rows_are_due_again_after_one_lease(world: World) -> None
     tick = w.tick()  # the sweep starts no chain for them and sends nothing
     assert list(w.q.polls) == [] and not any(a.outcome == "due" for a in tick.actions)
     w.clock.now += timedelta(seconds=1)
+    # due again, their chain-era lease long past (no poller ran): still no chain, no action
+    w.clock.now += timedelta(minutes=5)
+    generations = {w.job(j).poll_generation for j in ids}
+    assert all(w.job(j).poll_lease_expires_at < w.clock.now for j in ids)
+    assert [a for a in w.tick().actions if a.job_id in ids] == [] and list(w.q.polls) == []
+    assert {w.job(j).poll_generation for j in ids} == generations
     again = batch_poll.claim(w.rt)
     assert {c.job.id for c in again} == ids
     assert all(c.seq == 2 for c in again)
