@@ -342,3 +342,20 @@ def test_batch_mode_on_the_embedded_sqlite_default(simulator: Simulator, tmp_pat
     fresh = batch_poll.claim(w.rt, limit=5)  # the stale claim's row and the two still due
     assert stale.job.id in {c.job.id for c in fresh} and len(fresh) == 3
     assert batch_poll.run_claims(w.rt, [stale]).fenced == 1
+
+
+def test_back_to_chain_mode_the_sweep_resumes_batch_rows_as_chains(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """Batch mode switched off: a row still carrying a due time is resumed as a chain by the
+    sweep once its lease is past, and its due time is cleared (no batch poller runs now)."""
+    batch = World(db, simulator, tmp_path, poll_mode="batch")
+    job_id = _accepted(batch)[0]
+    batch.clock.now += INTERVAL
+    assert len(batch_poll.claim(batch.rt)) == 1  # claimed, then the switch
+    chain = World(db, simulator, tmp_path)
+    chain.clock.now = batch.clock.now + batch_poll.claim_lease(batch.rt) + timedelta(seconds=1)
+    tick = chain.tick()
+    assert [(a.job_id, a.action, a.outcome) for a in tick.actions] == [(job_id, "resume", "resumed")]
+    job = chain.job(job_id)
+    assert job.poll_due_at is None
+    assert list(chain.q.polls) == [(job_id, job.poll_generation, 0)]
