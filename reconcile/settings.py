@@ -74,10 +74,11 @@ class Settings(BaseSettings):
     poll_mode: PollMode = "chain"
     poll_batch_size: int = Field(default=200, ge=1, le=5000)  # rows claimed per statement
     poll_batch_threads: int = Field(default=32, ge=1, le=256)  # concurrent status reads
-    poll_batch_interval: float = 1.0  # seconds between beat's poll_due ticks (scaled)
-    # seconds one poll_due run keeps claiming while rows are due (scaled); then it ends and the
-    # next tick (or its own re-enqueue) carries on
-    poll_batch_time_budget: float = 20.0
+    poll_batch_interval: float = Field(default=1.0, gt=0)  # s between beat's poll_due ticks (scaled)
+    # seconds one poll_due run keeps claiming while rows are due (scaled); then it ends and
+    # re-enqueues itself at the queue's tail, so create messages queued meanwhile wait at most
+    # about this long for a pool process
+    poll_batch_time_budget: float = Field(default=5.0, gt=0)
     time_scale: float = 1.0
     # retention (`reconcile prune`, and the beat's prune entry when either is set); None: keep
     job_events_retention_days: float | None = None

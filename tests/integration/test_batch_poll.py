@@ -76,6 +76,7 @@ def test_two_concurrent_claimers_never_claim_the_same_row(world: World) -> None:
         first.begin()
         a = {j.id for j in jobstore.claim_due(first, w.clock.now, lease, 6)}  # locked, uncommitted
         second.begin()
+        second.execute(text("SET LOCAL lock_timeout = '5s'"))  # waiting on a lock fails the test
         b = {j.id for j in jobstore.claim_due(second, w.clock.now, lease, 10)}
         second.commit()
         first.commit()
@@ -167,6 +168,12 @@ def test_a_dead_pollers_rows_are_due_again_after_one_lease(world: World) -> None
     tick = w.tick()  # the sweep starts no chain for them and sends nothing
     assert list(w.q.polls) == [] and not any(a.outcome == "due" for a in tick.actions)
     w.clock.now += timedelta(seconds=1)
+    # due again, their chain-era lease long past (no poller ran): still no chain, no action
+    w.clock.now += timedelta(minutes=5)
+    generations = {w.job(j).poll_generation for j in ids}
+    assert all(w.job(j).poll_lease_expires_at < w.clock.now for j in ids)
+    assert [a for a in w.tick().actions if a.job_id in ids] == [] and list(w.q.polls) == []
+    assert {w.job(j).poll_generation for j in ids} == generations
     again = batch_poll.claim(w.rt)
     assert {c.job.id for c in again} == ids
     assert all(c.seq == 2 for c in again)
@@ -335,3 +342,20 @@ def test_batch_mode_on_the_embedded_sqlite_default(simulator: Simulator, tmp_pat
     fresh = batch_poll.claim(w.rt, limit=5)  # the stale claim's row and the two still due
     assert stale.job.id in {c.job.id for c in fresh} and len(fresh) == 3
     assert batch_poll.run_claims(w.rt, [stale]).fenced == 1
+
+
+def test_back_to_chain_mode_the_sweep_resumes_batch_rows_as_chains(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """Batch mode switched off: a row still carrying a due time is resumed as a chain by the
+    sweep once its lease is past, and its due time is cleared (no batch poller runs now)."""
+    batch = World(db, simulator, tmp_path, poll_mode="batch")
+    job_id = _accepted(batch)[0]
+    batch.clock.now += INTERVAL
+    assert len(batch_poll.claim(batch.rt)) == 1  # claimed, then the switch
+    chain = World(db, simulator, tmp_path)
+    chain.clock.now = batch.clock.now + batch_poll.claim_lease(batch.rt) + timedelta(seconds=1)
+    tick = chain.tick()
+    assert [(a.job_id, a.action, a.outcome) for a in tick.actions] == [(job_id, "resume", "resumed")]
+    job = chain.job(job_id)
+    assert job.poll_due_at is None
+    assert list(chain.q.polls) == [(job_id, job.poll_generation, 0)]
