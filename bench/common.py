@@ -66,12 +66,28 @@ def throwaway_db(prefix: str, *, migrate: bool = True) -> Iterator[tuple[str, st
 
 
 def drop_stale_databases() -> None:
-    """Databases left by an interrupted earlier run (bench_* only)."""
+    """Databases left by an interrupted earlier run (bench_* only) whose creating process is
+    gone: a name carries its creator's pid (``bench_<prefix>_<pid>_<hex>``), so a run never
+    drops the databases of another bench still running on the same server."""
     with admin() as conn:
         names = [r[0] for r in conn.execute(
             "SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_%'")]
         for name in names:
+            parts = name.split("_")
+            pid = int(parts[-2]) if len(parts) >= 4 and parts[-2].isdigit() else None
+            if pid is not None and _alive(pid):
+                continue
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def server_version() -> str:

@@ -256,29 +256,41 @@ def _fig1(r: dict[str, Any]) -> str:
         walk_big = r["sizes"][big]["variants"]["shipped"]["tick_walk"]
         pages = sum(walk_big[p]["pages"] for p in ("unstarted", "started", "unsettled"))
         mb = h.get("index_sizes_mb") or {}
+        chosen = {size: ((r["sizes"][size]["variants"]["shipped"]["tick_walk"]["started"]
+                          .get("page2_explain") or {}).get("plan") or ["?"])[-1].strip()
+                  for size in sizes}
         s.append(
             f"Reading: with 0019's index the whole tick walk goes {h['tick_walk_ms'][small]:.0f} → "
             f"{h['tick_walk_ms'][big]:.0f} ms from {int(small):,} to {int(big):,} rows "
-            f"(**×{g}**; the last run, before 0019, ×3.2). The `started` cursor is a row "
-            "comparison (`tuple_(provider_call_started_at, id) > tuple_(…)`, sweep.py "
-            "`_phases`), which the keyset index serves as an index condition (the page-2 column "
-            f"above), so every page reads its 25 rows; what remains is {pages} pages × one "
-            f"round trip (≈ {walk_big['total_ms'] / max(pages, 1):.2f} ms a page here, "
-            "BEGIN + locked page + ROLLBACK), flat in history.\n")
+            f"(**×{g}**; the last run, before 0019, ×3.2); {pages} pages, ≈ "
+            f"{walk_big['total_ms'] / max(pages, 1):.2f} ms a page here (BEGIN + locked page + "
+            "ROLLBACK: round trips, not rows read). The `started` cursor is a row comparison "
+            "(`tuple_(provider_call_started_at, id) > tuple_(…)`, sweep.py `_phases`), which "
+            "`jobs_inflight_keyset_idx` serves as an index condition (`ROW(…) > ROW(…)` in the "
+            "page-2 column: the page reads its 25 rows). With both in-flight indexes the planner "
+            "still chooses between them per ANALYZE sample — page 2 of the started phase went "
+            + ", ".join(f"at {int(k):,} rows: {v}" for k, v in chosen.items())
+            + " — and via `jobs_inflight_idx` the cursor is only a range on its one column "
+              "(`provider_call_started_at >= …`) plus an Incremental Sort.\n")
+        served = all("jobs_inflight_idx" not in " ".join(plan)
+                     for plan in w["plans_without"].values())
+        faster = w["tick_walk_ms_without"] <= w["tick_walk_ms_shipped"] * 1.1
+        verdict = ("**not needed**: every candidate query is served by the keyset index (or "
+                   "`jobs_unsettled_idx`) and the walk is no slower without it — dropping it "
+                   "also removes the planner's choice above; a drop is a later migration, not "
+                   "done here" if served and faster else
+                   "**still needed** in this run (see the figures): keep it")
         s.append(
             f"Is `jobs_inflight_idx` (one column, {mb.get('jobs_inflight_idx', '?')} MB at "
             f"{int(big):,} rows) still needed beside `jobs_inflight_keyset_idx` "
             f"({mb.get('jobs_inflight_keyset_idx', '?')} MB)? Without it, at {int(big):,} rows: "
-            f"whole tick {w['tick_walk_ms_without']} ms vs {w['tick_walk_ms_shipped']} ms; first "
-            "pages p50 " + ", ".join(
+            f"whole tick {w['tick_walk_ms_without']} ms vs {w['tick_walk_ms_shipped']} ms with "
+            "it; first pages p50 " + ", ".join(
                 f"{p} {w['first_page_p50_ms_without'][p]} vs {w['first_page_p50_ms_shipped'][p]} ms"
                 for p in w["first_page_p50_ms_shipped"])
             + "; plans without it: " + "; ".join(
                 f"{p}: {' → '.join(x.strip() for x in plan)}" for p, plan in w["plans_without"].items())
-            + ". If those match, the keyset index serves every query the one-column index "
-            "served (`provider_call_started_at IS NULL ORDER BY id` included: it is the index's "
-            "leading column, then id), and the one-column index is dead weight on every in-flight "
-            "write — a drop is a later migration (not done here).\n")
+            + f". Verdict: {verdict}.\n")
     return "\n".join(s)
 
 
@@ -657,8 +669,8 @@ def _peers(res: dict[str, Any]) -> str:
          "| the seed design's cron | stale rows reconciled | 50 rows / 5 min = 0.167 jobs/s "
          "(10,000 rows: 16.7 h) | its schedule (arithmetic) |",
          f"| `reconcile`, this run | stale rows reconciled, 1 worker -c 2 | "
-         f"{r2.get('jobs_per_s', 'not run')} jobs/s ({r2.get('jobs', 0):,} rows in "
-         f"{r2.get('seconds', '?')} s) | measured here (figure 2) |",
+         f"{r2.get('jobs_per_s', 'not run')} jobs/s ({r2.get('completed', 0):,} of "
+         f"{r2.get('jobs', 0):,} rows in {r2.get('seconds', '?')} s) | measured here (figure 2) |",
          f"| plain Celery, same worker, same broker | no-op tasks/s (a Redis INCR) | "
          f"{noop.get('tasks_per_s', 'not run')} tasks/s | measured here (figure 2) |",
          "| DBOS (Postgres-backed durable workflows) | overhead per durable step | 1–2 ms "
