@@ -45,7 +45,7 @@ explore: setup services
 	$(BIN)/python -m reconcile.testing.explorer --preemptions $(or $(PREEMPTIONS),2) --jumps $(or $(JUMPS),1) $(if $(SCENARIO),--scenario $(SCENARIO))
 
 # speed and scale, reported (never asserted): writes bench/results/latest.{json,md} and the
-# PNGs beside them (≈ 13 min here; `make bench ONLY=fig1,fig6` runs some figures)
+# PNGs beside them (35 min in the last run, at load 9–16; `make bench ONLY=fig1,fig6` runs some)
 bench: setup services
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.run $(if $(ONLY),--only $(ONLY))

@@ -5,7 +5,7 @@ then writes ``bench/results/latest.json``, ``bench/results/latest.md`` and the P
 (``bench/pictures.py``; matplotlib from the ``bench`` extra). Figures are reported,
 never asserted: a missed aim does not fail the run; an error in a figure does (exit 1).
 
-    python -m bench.run                 # everything (≈ 13 min here)
+    python -m bench.run                 # everything (35 min in the last run, at load 9–16)
     python -m bench.run --quick         # small sizes, a smoke test of the harness (≈ 3 min)
     python -m bench.run --only fig1,fig5
     python -m bench.run --drain-jobs 3000  # a smaller backlog for figure 2
