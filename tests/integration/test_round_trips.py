@@ -32,10 +32,10 @@ from tests.integration.harness import balance, fund
 
 CREDITS = 40
 RUNNING_POLLS = 3
-# what the built-in ledger sends today inside submit and finalize (reserve 9, commit 8, the
-# settled_amount read-back 3): the bound drops to ≤ 15 once the ledger is one statement per
-# operation and commit carries the amount (issue 16, branch b_ledger)
-STATEMENTS_OUTSIDE_POLLS_MAX = 29
+# outside the polls (issue 16's aim: ≤ 15): submit 4 (job, balance lock, reserve CTE, event),
+# create 3 (claim, id save, event), finalize 6 (completion, reserved-log lock, commit CTE,
+# credits_actual when no pricing hook gave it, asset, event)
+STATEMENTS_OUTSIDE_POLLS_MAX = 13
 LEDGER_TABLES = ("usage_logs", "reconcile_credit_")
 
 
