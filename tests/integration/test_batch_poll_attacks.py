@@ -386,3 +386,35 @@ def test_xb_terminal_rows_keep_no_claimable_due_time(world: World) -> None:
     assert batch_poll.claim(w.rt) == []
     assert w.tick().actions is not None
     assert batch_poll.claim(w.rt) == []
+
+
+def test_xb_a_row_whose_write_raises_does_not_stop_the_rest_of_the_batch(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three rows that all need the per-job path (failed upstream); the first one's claim
+    check hits a database error: the two others are still failed and refunded in this run,
+    and the broken row is due again after its lease (as a dead poller's)."""
+    from sqlalchemy.exc import OperationalError
+
+    import reconcile.jobstore as jobstore
+
+    w = world
+    ids = [w.accept(KIND, Script(timeline=FAILS)) for _ in range(3)]
+    w.clock.now += INTERVAL
+    claims = batch_poll.claim(w.rt)
+    broken = claims[0].job.id
+    real = jobstore.hold_claim
+
+    def hold(session: Session, job_id: uuid.UUID, *args: Any) -> Any:
+        if job_id == broken:
+            raise OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
+        return real(session, job_id, *args)
+
+    monkeypatch.setattr(jobstore, "hold_claim", hold)
+    report = batch_poll.run_claims(w.rt, claims)
+    assert report.outcomes.get("failed") == 2, report.line()
+    assert sorted(w.job(j).status for j in ids) == ["failed", "failed", "processing"]
+    monkeypatch.setattr(jobstore, "hold_claim", real)
+    w.clock.now += batch_poll.claim_lease(w.rt)
+    assert batch_poll.poll_due(w.rt, budget=60).outcomes == {"failed": 1}
+    assert [w.refunds(j) for j in ids] == [1, 1, 1]
+    assert w.audit() == []
