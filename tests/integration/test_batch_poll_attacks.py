@@ -418,3 +418,39 @@ def test_xb_a_row_whose_write_raises_does_not_stop_the_rest_of_the_batch(
     assert batch_poll.poll_due(w.rt, budget=60).outcomes == {"failed": 1}
     assert [w.refunds(j) for j in ids] == [1, 1, 1]
     assert w.audit() == []
+
+
+@pytest.mark.xfail(strict=True, reason="open (X2 finding 3): the batch lease covers ONE read's "
+                   "deadline, a batch needs ceil(n / POLL_BATCH_THREADS) rounds of reads; slow "
+                   "legal reads let the next tick re-claim every row before the batch writes, "
+                   "and every poller's writes are fenced in turn (no completion, no attempt)")
+def test_xb_slow_legal_reads_make_every_batch_fenced_livelock(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read takes 0.6 lease (inside one read's deadline), two rounds per batch
+    (threads=1, 3 rows): beat's next tick claims the rows again while the batch still reads.
+    Three pollers in a row: at least one job must complete."""
+    w = world
+    ids = [w.accept(KIND, Script(timeline=INSTANT)) for _ in range(3)]
+    w.clock.now += INTERVAL
+    lease = batch_poll.claim_lease(w.rt)
+    client = w.rt.client(w.rt.kind(KIND))
+    real = client.poll
+    waiting: list[list[batch_poll.Claim]] = []
+    reads = [0]
+
+    def slow(task_id: str, model: str | None = None) -> PollResult:
+        result = real(task_id, model=model)
+        w.clock.now += lease * 0.6
+        reads[0] += 1
+        if reads[0] % 3 == 2:  # the next tick, one lease after this batch's claim
+            waiting.append(batch_poll.claim(w.rt))
+        return result
+
+    monkeypatch.setattr(client, "poll", slow)
+    claims = batch_poll.claim(w.rt)
+    for _ in range(3):
+        report = batch_poll.run_claims(w.rt, claims)
+        claims = waiting.pop() if waiting else batch_poll.claim(w.rt)
+        if not claims:
+            break
+    assert any(_completions(w, j) for j in ids), report.line()
