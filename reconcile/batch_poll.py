@@ -148,8 +148,14 @@ def run_claims(rt: Runtime, claims: list[Claim], report: BatchReport | None = No
             continue
         if isinstance(result, PollResult) and result.status in _RUNNING \
                 and not lifecycle.past_threshold(rt, c.job, c.kind, now):
-            progress = (max(0, min(99, int(result.progress)))
-                        if result.progress is not None else None)
+            try:
+                progress = (max(0, min(99, int(result.progress)))
+                            if result.progress is not None else None)
+            except (TypeError, ValueError, OverflowError) as exc:
+                # a progress that is no number ("50%", NaN): an error for this row only, as
+                # observe makes it on the chain path — never an exception out of the batch
+                others.append((c, exc))
+                continue
             running.append((c.job.id, c.generation, c.seq, next_due(rt, c.kind, c.job, now),
                             progress))
         else:
@@ -161,7 +167,12 @@ def run_claims(rt: Runtime, claims: list[Claim], report: BatchReport | None = No
         report.fenced += len(running) - won
         report.outcomes["in_flight"] = report.outcomes.get("in_flight", 0) + won
     for c, result in others:
-        report.add(_one(rt, c, result, report))
+        try:
+            outcome = _one(rt, c, result, report)
+        except Exception:  # one row's failure (a database error…) never stops the others
+            log.exception("batch_row_failed job_id=%s", c.job.id)
+            outcome = "error"  # still claimed: due again after its lease, as a dead poller's
+        report.add(outcome)
     return report
 
 

@@ -74,3 +74,72 @@ def test_real_worker_and_beat_complete_jobs_in_batch_mode(
         beat.wait(timeout=10)
         beat_log.close()
         worker.stop()
+
+
+def test_xb_two_real_workers_poll_side_by_side_and_one_dies_mid_run(
+        db: sessionmaker[Session], pg_url: str, simulator: Simulator, tmp_path: Path,
+        redis_url: str) -> None:
+    """Auditor X2: two ``celery worker`` processes (two pool processes each) and beat in batch
+    mode, slow status reads (simulator latency) so poll_due runs overlap; the first worker is
+    SIGKILLed while jobs are in flight. Every job completes exactly once (one create, one
+    charge), only through poll_due; the ledger audit is clean."""
+    from sqlalchemy import func, select
+
+    from reconcile.db.models import JobEvent
+    from tests.integration.harness import audit
+
+    broker = redis_url
+    _purge(broker)
+    sender = make_sender(broker)
+    rt, _ = make_runtime(db, simulator, tmp_path, time_scale=TIME_SCALE, poll_mode="batch")
+    rt.enqueue_create = lambda jid, countdown=0.0: sender.send_task(
+        "reconcile.create", args=[str(jid)], countdown=countdown or None)
+    env = {**os.environ, **_env(pg_url, broker, simulator, tmp_path, **BATCH_ENV)}
+    doomed = Worker(env, tmp_path / "w1.log", concurrency=2)
+    survivor = Worker(env, tmp_path / "w2.log", concurrency=2)
+    beat_log = open(tmp_path / "beat.log", "ab")  # noqa: SIM115 - closed below
+    beat = subprocess.Popen([CELERY, "-A", "reconcile.celery_app", "beat", "-l", "info",
+                             "-s", str(tmp_path / "beat-schedule")], cwd=ROOT, env=env,
+                            stdout=beat_log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        doomed.wait_ready()
+        survivor.wait_ready()
+        user = uuid.uuid4()
+        fund(db, user)
+        simulator.configure(latency_range=(0.05, 0.3))
+        simulator.script_default(Script(timeline=((0.0, "queued"), (0.5, "running"),
+                                                  (4.0, "succeeded"))))
+        ids = [lifecycle.submit_job(rt, user, "kie-standard", "m", {"prompt": str(n)}, 10,
+                                    job_type="image").job_id for n in range(12)]
+
+        def status() -> list[str]:
+            with db() as s:
+                return [s.get(Job, j).status for j in ids]  # type: ignore[union-attr]
+
+        def polled_by_doomed() -> bool:
+            return "poll_due batches=" in doomed.log_path.read_text()
+
+        assert wait_for(polled_by_doomed, 30), doomed.log_path.read_text()[-3000:]
+        doomed.kill_group()  # mid-run: its claimed rows are due again after one batch lease
+        assert wait_for(lambda: all(s == "completed" for s in status()), 90), (
+            status(), survivor.log_path.read_text()[-3000:])
+        assert [simulator.creates(str(j)) for j in ids] == [1] * len(ids)
+        with db() as s:
+            completions = s.execute(select(JobEvent.job_id, func.count()).where(
+                JobEvent.job_id.in_(ids), JobEvent.type == "completed")
+                .group_by(JobEvent.job_id)).all()
+            assert sorted(n for _, n in completions) == [1] * len(ids)
+            assert all(s.get(Job, j).credits_actual == 10 for j in ids)  # type: ignore[union-attr]
+            assert audit(s) == []
+        for log in (doomed.log_path, survivor.log_path):
+            assert "Task reconcile.poll[" not in log.read_text()
+    finally:
+        simulator.configure(latency_range=None)
+        try:
+            os.killpg(beat.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        beat.wait(timeout=10)
+        beat_log.close()
+        doomed.stop()
+        survivor.stop()
