@@ -343,7 +343,7 @@ def reserve(session: Session, user_id: uuid.UUID, job_id: uuid.UUID, amount: int
     try:
         _check_funds(balance, amount)
         taken, changes = _plan_consume(conn, user_id, amount)
-    except LedgerError:  # InsufficientCredits included: a replay still returns the first
+    except (InsufficientCredits, LedgerError):  # a replay still returns the first reservation
         if conn.execute(_TXN_EXISTS, {"id": usage_id}).first() is not None:
             return _replayed(session, user_id, job_id)
         raise
