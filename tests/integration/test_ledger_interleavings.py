@@ -143,7 +143,7 @@ def test_interleaved_pair_is_one_of_the_serial_orders(pg: Any, first: str, secon
         pauser.go.clear()
         out: dict[str, Any] = {}
 
-        def run_a() -> None:
+        def run_a(out: dict[str, Any] = out) -> None:
             with factory() as s, s.begin():
                 s.connection().info["pause_me"] = True
                 try:
@@ -154,7 +154,8 @@ def test_interleaved_pair_is_one_of_the_serial_orders(pg: Any, first: str, secon
         b_pid: list[int] = []
         b_done = threading.Event()
 
-        def run_b() -> None:
+        def run_b(out: dict[str, Any] = out, b_pid: list[int] = b_pid,
+                  b_done: threading.Event = b_done) -> None:
             try:
                 with factory() as s, s.begin():
                     b_pid.append(s.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar())

@@ -155,7 +155,12 @@ def lite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[sessionmake
     engine.dispose()
 
 
-@pytest.mark.parametrize("name", sorted(OPS_NEW))
+OLD_PARTIAL = pytest.mark.xfail(strict=True, reason="baseline: main's credits.commit called "
+                                "directly (no ledger SAVEPOINT) ran its CAS before its flush")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=OLD_PARTIAL) if n == "commit_less_direct"
+                                  else n for n in sorted(OPS_NEW)])
 def test_old_ledger_interrupted_writes_nothing_pg(pg: Any, name: str) -> None:
     assert partial_writes(*pg, OPS_OLD[name]) == []
 
