@@ -99,7 +99,8 @@ def _serial(factory: sessionmaker[Session], first: str, second: str) -> tuple[An
     return a, b, dump(factory)
 
 
-def _b_waits_or_done(engine: Engine, pid: list[int], done: threading.Event) -> None:
+def _b_waits_or_done(engine: Engine, pid: list[int], done: threading.Event) -> bool:
+    """True: B waits on a lock (A holds it); False: B completed without waiting."""
     with engine.connect() as probe:
         while not done.is_set():
             if pid:
@@ -107,9 +108,10 @@ def _b_waits_or_done(engine: Engine, pid: list[int], done: threading.Event) -> N
                     "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :p"),
                     {"p": pid[0]}).scalar()
                 if waiting:
-                    return
+                    return True
             probe.rollback()
             done.wait(0.005)  # polling an observable condition, not a synchronisation sleep
+    return False
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +138,7 @@ def test_interleaved_pair_is_one_of_the_serial_orders(pg: Any, first: str, secon
         s.connection().info["pause_me"] = False
     total = pauser.count
     assert total > 0
+    waited = []
     for k in range(1, total + 1):
         _setup(factory)
         pauser.at, pauser.count = k, 0
@@ -170,7 +173,7 @@ def test_interleaved_pair_is_one_of_the_serial_orders(pg: Any, first: str, secon
             continue
         tb = threading.Thread(target=run_b)
         tb.start()
-        _b_waits_or_done(engine, b_pid, b_done)
+        waited.append(_b_waits_or_done(engine, b_pid, b_done))
         pauser.go.set()
         ta.join(60)
         tb.join(60)
@@ -181,3 +184,4 @@ def test_interleaved_pair_is_one_of_the_serial_orders(pg: Any, first: str, secon
         assert all(sub >= 0 and topup >= 0 for _, sub, topup, _ in balances)
         with factory() as s:
             assert credits.audit(s, now=T0) == []
+    assert any(waited)  # B really ran while A held the user's balance lock
