@@ -32,6 +32,7 @@ from tests.integration.test_ledger_differential import dump, wipe
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 USER = uuid.UUID(int=1)
 JOB = uuid.UUID(int=2)
+RJOB = uuid.UUID(int=4)  # reserved then refunded by the library: re-chargeable
 PJOB = uuid.UUID(int=3)  # a platform's own reservation: no USAGE row (the Core path on PostgreSQL)
 
 
@@ -59,12 +60,14 @@ class Interrupter:
 def _setup(factory: sessionmaker[Session]) -> None:
     wipe(factory)
     with factory.begin() as s:
-        for j in (JOB, PJOB):
+        for j in (JOB, PJOB, RJOB):
             s.add(Job(id=j, user_id=USER, job_type="t", status="pending"))
     with factory.begin() as s:
         credits.grant(s, USER, "sub", 10, "g-sub", now=T0)
         credits.grant(s, USER, "topup", 10, "g-topup", now=T0)
         credits.reserve(s, USER, JOB, 15, now=T0)
+        credits.reserve(s, USER, RJOB, 2, now=T0)
+        credits.refund(s, RJOB, now=T0)
         # a platform's own reservation (no USAGE row); its 4 credits left the balance earlier
         s.execute(insert(UsageLog).values(id=uuid.UUID(int=9), job_id=PJOB, user_id=USER,
                                           status="reserved", credits=4, metadata_=None, created_at=T0))
@@ -80,6 +83,7 @@ def _savepoint(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 OPS_NEW: dict[str, Callable[[Session], Any]] = {
+    "recharge": lambda s: credits.recharge(s, RJOB, 4, now=T0),
     "grant": lambda s: credits.grant(s, USER, "topup", 5, "g-new", now=T0),
     "import_legacy_refund": lambda s: credits.import_legacy_refund(s, JOB, 3, "legacy-1", now=T0),
     "commit_less_direct": lambda s: credits.commit(s, JOB, 12, now=T0),
@@ -90,6 +94,7 @@ OPS_NEW: dict[str, Callable[[Session], Any]] = {
     "platform_refund_ledger": lambda s: LEDGER.refund(s, PJOB, now=T0),
 }
 OPS_OLD: dict[str, Callable[[Session], Any]] = {
+    "recharge": lambda s: old_credits.recharge(s, RJOB, 4, now=T0),
     "grant": lambda s: old_credits.grant(s, USER, "topup", 5, "g-new", now=T0),
     "import_legacy_refund": lambda s: old_credits.import_legacy_refund(s, JOB, 3, "legacy-1", now=T0),
     "commit_less_direct": lambda s: old_credits.commit(s, JOB, 12, now=T0),
