@@ -29,7 +29,9 @@ Credits are integers. Each function runs inside the caller's transaction and nev
 operations are SQLAlchemy Core (no ORM object graphs); every error is raised before the
 operation's first write. On PostgreSQL reserve, commit and refund are each the balance lock plus
 one statement of data-modifying CTEs (the FIFO walk, the ``ON CONFLICT`` USAGE insert, the CAS),
-so they need no SAVEPOINT; :func:`settle_commit` returns the committed amount with the CAS.
+so they need no SAVEPOINT; :func:`settle_commit` returns the committed amount with the CAS. Writes
+of more than one statement (grant, legacy imports, re-charges, the Core paths) run inside one
+SAVEPOINT (:func:`_all_or_nothing`): an exception between two of them leaves nothing written.
 The audit lives in :mod:`reconcile.audit`; :func:`audit` here is its entry point.
 """
 
@@ -37,6 +39,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -212,6 +216,20 @@ def _forget(session: Session, model: type, *keys: Any) -> None:
             session.expire(obj)
 
 
+@contextmanager
+def _all_or_nothing(session: Session) -> Iterator[None]:
+    """A SAVEPOINT around an operation's writes when they are more than one statement (grant,
+    legacy imports, re-charges, and the Core path of reserve/commit/refund: SQLite, or a
+    reservation the ledger has no USAGE row for): an exception between two of them (a Python
+    error, a Celery soft time limit) leaves nothing of the operation even when the caller
+    catches it and commits. The PostgreSQL hot paths are one statement and need none."""
+    with session.begin_nested():
+        # the session emits the SAVEPOINT only when it next asks for its connection; the writes
+        # below go through the Connection directly, so ask now
+        session.connection()
+        yield
+
+
 def _lock(conn: Connection, user_id: uuid.UUID, *, create: bool = True) -> Pools | None:
     """Lock the user's balance row (created if absent unless ``create`` is false) and read it."""
     row = conn.execute(_LOCK, {"u": user_id}).first()
@@ -259,13 +277,14 @@ def grant(session: Session, user_id: uuid.UUID, pool: str, amount: int, txn_id: 
     conn = _conn(session)
     _lock(conn, user_id)
     parts = (amount, 0) if pool == "sub" else (0, amount)
-    added = conn.execute(_insert_txn_once(conn.dialect.name).values(
-        id=txn_id, user_id=user_id, job_id=None, type="GRANT", amount=amount, from_sub=parts[0],
-        from_topup=parts[1], created_at=now)).first()
-    if added is None:
-        return False
-    conn.execute(insert(_L).values(**_lot_row(user_id, pool, "GRANT", txn_id, amount, now)))
-    conn.execute(_BALANCE_ADD, {"u": user_id, "d_sub": parts[0], "d_topup": parts[1], "now": now})
+    with _all_or_nothing(session):
+        added = conn.execute(_insert_txn_once(conn.dialect.name).values(
+            id=txn_id, user_id=user_id, job_id=None, type="GRANT", amount=amount, from_sub=parts[0],
+            from_topup=parts[1], created_at=now)).first()
+        if added is None:
+            return False
+        conn.execute(insert(_L).values(**_lot_row(user_id, pool, "GRANT", txn_id, amount, now)))
+        conn.execute(_BALANCE_ADD, {"u": user_id, "d_sub": parts[0], "d_topup": parts[1], "now": now})
     _forget(session, CreditBalance, user_id)
     return True
 
@@ -343,20 +362,21 @@ def reserve(session: Session, user_id: uuid.UUID, job_id: uuid.UUID, amount: int
     try:
         _check_funds(balance, amount)
         taken, changes = _plan_consume(conn, user_id, amount)
-    except LedgerError:  # InsufficientCredits included: a replay still returns the first
+    except (InsufficientCredits, LedgerError):  # a replay still returns the first reservation
         if conn.execute(_TXN_EXISTS, {"id": usage_id}).first() is not None:
             return _replayed(session, user_id, job_id)
         raise
-    added = conn.execute(_insert_txn_once(conn.dialect.name).values(
-        id=usage_id, user_id=user_id, job_id=job_id, type="USAGE", amount=amount,
-        from_sub=taken[0], from_topup=taken[1], created_at=now)).first()
-    if added is None:  # reserved before: nothing written, the first reservation
-        return _replayed(session, user_id, job_id)
-    _apply_consume(conn, user_id, taken, changes, now)
-    log_id = uuid.uuid4()
-    conn.execute(insert(_U).values(id=log_id, job_id=job_id, user_id=user_id, status="reserved",
-                                   credits=amount, created_at=now,
-                                   metadata={"from_sub": taken[0], "from_topup": taken[1]}))
+    with _all_or_nothing(session):
+        added = conn.execute(_insert_txn_once(conn.dialect.name).values(
+            id=usage_id, user_id=user_id, job_id=job_id, type="USAGE", amount=amount,
+            from_sub=taken[0], from_topup=taken[1], created_at=now)).first()
+        if added is None:  # reserved before: nothing written, the first reservation
+            return _replayed(session, user_id, job_id)
+        _apply_consume(conn, user_id, taken, changes, now)
+        log_id = uuid.uuid4()
+        conn.execute(insert(_U).values(id=log_id, job_id=job_id, user_id=user_id, status="reserved",
+                                       credits=amount, created_at=now,
+                                       metadata={"from_sub": taken[0], "from_topup": taken[1]}))
     _forget(session, CreditBalance, user_id)
     _forget(session, CreditLot, *(lot_id for lot_id, _ in changes))
     return Reservation(log_id, job_id, user_id, amount, taken[0], taken[1])
@@ -832,16 +852,17 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
         raise LedgerError(f"cannot commit {amount!r} of the {sum(held)} credits held for job {job_id}",
                           reason="commit_exceeds_held")
     committed = take_in_order(amount, held)
-    if conn.execute(_CAS, {"log_id": log.id, "to": "committed"}).first() is None:
-        return _NOT_DONE
-    _add_txn(conn, commit_txn_id(job_id), log.user_id, job_id, "COMMIT", committed, now)
-    released = (held[0] - committed[0], held[1] - committed[1])
-    if sum(released):
-        _add_txn(conn, release_txn_id(job_id), log.user_id, job_id, "RELEASE", released, now)
-        _return_to_pools(conn, log.user_id, kind="RELEASE", txn_id=release_txn_id(job_id),
-                         parts=released, now=now)
-    if note:
-        _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
+    with _all_or_nothing(session):
+        if conn.execute(_CAS, {"log_id": log.id, "to": "committed"}).first() is None:
+            return _NOT_DONE
+        _add_txn(conn, commit_txn_id(job_id), log.user_id, job_id, "COMMIT", committed, now)
+        released = (held[0] - committed[0], held[1] - committed[1])
+        if sum(released):
+            _add_txn(conn, release_txn_id(job_id), log.user_id, job_id, "RELEASE", released, now)
+            _return_to_pools(conn, log.user_id, kind="RELEASE", txn_id=release_txn_id(job_id),
+                             parts=released, now=now)
+        if note:
+            _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
     _forget(session, CreditBalance, log.user_id)
     _forget(session, UsageLog, log.id)
     return Settlement(True, amount)
@@ -869,13 +890,14 @@ def refund(session: Session, job_id: uuid.UUID, *, now: datetime | None = None) 
     if conn.execute(_LOG_STATUS, {"id": log.id}).scalar() != "reserved":
         return False
     parts, note = _held_of(conn, log, refunding=True)
-    if conn.execute(_CAS, {"log_id": log.id, "to": "refunded"}).first() is None:
-        return False
-    _add_txn(conn, refund_txn_id(job_id), log.user_id, job_id, "REFUND", parts, now)
-    _return_to_pools(conn, log.user_id, kind="REFUND", txn_id=refund_txn_id(job_id),
-                     parts=parts, now=now)
-    if note:
-        _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
+    with _all_or_nothing(session):
+        if conn.execute(_CAS, {"log_id": log.id, "to": "refunded"}).first() is None:
+            return False
+        _add_txn(conn, refund_txn_id(job_id), log.user_id, job_id, "REFUND", parts, now)
+        _return_to_pools(conn, log.user_id, kind="REFUND", txn_id=refund_txn_id(job_id),
+                         parts=parts, now=now)
+        if note:
+            _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
     _forget(session, CreditBalance, log.user_id)
     _forget(session, UsageLog, log.id)
     return True
@@ -928,10 +950,11 @@ def import_legacy_refund(session: Session, job_id: uuid.UUID, amount: int, txn_i
         raise _refuse_legacy(job_id, "legacy_refund_exceeds_held",
                              f"{amount} is more than the {sum(held)} credits still held")
     parts = take_in_order(amount, held, order=(1, 0))
-    _add_txn(conn, txn_id, log.user_id, job_id, "REFUND", parts, now)
-    _return_to_pools(conn, log.user_id, kind="REFUND", txn_id=txn_id, parts=parts, now=now)
-    if note:
-        _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
+    with _all_or_nothing(session):
+        _add_txn(conn, txn_id, log.user_id, job_id, "REFUND", parts, now)
+        _return_to_pools(conn, log.user_id, kind="REFUND", txn_id=txn_id, parts=parts, now=now)
+        if note:
+            _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
     _forget(session, CreditBalance, log.user_id)
     return True
 
@@ -964,11 +987,12 @@ def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
                           f"(usage log {log.status})", reason="recharge_not_refunded")
     _check_funds(balance, amount)
     taken, changes = _plan_consume(conn, log.user_id, amount)
-    _add_txn(conn, recharge_usage_txn_id(job_id), log.user_id, job_id, "USAGE", taken, now)
-    _add_txn(conn, recharge_commit_txn_id(job_id), log.user_id, job_id, "COMMIT", taken, now)
-    _apply_consume(conn, log.user_id, taken, changes, now)
-    session.execute(update(Job).where(Job.id == job_id)
-                    .values(credits_actual=amount, display_cost=amount))
+    with _all_or_nothing(session):
+        _add_txn(conn, recharge_usage_txn_id(job_id), log.user_id, job_id, "USAGE", taken, now)
+        _add_txn(conn, recharge_commit_txn_id(job_id), log.user_id, job_id, "COMMIT", taken, now)
+        _apply_consume(conn, log.user_id, taken, changes, now)
+        session.execute(update(Job).where(Job.id == job_id)
+                        .values(credits_actual=amount, display_cost=amount))
     _forget(session, CreditBalance, log.user_id)
     _forget(session, CreditLot, *(lot_id for lot_id, _ in changes))
     return True

@@ -1,0 +1,52 @@
+"""Focused reproducers of the holes the x_ledger attack found in issue 16's Core ledger (each
+on PostgreSQL and on the embedded SQLite default)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from reconcile import credits
+from reconcile.db.migrate import upgrade
+from reconcile.db.models import Job
+from reconcile.db.session import make_engine, make_sessionmaker
+from reconcile.ledger import DEFAULT as LEDGER
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    if request.param == "postgresql":
+        yield request.getfixturevalue("db")
+        return
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("via_ledger", [False, True])
+def test_reserve_replay_after_the_balance_was_drained_returns_the_first_reservation(
+        factory: sessionmaker[Session], via_ledger: bool) -> None:
+    """A repeated reserve of a job (a retried job insert) returns the first reservation even
+    when what is left is below the amount: the documented idempotent replay. The Core (SQLite)
+    path caught only LedgerError, and InsufficientCredits is not one: the replay raised."""
+    user, job = uuid.uuid4(), uuid.uuid4()
+    reserve = LEDGER.reserve if via_ledger else credits.reserve
+    with factory.begin() as s:
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        credits.grant(s, user, "sub", 20, "g", now=T0)
+        first = reserve(s, user, job, 20, now=T0)
+    with factory.begin() as s:
+        again = reserve(s, user, job, 20, now=T0)
+        bigger = reserve(s, user, job, 59, now=T0)
+    assert again == first and bigger == first
+    with factory() as s:
+        assert credits.audit(s, now=T0) == []
