@@ -72,7 +72,9 @@ class Settings(BaseSettings):
     # "batch" — the due time lives on the row (jobs.poll_due_at) and reconcile.poll_due claims
     # due rows in batches (FOR UPDATE SKIP LOCKED) and reads them concurrently
     poll_mode: PollMode = "chain"
-    poll_batch_size: int = Field(default=200, ge=1, le=5000)  # rows claimed per statement
+    # rows claimed per statement; the default equals poll_batch_threads: one round of reads,
+    # each inside the claim lease (a larger size reads in rounds: see the README)
+    poll_batch_size: int = Field(default=32, ge=1, le=5000)
     poll_batch_threads: int = Field(default=32, ge=1, le=256)  # concurrent status reads
     poll_batch_interval: float = Field(default=1.0, gt=0)  # s between beat's poll_due ticks (scaled)
     # seconds one poll_due run keeps claiming while rows are due (scaled); then it ends and
