@@ -60,9 +60,25 @@ def claim_lease(rt: Runtime) -> timedelta:
     return rt.settings.scaled(lifecycle.poll_step_deadline(rt.settings) + POLL_LEASE_SLACK)
 
 
-def next_due(rt: Runtime, kind: Kind, job: Job, now: datetime) -> datetime:
-    """When the next read is due: the kind's interval at the job's age (the chain's countdown)."""
-    return now + timedelta(seconds=lifecycle.poll_countdown(rt, kind, job, now))
+def next_due(rt: Runtime, kind: Kind, job: Job, now: datetime,
+             was_due: datetime | None = None) -> datetime:
+    """When the next read is due: the kind's interval at the job's age (the chain's countdown).
+
+    With ``was_due`` (the due time the read was claimed at) the next read is due one interval
+    after THAT, not after the read ended: rows are claimed only at ticks, so a read starts up to
+    one tick (+ the claim and read time) after its due time, and counting the interval from the
+    read's end added that wait to every turn — measured, figure 3: reads 6.0 s apart on a 5-s
+    kind with the 1-s tick, the completion seen 5.7 s late at p50. It is never earlier than one
+    tick (at most half an interval) short of the interval after the read's end, so a poller
+    that fell behind does not catch up in a burst: the next read comes at most one tick sooner
+    than the chain's would."""
+    interval = timedelta(seconds=lifecycle.poll_countdown(rt, kind, job, now))
+    after_read = now + interval
+    if was_due is None:
+        return after_read
+    tick = min(rt.settings.scaled(timedelta(seconds=rt.settings.poll_batch_interval)),
+               interval / 2)
+    return max(was_due + interval, after_read - tick)
 
 
 def first_due(rt: Runtime, kind: Kind, now: datetime) -> datetime:
@@ -98,6 +114,7 @@ class Claim:
     kind: Kind | None
     generation: int
     seq: int
+    was_due: datetime | None = None  # the row's due time before the claim (next_due's anchor)
 
 
 def claim(rt: Runtime, *, limit: int | None = None, now: datetime | None = None) -> list[Claim]:
@@ -105,9 +122,9 @@ def claim(rt: Runtime, *, limit: int | None = None, now: datetime | None = None)
     now = now or rt.now()
     limit = limit or rt.settings.poll_batch_size
     with rt.sessions.begin() as session:
-        rows = jobstore.claim_due(session, now, claim_lease(rt), limit)
-    return [Claim(job, rt.kind(job.provider_kind), job.poll_generation, job.poll_seq)
-            for job in rows]
+        rows = jobstore.claim_due_with_times(session, now, claim_lease(rt), limit)
+    return [Claim(job, rt.kind(job.provider_kind), job.poll_generation, job.poll_seq, was_due)
+            for job, was_due in rows]
 
 
 def poll_due(rt: Runtime, *, budget: float | None = None, limit: int | None = None) -> BatchReport:
@@ -150,8 +167,8 @@ def run_claims(rt: Runtime, claims: list[Claim], report: BatchReport | None = No
                 and not lifecycle.past_threshold(rt, c.job, c.kind, now):
             progress = (max(0, min(99, int(result.progress)))
                         if result.progress is not None else None)
-            running.append((c.job.id, c.generation, c.seq, next_due(rt, c.kind, c.job, now),
-                            progress))
+            running.append((c.job.id, c.generation, c.seq,
+                            next_due(rt, c.kind, c.job, now, c.was_due), progress))
         else:
             others.append((c, result))
     if running:
@@ -188,7 +205,7 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
         with rt.sessions.begin() as session:
             if not jobstore.reschedule_claimed(
                     session, [(c.job.id, c.generation, c.seq,
-                               next_due(rt, c.kind, held, rt.now()), None)]):
+                               next_due(rt, c.kind, held, rt.now(), c.was_due), None)]):
                 report.fenced += 1
     return outcome
 
