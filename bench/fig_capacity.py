@@ -14,14 +14,19 @@ CPU per in-flight poll: psutil's user + system CPU of the worker (main process a
 children), of the PostgreSQL backends serving the throwaway database, and of the bench process
 (the in-process simulator's threads, plus this driver's 1 Hz sampler), each read at the start
 and the end of the steady window (from one interval after t0, when every chain runs, to the
-first completion at t0 + 30 s), divided by the turns taken in that window (the rise of
-``sum(poll_seq)``).
+first completion at t0 + 30 s), divided by the status reads in that window.
 
-Lease margin: the sampler also reads, every second, each in-flight row's time since its last
-turn (``now() − (poll_lease_expires_at − lease)``). A job whose gap ever exceeds the lease would
-be resumed by a sweep tick at that moment although its chain is alive (a *false resume*: safe,
-the old chain is fenced, but wasted work); the figure reports the worst gaps and how many jobs
-candidate leases would have resumed.
+Status reads are counted where they land: the in-process simulator's ``lookup`` is wrapped to
+log (time, state) per task, in both modes (batch mode sends no ``reconcile.poll`` task, and its
+claim lease is not the chain's poll lease, so task events and lease columns say nothing there).
+From that log: the spacing of a job's reads, the first read's lateness, and the overhead split
+into read lag (upstream end → the read that saw it) and write (that read → ``completed_at``).
+
+Lease margin: per job, the worst time between two of its reads while in flight. A chain whose
+gap exceeds the lease would be resumed by a sweep tick although it is alive (a *false resume*:
+safe, the old chain is fenced, but wasted work); the figure reports the worst gaps and how many
+jobs candidate leases would have resumed. Batch mode: n/a (the sweep never resumes a row with a
+due time), the gap is reported.
 
 Batch mode (``RECONCILE_POLL_MODE=batch``, beat sending ``reconcile.poll_due``) runs at 2,000
 and 10,000 when the library has the task; otherwise it is recorded as not available.
@@ -80,7 +85,8 @@ def _cpu_split(window: dict[str, Any]) -> dict[str, Any] | None:
         used = sum(v - start[side].get(pid, 0.0) for pid, v in end[side].items())
         out[side] = round(used / turns * 1000.0, 2)
     out["total"] = round(out["worker"] + out["postgres"] + out["bench"], 2)
-    out["note"] = ("psutil user+system CPU in the steady window ÷ turns (sum of poll_seq); "
+    out["note"] = ("psutil user+system CPU in the steady window ÷ the status reads the "
+                   "simulator answered in it; "
                    "bench = the in-process simulator threads + this driver's 1 Hz sampler")
     return out
 

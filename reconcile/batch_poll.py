@@ -13,7 +13,8 @@ rows stay due past its time budget) runs :func:`poll_due`:
 2. **read** every claimed task's status, ``POLL_BATCH_THREADS`` at a time (a bounded thread
    pool for the HTTP reads only: no database work in those threads, the GIL is released on I/O);
 3. **write** the outcomes: the rows still running short of their stale threshold (no error, the
-   common case) in ONE set-based ``UPDATE … FROM (VALUES …)`` (next due time, progress), each
+   common case) in ONE set-based ``UPDATE … FROM (VALUES …)`` (next due time — one interval
+   after the due time claimed, see :func:`next_due` —, progress), each
    row guarded by its claim; every other outcome (succeeded, failed, an error, unknown / not
    found, past the threshold) goes per job through ``lifecycle.observe`` exactly as the chain
    does — after :func:`reconcile.jobstore.hold_claim` confirmed (and extended) the claim, so a
