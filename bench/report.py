@@ -406,7 +406,7 @@ def _fig3(r: dict[str, Any]) -> str:
         s.append("**CPU per in-flight poll** (psutil user + system CPU of each process over the "
                  "steady window, from one interval after t0 to the first completion, ÷ the "
                  "status reads the simulator answered in it):\n")
-        s.append("| generations | turns in window | window s | worker ms | PostgreSQL ms | "
+        s.append("| generations | reads in window | window s | worker ms | PostgreSQL ms | "
                  "simulator + bench ms | total ms |\n|---|---|---|---|---|---|---|")
         for n, c in cpu_rows:
             s.append(f"| {n} | {c['turns_in_window']:,} | {c['window_s']} | {c['worker']} | "
