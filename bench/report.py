@@ -659,7 +659,7 @@ def _aim_rows(figs: dict[str, Any]) -> list[str]:
         if cpu:
             row("CPU per in-flight poll (worker + PostgreSQL + simulator)",
                 f"**{cpu['total']} ms** = worker {cpu['worker']} + PostgreSQL {cpu['postgres']} + "
-                f"simulator/bench {cpu['bench']} ({cpu['turns_in_window']:,} turns)",
+                f"simulator/bench {cpu['bench']} ({cpu['turns_in_window']:,} status reads)",
                 "reported", None)
         else:
             row("CPU per in-flight poll", "not measured (no steady window)", "reported", None)
