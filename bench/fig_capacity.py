@@ -14,14 +14,19 @@ CPU per in-flight poll: psutil's user + system CPU of the worker (main process a
 children), of the PostgreSQL backends serving the throwaway database, and of the bench process
 (the in-process simulator's threads, plus this driver's 1 Hz sampler), each read at the start
 and the end of the steady window (from one interval after t0, when every chain runs, to the
-first completion at t0 + 30 s), divided by the turns taken in that window (the rise of
-``sum(poll_seq)``).
+first completion at t0 + 30 s), divided by the status reads in that window.
 
-Lease margin: the sampler also reads, every second, each in-flight row's time since its last
-turn (``now() − (poll_lease_expires_at − lease)``). A job whose gap ever exceeds the lease would
-be resumed by a sweep tick at that moment although its chain is alive (a *false resume*: safe,
-the old chain is fenced, but wasted work); the figure reports the worst gaps and how many jobs
-candidate leases would have resumed.
+Status reads are counted where they land: the in-process simulator's ``lookup`` is wrapped to
+log (time, state) per task, in both modes (batch mode sends no ``reconcile.poll`` task, and its
+claim lease is not the chain's poll lease, so task events and lease columns say nothing there).
+From that log: the spacing of a job's reads, the first read's lateness, and the overhead split
+into read lag (upstream end → the read that saw it) and write (that read → ``completed_at``).
+
+Lease margin: per job, the worst time between two of its reads while in flight. A chain whose
+gap exceeds the lease would be resumed by a sweep tick although it is alive (a *false resume*:
+safe, the old chain is fenced, but wasted work); the figure reports the worst gaps and how many
+jobs candidate leases would have resumed. Batch mode: n/a (the sweep never resumes a row with a
+due time), the gap is reported.
 
 Batch mode (``RECONCILE_POLL_MODE=batch``, beat sending ``reconcile.poll_due``) runs at 2,000
 and 10,000 when the library has the task; otherwise it is recorded as not available.
@@ -30,7 +35,9 @@ and 10,000 when the library has the task; otherwise it is recorded as not availa
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -78,7 +85,8 @@ def _cpu_split(window: dict[str, Any]) -> dict[str, Any] | None:
         used = sum(v - start[side].get(pid, 0.0) for pid, v in end[side].items())
         out[side] = round(used / turns * 1000.0, 2)
     out["total"] = round(out["worker"] + out["postgres"] + out["bench"], 2)
-    out["note"] = ("psutil user+system CPU in the steady window ÷ turns (sum of poll_seq); "
+    out["note"] = ("psutil user+system CPU in the steady window ÷ the status reads the "
+                   "simulator answered in it; "
                    "bench = the in-process simulator threads + this driver's 1 Hz sampler")
     return out
 
@@ -166,6 +174,7 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str],
         worker = Proc.worker(env, Path(tmp) / "worker.log", concurrency=2, app=app)
         beat = None
         try:
+            reads = _record_reads(sim)
             worker.wait_ready()
             sender = make_sender()
             lead = 8.0 + n / 250  # seconds to seed and publish every first message before t0
@@ -205,15 +214,12 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str],
             log(f"fig3 [{app}]: {n} generations seeded, chains started {slack:.1f}s before t0")
             rss: list[float] = []
             inflight_peak = 0
-            gaps: dict[Any, float] = {}  # job → worst time since its last turn (s)
             window: dict[str, Any] = {}  # the steady window's CPU and turn counts
 
             def cpu_snapshot() -> dict[str, Any]:
                 with engine.connect() as conn:
-                    turns = int(conn.execute(text(
-                        "SELECT coalesce(sum(poll_seq), 0) FROM jobs")).scalar_one())
                     pg = backend_pids(conn, db_name)
-                return {"t": time.monotonic(), "turns": turns,
+                return {"t": time.monotonic(), "turns": reads.count(),
                         "worker": process_cpu_seconds(process_tree(worker.proc.pid)),
                         "postgres": process_cpu_seconds(pg),
                         "bench": process_cpu_seconds([os.getpid()])}
@@ -229,17 +235,9 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str],
                 children = _children(worker.proc.pid)
                 rss.append(_rss_mb(worker.proc.pid) + sum(_rss_mb(c) for c in children))
                 with engine.connect() as conn:
-                    rows_ = conn.execute(text(
-                        "SELECT id, extract(epoch FROM now() - poll_lease_expires_at) "
-                        "FROM jobs WHERE status IN ('pending', 'processing') AND poll_seq > 3"
-                    )).all()
                     left = int(conn.execute(text(
                         "SELECT count(*) FROM jobs WHERE status IN ('pending', 'processing')")
                     ).scalar_one())
-                for job, past in rows_:
-                    gap = float(past) + lease
-                    if gap > gaps.get(job, float("-inf")):
-                        gaps[job] = gap
                 if time.monotonic() >= t0_mono + INTERVAL_S:
                     inflight_peak = max(inflight_peak, left)
                 return left == 0
@@ -256,25 +254,59 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str],
             rows = conn.execute(text("SELECT id, status, completed_at FROM jobs")).all()
         engine.dispose()
     offset_of = dict(zip(job_ids, offsets, strict=True))
+    task_of = dict(zip(job_ids, tasks, strict=True))
+    completed_rows = [r for r in rows if r.status == "completed" and r.completed_at is not None]
     overheads = [(r.completed_at - t0_wall).total_seconds() - offset_of[r.id] - GENERATION_S
-                 for r in rows if r.status == "completed" and r.completed_at is not None]
+                 for r in completed_rows]
     runtimes = task_runtimes(log_text)
     polls = [(sec, out) for name, sec, out in runtimes if name == "reconcile.poll"]
+    ticks = [(sec, out) for name, sec, out in runtimes if name == "reconcile.poll_due"]
     busy = sum(sec for _, sec, _ in runtimes)
     over = summary(overheads, 2)
+    timeline = reads.timeline()
+    n_reads = sum(len(v) for v in timeline.values())
+    # the overhead split at the read that saw the upstream finished: read lag (upstream done →
+    # that read) + write (that read → completed_at stored)
+    lag, write = [], []
+    for r, total in zip(completed_rows, overheads, strict=True):
+        done_at = t0_mono + offset_of[r.id] + GENERATION_S
+        seen = next((t for t, state in timeline.get(task_of[r.id], ()) if state == "succeeded"),
+                    None)
+        if seen is not None:
+            lag.append(seen - done_at)
+            write.append(total - (seen - done_at))
+    # per job: the spacing of its reads while in flight, the first read's lateness against its
+    # first due time (start + one interval), the worst gap between two reads
+    spacing, first_late, worst = [], [], []
+    for job_id in job_ids:
+        times = [t for t, state in timeline.get(task_of[job_id], ()) if state != "succeeded"]
+        if times:
+            first_late.append(times[0] - (t0_mono + offset_of[job_id] + INTERVAL_S))
+        gaps_ = [b - a for a, b in zip(times, times[1:], strict=False)]
+        spacing += gaps_
+        if gaps_:
+            worst.append(max(gaps_))
     out: dict[str, Any] = {
         "app": app, "mode": mode, "finished": finished, "completed": len(overheads), "overhead_s": over,
         "overhead_in_poll_intervals": {"p50": round(over["p50"] / INTERVAL_S, 2),
                                        "p99": round(over["p99"] / INTERVAL_S, 2)}
         if overheads else None,
+        "overhead_split_s": {
+            "read_lag": summary(lag, 2), "write": summary(write, 2),
+            "note": "read lag = the first read that saw the upstream succeeded − the upstream's "
+                    "end; write = completed_at − that read (the finalize's own time and wait)"},
+        "read_spacing_s": summary(spacing, 2),
+        "first_read_late_s": summary(first_late, 2),
         "wall_s_from_t0": round(wall, 1),
         "in_flight_peak_sampled": inflight_peak,
         "worker_slots_held": 2,
         "seed_design_slots": n,
-        "poll_tasks": len(polls), "polls_per_job": round(len(polls) / n, 2),
+        # status reads = requests the simulator answered for these tasks (both modes)
+        "status_reads": n_reads,
+        "poll_tasks": len(polls), "polls_per_job": round(n_reads / n, 2),
         "poll_ms_in_flight": summary([sec * 1000 for sec, o in polls if o == "in_flight"], 1),
         "poll_ms_completing": summary([sec * 1000 for sec, o in polls if o == "completed"], 1),
-        "polls_per_s_achieved": round(len(polls) / wall, 1) if wall else None,
+        "polls_per_s_achieved": round(n_reads / wall, 1) if wall else None,
         "polls_per_s_demanded": round(n / INTERVAL_S, 1),
         "slot_busy_share": round(busy / (2 * wall), 2) if wall else None,
         "worker_rss_mb_peak": round(max(rss), 1) if rss else None,
@@ -283,21 +315,81 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str],
         "overhead_sorted_sample": [round(x, 2) for x in
                                    sorted(overheads)[::max(1, len(overheads) // 200)]],
     }
+    if mode == "batch":
+        claimed = [int(m.group(1)) for _, o in ticks
+                   if (m := re.search(r"claimed=(\d+)", o)) is not None]
+        out["poll_due_runs"] = {
+            "runs": len(ticks), "ms": summary([sec * 1000 for sec, _ in ticks], 1),
+            "claimed_per_run": summary(claimed, 1),
+            "runs_with_more": sum(1 for _, o in ticks if o.endswith(" more")),
+            "ticks_expired_or_revoked": len(re.findall(
+                r"(?im)^.*(?:revoked|expired).*reconcile\.poll_due.*$", log_text))}
     out["cpu_ms_per_poll"] = _cpu_split(window)
-    worst = sorted(gaps.values())
+    worst.sort()
+    batch_mode = mode == "batch"
     out["lease_margin"] = {
         "poll_lease_s": lease,
         "jobs_sampled": len(worst),
         "worst_gap_between_turns_s": summary(worst, 2),
-        "jobs_past_lease_false_resumes": sum(1 for g in worst if g > lease),
-        "false_resumes_at_candidate_leases": {f"{c:g}": sum(1 for g in worst if g > c)
-                                              for c in CANDIDATE_LEASES},
-        "note": "per job, the worst time since its last turn seen by a 1 Hz sampler (a gap "
-                "under 1 s may be missed); a job past the lease would have been resumed by a "
-                "sweep tick at that moment while its chain was alive"}
+        # batch mode: the sweep never resumes a row with a due time (sweep.py), so no gap makes a
+        # false resume; the gap is still the figure that matters (how stale a row gets)
+        "jobs_past_lease_false_resumes": None if batch_mode else sum(1 for g in worst if g > lease),
+        "false_resumes_at_candidate_leases": {
+            f"{c:g}": None if batch_mode else sum(1 for g in worst if g > c)
+            for c in CANDIDATE_LEASES},
+        "note": "per job, the worst time between two of its status reads while in flight (every "
+                "read the simulator answered, exact); chain mode: a job past the lease would have "
+                "been resumed by a sweep tick while its chain was alive; batch mode: n/a (a row "
+                "with a due time is never resumed)"}
     if child_rss:
         per = sum(child_rss) / len(child_rss)
         out["seed_design_memory_gb_estimate"] = round(per * n / 1024.0, 1)
-    log(f"fig3 [{app}]: overhead p50 {over.get('p50')} s p99 {over.get('p99')} s, "
-        f"{out['polls_per_s_achieved']} polls/s, busy {out['slot_busy_share']}")
+    keep = os.environ.get("RECONCILE_BENCH_KEEP_LOGS")
+    if keep:  # the worker log and the read timeline, for a closer look (not in the report)
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / f"fig3_{mode}_{n}_worker.log").write_text(log_text)
+        import json
+
+        (Path(keep) / f"fig3_{mode}_{n}_reads.json").write_text(json.dumps({
+            "t0_mono": t0_mono, "offsets": {task_of[j]: offset_of[j] for j in job_ids},
+            "reads": timeline}))
+    log(f"fig3 [{app} {mode}]: overhead p50 {over.get('p50')} s p99 {over.get('p99')} s "
+        f"(read lag p50 {out['overhead_split_s']['read_lag'].get('p50')} s, write p50 "
+        f"{out['overhead_split_s']['write'].get('p50')} s), read spacing p50 "
+        f"{out['read_spacing_s'].get('p50')} s, {out['polls_per_s_achieved']} reads/s, "
+        f"busy {out['slot_busy_share']}")
     return out
+
+
+class _Reads:
+    """Every status read the in-process simulator answers: (time.monotonic(), state) per task
+    id (from the server's threads)."""
+
+    def __init__(self) -> None:
+        self._by_task: dict[str, list[tuple[float, str]]] = {}
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def add(self, task_id: str, state: str) -> None:
+        with self._lock:
+            self._by_task.setdefault(task_id, []).append((time.monotonic(), state))
+            self._n += 1
+
+    def count(self) -> int:
+        return self._n
+
+    def timeline(self) -> dict[str, list[tuple[float, str]]]:
+        return {k: list(v) for k, v in list(self._by_task.items())}
+
+
+def _record_reads(sim: Any) -> _Reads:
+    reads = _Reads()
+    lookup = sim.lookup
+
+    def recorded(task_id: str, *apis: str) -> Any:
+        found = lookup(task_id, *apis)
+        reads.add(task_id, found[1] if found is not None else "unknown")
+        return found
+
+    sim.lookup = recorded
+    return reads

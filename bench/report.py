@@ -337,11 +337,15 @@ def _fig2(r: dict[str, Any]) -> str:
     return "\n".join(s)
 
 
+def _na(value: Any) -> str:
+    return "n/a" if value is None else str(value)
+
+
 def _fig3(r: dict[str, Any]) -> str:
     s = [f"{r['kind']} (poll every {r['poll_interval_s']} s), generations of "
          f"{r['generation_s']} s, real time (no scaling), {r['worker']}; generation starts spread "
          "over one poll interval. Overhead = completed_at − (start + 30 s).\n"]
-    s.append("| generations | overhead p50 s | p90 | p99 | in poll intervals p50 / p99 | polls/job | "
+    s.append("| generations | overhead p50 s | p90 | p99 | in poll intervals p50 / p99 | reads/job | "
              "polls/s achieved / due | in-flight poll ms p50 | completing poll ms p50 | slots busy |"
              " worker RSS MB |")
     s.append("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -353,9 +357,41 @@ def _fig3(r: dict[str, Any]) -> str:
         s.append(f"| {n} | {o.get('p50')} | {o.get('p90')} | {o.get('p99')} | "
                  f"{iv.get('p50')} / {iv.get('p99')} | {run['polls_per_job']} | "
                  f"{run['polls_per_s_achieved']} / {run['polls_per_s_demanded']} | "
-                 f"{run['poll_ms_in_flight'].get('p50')} | {run['poll_ms_completing'].get('p50')} |"
+                 f"{run['poll_ms_in_flight'].get('p50', 'n/a')} | "
+                 f"{run['poll_ms_completing'].get('p50', 'n/a')} |"
                  f" {run['slot_busy_share']} | {run['worker_rss_mb_peak']} |")
     s.append("")
+    s.append("Reads = the status reads the simulator answered (both modes; polls/s achieved is "
+             "reads/s). Poll ms columns are `reconcile.poll` task runtimes: n/a in batch mode, "
+             "whose `reconcile.poll_due` runs are below.\n")
+    split_rows = [(n, v) for n, v in runs if v.get("overhead_split_s")]
+    if split_rows:
+        s.append("**Where the overhead goes** (from the simulator's read log): read spacing = "
+                 "time between two reads of a job in flight (the interval is "
+                 f"{r['poll_interval_s']} s); first read late = the first read − (start + one "
+                 "interval); read lag = the first read that saw the upstream finished − its end; "
+                 "write = completed_at − that read:\n")
+        s.append("| generations | read spacing p50 / p99 s | first read late p50 / p99 | "
+                 "read lag p50 / p99 | write p50 / p99 |\n|---|---|---|---|---|")
+        for n, v in split_rows:
+            sp, fl = v.get("read_spacing_s") or {}, v.get("first_read_late_s") or {}
+            lag, wr = v["overhead_split_s"]["read_lag"], v["overhead_split_s"]["write"]
+            s.append(f"| {n} | {sp.get('p50')} / {sp.get('p99')} | {fl.get('p50')} / "
+                     f"{fl.get('p99')} | {lag.get('p50')} / {lag.get('p99')} | "
+                     f"{wr.get('p50')} / {wr.get('p99')} |")
+        s.append("")
+    due_rows = [(n, v["poll_due_runs"]) for n, v in runs if v.get("poll_due_runs")]
+    if due_rows:
+        s.append("Batch mode's `reconcile.poll_due` runs (beat every "
+                 "`POLL_BATCH_INTERVAL` = 1 s; a tick not started within 1 s expires):\n")
+        s.append("| generations | runs | run ms p50 / p99 / max | rows claimed per run p50 / max "
+                 "| runs out of budget | ticks expired |\n|---|---|---|---|---|---|")
+        for n, d in due_rows:
+            ms, cl = d["ms"], d["claimed_per_run"]
+            s.append(f"| {n} | {d['runs']} | {ms.get('p50')} / {ms.get('p99')} / {ms.get('max')} "
+                     f"| {cl.get('p50')} / {cl.get('max')} | {d['runs_with_more']} | "
+                     f"{d['ticks_expired_or_revoked']} |")
+        s.append("")
     batch = r.get("batch") or {}
     if not batch.get("available", False):
         s.append(f"Batch poll mode (`RECONCILE_POLL_MODE=batch`, beat sending "
@@ -368,9 +404,9 @@ def _fig3(r: dict[str, Any]) -> str:
     cpu_rows = [(n, v["cpu_ms_per_poll"]) for n, v in runs if v.get("cpu_ms_per_poll")]
     if cpu_rows:
         s.append("**CPU per in-flight poll** (psutil user + system CPU of each process over the "
-                 "steady window, from one interval after t0 to the first completion, ÷ the turns "
-                 "taken in it):\n")
-        s.append("| generations | turns in window | window s | worker ms | PostgreSQL ms | "
+                 "steady window, from one interval after t0 to the first completion, ÷ the "
+                 "status reads the simulator answered in it):\n")
+        s.append("| generations | reads in window | window s | worker ms | PostgreSQL ms | "
                  "simulator + bench ms | total ms |\n|---|---|---|---|---|---|---|")
         for n, c in cpu_rows:
             s.append(f"| {n} | {c['turns_in_window']:,} | {c['window_s']} | {c['worker']} | "
@@ -380,19 +416,20 @@ def _fig3(r: dict[str, Any]) -> str:
     if margin_rows:
         cands = list(margin_rows[0][1]["false_resumes_at_candidate_leases"])
         s.append(f"**Lease margin of healthy chains** (the other side of figure 6's trade): per "
-                 f"job, the worst time between two turns seen by a 1 Hz sampler, against the "
-                 f"poll lease ({r.get('poll_lease_s')} s here); a job past the lease would have "
-                 "been resumed by a sweep tick although its chain was alive (a *false resume*: "
-                 "safe — the old chain is fenced at its next turn — but a wasted read and "
-                 "message). Jobs that a lease of L s would have resumed:\n")
+                 f"job, the worst time between two of its status reads (the simulator's read "
+                 f"log), against the poll lease ({r.get('poll_lease_s')} s here); a job past the "
+                 "lease would have been resumed by a sweep tick although its chain was alive (a "
+                 "*false resume*: safe — the old chain is fenced at its next turn — but a wasted "
+                 "read and message). Jobs that a lease of L s would have resumed (batch: n/a, "
+                 "the sweep never resumes a row with a due time; the gap is still shown):\n")
         s.append("| generations | jobs | worst gap p50 / p99 / max s | past the shipped lease | "
                  + " | ".join(f"L = {c} s" for c in cands) + " |")
         s.append("|---|---|---|---|" + "---|" * len(cands))
         for n, m in margin_rows:
             g = m["worst_gap_between_turns_s"]
             s.append(f"| {n} | {m['jobs_sampled']:,} | {g.get('p50')} / {g.get('p99')} / "
-                     f"{g.get('max')} | **{m['jobs_past_lease_false_resumes']}** | "
-                     + " | ".join(str(m["false_resumes_at_candidate_leases"][c]) for c in cands)
+                     f"{g.get('max')} | **{_na(m['jobs_past_lease_false_resumes'])}** | "
+                     + " | ".join(_na(m["false_resumes_at_candidate_leases"][c]) for c in cands)
                      + " |")
         s.append("")
     head = r["runs"][str(r["jobs"])]
@@ -622,7 +659,7 @@ def _aim_rows(figs: dict[str, Any]) -> list[str]:
         if cpu:
             row("CPU per in-flight poll (worker + PostgreSQL + simulator)",
                 f"**{cpu['total']} ms** = worker {cpu['worker']} + PostgreSQL {cpu['postgres']} + "
-                f"simulator/bench {cpu['bench']} ({cpu['turns_in_window']:,} turns)",
+                f"simulator/bench {cpu['bench']} ({cpu['turns_in_window']:,} status reads)",
                 "reported", None)
         else:
             row("CPU per in-flight poll", "not measured (no steady window)", "reported", None)

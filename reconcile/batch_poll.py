@@ -13,7 +13,8 @@ rows stay due past its time budget) runs :func:`poll_due`:
 2. **read** every claimed task's status, ``POLL_BATCH_THREADS`` at a time (a bounded thread
    pool for the HTTP reads only: no database work in those threads, the GIL is released on I/O);
 3. **write** the outcomes: the rows still running short of their stale threshold (no error, the
-   common case) in ONE set-based ``UPDATE … FROM (VALUES …)`` (next due time, progress), each
+   common case) in ONE set-based ``UPDATE … FROM (VALUES …)`` (next due time — one interval
+   after the due time claimed, see :func:`next_due` —, progress), each
    row guarded by its claim; every other outcome (succeeded, failed, an error, unknown / not
    found, past the threshold) goes per job through ``lifecycle.observe`` exactly as the chain
    does — after :func:`reconcile.jobstore.hold_claim` confirmed (and extended) the claim, so a
@@ -60,9 +61,25 @@ def claim_lease(rt: Runtime) -> timedelta:
     return rt.settings.scaled(lifecycle.poll_step_deadline(rt.settings) + POLL_LEASE_SLACK)
 
 
-def next_due(rt: Runtime, kind: Kind, job: Job, now: datetime) -> datetime:
-    """When the next read is due: the kind's interval at the job's age (the chain's countdown)."""
-    return now + timedelta(seconds=lifecycle.poll_countdown(rt, kind, job, now))
+def next_due(rt: Runtime, kind: Kind, job: Job, now: datetime,
+             was_due: datetime | None = None) -> datetime:
+    """When the next read is due: the kind's interval at the job's age (the chain's countdown).
+
+    With ``was_due`` (the due time the read was claimed at) the next read is due one interval
+    after THAT, not after the read ended: rows are claimed only at ticks, so a read starts up to
+    one tick (+ the claim and read time) after its due time, and counting the interval from the
+    read's end added that wait to every turn — measured, figure 3: reads 6.0 s apart on a 5-s
+    kind with the 1-s tick, the completion seen 5.7 s late at p50. It is never earlier than one
+    tick (at most half an interval) short of the interval after the read's end, so a poller
+    that fell behind does not catch up in a burst: the next read comes at most one tick sooner
+    than the chain's would."""
+    interval = timedelta(seconds=lifecycle.poll_countdown(rt, kind, job, now))
+    after_read = now + interval
+    if was_due is None:
+        return after_read
+    tick = min(rt.settings.scaled(timedelta(seconds=rt.settings.poll_batch_interval)),
+               interval / 2)
+    return max(was_due + interval, after_read - tick)
 
 
 def first_due(rt: Runtime, kind: Kind, now: datetime) -> datetime:
@@ -98,6 +115,7 @@ class Claim:
     kind: Kind | None
     generation: int
     seq: int
+    was_due: datetime | None = None  # the row's due time before the claim (next_due's anchor)
 
 
 def claim(rt: Runtime, *, limit: int | None = None, now: datetime | None = None) -> list[Claim]:
@@ -105,9 +123,9 @@ def claim(rt: Runtime, *, limit: int | None = None, now: datetime | None = None)
     now = now or rt.now()
     limit = limit or rt.settings.poll_batch_size
     with rt.sessions.begin() as session:
-        rows = jobstore.claim_due(session, now, claim_lease(rt), limit)
-    return [Claim(job, rt.kind(job.provider_kind), job.poll_generation, job.poll_seq)
-            for job in rows]
+        rows = jobstore.claim_due_with_times(session, now, claim_lease(rt), limit)
+    return [Claim(job, rt.kind(job.provider_kind), job.poll_generation, job.poll_seq, was_due)
+            for job, was_due in rows]
 
 
 def poll_due(rt: Runtime, *, budget: float | None = None, limit: int | None = None) -> BatchReport:
@@ -156,8 +174,8 @@ def run_claims(rt: Runtime, claims: list[Claim], report: BatchReport | None = No
                 # observe makes it on the chain path — never an exception out of the batch
                 others.append((c, exc))
                 continue
-            running.append((c.job.id, c.generation, c.seq, next_due(rt, c.kind, c.job, now),
-                            progress))
+            running.append((c.job.id, c.generation, c.seq,
+                            next_due(rt, c.kind, c.job, now, c.was_due), progress))
         else:
             others.append((c, result))
     if running:
@@ -199,7 +217,7 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
         with rt.sessions.begin() as session:
             if not jobstore.reschedule_claimed(
                     session, [(c.job.id, c.generation, c.seq,
-                               next_due(rt, c.kind, held, rt.now()), None)]):
+                               next_due(rt, c.kind, held, rt.now(), c.was_due), None)]):
                 report.fenced += 1
     return outcome
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, case, func, or_, select, text, update
@@ -239,15 +239,23 @@ def start_new_chain(session: Session, job_id: uuid.UUID, now: datetime,
 def claim_due(session: Session, now: datetime, lease: timedelta, limit: int) -> list[Job]:
     """Up to ``limit`` in-flight rows due at ``now``, oldest due first, skipping rows another
     claimer holds locked; each moves one lease ahead with ``poll_seq + 1`` (its claim)."""
+    return [job for job, _ in claim_due_with_times(session, now, lease, limit)]
+
+
+def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limit: int
+                         ) -> list[tuple[Job, datetime]]:
+    """:func:`claim_due`, each row with the due time it had before the claim moved it (the
+    batch poller schedules the next read from it: no drift of one tick per read)."""
     from .db.models import IN_FLIGHT as IN_FLIGHT_SQL
 
-    due = (select(Job.id)
+    due = (select(Job.id, Job.poll_due_at)
            .where(IN_FLIGHT_SQL, Job.poll_due_at.is_not(None), Job.poll_due_at <= now,
                   Job.provider_task_id.is_not(None))
            .order_by(Job.poll_due_at).limit(limit).with_for_update(skip_locked=True))
-    ids = list(session.execute(due).scalars())
-    if not ids:
+    was = {job_id: due_at for job_id, due_at in session.execute(due).all()}
+    if not was:
         return []
+    ids = list(was)
     rows = session.execute(
         update(Job).where(Job.id.in_(ids)).values(
             poll_due_at=now + lease, poll_seq=Job.poll_seq + 1,
@@ -255,7 +263,11 @@ def claim_due(session: Session, now: datetime, lease: timedelta, limit: int) -> 
         execution_options={"synchronize_session": False, "populate_existing": True},
     ).scalars().all()
     order = {job_id: n for n, job_id in enumerate(ids)}
-    return sorted(rows, key=lambda j: order[j.id])
+    return [(job, _aware(was[job.id])) for job in sorted(rows, key=lambda j: order[j.id])]
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)  # SQLite: naive
 
 
 def _claimed(job_id: uuid.UUID, generation: int, seq: int) -> tuple[Any, ...]:

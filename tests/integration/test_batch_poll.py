@@ -359,3 +359,30 @@ def test_back_to_chain_mode_the_sweep_resumes_batch_rows_as_chains(
     job = chain.job(job_id)
     assert job.poll_due_at is None
     assert list(chain.q.polls) == [(job_id, job.poll_generation, 0)]
+
+
+def test_the_next_read_is_due_one_interval_after_the_claimed_due_time(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows are claimed only at ticks, so a read starts up to a tick after its due time: the
+    next due time counts from the due time claimed, not from the read's end (figure 3 measured
+    reads 6.0 s apart on a 5-s kind, one 1-s tick lost per turn, before this). A poller that
+    fell further behind than a tick does not catch up in a burst: the next read is due at most
+    one tick short of an interval after the read."""
+    w = world
+    tick = timedelta(seconds=w.rt.settings.poll_batch_interval) * w.rt.settings.time_scale
+    assert timedelta(0) < tick < INTERVAL / 2
+    on_time, late = _accepted(w, n=2)
+    client = w.rt.client(w.rt.kind(KIND))
+    monkeypatch.setattr(client, "poll", lambda task_id, model=None:
+                        PollResult(PollStatus.RUNNING, progress=10))
+    due = w.job(on_time).poll_due_at
+    w.set(late, poll_due_at=due - 3 * tick)  # a poller three ticks behind for this row
+    w.clock.now = due + tick * 0.75  # claimed most of a tick after the due time
+    report = batch_poll.poll_due(w.rt, budget=60)
+    assert (report.claimed, report.running) == (2, 2), report.line()
+    assert w.job(on_time).poll_due_at == due + INTERVAL  # not now + INTERVAL
+    assert w.job(late).poll_due_at == w.clock.now + INTERVAL - tick  # clamped, no burst
+    # the schedule holds over turns: no tick lost per read
+    w.clock.now = due + INTERVAL + tick * 0.5
+    batch_poll.poll_due(w.rt, budget=60)
+    assert w.job(on_time).poll_due_at == due + 2 * INTERVAL
