@@ -119,6 +119,11 @@ def test_xb_two_real_workers_poll_side_by_side_and_one_dies_mid_run(
         def polled_by_doomed() -> bool:
             return "poll_due batches=" in doomed.log_path.read_text()
 
+        def all_created() -> bool:  # a create the doomed worker held would wait out its claim
+            with db() as s:
+                return all(s.get(Job, j).provider_task_id for j in ids)  # type: ignore[union-attr]
+
+        assert wait_for(all_created, 60), status()
         assert wait_for(polled_by_doomed, 30), doomed.log_path.read_text()[-3000:]
         doomed.kill_group()  # mid-run: its claimed rows are due again after one batch lease
         assert wait_for(lambda: all(s == "completed" for s in status()), 90), (
