@@ -118,8 +118,7 @@ def error_response(exc: BaseException, *, job_id: uuid.UUID | str | None = None,
     if isinstance(exc, Conflict):
         return 409, _error("conflict_error", exc.code, exc.message, job_id=_str(job_id))
     if isinstance(exc, ProviderError):
-        uncertain = isinstance(exc, CreateUncertain) or \
-            exc.code == ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN
+        uncertain = exc.uncertain  # the class's outcome_unknown, or the uncertain code
         code = (ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN if uncertain
                 else ErrorCode.UPSTREAM_SUBMISSION_FAILED)
         body = _error("upstream_error", code,

@@ -1,4 +1,6 @@
-"""Polling at scale (issue 16): poll-due times on the rows, read in batches.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Polling at scale (issue 16): poll-due times on the rows, read in batches.
 
 ``RECONCILE_POLL_MODE=batch`` (the default stays ``chain``: one ``reconcile.poll`` message per
 read). In batch mode an accepted job carries ``jobs.poll_due_at`` instead of a message, and

@@ -1,4 +1,6 @@
-"""User cancel (DESIGN.md §5.6): cancel + refund only where the upstream outcome is known.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+User cancel (DESIGN.md §5.6): cancel + refund only where the upstream outcome is known.
 
 * another user's job, or none → :class:`JobNotFound`;
 * completed / failed / cancelled → 409 ``JOB_NOT_CANCELABLE``;

@@ -61,6 +61,12 @@ if TYPE_CHECKING:
     from .audit import Discrepancy
     from .settings import Settings
 
+__all__ = [
+    "POOLS", "Pools", "RESERVED_PREFIXES", "Reservation", "Settlement", "audit", "commit",
+    "grant", "history", "import_legacy_refund", "recharge", "refund", "repair_usage_metadata",
+    "reserve", "split_pro_rata",
+]
+
 POOLS = ("sub", "topup")
 TERMINAL_JOB_STATUSES = ("completed", "failed", "cancelled")
 LOT_PAGE = 32  # lots locked per FIFO page in reserve

@@ -1,4 +1,6 @@
-"""Every guarded write to ``jobs``: one compare-and-set UPDATE each, returning whether it won.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Every guarded write to ``jobs``: one compare-and-set UPDATE each, returning whether it won.
 
 ``False`` (or ``None``) always means "someone else got there first, or the row is no longer in
 the state this step expects" — the caller then does nothing more. No other module updates

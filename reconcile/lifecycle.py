@@ -54,6 +54,12 @@ from .states import (
     settle_backoff,
 )
 
+__all__ = [
+    "CreateOutcome", "Submitted", "adopt_upstream_id", "create_step", "fail_job", "observe",
+    "on_task_created", "poll_step", "poll_step_deadline", "read_status",
+    "resolve_not_submitted", "resume_chain", "settle", "submit_job",
+]
+
 log = logging.getLogger("reconcile.lifecycle")
 
 

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from .providers.base import AsyncProvider, PollResult, SyncProvider
     from .storage import Storage
 
+__all__ = [
+    "CompletionHook", "EventHook", "PricingHook", "Runtime", "Validator", "WatermarkHook",
+]
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)

@@ -33,6 +33,10 @@ from .runtime import Runtime
 from .settings import Settings
 from .states import IN_FLIGHT, Status, Submission
 
+__all__ = [
+    "SyncCall", "check_sync_deadline", "run_sync", "sync_call",
+]
+
 log = logging.getLogger("reconcile.sync")
 
 # DESIGN §5.8 (issue 11 hole 7): a sync call's total deadline leaves this much of its kind's

@@ -1,4 +1,6 @@
-"""The explorer's writers, starting states, scenarios and invariants.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The explorer's writers, starting states, scenarios and invariants.
 
 A *writer* is one real library entry point called the way a worker, the beat, the platform's
 request or an operator calls it. A *scenario* pairs two writers on one job from a starting state
