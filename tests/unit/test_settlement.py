@@ -14,8 +14,8 @@ from reconcile.settlement import (
     DEFAULT_POLICY,
     Decision,
     Finished,
-    SettleOutcome,
     SettlementPolicy,
+    SettleOutcome,
     decide,
 )
 
