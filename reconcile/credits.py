@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -144,6 +144,22 @@ def take_in_order(amount: int, available: Pools, order: tuple[int, int] = (0, 1)
     if left:
         raise LedgerError(f"cannot take {amount} from pools {available}")
     return taken[0], taken[1]
+
+
+def take_from_lots(amount: int, lots: Iterable[tuple[Any, Any]]) -> tuple[list[tuple[Any, int]], int]:
+    """Pure FIFO: ``amount`` taken from ``lots`` ((lot id, remaining), oldest first), each lot
+    drained before the next. Returns each touched lot's new ``remaining_amount`` (in order) and
+    how much was taken (less than ``amount`` when the lots run out). Lots after the one that
+    completes ``amount`` are not touched."""
+    changes: list[tuple[Any, int]] = []
+    taken = 0
+    for lot_id, remaining in lots:
+        if taken == amount:
+            break
+        take = min(int(remaining), amount - taken)
+        changes.append((lot_id, int(remaining) - take))
+        taken += take
+    return changes, taken
 
 
 def lock_balance(session: Session, user_id: uuid.UUID) -> CreditBalance:
@@ -313,14 +329,12 @@ def _plan_consume(conn: Connection, user_id: uuid.UUID, amount: int) -> tuple[Po
         after = 0
         while left:
             rows = conn.execute(_OPEN_LOTS, {"u": user_id, "pool": pool, "after": after}).all()
-            for lot_id, remaining in rows:
-                take = min(int(remaining), left)
-                changes.append((lot_id, int(remaining) - take))
-                taken[index] += take
-                left -= take
-                after = lot_id
-                if left == 0:
-                    break
+            page, took = take_from_lots(left, rows)
+            changes.extend(page)
+            taken[index] += took
+            left -= took
+            if page:
+                after = page[-1][0]
             if len(rows) < LOT_PAGE:
                 break
     if left:

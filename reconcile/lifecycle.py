@@ -39,6 +39,7 @@ from .events import add_event, publish_events
 from .kinds import Kind, all_kinds, provider_of
 from .providers.base import AsyncProvider, CreateRequest, Output, PollResult, PollStatus
 from .runtime import Runtime, Validator
+from .settlement import Finished, SettleOutcome, decide
 from .states import (
     ATTEMPT_SPACING,
     CREATE_CLAIM_LEASE,
@@ -759,7 +760,10 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
     now = rt.now()
     won = False
     with rt.sessions.begin() as session:
-        amount = rt.pricing_hook(job, result) if rt.pricing_hook else None
+        # the policy decides what the completion commits (reconcile.settlement); the ledger
+        # below executes it (and refuses a price above what is held)
+        amount = decide(Finished.COMPLETED,
+                        priced=rt.pricing_hook(job, result) if rt.pricing_hook else None).commit
         # an explicit amount is what the commit below charges: written with the completion
         cost = {} if amount is None else {"credits_actual": amount, "display_cost": amount}
         done = jobstore.mark_completed(
@@ -904,24 +908,27 @@ def fail_job(rt: Runtime, job_id: uuid.UUID, code: str, message: str,
     return True
 
 
-def settle(rt: Runtime, job_id: uuid.UUID) -> bool:
-    """Refund a failed/cancelled job and record ``credits_actual``; on error back off.
+def settle(rt: Runtime, job_id: uuid.UUID) -> SettleOutcome:
+    """Settle a failed/cancelled job as ``rt.settlement_policy`` decides (by default: refund
+    everything held) and record ``credits_actual``; on error back off.
 
+    Returns a :class:`~reconcile.settlement.SettleOutcome` (never test it for truthiness).
     Repeating never adds a second refund (the ledger's CAS); legacy refunds count.
     """
     now = rt.now()
     try:
         with rt.sessions.begin() as session:
             job = jobstore.load(session, job_id, lock=True)
-            if job is None or job.status not in (Status.FAILED, Status.CANCELLED) \
-                    or job.credits_actual is not None:
-                return False
-            rt.ledger.refund(session, job_id, now=now)
+            if job is None or job.status not in (Status.FAILED, Status.CANCELLED):
+                return SettleOutcome.NOT_DUE
+            if job.credits_actual is not None:
+                return SettleOutcome.ALREADY_SETTLED
+            _execute_settlement(rt, session, job, now)
             rt.crash_point("mid_refund")
             actual = rt.ledger.settled_amount(session, job_id)
             jobstore.settled(session, job_id, actual if actual is not None else 0)
         log.info("job_settled job_id=%s", job_id)
-        return True
+        return SettleOutcome.SETTLED
     except Exception as exc:
         log.exception("settle_failed job_id=%s", job_id)
         with rt.sessions.begin() as session:
@@ -930,7 +937,37 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> bool:
                 jobstore.settle_failed(session, job_id, now + settle_backoff(job.settle_attempts))
                 if not isinstance(exc, DBAPIError):  # the ledger refused: one anomaly per job
                     _ledger_error_once(session, job, exc, now)
-        return False
+        return SettleOutcome.BACKED_OFF
+
+
+def _execute_settlement(rt: Runtime, session: Session, job: Job, now: datetime) -> None:
+    """The ledger executes the policy's decision for a failed/cancelled job: a full refund is
+    the ledger's ``refund`` (nothing read first); a partial one needs what is held (one read)
+    and is a commit of the kept part, the ledger releasing the rest to its pools."""
+    from .ledger import commit_settled
+
+    policy = rt.settlement_policy
+    share = policy.cancel_refund if job.status == Status.CANCELLED else policy.failure_refund
+    reserved = None if share == 1 else _held(session, job.id)
+    decision = decide(job.status, reserved=reserved, policy=policy)
+    if decision.full_refund:
+        rt.ledger.refund(session, job.id, now=now)
+    else:
+        commit_settled(rt.ledger, session, job.id, decision.commit, now=now)
+
+
+def _held(session: Session, job_id: uuid.UUID) -> int:
+    """What the job's reservation still holds: its reserved usage log net of legacy refunds
+    (0: nothing reserved any more)."""
+    from . import credits
+    from .db.models import UsageLog
+
+    reserved = session.execute(
+        select(UsageLog.credits).where(UsageLog.job_id == job_id, UsageLog.status == "reserved")
+        .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
+    if reserved is None:
+        return 0
+    return max(0, int(reserved) - credits.legacy_refunded(session, job_id))
 
 
 def _ledger_error_once(session: Session, job: Job, exc: Exception, now: datetime) -> None:

@@ -46,6 +46,7 @@ from .events import add_event, publish
 from .kinds import Kind
 from .providers.base import AsyncProvider
 from .runtime import Runtime
+from .settlement import SettleOutcome
 from .states import (
     ATTEMPT_SPACING,
     IN_FLIGHT,
@@ -466,7 +467,7 @@ def _carry_out(rt: Runtime, plan: _Plan, fan_out: Callable[[uuid.UUID], None] | 
     if action is Action.EVIDENCE:
         return _evidence(rt, plan)
     if action is Action.SETTLE:
-        if lifecycle.settle(rt, job.id):
+        if lifecycle.settle(rt, job.id) is SettleOutcome.SETTLED:
             publish(rt, job_id=job.id)
             return "settled"
         with rt.sessions() as session:

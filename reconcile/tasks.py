@@ -141,8 +141,9 @@ def poll_due() -> str:
 
 
 @shared_task(name="reconcile.settle", ignore_result=True, acks_late=True)
-def settle(job_id: str) -> bool:
-    """Retry a failed/cancelled job's refund settlement."""
+def settle(job_id: str) -> str:
+    """Retry a failed/cancelled job's refund settlement; returns the
+    :class:`~reconcile.settlement.SettleOutcome` (a string)."""
     return lifecycle.settle(get_runtime(), uuid.UUID(job_id))
 
 

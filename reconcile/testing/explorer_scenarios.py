@@ -23,6 +23,7 @@ from sqlalchemy import func, select
 
 from .. import batch_poll, credits, jobstore, lifecycle
 from ..db.models import CreditTransaction, Job, JobEvent, WorkflowExecution
+from ..settlement import SettleOutcome
 from ..states import (
     ATTEMPT_SPACING,
     CREATE_CLAIM_LEASE,
@@ -262,7 +263,7 @@ def _resolve_not_submitted(rt: Any, ctx: Context) -> str:
 
 
 def _settle(rt: Any, ctx: Context) -> str:
-    return "settled" if lifecycle.settle(rt, ctx.job_id) else "nothing"
+    return "settled" if lifecycle.settle(rt, ctx.job_id) is SettleOutcome.SETTLED else "nothing"
 
 
 def _wait(rt: Any, ctx: Context) -> str:
