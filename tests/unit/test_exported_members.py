@@ -100,6 +100,10 @@ EXPORTED = {
         "Expect", "OutputSpec", "data_uri_output", "declare_output", "declared_output",
         "document_output", "text_output",
     },
+    "reconcile.settlement": {
+        "DEFAULT_POLICY", "Decision", "Finished", "SettleOutcome", "SettlementPolicy", "decide",
+        "whole_credits",
+    },
     "reconcile.runtime": {
         "CompletionHook", "EventHook", "PricingHook", "Runtime", "Validator",
         "WatermarkHook",
@@ -163,7 +167,7 @@ NOT_EXPORTED = {
         "legacy_refunded", "legacy_refunded_pools", "lock_balance",
         "recharge_commit_txn_id", "recharge_usage_txn_id", "refund_txn_id",
         "release_txn_id", "reservation_pools", "settle_commit", "settled_amount",
-        "take_in_order", "usage_txn_id",
+        "take_from_lots", "take_in_order", "usage_txn_id",
     },
     "reconcile.db.migrate": {
         "LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "add_column_if_absent",

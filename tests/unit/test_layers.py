@@ -24,6 +24,7 @@ LAYERS = {
     "reconcile.settings": CORE, "reconcile.states": CORE, "reconcile.errors": CORE,
     "reconcile.redact": CORE, "reconcile.media_types": CORE, "reconcile.db.types": CORE,
     "reconcile.providers.base": CORE, "reconcile.providers.deadline": CORE,
+    "reconcile.settlement": CORE,
     # 1 db: schema, engines, migrations
     "reconcile.db": DB, "reconcile.migrations": DB,
     # 2 gateway: provider HTTP clients, the media fetch, storage, webhook signature schemes
