@@ -156,7 +156,7 @@ def cancelled_over_failure(session: Session, job_id: uuid.UUID, task_id: str, *,
 
 
 def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | None:
-    """Completion is allowed only from pending/processing (DESIGN §10.1)."""
+    """Completion is allowed only from pending/processing (README, Design notes: Completion)."""
     return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), status=Status.COMPLETED,
                 next_poll_at=None, poll_lease_expires_at=None, claim_expires_at=None, **values)
 

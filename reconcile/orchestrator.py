@@ -1,4 +1,4 @@
-"""Waiting on a job from a workflow orchestrator (seed §5.7, DESIGN.md §5.8 and §10.9).
+"""Waiting on a job from a workflow orchestrator (README, Design notes: Orchestrators).
 
 :func:`wait_for_job` polls ``jobs.status`` (every 3 s by default) with the node timeout raised
 from 30 to 90 minutes, which covers every legitimate poll budget (``kie-lip-sync`` ≈ 60 min).
