@@ -40,8 +40,9 @@ __all__ = [
 log = logging.getLogger("reconcile.sync")
 
 # README, Design notes: Sync calls and their deadline (issue 11 hole 7): a sync call's total
-# deadline leaves this much of its kind's threshold unused, and its claim lease lasts the deadline plus the time to finish the job
-# (store the outputs, one transaction), so the sweep never fails a call that is still running
+# deadline leaves this much of its kind's threshold unused, and its claim lease lasts the
+# deadline plus the time to finish the job (store the outputs, one transaction), so the sweep
+# never fails a call that is still running
 DEADLINE_MARGIN = timedelta(seconds=60)
 FINISH_SLACK = timedelta(minutes=2)
 
