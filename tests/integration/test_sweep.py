@@ -1,4 +1,4 @@
-"""The reconcile sweep, row by row of DESIGN.md §6, on PostgreSQL with an injected clock.
+"""The reconcile sweep, row by row of its decision table, on PostgreSQL with an injected clock.
 
 Also the seed's Phase 2 plan (sync sweep, legacy rows, idempotency, refund pools) and the
 sweep's switches (legacy on/off and exclusions, observe-only, dry run, the tick line). The
@@ -213,7 +213,7 @@ def test_legacy_row_past_five_minutes_is_failed_and_refunded(world: World) -> No
 
 
 def test_legacy_row_ages_by_created_at_without_started_at(world: World) -> None:
-    """Row 1 ages a row with no started_at by created_at (seed §10.2: not by provider columns)."""
+    """Row 1 ages a row with no started_at by created_at (not by provider columns, which a legacy row lacks)."""
     job_id = world.platform_row(status="pending")
     world.clock.advance(minutes=4)
     world.tick()
@@ -427,7 +427,7 @@ def test_submitting_async_with_expired_claim_becomes_uncertain(world: World) -> 
 
 
 def test_submitting_sync_with_expired_claim_fails_past_threshold(world: World) -> None:
-    """Row 9 (seed D2): a sync call's dead process fails + refunds past its threshold only."""
+    """Row 9 (no recovery possible for a sync call): a sync call's dead process fails + refunds past its threshold only."""
     job_id = world.submit("anthropic-sync")
     _claim(world, job_id, timedelta(minutes=1))
     world.clock.advance(minutes=3)

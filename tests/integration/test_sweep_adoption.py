@@ -1,4 +1,4 @@
-"""Safe adoption (DESIGN.md §6 row 1, §10.11): legacy rows bounded by the cutoff, age and job
+"""Safe adoption (README, Design notes: Legacy rows): legacy rows bounded by the cutoff, age and job
 types; observe by default; observe-only names; a truthful dry run; late outside completions."""
 
 from __future__ import annotations
