@@ -17,7 +17,7 @@ worker still runs). The sweep treats such a row as a *legacy candidate* only whe
   (``LEGACY_EXCLUDE_JOB_TYPES``).
 
 ``LEGACY_SWEEP`` then decides: ``observe`` (the default) logs and counts the row as "would
-fail", ``enforce`` fails it ``RECONCILE_NO_RECOVERY`` and refunds it (seed phase 2), ``off``
+fail", ``enforce`` fails it ``RECONCILE_NO_RECOVERY`` and refunds it, ``off``
 ignores it.
 
 ``OBSERVE_ONLY_KINDS`` names kinds the sweep only logs; :data:`LEGACY` (``legacy``, the name the

@@ -353,7 +353,7 @@ def _not_claimed(rt: Runtime, job_id: uuid.UUID, now: datetime) -> CreateOutcome
                                     code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
                                     detail={"reason": "submission claim expired before the id was saved"})
             return CreateOutcome("uncertain", job_id)
-    # the retry guard (seed phase 4): a persisted id is resumed, never re-created
+    # the retry guard: a persisted id is resumed, never re-created (a duplicate create pays twice)
     resume_chain(rt, job_id, only_if_lease_expired=True)
     return CreateOutcome("resumed", job_id)
 

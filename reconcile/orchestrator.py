@@ -4,12 +4,11 @@
 from 30 to 90 minutes, which covers every legitimate poll budget (``kie-lip-sync`` ≈ 60 min).
 At the timeout it fails the *node* — ``workflow_executions.failed_nodes`` gains the node id and
 the execution becomes ``failed`` — and raises :class:`NodeTimeout`, but it leaves the *job* in
-flight (the seed cancelled it, after which its own sole-cause reopen could never fire). A late
+flight (a cancelled job cannot complete, so the sole-cause reopen could never fire). A late
 completion then reopens the execution when this node was its sole cause
 (``lifecycle.finalize_job_with_media`` → ``_reopen_workflow``, CAS on ``failed``).
 
-The execution write never overrides a user's cancel (CAS ``status <> 'cancelled'``, the seed's
-``.neq("status", "cancelled")`` pattern) and never touches an execution that already completed.
+The execution write never overrides a user's cancel (CAS ``status <> 'cancelled'``) and never touches an execution that already completed.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     # Sweep
     sweep_interval: float = 300.0  # seconds
     # rows without provider_kind or submission_state (README, Design notes: Legacy rows): "observe"
-    # logs and counts what it would fail; "enforce" fails + refunds (seed phase 2); "off"
+    # logs and counts what it would fail; "enforce" fails + refunds; "off"
     legacy_sweep: LegacySweep = "observe"
     # only rows created before it are legacy candidates (default: reconcile_meta.adopted_at)
     legacy_cutoff: datetime | None = None

@@ -186,7 +186,7 @@ class _Row:
 
 
 def _legacy(r: _Row) -> Decision | None:
-    """1: a row nobody submitted through the library (seed phase 2's catch-all), bounded by
+    """1: a row nobody submitted through the library (the legacy catch-all), bounded by
     the legacy cutoff, age and job types (``adoption``; README, Design notes: Legacy rows). In ``observe`` mode
     the FAIL is only logged and counted (:func:`_observed`)."""
     j = r.job

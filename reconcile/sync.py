@@ -9,7 +9,7 @@
 A crash inside the block leaves the row ``submitting`` with ``provider_call_started_at`` set;
 the sweep fails and refunds it past the kind's threshold (there is nothing to look up later).
 On a platform row with no ``submission_state`` the helper only marks ``provider_kind`` and
-``provider_call_started_at`` (status untouched), as the seed's ``markProviderCallStart`` did —
+``provider_call_started_at`` (status untouched), as a platform's own sync routes mark a call —
 and only while the row is in flight: otherwise it raises ``Conflict`` and makes no call.
 """
 

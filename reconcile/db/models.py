@@ -72,7 +72,7 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
-    # --- seed migration 135 ---
+    # --- the in-flight columns and index (revision 0002) ---
     provider_kind: Mapped[str | None] = mapped_column(Text)
     provider_task_id: Mapped[str | None] = mapped_column(Text)
     provider_call_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

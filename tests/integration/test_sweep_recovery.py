@@ -1,4 +1,4 @@
-"""The sweep recovers async jobs whose poll chain died (seed Phase 3 reconcile plan).
+"""The sweep recovers async jobs whose poll chain died (the per-provider async recovery).
 
 Each job is accepted upstream (the simulator), its poll messages are lost, and the injected
 clock moves past the kind's stale threshold; the sweep then reads the task once and finishes
