@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy import select
 
 from . import credits as ledger
-from . import events, idempotency, lifecycle
+from . import events, idempotency, jobstore, lifecycle
 from .cancel import cancel_job, load_owned
 from .db.models import Asset, Job
 from .errors import (
@@ -248,8 +248,7 @@ def snapshot(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str) -> Respon
 
 
 def settlement_pending(job: Job) -> bool:
-    return (job.status in _SETTLED_STATES and job.credits_actual is None
-            and job.next_poll_at is not None)
+    return jobstore.is_settlement_pending(job)
 
 
 def cancel(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str) -> Response:

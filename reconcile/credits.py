@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from .db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
+from . import jobstore
+from .db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, UsageLog
 from .errors import (
     BadUsageMetadata,
     InsufficientCredits,
@@ -433,13 +434,10 @@ def _parse_pools(meta: Any, credits_: int) -> Pools | None:
 
 def _note_bad_metadata(session: Session, log: UsageLog, used: str) -> None:
     """One ``bad_usage_metadata`` anomaly per job, written with the operation that met it."""
-    exists = session.execute(select(CreditAnomaly.id).where(
-        CreditAnomaly.job_id == log.job_id, CreditAnomaly.kind == "bad_usage_metadata")
-        .limit(1)).first()
-    if exists is None:
-        session.add(CreditAnomaly(job_id=log.job_id, user_id=log.user_id, kind="bad_usage_metadata",
-                                  detail={"metadata": repr(log.metadata_)[:200], "pools_from": used},
-                                  created_at=datetime.now(UTC)))
+    jobstore.record_anomaly(session, job_id=log.job_id, user_id=log.user_id,
+                            kind="bad_usage_metadata",
+                            detail={"metadata": repr(log.metadata_)[:200], "pools_from": used},
+                            now=datetime.now(UTC), once=True)
 
 
 def reservation_pools(session: Session, log: UsageLog) -> Pools:
@@ -494,8 +492,9 @@ def repair_usage_metadata(session: Session, job_id: uuid.UUID, from_sub: int, fr
     new = {"from_sub": from_sub, "from_topup": from_topup}
     if log.metadata_ == new:
         return False
-    session.add(CreditAnomaly(job_id=job_id, user_id=log.user_id, kind="usage_metadata_repaired",
-                              detail={"old": repr(log.metadata_)[:200], "new": new}, created_at=now))
+    jobstore.record_anomaly(session, job_id=job_id, user_id=log.user_id,
+                            kind="usage_metadata_repaired",
+                            detail={"old": repr(log.metadata_)[:200], "new": new}, now=now)
     log.metadata_ = new
     session.flush()
     return True
@@ -757,12 +756,9 @@ def _bad_metadata(meta: Any, credits_: int) -> bool:
 def _note_anomaly_once(conn: Connection, job_id: uuid.UUID, user_id: uuid.UUID, meta: Any,
                        used: str) -> None:
     """One ``bad_usage_metadata`` anomaly per job, written with the operation that met it."""
-    exists = conn.execute(select(_A.c.id).where(_A.c.job_id == job_id,
-                                                _A.c.kind == "bad_usage_metadata").limit(1)).first()
-    if exists is None:
-        conn.execute(insert(_A).values(job_id=job_id, user_id=user_id, kind="bad_usage_metadata",
-                                       detail={"metadata": repr(meta)[:200], "pools_from": used},
-                                       created_at=datetime.now(UTC)))
+    jobstore.record_anomaly(conn, job_id=job_id, user_id=user_id, kind="bad_usage_metadata",
+                            detail={"metadata": repr(meta)[:200], "pools_from": used},
+                            now=datetime.now(UTC), once=True)
 
 
 def _held_of(conn: Connection, log: UsageLog, *,
@@ -997,8 +993,7 @@ def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
         _add_txn(conn, recharge_usage_txn_id(job_id), log.user_id, job_id, "USAGE", taken, now)
         _add_txn(conn, recharge_commit_txn_id(job_id), log.user_id, job_id, "COMMIT", taken, now)
         _apply_consume(conn, log.user_id, taken, changes, now)
-        session.execute(update(Job).where(Job.id == job_id)
-                        .values(credits_actual=amount, display_cost=amount))
+        jobstore.record_recharge(session, job_id, amount)
     _forget(session, CreditBalance, log.user_id)
     _forget(session, CreditLot, *(lot_id for lot_id, _ in changes))
     return True

@@ -105,14 +105,11 @@ def accepted(script: Script = SUCCEEDS, *, workflow: bool = False) -> Callable[[
 def batch_accepted(script: Script = SUCCEEDS) -> Callable[[Any, Context], None]:
     """processing / accepted in batch mode: no poll message, the row due now (poll_due_at)."""
     def setup(rt: Any, ctx: Context) -> None:
-        from sqlalchemy import update
-
         _submit(rt, ctx, script=script)
         lifecycle.create_step(rt, ctx.job_id)
         assert not ctx.explorer.queues.polls, "batch mode sends no poll message"
         with rt.sessions.begin() as session:
-            session.execute(update(Job).where(Job.id == ctx.job_id)
-                            .values(poll_due_at=ctx.clock.now))
+            jobstore.make_due_at(session, ctx.job_id, ctx.clock.now)
         ctx.explorer.queues.clear()
     return setup
 
@@ -159,8 +156,9 @@ def sync_claimed_dead(rt: Any, ctx: Context) -> None:
 def platform_row(rt: Any, ctx: Context) -> None:
     """A platform row the library never submitted (no submission_state), credits reserved."""
     with rt.sessions.begin() as session:
-        session.add(Job(id=ctx.job_id, user_id=ctx.user_id, job_type="chat", status=Status.PENDING,
-                        input_data=dict(SYNC_INPUT), progress=0, created_at=START))
+        jobstore.insert_job(session, id=ctx.job_id, user_id=ctx.user_id, job_type="chat",
+                            status=Status.PENDING, input_data=dict(SYNC_INPUT), progress=0,
+                            created_at=START)
         session.flush()
         credits.reserve(session, ctx.user_id, ctx.job_id, CREDITS, now=START)
 
