@@ -120,3 +120,27 @@ def test_no_file_cites_a_document_outside_the_repository() -> None:
     assert not found, (
         "state the decision where it is used, or point at the README's Design notes entry by "
         "name, instead of citing a document outside the repository:\n" + "\n".join(found))
+
+
+def design_note_names() -> list[str]:
+    """The entry names of the README's "Design notes" section (``N. **Name.**``)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Design notes\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\d+\. \*\*(.+?)\.\*\*", section, re.MULTILINE)
+
+
+def test_every_design_notes_pointer_names_an_entry() -> None:
+    names = design_note_names()
+    assert "Legacy rows" in names and "Uncertain submissions" in names
+    dangling = []
+    for path in scanned_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        for match in re.finditer(r"Design\s+notes:\s+", text):
+            # the name may wrap onto a comment's or docstring's next line
+            rest = re.sub(r"\s*\n\s*#?\s*", " ", text[match.end():match.end() + 80])
+            if not any(rest.startswith(name) for name in names):
+                dangling.append(f"{path.relative_to(ROOT).as_posix()}: {rest[:40]!r}")
+    assert not dangling, "no Design notes entry of that name:\n" + "\n".join(dangling)
