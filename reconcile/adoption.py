@@ -1,6 +1,6 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-Safe adoption on a live platform (DESIGN.md §6 row 1, §10.11): which rows are the library's.
+Safe adoption on a live platform (README, Design notes: Legacy rows): which rows are the library's.
 
 A row with neither ``provider_kind`` nor ``submission_state`` was never submitted through the
 library: a legacy row from before it, or another subsystem's (pipeline wrappers, jobs an old
@@ -17,7 +17,7 @@ worker still runs). The sweep treats such a row as a *legacy candidate* only whe
   (``LEGACY_EXCLUDE_JOB_TYPES``).
 
 ``LEGACY_SWEEP`` then decides: ``observe`` (the default) logs and counts the row as "would
-fail", ``enforce`` fails it ``RECONCILE_NO_RECOVERY`` and refunds it (seed phase 2), ``off``
+fail", ``enforce`` fails it ``RECONCILE_NO_RECOVERY`` and refunds it, ``off``
 ignores it.
 
 ``OBSERVE_ONLY_KINDS`` names kinds the sweep only logs; :data:`LEGACY` (``legacy``, the name the

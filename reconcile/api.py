@@ -1,7 +1,7 @@
-"""Gateway helpers (DESIGN.md §5.7): framework-agnostic, each returns ``(http_status, body)``.
+"""Gateway helpers: framework-agnostic, each returns ``(http_status, body)``.
 
 A platform's web layer calls these and serialises ``body`` as JSON unchanged; the shapes are the
-customer contract of seed 001, so tests compare them key for key::
+customer contract (README, Design notes: The customer contract), so tests compare them key for key::
 
     202 {"job_id", "state": "queued"}                              submit accepted (inline or queued)
     502 {"error": {"type": "upstream_error", "code": "UPSTREAM_SUBMISSION_FAILED" | …UNCERTAIN,
@@ -20,7 +20,7 @@ Choices written down here (the design is silent on them):
 * Timestamps are ISO-8601 UTC to the second with a ``Z`` (``2026-12-01T10:05:00Z``).
 * A job id that is not a UUID is "not found", like another user's job.
 * An unexpected exception is a 500 with no internals in the body; it is logged with the job id
-  (when a job was already inserted, the sweep re-enqueues its create: DESIGN.md §6).
+  (when a job was already inserted, the sweep re-enqueues its create).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ _DEFAULT_MESSAGES = {
 }
 # What a customer reads for a library job: the code's own message, never the operator's
 # detail (hosts, addresses, presigned URLs, raw exception text). For these two codes the
-# provider's own message follows, scrubbed of URLs, host names and addresses (seed 001: the
+# provider's own message follows, scrubbed of URLs, host names and addresses (the
 # customer fixes the payload from it).
 CUSTOMER_MESSAGES = {
     ErrorCode.INVALID_PARAM.value: "The request is invalid.",
@@ -252,7 +252,7 @@ def settlement_pending(job: Job) -> bool:
 
 
 def cancel(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str) -> Response:
-    """200 with the cancelled job's snapshot, 404, or 409 (DESIGN.md §5.6)."""
+    """200 with the cancelled job's snapshot, 404, or 409 (README, Design notes: Cancel)."""
     try:
         job = cancel_job(rt, user_id, _job_uuid(job_id))
         return 200, snapshot_body(rt, job)
@@ -289,7 +289,7 @@ def follow(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str,
 
 
 def snapshot_body(rt: Runtime, job: Job) -> dict[str, Any]:
-    """The 200 body of a job read (seed 001's shape)."""
+    """The 200 body of a job read (README, Design notes: The customer contract)."""
     outputs: list[dict[str, Any]] | None = None
     if job.status == Status.COMPLETED:
         with rt.sessions() as session:

@@ -1,6 +1,6 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-User cancel (DESIGN.md §5.6): cancel + refund only where the upstream outcome is known.
+User cancel (README, Design notes: Cancel): cancel + refund only where the upstream outcome is known.
 
 * another user's job, or none → :class:`JobNotFound`;
 * completed / failed / cancelled → 409 ``JOB_NOT_CANCELABLE``;
@@ -18,7 +18,7 @@ User cancel (DESIGN.md §5.6): cancel + refund only where the upstream outcome i
   ``SUBMISSION_RECONCILIATION_REQUIRED``.
 
 A locally cancelled job can still finish upstream; its completion then loses the completion CAS
-(only in-flight rows complete, DESIGN.md §10.1), so nothing is stored or charged. The row keeps
+(only in-flight rows complete), so nothing is stored or charged. The row keeps
 ``error_code = CANCELED`` and, in ``error_detail``, what the upstream cancel did.
 """
 

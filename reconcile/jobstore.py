@@ -296,8 +296,8 @@ def cancelled_over_failure(session: Session, job_id: uuid.UUID, task_id: str, *,
 
 
 def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | None:
-    """Completion is allowed only from pending/processing (DESIGN §10.1). Clearing the last
-    error's text clears its code too."""
+    """Completion is allowed only from pending/processing (README, Design notes: Completion).
+    Clearing the last error's text clears its code too."""
     if "reconcile_last_error" in values and values["reconcile_last_error"] is None:
         values.setdefault("reconcile_last_error_code", None)
     return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), status=Status.COMPLETED,

@@ -10,8 +10,8 @@ Contract (every backend; ``tests/integration/test_ledger_contract.py`` checks it
 
 * **The caller's transaction.** Every operation runs in the ``session`` it is given and never
   commits, rolls back or opens a transaction of its own, so submit (insert + reserve) and
-  finalize (complete + commit + assets + event) stay single transactions (seed 001, DESIGN.md
-  §10.3). An operation may use a SAVEPOINT.
+  finalize (complete + commit + assets + event) stay single transactions (README, Design notes:
+  Completion). An operation may use a SAVEPOINT.
 * **Idempotent on deterministic ids.** The job id names the reservation (``job-usage:{job}``),
   its commit (``job-commit:{job}``) and its refund (``job-refund:{job}``): reserving a job again
   returns the first reservation; a second commit or refund changes nothing and returns False.

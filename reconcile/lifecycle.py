@@ -349,13 +349,13 @@ def _not_claimed(rt: Runtime, job_id: uuid.UUID, now: datetime) -> CreateOutcome
             expired_kind = rt.kind(job.provider_kind)
             if expired_kind is None or expired_kind.sync:
                 # a sync call's claim (issue 11 hole 12): never uncertain — there is nothing to
-                # look up later; the sweep fails + refunds it past the threshold (§6)
+                # look up later; the sweep fails + refunds it past the threshold
                 return CreateOutcome("lost", job_id)
             jobstore.mark_uncertain(session, job_id, token=None, now=now,
                                     code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
                                     detail={"reason": "submission claim expired before the id was saved"})
             return CreateOutcome("uncertain", job_id)
-    # the retry guard (seed phase 4): a persisted id is resumed, never re-created
+    # the retry guard: a persisted id is resumed, never re-created (a duplicate create pays twice)
     resume_chain(rt, job_id, only_if_lease_expired=True)
     return CreateOutcome("resumed", job_id)
 
@@ -831,7 +831,8 @@ def _media_type_of(key: str) -> str | None:
 
 
 def _completion_refused(rt: Runtime, job: Job, source: str) -> None:
-    """DESIGN §5.6: a completion after a local cancel is ignored, and logged as an anomaly."""
+    """A completion after a local cancel is ignored, and logged as an anomaly (README, Design
+    notes: Cancel)."""
     with rt.sessions.begin() as session:
         jobstore.record_anomaly(session, job_id=job.id, user_id=job.user_id,
                                 kind="completed_after_cancel",
@@ -853,7 +854,8 @@ def _drop_orphans(rt: Runtime, job_id: uuid.UUID, keys: list[str]) -> None:
 
 
 def _reopen_workflow(session: Session, job: Job) -> None:
-    """Seed §5.7: a sole-cause failed execution is reopened (CAS on ``failed``)."""
+    """A sole-cause failed execution is reopened (CAS on ``failed``; README, Design notes:
+    Orchestrators)."""
     from sqlalchemy import update
 
     from .db.models import WorkflowExecution

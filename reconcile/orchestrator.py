@@ -1,15 +1,14 @@
-"""Waiting on a job from a workflow orchestrator (seed §5.7, DESIGN.md §5.8 and §10.9).
+"""Waiting on a job from a workflow orchestrator (README, Design notes: Orchestrators).
 
 :func:`wait_for_job` polls ``jobs.status`` (every 3 s by default) with the node timeout raised
 from 30 to 90 minutes, which covers every legitimate poll budget (``kie-lip-sync`` ≈ 60 min).
 At the timeout it fails the *node* — ``workflow_executions.failed_nodes`` gains the node id and
 the execution becomes ``failed`` — and raises :class:`NodeTimeout`, but it leaves the *job* in
-flight (the seed cancelled it, after which its own sole-cause reopen could never fire). A late
+flight (a cancelled job cannot complete, so the sole-cause reopen could never fire). A late
 completion then reopens the execution when this node was its sole cause
 (``lifecycle.finalize_job_with_media`` → ``_reopen_workflow``, CAS on ``failed``).
 
-The execution write never overrides a user's cancel (CAS ``status <> 'cancelled'``, the seed's
-``.neq("status", "cancelled")`` pattern) and never touches an execution that already completed.
+The execution write never overrides a user's cancel (CAS ``status <> 'cancelled'``) and never touches an execution that already completed.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class Runtime:
     event_hooks: list[EventHook] = field(default_factory=list)
     # named crash points for the reliability harness (None in production)
     crash_hook: Callable[[str], None] | None = None
-    # the credit backend (DESIGN: the ledger seam); the library's own ledger by default
+    # the credit backend (the ledger seam); the library's own ledger by default
     ledger: Ledger = field(default_factory=lambda: DEFAULT_LEDGER)
     # what a finished job commits and refunds (reconcile.settlement); the ledger executes it
     settlement_policy: SettlementPolicy = DEFAULT_POLICY
@@ -92,7 +92,7 @@ class Runtime:
         from .storage import storage_from_settings
         from .sync import check_sync_deadline
 
-        check_sync_deadline(settings)  # start-up: a sync call's deadline fits its kind (§5.8)
+        check_sync_deadline(settings)  # start-up: a sync call's deadline fits its kind
         sessions = make_sessionmaker(engine_for(settings.database_url))
         return cls(settings=settings, sessions=sessions,
                    storage=kwargs.pop("storage", None) or storage_from_settings(settings), **kwargs)

@@ -59,8 +59,8 @@ class Settings(BaseSettings):
 
     # Sweep
     sweep_interval: float = 300.0  # seconds
-    # rows without provider_kind or submission_state (DESIGN.md §6 row 1, §10.11): "observe"
-    # logs and counts what it would fail; "enforce" fails + refunds (seed phase 2); "off"
+    # rows without provider_kind or submission_state (README, Design notes: Legacy rows): "observe"
+    # logs and counts what it would fail; "enforce" fails + refunds; "off"
     legacy_sweep: LegacySweep = "observe"
     # only rows created before it are legacy candidates (default: reconcile_meta.adopted_at)
     legacy_cutoff: datetime | None = None

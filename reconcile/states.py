@@ -34,7 +34,7 @@ class Submission(StrEnum):
 IN_FLIGHT = (Status.PENDING.value, Status.PROCESSING.value)
 TERMINAL = (Status.COMPLETED.value, Status.FAILED.value, Status.CANCELLED.value)
 
-MAX_ATTEMPTS = 18  # ≈ 90 minutes of attempts after the stale threshold (seed §5.5)
+MAX_ATTEMPTS = 18  # ≈ 90 minutes of attempts after the stale threshold (README, Design notes: Attempts and exhaustion)
 ATTEMPT_SPACING = timedelta(minutes=5)  # an attempt counts at most once per 5 minutes per job
 MAX_RATE_LIMITED_CREATES = 5  # 429 / KIE 455 retries before the job is rejected
 MAX_CREATE_REENQUEUES = 5  # sweep re-enqueues of a lost create before giving up
@@ -56,7 +56,7 @@ NOT_STARTED_AGE = timedelta(minutes=2)
 SETTLE_BACKOFF_BASE = timedelta(seconds=30)
 SETTLE_BACKOFF_MAX = timedelta(hours=1)
 
-# the snapshot's public names (seed 001)
+# the snapshot's public names (README, Design notes: The customer contract)
 PUBLIC_STATE = {
     Status.PENDING.value: "queued",
     Status.PROCESSING.value: "running",

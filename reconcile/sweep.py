@@ -1,8 +1,8 @@
-"""The reconcile sweep (DESIGN.md §6): one tick over in-flight and unsettled jobs.
+"""The reconcile sweep: one tick over in-flight and unsettled jobs.
 
 A tick reads candidate rows in batches with ``SELECT … FOR UPDATE SKIP LOCKED`` (on SQLite a
 plain select: ``BEGIN IMMEDIATE`` serialises writers). Inside that short transaction it decides
-each row's action with the §6 table (:func:`decide`, rows in order, first match wins) and writes
+each row's action with the table (:func:`decide`, rows in order, first match wins) and writes
 the action's *claim* — a compare-and-set that makes the row this tick's to handle:
 
 =================  ==========================================================================
@@ -91,7 +91,7 @@ RECOVERING = ("poll", "resume", "evidence", "reenqueue")
 
 @dataclass(frozen=True)
 class Decision:
-    """Which §6 row matched (``row``) and what to do; ``resume``: poll, then a new chain."""
+    """Which table row matched (``row``) and what to do; ``resume``: poll, then a new chain."""
 
     row: str
     action: Action
@@ -149,7 +149,7 @@ class SweepReport:
                 f"({self.elapsed_ms}ms)")
 
 
-# ----------------------------------------------------------------------------- the §6 table
+# ---------------------------------------------------------------------- the decision table
 
 
 @dataclass(frozen=True)
@@ -184,8 +184,8 @@ class _Row:
 
 
 def _legacy(r: _Row) -> Decision | None:
-    """1: a row nobody submitted through the library (seed phase 2's catch-all), bounded by
-    the legacy cutoff, age and job types (``adoption``; DESIGN.md §10.11). In ``observe`` mode
+    """1: a row nobody submitted through the library (the legacy catch-all), bounded by
+    the legacy cutoff, age and job types (``adoption``; README, Design notes: Legacy rows). In ``observe`` mode
     the FAIL is only logged and counted (:func:`_observed`)."""
     j = r.job
     if not adoption.is_foreign(j):
@@ -271,7 +271,7 @@ def _submitting(r: _Row) -> Decision | None:
         return Decision("submitting", Action.LEAVE)
     if not kind.sync:
         return Decision("submitting_expired", Action.MARK_UNCERTAIN)
-    return r.fail_if_stale("submitting_sync_expired")  # seed D2
+    return r.fail_if_stale("submitting_sync_expired")  # no recovery possible: fail + refund
 
 
 def _accepted(r: _Row) -> Decision | None:
@@ -315,7 +315,7 @@ _ERROR = Decision("error", Action.LEAVE)
 
 
 def decide(rt: Runtime, job: Job, now: datetime) -> Decision:
-    """The §6 action for one row (reads nothing but the row, the kind, settings and the
+    """The decision-table action for one row (reads nothing but the row, the kind, settings and the
     adoption time, which the runtime reads from the database once)."""
     if job.status in (Status.FAILED, Status.CANCELLED):
         due = jobstore.is_settlement_due(job, _settle_cutoff(rt, now))
@@ -657,7 +657,7 @@ def _cursor_of(phase: str, job: Job) -> tuple[Any, ...]:
 def sweep(rt: Runtime, *, dry_run: bool = False, now: datetime | None = None,
           budget: float | None = None, fan_out: Callable[[uuid.UUID], None] | None = None,
           timer: Callable[[], float] = time.monotonic) -> SweepReport:
-    """One tick of the §6 table over every candidate row; logs and returns the report.
+    """One tick of the decision table over every candidate row; logs and returns the report.
 
     ``now`` (default ``rt.now()``) is the tick's decision time. ``budget`` is the seconds handled
     inline (default ``sweep_time_budget``, scaled); past it, actionable rows go to ``fan_out``
@@ -787,7 +787,7 @@ def _run(rt: Runtime, plan: _Plan, fan_out: Callable[[uuid.UUID], None] | None) 
 
 def reconcile_job(rt: Runtime, job_id: uuid.UUID, *, now: datetime | None = None,
                   dry_run: bool = False) -> str:
-    """Apply the §6 table to one job (the per-job task of a fanned-out tick); returns the
+    """Apply the decision table to one job (the per-job task of a fanned-out tick); returns the
     outcome (``completed``, ``failed``, ``in_flight``, ``left``, ``busy``, ``missing`` …)."""
     now = now or rt.now()
     stmt = select(Job).where(Job.id == job_id)

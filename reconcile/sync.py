@@ -1,4 +1,4 @@
-"""Sync provider calls (seed §5.8): run by the platform's request, never by a create task.
+"""Sync provider calls: run by the platform's request, never by a create task.
 
 ::
 
@@ -9,7 +9,7 @@
 A crash inside the block leaves the row ``submitting`` with ``provider_call_started_at`` set;
 the sweep fails and refunds it past the kind's threshold (there is nothing to look up later).
 On a platform row with no ``submission_state`` the helper only marks ``provider_kind`` and
-``provider_call_started_at`` (status untouched), as the seed's ``markProviderCallStart`` did —
+``provider_call_started_at`` (status untouched), as a platform's own sync routes mark a call —
 and only while the row is in flight: otherwise it raises ``Conflict`` and makes no call.
 """
 
@@ -37,9 +37,10 @@ __all__ = [
 
 log = logging.getLogger("reconcile.sync")
 
-# DESIGN §5.8 (issue 11 hole 7): a sync call's total deadline leaves this much of its kind's
-# threshold unused, and its claim lease lasts the deadline plus the time to finish the job
-# (store the outputs, one transaction), so the sweep never fails a call that is still running
+# README, Design notes: Sync calls and their deadline (issue 11 hole 7): a sync call's total
+# deadline leaves this much of its kind's threshold unused, and its claim lease lasts the
+# deadline plus the time to finish the job (store the outputs, one transaction), so the sweep
+# never fails a call that is still running
 DEADLINE_MARGIN = timedelta(seconds=60)
 FINISH_SLACK = timedelta(minutes=2)
 
@@ -84,7 +85,7 @@ def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCal
         job = jobstore.load(session, job_id)
         if job is None:
             raise JobNotFound()
-        if job.submission_state is None:  # a platform row (seed D9 plumbing)
+        if job.submission_state is None:  # a platform row (README, Design notes: Platform rows)
             kind_name = provider_kind or job.provider_kind
             if rt.kind(kind_name) is None:
                 raise InvalidParam(f"unknown provider_kind {kind_name!r}", param="provider_kind")

@@ -1,7 +1,7 @@
 """The schema: the platform's tables the library works on, and the library's own.
 
 The platform tables (``jobs``, ``usage_logs``, ``workflow_executions``) are mapped with the
-columns of DESIGN.md §2.1 plus the library's additions (§2.2). Migrations in ``alembic/``
+columns an existing platform already has plus the library's additions. Migrations in ``alembic/``
 create exactly this (``alembic check`` proves it).
 """
 
@@ -52,7 +52,7 @@ class Base(DeclarativeBase):
 class Job(Base):
     __tablename__ = "jobs"
 
-    # --- the platform's columns (DESIGN.md §2.1) ---
+    # --- the platform's columns (what an existing platform already has) ---
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
     user_id: Mapped[uuid.UUID] = mapped_column(Uuid)
     job_type: Mapped[str] = mapped_column(Text)
@@ -72,14 +72,14 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
-    # --- seed migration 135 ---
+    # --- the in-flight columns and index (revision 0002) ---
     provider_kind: Mapped[str | None] = mapped_column(Text)
     provider_task_id: Mapped[str | None] = mapped_column(Text)
     provider_call_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     reconcile_attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     reconcile_last_error: Mapped[str | None] = mapped_column(Text)
 
-    # --- the library's columns (DESIGN.md §2.2) ---
+    # --- the library's columns ---
     # NULL: a row the library never submitted (legacy or another subsystem's)
     submission_state: Mapped[str | None] = mapped_column(Text)
     provider_model: Mapped[str | None] = mapped_column(Text)

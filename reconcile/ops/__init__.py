@@ -1,11 +1,11 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-The ``reconcile`` operator command (DESIGN.md §7); also ``python -m reconcile``.
+The ``reconcile`` operator command (README, Operating it); also ``python -m reconcile``.
 
 Listings (``stuck``, ``uncertain``, ``unsettled``) and ``show`` print aligned tables for people
 and, with ``--json``, one JSON value on stdout for scripts. Changes go through the lifecycle's
-compare-and-set functions, never raw SQL: ``fail`` fails a job *with* its refund (the seed's
-``reconcile-jobs --fail`` forgot it), ``resolve`` settles an uncertain submission either way.
+compare-and-set functions, never raw SQL: ``fail`` fails a job *with* its refund (marking a job
+failed without it would leave its credits reserved), ``resolve`` settles an uncertain submission either way.
 
 In JSON, times are ISO 8601 (UTC) and durations (``age``, ``threshold``, ``due_in``) seconds.
 

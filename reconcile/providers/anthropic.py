@@ -1,9 +1,9 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-Anthropic Messages API as a :class:`~reconcile.providers.base.SyncProvider` (PROVIDERS.md §5).
+Anthropic Messages API as a :class:`~reconcile.providers.base.SyncProvider` (Anthropic's API docs).
 
 A sync kind: the answer arrives in one request and nothing can be looked up later, so every
-failure is a :class:`SyncCallFailed` with DESIGN §4's sync code, and the call is never retried
+failure is a :class:`SyncCallFailed` with the outcome table's sync code, and the call is never retried
 here (the platform's request decides). :func:`error_for` is the one place an answer becomes an
 error; :func:`parse_message` is pure.
 """
@@ -67,7 +67,7 @@ class ErrorBody(_Model):
 
 
 def code_for(status_code: int) -> ErrorCode:
-    """DESIGN §4's sync rows for an HTTP status (transport failures are decided by the client)."""
+    """The outcome table's sync rows for an HTTP status (transport failures: the client)."""
     if status_code in (400, 422):
         return ErrorCode.UPSTREAM_INVALID_INPUT
     if status_code == 429:
@@ -157,7 +157,7 @@ class AnthropicClient:
             session=session, connect_timeout=settings.connect_timeout,
             read_timeout=settings.sync_read_timeout,
         )
-        self.deadline = deadline.sync_seconds(settings)  # connect + every read (DESIGN §5.8)
+        self.deadline = deadline.sync_seconds(settings)  # connect + every read (threshold − 60 s)
         deadline.prepare(self.http.session, self.http.base_url)
 
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:

@@ -3,7 +3,8 @@
 A client is built per provider from :class:`~reconcile.settings.Settings` and an injected
 ``requests.Session``; it is stateless otherwise. Async clients implement
 :class:`AsyncProvider`, sync ones :class:`SyncProvider`. The module-level :func:`run` and
-:func:`resume` give the seed's ``run…``/``resume…`` for any async client.
+:func:`resume` give ``run…`` (create, then ``on_task_created``, then poll) and ``resume…``
+(poll a saved task id) for any async client.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ OnTaskCreated = Callable[[str], None]
 
 
 def unwrap_sdk(payload: Any) -> tuple[Any, str | None]:
-    """Unwrap the SDK-style ``{"data": …, "requestId": …}`` wrapper (seed 001's fal bug).
+    """Unwrap the SDK-style ``{"data": …, "requestId": …}`` wrapper (README, Design notes).
 
     Returns ``(payload, request_id)``: the inner ``data`` and its request id when ``payload`` is
     exactly such a wrapper, else ``payload`` unchanged and None. Every adapter calls this before

@@ -1,6 +1,6 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-fal.ai queue (PROVIDERS.md §4).
+fal.ai queue (docs.fal.ai/model-endpoints/queue, fal-js ``queue.ts``).
 
 ``CreateRequest.model`` is the fal model id, e.g. ``fal-ai/flux/dev``. Submit is
 ``POST {fal_base_url}/{model_id}?fal_webhook=<webhook_url>`` with the model input as the JSON

@@ -9,7 +9,7 @@ HTTP discipline shared by every provider client.
 * :meth:`HttpClient.read` retries GETs (and other reads) on 429/5xx and transport errors with
   exponential backoff, honouring ``Retry-After``;
 * :meth:`HttpClient.send_once` never retries: creates go through it, and the caller classifies
-  the outcome (a create is never blindly retried — see DESIGN.md §4).
+  the outcome (a create is never blindly retried: README, Design notes: The outcome table).
 """
 
 from __future__ import annotations

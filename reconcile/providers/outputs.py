@@ -1,6 +1,6 @@
-"""What an endpoint's result is expected to hold (DESIGN.md §10.12), for fal and Replicate.
+"""What an endpoint's result is expected to hold (README, Design notes), for fal and Replicate.
 
-Seed 001's ``UPSTREAM_EMPTY_RESULT`` is "COMPLETED but no media". Endpoints whose product is
+The contract's ``UPSTREAM_EMPTY_RESULT`` is "COMPLETED but no media". Endpoints whose product is
 text or JSON (speech-to-text, LLMs, captioning) are not empty when they answer ``{"text": …}``:
 each endpoint declares the output it expects, and only the *declared* output missing is an empty
 result. A text or JSON output becomes an :class:`~reconcile.providers.base.Output` with ``text``,

@@ -1,7 +1,7 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
 fal.ai as the simulator serves it: the queue under ``/fal``, sync calls under ``/fal-sync``
-(PROVIDERS.md §4).
+(docs.fal.ai/model-endpoints/queue, fal-js ``queue.ts``).
 
 Status and result URLs drop the model's subpath (``fal-ai/flux/dev`` → ``fal-ai/flux``) and
 answer 404 when built with it; ``workflows/…`` and ``comfy/…`` are namespaces that keep three

@@ -1,6 +1,7 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-Webhook signatures exactly as the providers make them (PROVIDERS.md §1.4, §2.5, §3.5, §4.3),
+Webhook signatures exactly as the providers make them (docs.kie.ai/common-api/webhook-verification,
+replicate.com/docs/topics/webhooks, ElevenLabs ``t=…,v0=…``, docs.fal.ai/model-endpoints/webhooks),
 and the fire-and-forget delivery the simulator uses."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@
   after a refund ``job-recharge:{job}:usage`` + ``job-recharge:{job}:commit``; grants carry the
   caller's id. Repeating an operation is a no-op that returns False. The ``job-…:`` prefixes
   are the library's own: an imported legacy refund may not use them.
-* Pools are conserved one by one (DESIGN §2.2). A commit takes from the pools in the order the
+* Pools are conserved one by one (README, Design notes: Pools). A commit takes from the pools in the order the
   reservation consumed them (``sub`` first); each pool's release is what it reserved minus what
   it committed; a refund restores exactly each pool's unsettled remainder. Every COMMIT,
   RELEASE and REFUND row records per pool what moved.

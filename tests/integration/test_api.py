@@ -1,4 +1,4 @@
-"""The gateway helpers answer exactly the JSON of DESIGN.md §5.7 (real PostgreSQL + simulator).
+"""The gateway helpers answer exactly the JSON of the customer contract (``reconcile/api.py``).
 
 Every response is compared as parsed JSON, key for key; ``TEXT`` stands for a message whose
 wording is the lifecycle's, not the contract's.

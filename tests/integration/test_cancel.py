@@ -1,4 +1,4 @@
-"""User cancel (DESIGN.md §5.6) against real PostgreSQL and the provider simulator."""
+"""User cancel (README, Design notes: Cancel) against real PostgreSQL and the provider simulator."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ def test_commit_for_less_takes_sub_first_and_releases_each_pools_rest(
     db: sessionmaker[Session],
 ) -> None:
     """Committing 40 of 100 (70 sub / 30 topup) takes 40 sub and releases 30 sub + 30 topup
-    (DESIGN §2.2 amended: each pool is conserved on its own)."""
+    (README, Design notes: Pools: each pool is conserved on its own)."""
     user = uuid.uuid4()
     with db.begin() as s:
         credits.grant(s, user, "sub", 70, "s")

@@ -271,7 +271,7 @@ def test_example_platform_submit_stream_complete_cancel_webhook_and_errors(
     again = acme.http.post(f"/api/v1/jobs/{slow_id}/cancel", headers={"X-User-Id": str(user)})
     assert again.status_code == 409 and again.json()["error"]["code"] == "JOB_NOT_CANCELABLE"
 
-    # seed 001's error contract
+    # the customer contract's errors (README, Design notes: The customer contract)
     refused = acme.submit(user, "refused")
     assert refused.status_code == 502, refused.text
     error = refused.json()["error"]

@@ -129,7 +129,7 @@ def test_commit_for_less_releases_the_rest(ledger_backend: Backend) -> None:
 
 def test_commit_for_less_charges_sub_first_and_releases_each_pools_rest(
         ledger_backend: Backend) -> None:
-    """DESIGN §2.2: a commit for less takes from the pools in the order the reservation took
+    """README, Design notes: Pools. A commit for less takes from the pools in the order the reservation took
     them (sub first); each pool gets back what it reserved minus what it committed."""
     b = ledger_backend
     user = _user(b, sub=30, topup=100)

@@ -1,6 +1,6 @@
 """The crash-safe lifecycle on PostgreSQL + the simulator (steps run in-process).
 
-Seed 000 Phase 1, 3 and 4 bullets, the outcome table rows a create or poll decides, and the
+The create/poll/resume split, finalize, the retry guard, the outcome table rows a create or poll decides, and the
 races of issue 4.
 """
 
@@ -434,7 +434,7 @@ def _workflow(db, status: str, failed: list[str]) -> uuid.UUID:  # type: ignore[
     ("cancelled", ["X"], ("cancelled", ["X"])),      # user cancel in between → untouched
 ])
 def test_workflow_reopen_only_on_sole_cause(db, simulator, tmp_path, status, failed, expect) -> None:  # type: ignore[no-untyped-def]
-    """Seed §5.7: completing node X reopens a failed execution only when X was the sole cause."""
+    """README, Design notes: Orchestrators. Completing node X reopens a failed execution only when X was the sole cause."""
     rt, q = make_runtime(db, simulator, tmp_path)
     wid = _workflow(db, status, failed)
     job_id = _submit(rt, db, workflow_execution_id=wid, node_id="X")

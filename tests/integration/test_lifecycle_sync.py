@@ -47,7 +47,7 @@ def test_sync_call_on_a_cancelled_platform_row_raises_and_calls_nobody(world: Wo
 def test_a_stray_create_message_never_makes_a_sync_job_uncertain(world: World) -> None:
     """Hole 12: the platform's request took the sync claim and died. A stray create message
     after the lease leaves the row alone (not ``uncertain``, which the sweep would hold for
-    ever); the sweep then fails and refunds it past the threshold (DESIGN §6)."""
+    ever); the sweep then fails and refunds it past the threshold."""
     w = world
     job_id = w.submit("anthropic-sync")
     sync._claim(w.rt, job_id, None)  # sync_call's claim; the request then dies in its block

@@ -131,7 +131,7 @@ def test_platform_rows_survive_upgrade_and_downgrade(platform_db: tuple[str, lis
 
 
 def test_seed_135_ddl_twice_is_a_no_op(platform_db: tuple[str, list[uuid.UUID]]) -> None:
-    """The seed's migration 135 statements run again change nothing and raise nothing."""
+    """Revision 0002's statements run again change nothing and raise nothing."""
 
     url, _ = platform_db
     upgrade(url)

@@ -1,4 +1,4 @@
-"""The orchestrator's wait helper (seed §5.7, DESIGN.md §5.8/§10.9) on an injected clock.
+"""The orchestrator's wait helper (README, Design notes: Orchestrators) on an injected clock.
 
 The fake ``sleep`` moves the clock instead of waiting, and the upstream "finishes" the job
 (through ``finalize_job_with_media``, the same path a poll or the sweep takes) once the clock

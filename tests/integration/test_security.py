@@ -1,4 +1,4 @@
-"""Issue 12 §2, §3, §5, §6 end to end: forged webhook evidence, unbounded outputs and bodies,
+"""Issue 12 (security) end to end: forged webhook evidence, unbounded outputs and bodies,
 what customers and operators see, bad gateway input (real PostgreSQL, the simulator on loopback).
 """
 
@@ -66,14 +66,14 @@ def _record_polls(w: World, kind: str, monkeypatch: pytest.MonkeyPatch) -> list[
     return seen
 
 
-# ----------------------------------------------------------------------------- §2 forged evidence
+# ----------------------------------------------------------------------------- forged evidence
 
 
 @pytest.mark.parametrize("configured", [True, False], ids=["fal-user-id-set", "fal-user-id-unset"])
 def test_forged_fal_evidence_leaves_the_uncertain_job_reserved_and_unchanged(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, configured: bool) -> None:
-    """The reproduction of issue 12 §2: a delivery validly signed by fal's one JWKS, but for
+    """The reproduction of issue 12's forged evidence: a delivery validly signed by fal's one JWKS, but for
     another fal account, plants ``?job_id=<victim>`` for an uncertain Replicate job. With our
     fal user id configured it is refused (401); without, it is stored but is no evidence for a
     Replicate job. Either way the sweep never adopts it, never reads it from Replicate, and the
@@ -165,7 +165,7 @@ def test_replicate_evidence_binds_through_the_signed_webhook_field(
     assert job.error_detail == {"adopted_from": "webhook"}
 
 
-# ----------------------------------------------------------------------------- §3 bounds
+# ----------------------------------------------------------------------------- bounds
 
 
 def test_outputs_over_the_cap_fail_and_refund_without_any_download(
@@ -250,7 +250,7 @@ def test_webhook_body_over_the_cap_is_refused_before_parsing(
         assert s.execute(select(func.count()).select_from(WebhookDelivery)).scalar_one() == 0
 
 
-# ----------------------------------------------------------------------------- §5 what users see
+# ----------------------------------------------------------------------------- what users see
 
 PRESIGNED = ("https://bucket.s3.amazonaws.com/out.png?X-Amz-Algorithm=AWS4-HMAC-SHA256"
              "&X-Amz-Credential=AKIAEXAMPLE%2F20261201&X-Amz-Signature=deadbeefcafe&x=1")
@@ -327,7 +327,7 @@ def test_signed_query_strings_are_redacted_from_third_party_debug_logs(
     assert "X-Amz-Signature=REDACTED" in text
 
 
-# ----------------------------------------------------------------------------- §6 gateway input
+# ----------------------------------------------------------------------------- gateway input
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -381,7 +381,7 @@ def test_signed_webhook_nested_600_deep_is_a_400_not_a_recursion_error(
     assert status == 400, answer
 
 
-# ----------------------------------------------------------------------------- §1 per-URL auth
+# ----------------------------------------------------------------------------- per-URL auth
 
 
 class KeyedClient:

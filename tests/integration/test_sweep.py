@@ -1,6 +1,6 @@
-"""The reconcile sweep, row by row of DESIGN.md §6, on PostgreSQL with an injected clock.
+"""The reconcile sweep, row by row of its decision table, on PostgreSQL with an injected clock.
 
-Also the seed's Phase 2 plan (sync sweep, legacy rows, idempotency, refund pools) and the
+Also the sync sweep, legacy rows, idempotency and refund pools, and the
 sweep's switches (legacy on/off and exclusions, observe-only, dry run, the tick line). The
 helpers here are shared by the other ``test_sweep_*`` files.
 """
@@ -42,7 +42,7 @@ MODELS = {
     "replicate-prediction": "acme/upscaler:v1", "elevenlabs-async": "dubbing",
     "anthropic-sync": "claude-sonnet-4-5", "kie-llm": "gpt-5", "elevenlabs-sync": "tts:voice",
 }
-# seed phase 2 as the seed wrote it: legacy rows enforced, every row here created before the
+# the legacy sweep as first specified: legacy rows enforced, every row here created before the
 # cutoff, 5 minutes of age (the library's defaults are observe / adoption time / 165 min)
 SEED_PHASE_2: dict[str, Any] = {
     "legacy_sweep": "enforce", "legacy_cutoff": datetime(2999, 1, 1, tzinfo=UTC),
@@ -213,7 +213,7 @@ def test_legacy_row_past_five_minutes_is_failed_and_refunded(world: World) -> No
 
 
 def test_legacy_row_ages_by_created_at_without_started_at(world: World) -> None:
-    """Row 1 ages a row with no started_at by created_at (seed §10.2: not by provider columns)."""
+    """Row 1 ages a row with no started_at by created_at (not by provider columns, which a legacy row lacks)."""
     job_id = world.platform_row(status="pending")
     world.clock.advance(minutes=4)
     world.tick()
@@ -282,7 +282,7 @@ def test_unknown_kind_with_upstream_state_gets_one_anomaly(world: World,
 
 
 def test_anthropic_sync_processing_past_five_minutes_fails_after_one_tick(world: World) -> None:
-    """Row 4 (seed Phase 2): anthropic-sync, processing, no task id, > 5 min: failed + refunded."""
+    """Row 4 (a platform-plumbed sync row): anthropic-sync, processing, no task id, > 5 min: failed + refunded."""
     job_id = world.platform_row(provider_kind="anthropic-sync",
                                 provider_call_started_at=world.clock.now)
     world.clock.advance(minutes=5, seconds=1)
@@ -304,7 +304,7 @@ def test_platform_row_of_async_kind_without_task_id_uses_its_threshold(world: Wo
 
 
 def test_kie_llm_pending_already_refunded_fails_without_a_second_refund(world: World) -> None:
-    """Seed Phase 2: kie-llm pending > 5 min whose credits were already refunded: failed, once."""
+    """A platform-plumbed kie-llm row pending > 5 min whose credits were already refunded: failed, once."""
     job_id = world.platform_row(status="pending", provider_kind="kie-llm",
                                 provider_call_started_at=world.clock.now)
     with world.db.begin() as s:
@@ -427,7 +427,7 @@ def test_submitting_async_with_expired_claim_becomes_uncertain(world: World) -> 
 
 
 def test_submitting_sync_with_expired_claim_fails_past_threshold(world: World) -> None:
-    """Row 9 (seed D2): a sync call's dead process fails + refunds past its threshold only."""
+    """Row 9 (no recovery possible for a sync call): a sync call's dead process fails + refunds past its threshold only."""
     job_id = world.submit("anthropic-sync")
     _claim(world, job_id, timedelta(minutes=1))
     world.clock.advance(minutes=3)

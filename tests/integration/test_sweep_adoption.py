@@ -1,4 +1,4 @@
-"""Safe adoption (DESIGN.md §6 row 1, §10.11): legacy rows bounded by the cutoff, age and job
+"""Safe adoption (README, Design notes: Legacy rows): legacy rows bounded by the cutoff, age and job
 types; observe by default; observe-only names; a truthful dry run; late outside completions."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ DEFAULTS: dict[str, Any] = {"legacy_sweep": "observe", "legacy_cutoff": None, "l
 
 
 def defaults(db: sessionmaker[Session], sim: Simulator, tmp: Path, **settings: Any) -> World:
-    """A world with the library's own defaults for the legacy sweep (not seed phase 2's)."""
+    """A world with the library's own defaults for the legacy sweep (observe, not enforce)."""
     return World(db, sim, tmp, **{**DEFAULTS, **settings})
 
 
@@ -114,7 +114,7 @@ def test_legacy_job_types_is_an_allow_list(db: sessionmaker[Session], simulator:
 
 def test_platform_plumbed_rows_are_swept_by_default(db: sessionmaker[Session],
                                                     simulator: Simulator, tmp_path: Path) -> None:
-    """A known provider_kind with NULL submission_state (seed phase 1 plumbing) is no legacy
+    """A known provider_kind with NULL submission_state (the platform's own plumbing) is no legacy
     row: with the defaults it is failed + refunded past its kind's threshold."""
     w = defaults(db, simulator, tmp_path)
     plumbed = w.platform_row(provider_kind="anthropic-sync", provider_call_started_at=w.clock.now)

@@ -48,7 +48,7 @@ def test_two_overlapping_sweeps_handle_every_job_exactly_once(
                               user=users[n % len(users)]) for n in range(50)]
     sync = [w.submit("anthropic-sync", user=users[n % len(users)]) for n in range(150)]
     for user in users:
-        sync += w.platform_rows(30, user=user)  # legacy rows (seed phase 2)
+        sync += w.platform_rows(30, user=user)  # legacy rows (enforced: fail + refund)
     w.clock.advance(minutes=11)
     other, _ = make_runtime(db, simulator, tmp_path, clock=w.clock, **SEED_PHASE_2)
     start = threading.Barrier(2)

@@ -1,4 +1,4 @@
-"""The sweep recovers async jobs whose poll chain died (seed Phase 3 reconcile plan).
+"""The sweep recovers async jobs whose poll chain died (the per-provider async recovery).
 
 Each job is accepted upstream (the simulator), its poll messages are lost, and the injected
 clock moves past the kind's stale threshold; the sweep then reads the task once and finishes
@@ -125,7 +125,7 @@ def test_replicate_training_runs_the_completion_hook_once(world: World) -> None:
 
 
 def test_elevenlabs_dubbing_is_recovered(world: World) -> None:
-    """ElevenLabs dubbing (seed's voice-clone test, §10.8): a dubbed job is recovered."""
+    """ElevenLabs dubbing (voice clone answers in one request, so dubbing is the async job): a dubbed job is recovered."""
     job_id = world.accept("elevenlabs-async", Script(timeline=INSTANT), job_type="audio")
     world.clock.advance(minutes=16)
     world.tick()

@@ -485,7 +485,7 @@ class BrokenClient:
 BROKEN = BROKEN_NAME
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 OLD, RECENT, FUTURE = NOW - timedelta(hours=5), NOW - timedelta(seconds=10), NOW + timedelta(hours=1)
-# seed phase 2's legacy sweep: enforced, every row here created before the cutoff
+# the legacy sweep enforced (fail + refund), every row here created before the cutoff
 LEGACY_ENFORCED: dict[str, Any] = {"legacy_sweep": "enforce", "legacy_cutoff": FUTURE}
 when = st.sampled_from([None, OLD, RECENT, FUTURE])
 odd_rows = st.fixed_dictionaries({

@@ -1,4 +1,4 @@
-"""Issue 12 §3 and §4: provider bodies and the fal JWKS fetch are bounded in size and total time
+"""Issue 12 (bounds and timeouts): provider bodies and the fal JWKS fetch are bounded in size and total time
 (loopback servers only)."""
 
 from __future__ import annotations

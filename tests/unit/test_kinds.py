@@ -1,4 +1,4 @@
-"""The provider-kind registry (DESIGN.md §3)."""
+"""The provider-kind registry (``reconcile/kinds.py``; README, Configuration)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ EXPECTED = {  # name: (sync, threshold minutes, poll seconds, url lifetime hours
 
 
 def test_registry_holds_the_fifteen_kinds_of_the_design() -> None:
-    """Every kind of DESIGN.md §3 with its sync flag, threshold, interval and URL lifetime."""
+    """Every built-in kind with its sync flag, threshold, interval and URL lifetime."""
     assert set(BUILTIN_KINDS) == set(EXPECTED)
     for name, (sync, threshold, poll, lifetime) in EXPECTED.items():
         kind = get_kind(name)
@@ -36,7 +36,7 @@ def test_registry_holds_the_fifteen_kinds_of_the_design() -> None:
 
 
 def test_every_stale_threshold_is_at_most_half_its_result_url_lifetime() -> None:
-    """Seed §7's invariant, over the whole registry."""
+    """README, Design notes: Thresholds and URL lifetimes, over the whole registry."""
     for kind in all_kinds():
         if kind.result_url_lifetime is not None:
             assert kind.stale_threshold <= kind.result_url_lifetime / 2, kind.name

@@ -1,4 +1,4 @@
-"""Issue 12 §1 and §4: the SSRF guard and the connection agree, and the whole exchange is bounded.
+"""Issue 12 (SSRF and bounds): the SSRF guard and the connection agree, and the whole exchange is bounded.
 
 Nothing here reaches beyond loopback: servers bind 127.0.0.1, names that must resolve to a
 private or metadata address go through a fake resolver, and wherever a "public" address would be
@@ -93,7 +93,7 @@ def fetch(url: str, **kwargs: Any) -> Any:
     return safe_fetch(url, **kwargs)
 
 
-# -- §1 the backslash bypass -------------------------------------------------------------------
+# -- the backslash bypass ----------------------------------------------------------------------
 
 
 def test_backslash_url_is_refused_before_connecting(server: RawServer) -> None:
@@ -184,7 +184,7 @@ def test_auth_headers_do_not_follow_to_another_port_or_scheme(location: str) -> 
     assert "Authorization" not in responses.calls[1].request.headers
 
 
-# -- §4 the whole exchange is bounded -----------------------------------------------------------
+# -- the whole exchange is bounded --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("trickle", [

@@ -314,7 +314,7 @@ def test_completed_with_empty_result_is_success_without_outputs(rsps):
 
 
 def test_wrapped_result_is_success_with_media(rsps):
-    """A {data, requestId} wrapped result is read as success with its media (seed 001's bug)."""
+    """A {data, requestId} wrapped result is read as success with its media (README, Design notes: The SDK result wrapper)."""
     completed(
         rsps,
         json={"data": {"video": {"url": IMG1, "content_type": "video/mp4"}}, "requestId": "w-9"},

@@ -53,7 +53,7 @@ PREDICTION = {"id": "ufawqhfynnddngldkgtslldrkq", "status": "succeeded", "output
 
 
 def replicate_headers(body: bytes, *, ts: int = TS, msg_id: str = "msg_1") -> dict[str, str]:
-    # Signed independently of the library, from PROVIDERS.md §2.5.
+    # Signed independently of the library, from replicate.com/docs/topics/webhooks.
     digest = hmac.new(REPLICATE_KEY, f"{msg_id}.{ts}.".encode() + body, hashlib.sha256).digest()
     return {
         "Webhook-Id": msg_id,

@@ -3,7 +3,7 @@
 The user is the ``X-User-Id`` header (a UUID) — a stand-in for acme's real authentication.
 Each route is a thin call into :mod:`reconcile.api`, whose ``(status, body)`` is sent unchanged:
 
-    POST /api/v1/jobs                  202 | 400 | 402 | 502 | 500 (seed 001's contract)
+    POST /api/v1/jobs                  202 | 400 | 402 | 502 | 500 (the library's customer contract)
     GET  /api/v1/jobs/{id}             200 snapshot | 404
     POST /api/v1/jobs/{id}/cancel      200 snapshot | 404 | 409
     GET  /api/v1/jobs/{id}/events      Server-Sent Events from the outbox until the job is terminal

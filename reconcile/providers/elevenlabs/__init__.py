@@ -1,6 +1,6 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-ElevenLabs: dubbing and webhook-mode STT (async), everything else sync (PROVIDERS.md §3).
+ElevenLabs: dubbing and webhook-mode STT (async), everything else sync (elevenlabs-python).
 
 Async model strings (``CreateRequest.model``, also passed to ``poll``):
 

@@ -152,7 +152,7 @@ class ElevenLabsSyncClient:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.http = http_client(settings, session, settings.sync_read_timeout, sleep, 0)
-        self.deadline = deadline.sync_seconds(settings)  # connect + every read (DESIGN §5.8)
+        self.deadline = deadline.sync_seconds(settings)  # connect + every read (threshold − 60 s)
         deadline.prepare(self.http.session, self.http.base_url)
 
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:

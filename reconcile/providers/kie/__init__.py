@@ -1,7 +1,7 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
 KIE.ai clients: the market jobs API, Veo, Suno, Flux Kontext, Luma modify, Runway and the
-KIE-proxied LLM (PROVIDERS.md §1, DESIGN.md §3–§4).
+KIE-proxied LLM (docs.kie.ai; README, Design notes: The outcome table).
 
 One shape throughout: pydantic models of the upstream records, PURE parse functions
 (:func:`parse_create`, ``parse_record_*``, :func:`parse_chat`) that turn one HTTP answer into our

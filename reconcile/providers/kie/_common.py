@@ -141,7 +141,7 @@ class Verdict(StrEnum):
 
 
 def classify(status_code: int, envelope_code: int | None) -> Verdict:
-    """DESIGN §4's KIE rows: the envelope ``code`` decides even under HTTP 200; the HTTP status
+    """The outcome table's KIE rows (README, Design notes: The outcome table): the envelope ``code`` decides even under HTTP 200; the HTTP status
     decides without a usable envelope, or when an envelope 200 contradicts a failing HTTP."""
     http_ok = 200 <= status_code < 300
     code = status_code

@@ -52,7 +52,7 @@ class KieLlmClient:
     def __init__(self, settings: Settings, session: requests.Session | None = None) -> None:
         self.http = http_client(settings, session, read_timeout=settings.sync_read_timeout,
                           sleep=time.sleep)
-        self.deadline = deadline.sync_seconds(settings)  # connect + every read (DESIGN §5.8)
+        self.deadline = deadline.sync_seconds(settings)  # connect + every read (threshold − 60 s)
         deadline.prepare(self.http.session, self.http.base_url)
 
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:

@@ -1,6 +1,6 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-Replicate predictions and trainings (PROVIDERS.md §2).
+Replicate predictions and trainings (replicate.com/docs, replicate-javascript ``index.d.ts``).
 
 Model strings (``CreateRequest.model``):
 
