@@ -132,8 +132,8 @@ def _thin(curve: list[tuple[float, int]], points: int) -> list[tuple[float, int]
 _WATCH = {
     "sweep.reconcile_job (all)": ("reconcile/sweep.py", "reconcile_job"),
     "sweep._plan (lock, decide, claim)": ("reconcile/sweep.py", "_plan"),
-    "lifecycle.read_status (provider GET)": ("reconcile/lifecycle.py", "read_status"),
-    "lifecycle.finalize_job_with_media": ("reconcile/lifecycle.py", "finalize_job_with_media"),
+    "lifecycle.read_status (provider GET)": ("reconcile/lifecycle/poll.py", "read_status"),
+    "lifecycle.finalize_job_with_media": ("reconcile/lifecycle/finalize.py", "finalize_job_with_media"),
     "media.safe_fetch (media GET)": ("reconcile/media.py", "safe_fetch"),
     "storage.put": ("reconcile/storage.py", "put"),
     "jobstore.mark_completed": ("reconcile/jobstore.py", "mark_completed"),

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle
+from reconcile.lifecycle import poll
 from reconcile.states import MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.test_sweep import World, assert_refunded
@@ -88,7 +89,7 @@ def test_a_raising_step_writes_its_code(world: World, monkeypatch: pytest.Monkey
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(lifecycle, "_observe", boom)
+    monkeypatch.setattr(poll, "_observe", boom)  # observe looks it up in its own module
     if past_threshold:
         w.clock.advance(minutes=21)
     assert _observe(w, job_id) == "error"

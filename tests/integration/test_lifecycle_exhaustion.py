@@ -28,6 +28,7 @@ from reconcile import credits, jobstore, lifecycle, media
 from reconcile.cli import main
 from reconcile.db.models import CreditTransaction, Job
 from reconcile.errors import LedgerError
+from reconcile.lifecycle import finalize
 from reconcile.states import MAX_ATTEMPTS, SETTLE_BACKOFF_MAX
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import drain
@@ -89,17 +90,17 @@ def _commit(w: World, mp: pytest.MonkeyPatch) -> None:
 
 
 def _completed_event(w: World, mp: pytest.MonkeyPatch) -> None:
-    real = lifecycle.add_event
+    real = finalize.add_event  # finalize_job_with_media looks it up in its own module
 
     def add_event(session: Session, job: Job, kind: str, *args: Any, **kwargs: Any) -> Any:
         if kind == "completed":
             raise Boom("injected")
         return real(session, job, kind, *args, **kwargs)
-    mp.setattr(lifecycle, "add_event", add_event)
+    mp.setattr(finalize, "add_event", add_event)
 
 
 def _reopen(w: World, mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(lifecycle, "_reopen_workflow", boom)
+    mp.setattr(finalize, "_reopen_workflow", boom)
 
 
 def _completion_hook(w: World, mp: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import lifecycle
 from reconcile.db.models import Job, JobEvent
 from reconcile.errors import ProviderError
+from reconcile.lifecycle import poll
 from reconcile.providers.base import PollResult, PollStatus
 from reconcile.runtime import Runtime
 from reconcile.storage import LocalStorage
@@ -197,7 +198,7 @@ def test_a_publisher_that_fails_leaves_the_event_for_the_sweep(world: World) -> 
 def _patched_reads(mp: pytest.MonkeyPatch, answers: list[PollResult | ProviderError]) -> None:
     def read_status(rt: Runtime, job: Job, kind: Any) -> PollResult | ProviderError:
         return answers.pop(0)
-    mp.setattr(lifecycle, "read_status", read_status)
+    mp.setattr(poll, "read_status", read_status)  # _observe looks it up in its own module
 
 
 def test_in_flight_polls_write_only_what_is_new(world: World, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -208,6 +208,8 @@ PRIVATE = {
     "reconcile.adopt_report", "reconcile.adoption", "reconcile.audit", "reconcile.batch_poll",
     "reconcile.broker", "reconcile.cancel", "reconcile.credits_import", "reconcile.events",
     "reconcile.evidence", "reconcile.jobstore", "reconcile.media", "reconcile.media_guard",
+    "reconcile.lifecycle.adopt", "reconcile.lifecycle.create", "reconcile.lifecycle.finalize",
+    "reconcile.lifecycle.poll", "reconcile.lifecycle.settling", "reconcile.lifecycle.submit",
     "reconcile.media_types", "reconcile.metrics", "reconcile.redact", "reconcile.retention",
     "reconcile.db.types",
     "reconcile.providers.anthropic", "reconcile.providers.deadline", "reconcile.providers.fal",
@@ -252,10 +254,16 @@ def _first_doc_line(path: Path) -> str:
 
 
 def _defined(path: Path) -> set[str]:
-    """The public-looking names a module defines itself (not the ones it imports)."""
+    """The public-looking names a module defines itself (not the ones it imports). A package's
+    ``__init__`` also "defines" what it takes from its own submodules (``from .poll import x``):
+    the facade of a package split into private submodules (``reconcile.lifecycle``) is held to
+    the same rule as the module it replaced."""
     names: set[str] = set()
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        if path.name == "__init__.py" and isinstance(node, ast.ImportFrom) and node.level == 1 \
+                and node.module is not None:
+            names.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Assign):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))

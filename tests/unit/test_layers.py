@@ -40,8 +40,13 @@ LAYERS = {
     "reconcile.ledger": LEDGER,
     # 6 runtime: what every step is handed (sessions, clients, ledger, hooks)
     "reconcile.runtime": RUNTIME,
-    # 7 lifecycle: submit, create, poll, finalize, fail, settle (chain and batch polling)
-    "reconcile.lifecycle": LIFECYCLE, "reconcile.batch_poll": LIFECYCLE,
+    # 7 lifecycle: submit, create, poll, finalize, fail, settle (chain and batch polling); the
+    # package's submodules import one another (adopt, create → poll → finalize, settling) and
+    # never a flow above them
+    "reconcile.lifecycle": LIFECYCLE, "reconcile.lifecycle.submit": LIFECYCLE,
+    "reconcile.lifecycle.create": LIFECYCLE, "reconcile.lifecycle.poll": LIFECYCLE,
+    "reconcile.lifecycle.finalize": LIFECYCLE, "reconcile.lifecycle.settling": LIFECYCLE,
+    "reconcile.lifecycle.adopt": LIFECYCLE, "reconcile.batch_poll": LIFECYCLE,
     # 8 flows built on the lifecycle: sync calls, cancel, the sweep, orchestrator waits
     "reconcile.sync": FLOWS, "reconcile.cancel": FLOWS, "reconcile.sweep": FLOWS,
     "reconcile.orchestrator": FLOWS,

@@ -1,0 +1,280 @@
+"""Internal: poll — the poll leases and countdowns, the chain's turn, one status read and what is
+done with it (observe), unfinished attempts and exhaustion.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import jobstore
+from ..db.models import Job
+from ..errors import (
+    ErrorCode,
+    MediaError,
+    MediaExpired,
+    MediaTooLarge,
+    ProviderError,
+    ReconcileError,
+    UnsafeMediaURL,
+)
+from ..kinds import Kind, all_kinds
+from ..providers.base import PollResult, PollStatus
+from ..runtime import Runtime
+from ..states import (
+    ATTEMPT_SPACING,
+    IN_FLIGHT,
+    MAX_ATTEMPTS,
+    POLL_LEASE_SLACK,
+    POLL_READ_ATTEMPTS,
+    POLL_READ_BACKOFF_MAX,
+)
+from .finalize import finalize_job_with_media
+from .settling import fail_job
+
+log = logging.getLogger("reconcile.lifecycle")
+
+
+def poll_lease(rt: Runtime, kind: Kind, age: timedelta = timedelta(0)) -> timedelta:
+    """2 × interval + slack (scaled like every duration): what a live chain must beat between
+    two turns, and how long a dead one waits for the sweep (issue 16, bench figure 6).
+
+    It does not cover :func:`poll_step_deadline`: a status read slower than the slack loses the
+    lease, and the sweep may start a new generation beside it — safe (the slow chain is fenced
+    at its next turn; its answer goes through the same CAS paths), a duplicate read at worst."""
+    return _lease_for(rt, kind.interval_at(age))
+
+
+def _lease_for(rt: Runtime, interval: timedelta) -> timedelta:
+    return rt.settings.scaled(interval * 2 + POLL_LEASE_SLACK)
+
+
+def _turn_leases(rt: Runtime, now: datetime) -> dict[str, list[tuple[timedelta | None, datetime]]]:
+    """Every registered kind's ``now + poll_lease(rt, kind, age)`` by age (``Kind.interval_steps``):
+    the poll turn picks its row's in SQL, so it needs no load before it."""
+    return {kind.name: [(after, now + _lease_for(rt, interval))
+                        for after, interval in kind.interval_steps()] for kind in all_kinds()}
+
+
+def poll_step_deadline(settings: Any) -> timedelta:
+    """The longest one status read can take: every attempt to its total deadline (connect +
+    read timeout) plus the capped backoff between attempts (``states.POLL_READ_*``)."""
+    per_request = timedelta(seconds=settings.connect_timeout + settings.read_timeout)
+    return per_request * POLL_READ_ATTEMPTS + POLL_READ_BACKOFF_MAX * (POLL_READ_ATTEMPTS - 1)
+
+
+def poll_countdown(rt: Runtime, kind: Kind, job: Job, now: datetime) -> float:
+    started = job.provider_call_started_at or now
+    return rt.settings.scaled(kind.interval_at(now - started)).total_seconds()
+
+
+def _batch_mode(rt: Runtime) -> bool:
+    return rt.settings.poll_mode == "batch"
+
+
+def resume_chain(rt: Runtime, job_id: uuid.UUID, *, only_if_lease_expired: bool = False) -> bool:
+    """Start a new poll chain (new generation) for an accepted job."""
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        job = jobstore.load(session, job_id)
+        kind = rt.kind(job.provider_kind) if job else None
+        if job is None or kind is None or kind.sync or job.status not in IN_FLIGHT:
+            return False
+        batch = _batch_mode(rt)
+        if only_if_lease_expired and batch and job.poll_due_at is not None:
+            return False  # scheduled: due (or claimed until its lease ends) — nothing to resume
+        if only_if_lease_expired and job.poll_lease_expires_at and job.poll_lease_expires_at > now:
+            return False
+        # batch mode: the new generation is due now (a claim in progress is fenced), no message
+        fresh = jobstore.start_new_chain(session, job_id, now, poll_lease(rt, kind),
+                                         poll_due_at=now if batch else None)
+    if fresh is None:
+        return False
+    log.info("poll_chain_resumed job_id=%s generation=%s batch=%s", job_id,
+             fresh.poll_generation, batch)
+    if not batch:
+        rt.enqueue_poll(job_id, fresh.poll_generation, 0, 0.0)
+    return True
+
+
+def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
+    """One status read for one job; reschedules itself while the job is in flight.
+
+    The turn is the step's load: one ``UPDATE … RETURNING`` whose lease is the row's
+    ``poll_lease(kind, age)`` picked in SQL. Only a lost turn reads the row (``lost``: no such
+    job or an unknown kind; else ``fenced``).
+    """
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        turn = jobstore.take_poll_turn(session, job_id, generation, seq, _turn_leases(rt, now),
+                                       now=now)
+    kind = rt.kind(turn.provider_kind) if turn is not None else None
+    if turn is None or kind is None:
+        with rt.sessions() as session:
+            job = jobstore.load(session, job_id)
+        return "fenced" if job is not None and rt.kind(job.provider_kind) is not None else "lost"
+    rt.crash_point("mid_poll")
+    outcome = observe(rt, turn, kind, via="poll")
+    if outcome in ("in_flight", "error"):
+        if _batch_mode(rt):  # a chain message from before the switch: the row carries on due
+            from ..batch_poll import reschedule_after_chain
+
+            reschedule_after_chain(rt, kind, turn, generation, seq + 1)
+        else:
+            rt.enqueue_poll(job_id, generation, seq + 1, poll_countdown(rt, kind, turn, rt.now()))
+    return outcome
+
+
+def read_status(rt: Runtime, job: Job, kind: Kind) -> PollResult | ProviderError:
+    client = rt.client(kind)
+    try:
+        return client.poll(job.provider_task_id or "", model=job.provider_model)  # type: ignore[union-attr]
+    except ProviderError as exc:
+        return exc
+
+
+def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
+            result: PollResult | ProviderError | None = None) -> str:
+    """Read the task once (unless ``result`` is given) and act on it through the CAS paths.
+
+    Returns ``completed``, ``failed``, ``in_flight``, ``lost`` (someone else finished it) or
+    ``error``. Whatever a step raises (a read, a finalize sub-step, a platform hook, the
+    ledger's commit) is no verdict about the task: it counts as an attempt with its code in
+    ``reconcile_last_error`` (issue 11 hole 2), so no job outlives its exhaustion horizon;
+    ``error`` means the job is still in flight after such a raise (the chain goes on).
+    """
+    try:
+        return _observe(rt, job, kind, via=via, result=result)
+    except Exception as exc:
+        log.exception("observe_step_failed job_id=%s via=%s", job.id, via)
+        code = exc.code if isinstance(exc, ReconcileError) else ErrorCode.INTERNAL
+        outcome = _unfinished(rt, job, kind, None, f"{code}: {type(exc).__name__}: {exc}"[:1000],
+                              raised=str(code))
+        return "error" if outcome == "in_flight" else outcome
+
+
+def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
+             result: PollResult | ProviderError | None) -> str:
+    if result is None:
+        result = read_status(rt, job, kind)
+    if isinstance(result, ProviderError):
+        # a failed read is no verdict: at exhaustion it counts as "still running" (TIMEOUT)
+        return _unfinished(rt, job, kind, None, f"read failed: {result.message}")
+    if result.status is PollStatus.SUCCEEDED:
+        if not result.outputs:
+            ok = fail_job(rt, job.id, ErrorCode.UPSTREAM_EMPTY_RESULT,
+                          "The provider reported success but returned no media.",
+                          _poll_detail(result, via))
+            return "failed" if ok else "lost"
+        limit = rt.settings.max_outputs_per_job
+        if len(result.outputs) > limit:  # bounded before any download (a DoS otherwise)
+            ok = fail_job(rt, job.id, ErrorCode.UPSTREAM_OUTPUT_LIMIT,
+                          f"The provider returned more than {limit} outputs.",
+                          {**_poll_detail(result, via), "outputs": len(result.outputs)})
+            return "failed" if ok else "lost"
+        try:
+            ok = finalize_job_with_media(rt, job.id, result, source=via, job=job)
+        except MediaExpired as exc:
+            return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_MEDIA_EXPIRED, exc.message)
+        except (UnsafeMediaURL, MediaTooLarge) as exc:
+            # refused, not failed: kept in flight (an operator may fix the allow-list) and, at
+            # exhaustion, failed UPSTREAM_FAILED with the reason rather than as a timeout
+            return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_FAILED,
+                               f"media refused: {exc.message}")
+        except MediaError as exc:
+            return _unfinished(rt, job, kind, None, f"media fetch failed: {exc.message}")
+        return "completed" if ok else "lost"
+    if result.status in (PollStatus.FAILED, PollStatus.CANCELED):
+        message = result.error_message or f"The provider reported {result.raw_status or 'failure'}."
+        ok = fail_job(rt, job.id, ErrorCode.UPSTREAM_FAILED, message, _poll_detail(result, via))
+        return "failed" if ok else "lost"
+    if result.status is PollStatus.UNKNOWN:
+        return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_UNKNOWN_STATUS,
+                           f"unknown status {result.raw_status!r}")
+    if result.status is PollStatus.NOT_FOUND:
+        return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_TASK_NOT_FOUND, "task not found upstream")
+    if result.progress is not None:
+        progress = max(0, min(99, int(result.progress)))
+        if job.progress is None or progress > job.progress:  # else the CAS could only lose
+            with rt.sessions.begin() as session:
+                jobstore.set_progress(session, job.id, progress)
+    return _unfinished(rt, job, kind, None, None)
+
+
+def _poll_detail(result: PollResult, via: str) -> dict[str, Any]:
+    detail: dict[str, Any] = {"via": via}
+    if result.error_code is not None:
+        detail["provider_code"] = result.error_code
+    if result.error_message is not None:
+        detail["provider_message"] = result.error_message
+    if result.raw_status is not None:
+        detail["raw_status"] = result.raw_status
+    if result.request_id is not None:
+        detail["upstreamRequestId"] = result.request_id
+    return detail
+
+
+def past_threshold(rt: Runtime, job: Job, kind: Kind, now: datetime) -> bool:
+    started = job.provider_call_started_at or job.started_at or job.created_at
+    return now - started >= rt.settings.scaled(kind.stale_threshold)
+
+
+def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: str | None, *,
+                raised: str | None = None) -> str:
+    """Still not finished: note the error; past the threshold, count an attempt; at
+    MAX_ATTEMPTS fail the job with the last error's code (or UPSTREAM_TIMEOUT). ``raised``: the
+    code of a raising step (no verdict; ``message`` names it), stored as the error's code."""
+    now = rt.now()
+    last_error = f"{code}: {message}" if code else message
+    error_code = str(code) if code else raised
+    # an error with no code (a failed read, a failed fetch, a raising step) is no verdict about
+    # the task: it never erases the last upstream verdict (not found, expired media…); "still
+    # running" (no error at all) is one
+    verdict = code is not None or message is None
+    if not past_threshold(rt, job, kind, now):
+        if last_error:
+            _note_error(rt, job, last_error, verdict, error_code)
+        return "in_flight"
+    with rt.sessions.begin() as session:
+        counted = jobstore.count_attempt(session, job.id, now, rt.settings.scaled(ATTEMPT_SPACING),
+                                         last_error, verdict=verdict, code=error_code)
+    if counted is None:
+        if last_error:
+            _note_error(rt, job, last_error, verdict, error_code)
+        return "in_flight"
+    if counted.reconcile_attempts < MAX_ATTEMPTS:
+        return "in_flight"
+    return exhaust(rt, counted)
+
+
+def _note_error(rt: Runtime, job: Job, last_error: str, verdict: bool,
+                code: str | None = None) -> None:
+    """``note_error``, only when it changes the row as this step read it (``job`` is the
+    step's own fresh row, kept in step with what it writes)."""
+    from .. import redact
+
+    current, new = job.reconcile_last_error, redact.signed(last_error)
+    if not verdict and jobstore.is_verdict(jobstore.last_error_code(job)):
+        return  # an error that is no verdict keeps the upstream one
+    if current == new:
+        return
+    with rt.sessions.begin() as session:
+        if not jobstore.note_error(session, job.id, last_error, verdict=verdict, code=code):
+            return  # no longer in flight: the row was not written
+    job.reconcile_last_error, job.reconcile_last_error_code = new, code
+
+
+def exhaust(rt: Runtime, job: Job) -> str:
+    """Attempts exhausted: fail with the last error's code (or UPSTREAM_TIMEOUT) + anomaly."""
+    last = job.reconcile_last_error or ""
+    found = jobstore.last_error_code(job)  # the column (legacy rows: their text's prefix)
+    code = found if found is not None and (jobstore.is_verdict(found) or found == ErrorCode.INTERNAL) \
+        else ErrorCode.UPSTREAM_TIMEOUT
+    message = ("The provider did not finish in time." if code == ErrorCode.UPSTREAM_TIMEOUT
+               else last.split(": ", 1)[-1])
+    ok = fail_job(rt, job.id, code, message,
+                  {"attempts": job.reconcile_attempts, "last_error": last or None},
+                  anomaly="reconcile_exhausted")
+    return "failed" if ok else "lost"

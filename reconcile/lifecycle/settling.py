@@ -1,0 +1,120 @@
+"""Internal: fail and settle — persist a failure, then settle it as the settlement policy decides
+(the ledger executes; a refused settlement backs off, one ``ledger_error`` anomaly per job).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from .. import jobstore
+from ..db.models import Job
+from ..events import add_event, publish_events
+from ..runtime import Runtime
+from ..settlement import SettleOutcome, decide
+from ..states import Status, settle_backoff
+
+log = logging.getLogger("reconcile.lifecycle")
+
+
+def fail_job(rt: Runtime, job_id: uuid.UUID, code: str, message: str,
+             detail: dict[str, Any] | None, *, submission_state: str | None = None,
+             where: tuple[Any, ...] = (), anomaly: str | None = None,
+             status: str = Status.FAILED) -> bool:
+    """Persist the failure (and ``next_poll_at = now``) first, then settle the refund."""
+    from .. import redact
+
+    detail = redact.detail(detail)  # the anomaly below stores it too
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        failed = jobstore.mark_failed(session, job_id, now=now, code=str(code), message=message,
+                                      detail=detail, where=where,
+                                      submission_state=submission_state, status=status)
+        if failed is None:
+            return False
+        event = add_event(session, failed, "canceled" if status == Status.CANCELLED else "failed",
+                          now, {"code": str(code)}, rt=rt)
+        if anomaly:
+            jobstore.record_anomaly(session, job_id=job_id, user_id=failed.user_id, kind=anomaly,
+                                    detail={"code": str(code), **(detail or {})}, now=now)
+    log.info("job_failed job_id=%s code=%s", job_id, code)
+    rt.crash_point("before_refund")
+    settle(rt, job_id)
+    publish_events(rt, [event])
+    return True
+
+
+def settle(rt: Runtime, job_id: uuid.UUID) -> SettleOutcome:
+    """Settle a failed/cancelled job as ``rt.settlement_policy`` decides (by default: refund
+    everything held) and record ``credits_actual``; on error back off.
+
+    Returns a :class:`~reconcile.settlement.SettleOutcome` (never test it for truthiness).
+    Repeating never adds a second refund (the ledger's CAS); legacy refunds count.
+    """
+    now = rt.now()
+    try:
+        with rt.sessions.begin() as session:
+            job = jobstore.load(session, job_id, lock=True)
+            if job is None or job.status not in (Status.FAILED, Status.CANCELLED):
+                return SettleOutcome.NOT_DUE
+            if job.credits_actual is not None:
+                return SettleOutcome.ALREADY_SETTLED
+            _execute_settlement(rt, session, job, now)
+            rt.crash_point("mid_refund")
+            actual = rt.ledger.settled_amount(session, job_id)
+            jobstore.settled(session, job_id, actual if actual is not None else 0)
+        log.info("job_settled job_id=%s", job_id)
+        return SettleOutcome.SETTLED
+    except Exception as exc:
+        log.exception("settle_failed job_id=%s", job_id)
+        with rt.sessions.begin() as session:
+            job = jobstore.load(session, job_id)
+            if job is not None:
+                jobstore.settle_failed(session, job_id, now + settle_backoff(job.settle_attempts))
+                if not isinstance(exc, DBAPIError):  # the ledger refused: one anomaly per job
+                    _ledger_error_once(session, job, exc, now)
+        return SettleOutcome.BACKED_OFF
+
+
+def _execute_settlement(rt: Runtime, session: Session, job: Job, now: datetime) -> None:
+    """The ledger executes the policy's decision for a failed/cancelled job: a full refund is
+    the ledger's ``refund`` (nothing read first); a partial one needs what is held (one read)
+    and is a commit of the kept part, the ledger releasing the rest to its pools."""
+    from ..ledger import commit_settled
+
+    policy = rt.settlement_policy
+    share = policy.cancel_refund if job.status == Status.CANCELLED else policy.failure_refund
+    reserved = None if share == 1 else _held(session, job.id)
+    decision = decide(job.status, reserved=reserved, policy=policy)
+    if decision.full_refund:
+        rt.ledger.refund(session, job.id, now=now)
+    else:
+        commit_settled(rt.ledger, session, job.id, decision.commit, now=now)
+
+
+def _held(session: Session, job_id: uuid.UUID) -> int:
+    """What the job's reservation still holds: its reserved usage log net of legacy refunds
+    (0: nothing reserved any more)."""
+    from .. import credits
+    from ..db.models import UsageLog
+
+    reserved = session.execute(
+        select(UsageLog.credits).where(UsageLog.job_id == job_id, UsageLog.status == "reserved")
+        .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
+    if reserved is None:
+        return 0
+    return max(0, int(reserved) - credits.legacy_refunded(session, job_id))
+
+
+def _ledger_error_once(session: Session, job: Job, exc: Exception, now: datetime) -> None:
+    """One ``ledger_error`` anomaly per job whose settlement the ledger refused (the failure is
+    already saved; settlement retries with capped backoff and shows in ``reconcile unsettled``)."""
+    jobstore.record_anomaly(session, job_id=job.id, user_id=job.user_id, kind="ledger_error",
+                            detail={"error": f"{type(exc).__name__}: {exc}"[:1000],
+                                    "status": job.status}, now=now, once=True)
