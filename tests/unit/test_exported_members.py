@@ -205,7 +205,7 @@ NOT_EXPORTED = {
 # Private: the library's own mechanics. Not renamed yet (the layout split of issue 17 moves them);
 # each says ``Internal:`` on its docstring's first line.
 PRIVATE = {
-    "reconcile.adopt_report", "reconcile.adoption", "reconcile.audit", "reconcile.batch_poll",
+    "reconcile.adopt_report", "reconcile.adoption", "reconcile.batch_poll",
     "reconcile.broker", "reconcile.cancel", "reconcile.credits_import", "reconcile.events",
     "reconcile.evidence", "reconcile.jobstore", "reconcile.media", "reconcile.media_guard",
     "reconcile.media_types", "reconcile.metrics", "reconcile.redact", "reconcile.retention",
@@ -224,7 +224,7 @@ PRIVATE = {
 }
 # Private packages: the package says ``Internal:``; every module inside is private with it.
 PRIVATE_PACKAGES = {
-    "reconcile.demo", "reconcile.ops", "reconcile.testing.chaos", "reconcile.providers.kie",
+    "reconcile.audit", "reconcile.demo", "reconcile.ops", "reconcile.testing.chaos", "reconcile.providers.kie",
     "reconcile.providers.replicate", "reconcile.providers.elevenlabs",
 }
 # Never imported here: entry points that run on import, and Alembic's environment and revisions.
@@ -252,10 +252,15 @@ def _first_doc_line(path: Path) -> str:
 
 
 def _defined(path: Path) -> set[str]:
-    """The public-looking names a module defines itself (not the ones it imports)."""
+    """The public-looking names a module defines itself (not the ones it imports). A package's
+    ``__init__`` also counts what it re-exports from its own private modules
+    (``from ._x import name``): those names are its members as if defined there."""
     names: set[str] = set()
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        if path.name == "__init__.py" and isinstance(node, ast.ImportFrom) and node.level == 1 \
+                and (node.module or "").startswith("_"):
+            names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Assign):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
