@@ -56,6 +56,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ..settings import Settings
+from ..settlement import DEFAULT_POLICY, SettlementPolicy
 from ._base import INCREMENTAL_MAX_USERS, Discrepancy, _Audit, touched_users, touched_users_query
 from ._jobs import _in_flight, _jobs
 from ._ledger import _lots, _transactions, _users
@@ -64,9 +65,13 @@ __all__ = ["INCREMENTAL_MAX_USERS", "Discrepancy", "run", "touched_users", "touc
 
 
 def run(session: Session, *, now: datetime, grace: timedelta = timedelta(minutes=10),
-        settings: Settings | None = None, since: datetime | None = None) -> list[Discrepancy]:
-    """The full audit, or with ``since`` the incremental one (see the module docstring)."""
-    a = _Audit(session, now, grace, settings or Settings.model_construct(), since)
+        settings: Settings | None = None, since: datetime | None = None,
+        policy: SettlementPolicy | None = None) -> list[Discrepancy]:
+    """The full audit, or with ``since`` the incremental one (see the module docstring).
+    ``policy``: the settlement policy failed and cancelled jobs were settled under (default:
+    :data:`~reconcile.settlement.DEFAULT_POLICY`, everything refunded)."""
+    a = _Audit(session, now, grace, settings or Settings.model_construct(), since,
+               policy or DEFAULT_POLICY)
     if not a.sqlite:
         # PostgreSQL's JIT compiles these wide aggregates for tens of seconds before the first
         # row (measured: 25 s of a 26 s audit on 100k rows); off for this transaction only

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from ..db.models import CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
 from ..settings import Settings
+from ..settlement import DEFAULT_POLICY, SettlementPolicy
 from ..states import IN_FLIGHT
 
 # Every check is one SQL statement that returns only the rows in breach (PostgreSQL and SQLite):
@@ -52,6 +53,7 @@ class _Audit:
     grace: timedelta
     settings: Settings
     since: datetime | None
+    policy: SettlementPolicy = DEFAULT_POLICY  # what a failed/cancelled job may keep
 
     def __post_init__(self) -> None:
         self.found: list[Discrepancy] = []

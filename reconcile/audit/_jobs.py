@@ -4,12 +4,16 @@ log and its row) and the in-flight horizon."""
 from __future__ import annotations
 
 from datetime import timedelta
+from fractions import Fraction
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Subquery,
     and_,
     case,
+    cast,
+    false,
     func,
     literal,
     null,
@@ -141,7 +145,7 @@ def _jobs(a: _Audit) -> None:
         "settlement_missing": and_(known, or_(and_(d.log_status == "committed", d.n_commit == 0),
                                               and_(d.log_status == "refunded", d.n_refund == 0))),
         "failed_job_committed": and_(known, d.job_status.in_(("failed", "cancelled")),
-                                     d.log_status == "committed"),
+                                     d.log_status == "committed", ~_kept_by_policy(a, d)),
         "completed_after_refund": and_(known, d.job_status == "completed",
                                        d.log_status == "refunded", d.n_r_commit == 0),
         "terminal_job_reserved": and_(known, d.job_status.in_(TERMINAL), reserved,
@@ -152,12 +156,47 @@ def _jobs(a: _Audit) -> None:
     flags = [case((cond, 1), else_=0).label(kind) for kind, cond in checks.items()]
     stmt = select(d.job_id, d.user_id, d.log_status, d.lhs_s, d.lhs_t, d.rhs_s, d.rhs_t,
                   d.n_reserved, d.min_credits, d.max_credits, d.usage, d.job_status,
-                  d.credits_actual, d.cost, *flags).where(or_(*checks.values()))
+                  d.credits_actual, d.cost, d.commit, d.legacy, _policy_kept(a, d).label("kept"),
+                  *flags).where(or_(*checks.values()))
     for r in a.session.execute(stmt):
         m = r._mapping
         for kind in checks:
             if m[kind]:
                 a.report(kind, r.user_id, r.job_id, _job_detail(kind, r))
+
+
+def _kept_share(share: Fraction, held: Any) -> Any:
+    """What the settlement policy keeps of ``held`` when it refunds ``share``:
+    ``held − ⌈held × share⌉ = ⌊held × (1 − share)⌋`` (:func:`reconcile.settlement.decide`), in
+    integer SQL that cannot overflow for any held amount: ``(h div d) × n + (h mod d) × n div d``
+    with ``1 − share = n / d``."""
+    rest = 1 - share
+    n, den = rest.numerator, rest.denominator
+    h = cast(case((held > 0, held), else_=0), BigInteger)
+    return (h // den) * n + ((h % den) * n) // den
+
+
+def _shares(a: _Audit) -> dict[str, Fraction]:
+    """The refund share per terminal status the policy does not refund in full (a full refund
+    is executed as the ledger's refund: any commit is a finding)."""
+    shares = {"failed": a.policy.failure_refund, "cancelled": a.policy.cancel_refund}
+    return {status: share for status, share in shares.items() if share != 1}
+
+
+def _policy_kept(a: _Audit, d: Any) -> Any:
+    """Per job, what the policy keeps of a failed/cancelled job's reservation (what it held:
+    USAGE net of legacy refunds), or NULL where the policy refunds everything."""
+    whens = [(d.job_status == status, _kept_share(share, d.usage - d.legacy))
+             for status, share in _shares(a).items()]
+    return case(*whens, else_=null()) if whens else null()
+
+
+def _kept_by_policy(a: _Audit, d: Any) -> Any:
+    """A failed/cancelled job's commit is exactly what the settlement policy keeps (never true
+    under a full-refund policy)."""
+    ok = [and_(d.job_status == status, d.commit == _kept_share(share, d.usage - d.legacy))
+          for status, share in _shares(a).items()]
+    return or_(*ok) if ok else false()
 
 
 def _job_detail(kind: str, r: Any) -> str:
@@ -168,7 +207,9 @@ def _job_detail(kind: str, r: Any) -> str:
         "duplicate_reserved_log": f"{r.n_reserved} reserved usage logs",
         "credits_actual_mismatch": f"credits_actual {r.credits_actual} != ledger "
                                    f"{'(still reserved)' if r.log_status == 'reserved' else r.cost}",
-        "failed_job_committed": f"job {r.job_status}, reservation committed",
+        "failed_job_committed": f"job {r.job_status}, reservation committed"
+                                + ("" if r.kept is None else f" {r.commit} (the settlement "
+                                   f"policy keeps {r.kept} of {r.usage - r.legacy})"),
         "completed_after_refund": "job completed and its reservation refunded (keep the refund, "
                                   "or re-charge: credits.recharge)",
         "terminal_job_reserved": f"job {r.job_status} still holds a reserved usage log",
@@ -176,7 +217,6 @@ def _job_detail(kind: str, r: Any) -> str:
         "settlement_missing": f"usage log {r.log_status} without its transaction",
         "settled_twice": "both job-commit and job-refund exist",
     }.get(kind, pools)
-
 
 
 # ----------------------------------------------------------------------------- in flight

@@ -87,6 +87,7 @@ from ._settle import commit, refund, settle_commit  # noqa: F401
 if TYPE_CHECKING:
     from ..audit import Discrepancy
     from ..settings import Settings
+    from ..settlement import SettlementPolicy
 
 __all__ = [
     "POOLS", "Pools", "RESERVED_PREFIXES", "Reservation", "Settlement", "audit", "commit",
@@ -99,12 +100,15 @@ __all__ = [
 
 def audit(session: Session, *, now: datetime | None = None,
           grace: timedelta = timedelta(minutes=10), settings: Settings | None = None,
-          since: datetime | None = None) -> list[Discrepancy]:
+          since: datetime | None = None,
+          policy: SettlementPolicy | None = None) -> list[Discrepancy]:
     """Every way the ledger is out of balance (an empty list means clean): see
-    :mod:`reconcile.audit`. ``since`` runs the incremental audit (what was touched since)."""
+    :mod:`reconcile.audit`. ``since`` runs the incremental audit (what was touched since);
+    ``policy`` is the settlement policy failed and cancelled jobs were settled under (default:
+    everything refunded; pass ``rt.settlement_policy``)."""
     from ..audit import run
 
-    return run(session, now=_now(now), grace=grace, settings=settings, since=since)
+    return run(session, now=_now(now), grace=grace, settings=settings, since=since, policy=policy)
 
 
 def __getattr__(name: str) -> Any:  # ``credits.Discrepancy`` kept for callers
