@@ -136,6 +136,12 @@ def _add_txn(conn: Connection, txn_id: str, user_id: uuid.UUID, job_id: uuid.UUI
                                    from_topup=parts[1], created_at=now))
 
 
+def _forget_settled(session: Session, user_id: uuid.UUID, log_id: uuid.UUID) -> None:
+    """Expire the session's copies of what a commit or refund changed: the balance, the log."""
+    _forget(session, CreditBalance, user_id)
+    _forget(session, UsageLog, log_id)
+
+
 def _lot_row(user_id: uuid.UUID, pool: str, kind: str, txn_id: str, amount: int,
              now: datetime) -> dict[str, Any]:
     return {"user_id": user_id, "pool": pool, "kind": kind, "source_txn_id": txn_id,
@@ -151,6 +157,13 @@ def _return_to_pools(conn: Connection, user_id: uuid.UUID, *, kind: str, txn_id:
     for lot in lots:  # one by one: ids in this order on every backend
         conn.execute(insert(_L).values(**lot))
     conn.execute(_BALANCE_ADD, {"u": user_id, "d_sub": parts[0], "d_topup": parts[1], "now": now})
+
+
+def _give_back(conn: Connection, txn_id: str, user_id: uuid.UUID, job_id: uuid.UUID, kind: str,
+               parts: Pools, now: datetime) -> None:
+    """A RELEASE or REFUND transaction ``txn_id`` and its lots and balance increments."""
+    _add_txn(conn, txn_id, user_id, job_id, kind, parts, now)
+    _return_to_pools(conn, user_id, kind=kind, txn_id=txn_id, parts=parts, now=now)
 
 
 _OPEN_LOTS = (select(_L.c.id, _L.c.remaining_amount)

@@ -22,12 +22,11 @@ from ._base import (
 )
 from ._core import (
     _TXN_EXISTS,
-    _add_txn,
     _all_or_nothing,
     _conn,
     _forget,
+    _give_back,
     _lock,
-    _return_to_pools,
 )
 from ._pools import (
     _held_of,
@@ -84,8 +83,7 @@ def import_legacy_refund(session: Session, job_id: uuid.UUID, amount: int, txn_i
                              f"{amount} is more than the {sum(held)} credits still held")
     parts = take_in_order(amount, held, order=(1, 0))
     with _all_or_nothing(session):
-        _add_txn(conn, txn_id, log.user_id, job_id, "REFUND", parts, now)
-        _return_to_pools(conn, log.user_id, kind="REFUND", txn_id=txn_id, parts=parts, now=now)
+        _give_back(conn, txn_id, log.user_id, job_id, "REFUND", parts, now)
         if note:
             _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
     _forget(session, CreditBalance, log.user_id)

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from ..db.models import CreditBalance, CreditLot, UsageLog
+from ..db.models import CreditBalance, CreditLot
 from ..errors import (
     LedgerError,
 )
@@ -31,6 +31,7 @@ from ._core import (
     _TXN_EXISTS,
     _U,
     _forget,
+    _forget_settled,
 )
 from ._pools import (
     _bad_metadata,
@@ -124,6 +125,33 @@ h AS (
 _TXN_COLS = "(id, user_id, job_id, type, amount, from_sub, from_topup, created_at)"
 _LOT_COLS = "(user_id, pool, kind, source_txn_id, amount, remaining_amount, created_at)"
 
+
+_SOME_RELEASED = "\n  WHERE rs + rt > 0"  # the RELEASE row only when something is released
+
+
+def _pg_txn(name: str, txn_id: str, type_: str, sub: str, topup: str, where: str = "") -> str:
+    """A CTE inserting one transaction per ``cas`` row: id parameter ``txn_id``, per pool the
+    ``cas`` columns ``sub``/``topup`` (``where``: an extra condition)."""
+    return f"""{name} AS (
+  INSERT INTO {_T.name} {_TXN_COLS}
+  SELECT %({txn_id})s, %(u)s, %(j)s, '{type_}', {sub} + {topup}, {sub}, {topup}, %(now)s FROM cas{where} RETURNING 1)"""
+
+
+def _pg_back_to_pools(kind: str, source: str, sub: str, topup: str, when: str = "") -> str:
+    """The pool-return tail of commit and refund: a lot per pool that gets something back (``sub``
+    first; source ids from the parameters ``{source}_sub``/``{source}_topup``) and the balance
+    increments (``when``: a condition on ``cas`` for the balance update)."""
+    return f"""lo AS (
+  INSERT INTO {_L.name} {_LOT_COLS}
+  SELECT %(u)s, v.pool, '{kind}', v.src, v.n, v.n, %(now)s
+  FROM cas CROSS JOIN LATERAL (VALUES (1, 'sub', %({source}_sub)s, cas.{sub}),
+                                      (2, 'topup', %({source}_topup)s, cas.{topup})) AS v(o, pool, src, n)
+  WHERE v.n > 0 ORDER BY v.o RETURNING 1),
+bal AS (
+  UPDATE {_B.name} b SET sub = b.sub + cas.{sub}, topup = b.topup + cas.{topup}, updated_at = %(now)s
+  FROM cas WHERE b.user_id = %(u)s{when} RETURNING 1)"""
+
+
 _PG_COMMIT = f"""
 WITH {_PG_HELD.strip()},
 c AS (SELECT hs, ht, COALESCE(%(amount)s::bigint, hs + ht) AS amt FROM h),
@@ -133,22 +161,9 @@ cas AS (
   UPDATE {_U.name} u SET status = 'committed' FROM p
   WHERE u.id = %(log_id)s AND u.status = 'reserved'
   RETURNING p.cs, p.ct, p.hs - p.cs AS rs, p.ht - p.ct AS rt),
-ci AS (
-  INSERT INTO {_T.name} {_TXN_COLS}
-  SELECT %(commit_id)s, %(u)s, %(j)s, 'COMMIT', cs + ct, cs, ct, %(now)s FROM cas RETURNING 1),
-ri AS (
-  INSERT INTO {_T.name} {_TXN_COLS}
-  SELECT %(release_id)s, %(u)s, %(j)s, 'RELEASE', rs + rt, rs, rt, %(now)s FROM cas
-  WHERE rs + rt > 0 RETURNING 1),
-lo AS (
-  INSERT INTO {_L.name} {_LOT_COLS}
-  SELECT %(u)s, v.pool, 'RELEASE', v.src, v.n, v.n, %(now)s
-  FROM cas CROSS JOIN LATERAL (VALUES (1, 'sub', %(release_sub)s, cas.rs),
-                                      (2, 'topup', %(release_topup)s, cas.rt)) AS v(o, pool, src, n)
-  WHERE v.n > 0 ORDER BY v.o RETURNING 1),
-bal AS (
-  UPDATE {_B.name} b SET sub = b.sub + cas.rs, topup = b.topup + cas.rt, updated_at = %(now)s
-  FROM cas WHERE b.user_id = %(u)s AND cas.rs + cas.rt > 0 RETURNING 1)
+{_pg_txn("ci", "commit_id", "COMMIT", "cs", "ct")},
+{_pg_txn("ri", "release_id", "RELEASE", "rs", "rt", _SOME_RELEASED)},
+{_pg_back_to_pools("RELEASE", "release", "rs", "rt", " AND cas.rs + cas.rt > 0")}
 SELECT (SELECT count(*) FROM h), (SELECT hs + ht FROM h), (SELECT cs + ct FROM cas),
        (SELECT status FROM {_U.name} WHERE id = %(log_id)s)
 """
@@ -159,18 +174,8 @@ cas AS (
   UPDATE {_U.name} u SET status = 'refunded' FROM h
   WHERE u.id = %(log_id)s AND u.status = 'reserved' AND NOT h.refunded
   RETURNING h.hs, h.ht),
-ri AS (
-  INSERT INTO {_T.name} {_TXN_COLS}
-  SELECT %(refund_id)s, %(u)s, %(j)s, 'REFUND', hs + ht, hs, ht, %(now)s FROM cas RETURNING 1),
-lo AS (
-  INSERT INTO {_L.name} {_LOT_COLS}
-  SELECT %(u)s, v.pool, 'REFUND', v.src, v.n, v.n, %(now)s
-  FROM cas CROSS JOIN LATERAL (VALUES (1, 'sub', %(refund_sub)s, cas.hs),
-                                      (2, 'topup', %(refund_topup)s, cas.ht)) AS v(o, pool, src, n)
-  WHERE v.n > 0 ORDER BY v.o RETURNING 1),
-bal AS (
-  UPDATE {_B.name} b SET sub = b.sub + cas.hs, topup = b.topup + cas.ht, updated_at = %(now)s
-  FROM cas WHERE b.user_id = %(u)s RETURNING 1)
+{_pg_txn("ri", "refund_id", "REFUND", "hs", "ht")},
+{_pg_back_to_pools("REFUND", "refund", "hs", "ht")}
 SELECT (SELECT count(*) FROM h), (SELECT refunded FROM h), (SELECT count(*) FROM cas),
        (SELECT status FROM {_U.name} WHERE id = %(log_id)s)
 """
@@ -206,6 +211,15 @@ def _pg_params(job_id: uuid.UUID, user_id: uuid.UUID, log_id: uuid.UUID,
             "usage_id": usage_txn_id(job_id), "refund_id": refund_id}
 
 
+def _pg_settled(session: Session, conn: Connection, job_id: uuid.UUID, user_id: uuid.UUID,
+                log_id: uuid.UUID, credits_: int, meta: Any) -> None:
+    """After a commit or refund statement wrote: the anomaly a rewritten usage-log metadata
+    owes (once per job), and the session's stale copies forgotten."""
+    if _bad_metadata(meta, credits_):
+        _note_anomaly_once(conn, job_id, user_id, meta, "usage_txn")
+    _forget_settled(session, user_id, log_id)
+
+
 def _pg_commit(session: Session, conn: Connection, job_id: uuid.UUID, amount: int | None,
                now: datetime, log_id: uuid.UUID, user_id: uuid.UUID, credits_: int,
                meta: Any) -> Settlement | None:
@@ -222,10 +236,7 @@ def _pg_commit(session: Session, conn: Connection, job_id: uuid.UUID, amount: in
             return _NOT_DONE
         raise LedgerError(f"cannot commit {amount!r} of the {held} credits held for job {job_id}",
                           reason="commit_exceeds_held")
-    if _bad_metadata(meta, credits_):
-        _note_anomaly_once(conn, job_id, user_id, meta, "usage_txn")
-    _forget(session, CreditBalance, user_id)
-    _forget(session, UsageLog, log_id)
+    _pg_settled(session, conn, job_id, user_id, log_id, credits_, meta)
     return Settlement(True, int(committed))
 
 
@@ -245,8 +256,5 @@ def _pg_refund(session: Session, conn: Connection, job_id: uuid.UUID, now: datet
             raise LedgerError(f"job {job_id} was refunded before but its log was still reserved",
                               reason="refunded_twice")
         raise LedgerError(f"job {job_id}: its reservation could not be refunded")
-    if _bad_metadata(meta, credits_):
-        _note_anomaly_once(conn, job_id, user_id, meta, "usage_txn")
-    _forget(session, CreditBalance, user_id)
-    _forget(session, UsageLog, log_id)
+    _pg_settled(session, conn, job_id, user_id, log_id, credits_, meta)
     return True

@@ -6,9 +6,10 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from ..db.models import CreditBalance, UsageLog
+from ..db.models import UsageLog
 from ..errors import (
     LedgerError,
 )
@@ -28,9 +29,9 @@ from ._core import (
     _add_txn,
     _all_or_nothing,
     _conn,
-    _forget,
+    _forget_settled,
+    _give_back,
     _lock,
-    _return_to_pools,
 )
 from ._pg import (
     _PG_LOCK_LOG,
@@ -43,6 +44,18 @@ from ._pools import (
     _note_anomaly_once,
     _reserved_log,
 )
+
+
+def _locked_reserved_log(session: Session, conn: Connection, job_id: uuid.UUID) -> UsageLog | None:
+    """The Core path's start of commit and refund: the job's reserved log, its user's balance
+    locked, re-checked still ``reserved`` under the lock (None: nothing to settle)."""
+    log = _reserved_log(session, job_id)
+    if log is None:
+        return None
+    _lock(conn, log.user_id)
+    if conn.execute(_LOG_STATUS, {"id": log.id}).scalar() != "reserved":
+        return None
+    return log
 
 
 def commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
@@ -72,11 +85,8 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
             done = _pg_commit(session, conn, job_id, amount, now, *found)
             if done is not None:
                 return done
-    log = _reserved_log(session, job_id)
+    log = _locked_reserved_log(session, conn, job_id)
     if log is None:
-        return _NOT_DONE
-    _lock(conn, log.user_id)
-    if conn.execute(_LOG_STATUS, {"id": log.id}).scalar() != "reserved":
         return _NOT_DONE
     held, note = _held_of(conn, log)
     if amount is None:
@@ -91,13 +101,10 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
         _add_txn(conn, commit_txn_id(job_id), log.user_id, job_id, "COMMIT", committed, now)
         released = (held[0] - committed[0], held[1] - committed[1])
         if sum(released):
-            _add_txn(conn, release_txn_id(job_id), log.user_id, job_id, "RELEASE", released, now)
-            _return_to_pools(conn, log.user_id, kind="RELEASE", txn_id=release_txn_id(job_id),
-                             parts=released, now=now)
+            _give_back(conn, release_txn_id(job_id), log.user_id, job_id, "RELEASE", released, now)
         if note:
             _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
-    _forget(session, CreditBalance, log.user_id)
-    _forget(session, UsageLog, log.id)
+    _forget_settled(session, log.user_id, log.id)
     return Settlement(True, amount)
 
 
@@ -116,21 +123,15 @@ def refund(session: Session, job_id: uuid.UUID, *, now: datetime | None = None) 
             done = _pg_refund(session, conn, job_id, now, *found)
             if done is not None:
                 return done
-    log = _reserved_log(session, job_id)
+    log = _locked_reserved_log(session, conn, job_id)
     if log is None:
-        return False
-    _lock(conn, log.user_id)
-    if conn.execute(_LOG_STATUS, {"id": log.id}).scalar() != "reserved":
         return False
     parts, note = _held_of(conn, log, refunding=True)
     with _all_or_nothing(session):
         if conn.execute(_CAS, {"log_id": log.id, "to": "refunded"}).first() is None:
             return False
-        _add_txn(conn, refund_txn_id(job_id), log.user_id, job_id, "REFUND", parts, now)
-        _return_to_pools(conn, log.user_id, kind="REFUND", txn_id=refund_txn_id(job_id),
-                         parts=parts, now=now)
+        _give_back(conn, refund_txn_id(job_id), log.user_id, job_id, "REFUND", parts, now)
         if note:
             _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
-    _forget(session, CreditBalance, log.user_id)
-    _forget(session, UsageLog, log.id)
+    _forget_settled(session, log.user_id, log.id)
     return True
