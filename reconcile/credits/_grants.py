@@ -9,7 +9,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from .. import jobstore
-from ..db.models import CreditBalance, CreditLot, CreditTransaction, UsageLog
+from ..db.models import CreditBalance, CreditLot, CreditTransaction
 from ..errors import (
     InvalidParam,
     LedgerError,
@@ -39,6 +39,8 @@ from ._core import (
     _plan_consume,
 )
 from ._pools import (
+    _first_log,
+    _require_log,
     legacy_refunded,
 )
 
@@ -78,10 +80,7 @@ def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
     """
     _check_amount(amount, "amount")
     now = _now(now)
-    log = session.execute(select(UsageLog).where(UsageLog.job_id == job_id)
-                          .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
-    if log is None:
-        raise InvalidParam(f"job {job_id} has no usage log", param="job_id")
+    log = _require_log(session, job_id)
     conn = _conn(session)
     balance = _lock(conn, log.user_id) or (0, 0)
     if conn.execute(_TXN_EXISTS, {"id": recharge_commit_txn_id(job_id)}).first() is not None:
@@ -106,8 +105,7 @@ def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
 def settled_amount(session: Session, job_id: uuid.UUID) -> int | None:
     """What the job finally cost: the committed amount (plus a re-charge), 0 when refunded,
     None while reserved."""
-    log = session.execute(select(UsageLog).where(UsageLog.job_id == job_id)
-                          .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
+    log = _first_log(session, job_id)
     if log is None:
         return 0
     if log.status == "reserved":

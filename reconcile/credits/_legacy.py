@@ -10,7 +10,6 @@ from sqlalchemy.orm import Session
 
 from ..db.models import CreditBalance, CreditTransaction, UsageLog
 from ..errors import (
-    InvalidParam,
     LegacyRefundRefused,
 )
 from ._base import (
@@ -31,6 +30,7 @@ from ._core import (
 from ._pools import (
     _held_of,
     _note_anomaly_once,
+    _require_log,
     _reserved_log,
 )
 
@@ -55,10 +55,7 @@ def import_legacy_refund(session: Session, job_id: uuid.UUID, amount: int, txn_i
         raise _refuse_legacy(job_id, "legacy_refund_reserved_id",
                              f"{txn_id!r} is under the library's own prefixes {RESERVED_PREFIXES}")
     now = _now(now)
-    first = session.execute(select(UsageLog).where(UsageLog.job_id == job_id)
-                            .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
-    if first is None:
-        raise InvalidParam(f"job {job_id} has no usage log", param="job_id")
+    first = _require_log(session, job_id)
     conn = _conn(session)
     _lock(conn, first.user_id)
     existing = session.get(CreditTransaction, txn_id, populate_existing=True)

@@ -227,3 +227,17 @@ def _replayed(session: Session, user_id: uuid.UUID, job_id: uuid.UUID) -> Reserv
         raise LedgerError(f"job {job_id} has a usage transaction but no usage log")
     sub, topup = reservation_pools(session, log)
     return Reservation(log.id, job_id, user_id, log.credits, sub, topup)
+
+
+def _first_log(session: Session, job_id: uuid.UUID) -> UsageLog | None:
+    """The job's first usage log (the one the ledger settles), whatever its status."""
+    return session.execute(select(UsageLog).where(UsageLog.job_id == job_id)
+                           .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
+
+
+def _require_log(session: Session, job_id: uuid.UUID) -> UsageLog:
+    """:func:`_first_log`, or :class:`InvalidParam` when the job has none."""
+    log = _first_log(session, job_id)
+    if log is None:
+        raise InvalidParam(f"job {job_id} has no usage log", param="job_id")
+    return log
