@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from ..errors import InsufficientCredits, LedgerError  # noqa: F401 (callers use credits.X)
 from ._base import (  # noqa: F401 (NOT_EXPORTED names: for the library itself)
     LOT_PAGE,
     POOLS,
