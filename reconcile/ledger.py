@@ -54,6 +54,7 @@ from sqlalchemy.orm import Session
 from . import credits
 from .credits import Discrepancy, Reservation
 from .db.models import COMPLETED_AFTER_FAILURE, CreditAnomaly, CreditTransaction, Job, UsageLog
+from .settlement import DEFAULT_POLICY
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -95,7 +96,9 @@ class Ledger(Protocol):
     def audit(self, session: Session, *, now: datetime | None = None,
               grace: timedelta = timedelta(minutes=10), **options: Any) -> list[Discrepancy]:
         """The backend's own consistency checks (empty: clean); ``options`` are the backend's
-        own (the built-in audit's ``settings``, ``since``)."""
+        own (the built-in audit's ``settings``, ``since``, ``policy``). A backend that runs the
+        job checks itself (``includes_job_checks``) is also given ``policy``, the settlement
+        policy failed and cancelled jobs were settled under, whenever it is not the default."""
         ...
 
 
@@ -182,9 +185,14 @@ def audit(ledger: Ledger, session: Session, *, now: datetime | None = None,
     """The backend's audit plus the library's job-level checks (each finding once; the
     built-in audit runs them itself)."""
     now = now or datetime.now(UTC)
-    found = list(ledger.audit(session, now=now, grace=grace, **options))
+    policy = options.pop("policy", None)
     if getattr(ledger, "includes_job_checks", False):
-        return found
+        # its job checks judge a failed/cancelled job's commit by the settlement policy (passed
+        # only when it is not the default: a backend written before the policy never sees it)
+        if policy is not None and policy != DEFAULT_POLICY:
+            options["policy"] = policy
+        return list(ledger.audit(session, now=now, grace=grace, **options))
+    found = list(ledger.audit(session, now=now, grace=grace, **options))
     seen = {(d.kind, d.job_id) for d in found}
     for extra in job_checks(ledger, session, now=now, grace=grace):
         if (extra.kind, extra.job_id) not in seen:

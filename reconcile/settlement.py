@@ -33,9 +33,11 @@ Changing the policy is a platform setting, not a code change::
 
 (or ``rt.settlement_policy = ...``). A share other than 1 needs the reserved amount, so
 ``lifecycle.settle`` reads the job's reserved usage log once more for such a policy (the default
-path reads nothing extra). The audit's ``failed_job_committed`` check still expects a failed or
-cancelled job's reservation to be refunded, not committed: a platform with a partial refund
-policy sees that finding for each such job until the audit learns the policy.
+path reads nothing extra). The audit knows the policy (``reconcile audit`` passes the runtime's;
+``credits.audit(..., policy=...)``): ``failed_job_committed`` accepts a failed or cancelled job's
+commit exactly when it is the share the policy keeps, and flags any other commit (under the
+default policy, any commit at all). It judges by the policy it is given, so jobs settled under
+an earlier policy are flagged after a change.
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ def report(rt: Any, sim: Any, story: Story, sweeper: Sweeper, say: Printer) -> l
         vias = {e.job_id: (e.payload or {}).get("via") for e in session.execute(
             select(JobEvent).where(JobEvent.job_id.in_(story.ids),
                                    JobEvent.type == "completed")).scalars()}
-        discrepancies = credits.audit(session, now=rt.now(), settings=rt.settings)
+        discrepancies = credits.audit(session, now=rt.now(), settings=rt.settings,
+                                      policy=rt.settlement_policy)
     users, ids = set(story.users), set(story.ids)
     discrepancies = [d for d in discrepancies if d.user_id in users or d.job_id in ids]
 

@@ -259,7 +259,7 @@ def audit(cli: Cli, grace_minutes: int, since_arg: str | None, as_json: bool) ->
     since = _since(since_arg, now)
     with cli.session() as session:
         found = run_audit(rt.ledger, session, now=now, grace=timedelta(minutes=grace_minutes),
-                          settings=rt.settings, since=since)
+                          settings=rt.settings, since=since, policy=rt.settlement_policy)
     rows = [asdict(d) for d in found]
     _listing(rows, ("kind", "user_id", "job_id", "detail"), as_json, "ledger clean")
     if found:

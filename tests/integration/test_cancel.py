@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle
 from reconcile.cancel import cancel_job
 from reconcile.db.models import Asset, Job, JobEvent
 from reconcile.errors import Conflict, ErrorCode, JobNotFound
+from reconcile.ledger import audit as library_audit
 from reconcile.providers.base import Output, PollResult, PollStatus
 from reconcile.runtime import Runtime
 from reconcile.states import CREATE_CLAIM_LEASE
@@ -344,8 +345,8 @@ def test_another_users_job_is_not_found(env, db) -> None:
 def test_a_half_cancel_refund_policy_is_executed_by_the_ledger(env, db) -> None:
     """``Runtime.settlement_policy`` with a 50 % cancel refund (reconcile.settlement): the
     cancel keeps 20 of the 40 held (a commit for less: no refund row), releases 20, records
-    credits_actual 20; the pools balance. The built-in audit's one finding is
-    ``failed_job_committed`` (it still expects a cancelled job refunded) — nothing unbalanced."""
+    credits_actual 20; the pools balance. The audit, given the runtime's policy, is clean: the
+    cancelled job's commit is exactly the share the policy keeps."""
     from fractions import Fraction
 
     from reconcile.settlement import SettlementPolicy, SettleOutcome
@@ -363,7 +364,44 @@ def test_a_half_cancel_refund_policy_is_executed_by_the_ledger(env, db) -> None:
     assert lifecycle.settle(rt, job_id) is SettleOutcome.ALREADY_SETTLED
     assert balance(db, user) == 1000 - 20
     with db() as s:
-        found = audit(s, now=T0)
-    # the built-in audit checks the job's status against its log; the platform's does not
-    expected = [("failed_job_committed", job_id)] if backend().name == "builtin" else []
-    assert [(d.kind, d.job_id) for d in found] == expected, found
+        found = library_audit(rt.ledger, s, now=T0, policy=rt.settlement_policy)
+    assert found == []
+
+
+def test_the_audit_flags_a_cancelled_commit_the_policy_does_not_keep(env, db) -> None:
+    """A cancel settled under a 25 % refund keeps 30 of 40. Audited under that policy it is
+    clean; under the 50 % policy (which keeps 20) and under the default (which refunds all: any
+    commit) the built-in audit flags ``failed_job_committed``, and nothing else. A failed job
+    under a cancel-only policy still may not commit anything (its share is still 1)."""
+    from fractions import Fraction
+
+    from reconcile.settlement import DEFAULT_POLICY, SettlementPolicy
+
+    rt, _, _ = env
+    quarter = SettlementPolicy(cancel_refund=Fraction(1, 4))
+    half = SettlementPolicy(cancel_refund=Fraction(1, 2))
+    rt.settlement_policy = quarter
+    user = uuid.uuid4()
+    fund(db, user)
+    job_id = submit(rt, user)
+    assert cancel_job(rt, user, job_id).credits_actual == 30
+    assert balance(db, user) == 1000 - 30
+
+    def findings(policy: SettlementPolicy | None) -> list[tuple[str, uuid.UUID | None, str]]:
+        with db() as s:
+            found = library_audit(rt.ledger, s, now=T0, policy=policy)
+        return [(d.kind, d.job_id, d.detail) for d in found]
+
+    builtin = backend().name == "builtin"  # the platform's audit does not check job statuses
+    assert findings(quarter) == []
+    assert findings(half) == ([("failed_job_committed", job_id, "job cancelled, reservation "
+                                "committed 30 (the settlement policy keeps 20 of 40)")]
+                              if builtin else [])
+    flagged = [("failed_job_committed", job_id, "job cancelled, reservation committed")]
+    assert findings(DEFAULT_POLICY) == (flagged if builtin else [])
+    assert findings(None) == (flagged if builtin else [])
+    # the same commit on a failed job: the policy refunds failures in full
+    with db.begin() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(status="failed"))
+    assert findings(quarter) == ([("failed_job_committed", job_id,
+                                   "job failed, reservation committed")] if builtin else [])

@@ -205,7 +205,7 @@ NOT_EXPORTED = {
 # Private: the library's own mechanics. Not renamed yet (the layout split of issue 17 moves them);
 # each says ``Internal:`` on its docstring's first line.
 PRIVATE = {
-    "reconcile.adopt_report", "reconcile.adoption", "reconcile.audit", "reconcile.batch_poll",
+    "reconcile.adopt_report", "reconcile.adoption", "reconcile.batch_poll",
     "reconcile.broker", "reconcile.cancel", "reconcile.credits_import", "reconcile.events",
     "reconcile.evidence", "reconcile.jobstore", "reconcile.media", "reconcile.media_guard",
     "reconcile.lifecycle.adopt", "reconcile.lifecycle.create", "reconcile.lifecycle.finalize",
@@ -226,7 +226,7 @@ PRIVATE = {
 }
 # Private packages: the package says ``Internal:``; every module inside is private with it.
 PRIVATE_PACKAGES = {
-    "reconcile.demo", "reconcile.ops", "reconcile.testing.chaos", "reconcile.providers.kie",
+    "reconcile.audit", "reconcile.demo", "reconcile.ops", "reconcile.testing.chaos", "reconcile.providers.kie",
     "reconcile.providers.replicate", "reconcile.providers.elevenlabs",
 }
 # Never imported here: entry points that run on import, and Alembic's environment and revisions.

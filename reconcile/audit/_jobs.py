@@ -1,0 +1,264 @@
+"""Internal: the audit's per-job checks (each job's transactions per class against its usage
+log and its row) and the in-flight horizon."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from fractions import Fraction
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Subquery,
+    and_,
+    case,
+    cast,
+    false,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+)
+
+from ..kinds import get_kind
+from ..states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS, TERMINAL, Submission
+from ._base import (
+    J,
+    T,
+    U,
+    _Audit,
+    _count,
+)
+
+_CLASSES = ("usage", "r_usage", "commit", "r_commit", "release", "refund", "legacy")
+
+
+def _job_classes(a: _Audit, t: Any) -> dict[str, Any]:
+    """Each job-level transaction class as a condition on its exact id (the ledger's rules);
+    ``t`` has ``id``, ``type`` and ``jid`` (the job id as text)."""
+
+    def exact(prefix: str, type_: str, suffix: str = "") -> Any:
+        target = literal(prefix) + t.jid + suffix if suffix else literal(prefix) + t.jid
+        return and_(t.id == target, t.type == type_)
+
+    return {
+        "usage": exact("job-usage:", "USAGE"),
+        "r_usage": exact("job-recharge:", "USAGE", ":usage"),
+        "commit": exact("job-commit:", "COMMIT"),
+        "r_commit": exact("job-recharge:", "COMMIT", ":commit"),
+        "release": exact("job-release:", "RELEASE"),
+        "refund": exact("job-refund:", "REFUND"),
+        # any other REFUND id, prefixed or not: credits.legacy_refunded counts the same rows
+        "legacy": and_(t.type == "REFUND", t.id != literal("job-refund:") + t.jid),
+    }
+
+
+def _job_txns(a: _Audit, only_reserved: bool = False) -> Subquery:
+    """Per job: per class and pool what moved, and how many rows (one scan, one class each)."""
+    base = select(T.c.id, T.c.type, T.c.job_id, T.c.user_id, T.c.from_sub, T.c.from_topup,
+                  a.job_text(T.c.job_id).label("jid")).where(T.c.job_id.is_not(None))
+    if only_reserved:
+        base = base.where(T.c.job_id.in_(select(U.c.job_id).where(U.c.status == "reserved")))
+    inner = a.scoped(base, T.c.user_id).subquery("tx")
+    classes = _job_classes(a, inner.c)
+    cls = case(*((cond, literal(name)) for name, cond in classes.items()), else_=literal("odd"))
+    # grouped by class first: the class is computed once per row (a flattened subquery would
+    # recompute it inside every one of the 24 aggregates below)
+    tagged = (select(inner.c.job_id, inner.c.user_id, cls.label("cls"),
+                     func.sum(inner.c.from_sub).label("s"), func.sum(inner.c.from_topup).label("t"),
+                     func.count().label("n"))
+              .group_by(inner.c.job_id, inner.c.user_id, cls)).subquery("tagged")
+    cols: list[Any] = [tagged.c.job_id, tagged.c.user_id]
+    for name in (*classes, "odd"):
+        cond = tagged.c.cls == name
+        cols += [func.coalesce(func.sum(col).filter(cond), 0).label(label)
+                 for col, label in ((tagged.c.s, f"{name}_s"), (tagged.c.t, f"{name}_t"),
+                                    (tagged.c.n, f"n_{name}"))]
+    return (select(*cols).group_by(tagged.c.job_id, tagged.c.user_id)).subquery("jt")
+
+
+def _job_logs(a: _Audit, jt: Subquery) -> Subquery:
+    stmt = (select(U.c.job_id, func.count().label("n_logs"),
+                   _count(U.c.status == "reserved").label("n_reserved"),
+                   _count(U.c.status == "committed").label("n_committed"),
+                   _count(U.c.status == "refunded").label("n_refunded"),
+                   func.min(U.c.credits).label("min_credits"),
+                   func.max(U.c.credits).label("max_credits"))
+            .group_by(U.c.job_id))
+    if a.users is not None:
+        stmt = stmt.where(U.c.job_id.in_(select(jt.c.job_id)))
+    return stmt.subquery("lg")
+
+
+def _job_facts(a: _Audit) -> Subquery:
+    """One row per job: its transactions per class, its usage logs and its row, with the
+    derived sums computed once (``OFFSET 0`` keeps PostgreSQL from inlining them into every
+    check)."""
+    jt = _job_txns(a)
+    lg = _job_logs(a, jt)
+    c = jt.c
+    n_reserved = func.coalesce(lg.c.n_reserved, 0)
+    reserved = n_reserved > 0
+    status = case((reserved, "reserved"), (lg.c.n_committed > 0, "committed"),
+                  (lg.c.n_refunded > 0, "refunded"), else_=null())
+    held_s = case((reserved, c.usage_s - c.legacy_s), else_=0)
+    held_t = case((reserved, c.usage_t - c.legacy_t), else_=0)
+    commit = c.commit_s + c.commit_t
+    return (select(
+        c.job_id, c.user_id, c.n_usage, c.n_odd, c.n_commit, c.n_refund, c.n_r_commit,
+        (c.n_refund + c.n_legacy).label("n_refunds"),
+        (c.n_commit + c.n_release + c.n_r_commit + c.n_r_usage).label("n_settles"),
+        c.usage_s, c.usage_t, c.legacy_s, c.legacy_t,
+        lg.c.job_id.label("log_job"), n_reserved.label("n_reserved"), lg.c.min_credits,
+        lg.c.max_credits, status.label("log_status"),
+        (c.usage_s + c.r_usage_s).label("lhs_s"), (c.usage_t + c.r_usage_t).label("lhs_t"),
+        (c.commit_s + c.r_commit_s + c.release_s + c.refund_s + c.legacy_s + held_s).label("rhs_s"),
+        (c.commit_t + c.r_commit_t + c.release_t + c.refund_t + c.legacy_t + held_t).label("rhs_t"),
+        (c.usage_s + c.usage_t).label("usage"), commit.label("commit"),
+        (c.legacy_s + c.legacy_t).label("legacy"),
+        (case((status == "committed", commit), else_=0) + c.r_commit_s + c.r_commit_t).label("cost"),
+        J.c.status.label("job_status"), J.c.credits_actual,
+        func.coalesce(J.c.completed_at, J.c.created_at).label("ended"),
+    ).select_from(jt.outerjoin(lg, lg.c.job_id == c.job_id).outerjoin(J, J.c.id == c.job_id))
+        .offset(0).subquery("d"))
+
+
+def _jobs(a: _Audit) -> None:
+    d = _job_facts(a).c
+    known, reserved = d.n_usage > 0, d.n_reserved > 0
+    unbalanced = d.lhs_s + d.lhs_t != d.rhs_s + d.rhs_t
+    checks: dict[str, Any] = {
+        "txn_id_mismatch": d.n_odd > 0,
+        "refund_without_reservation": and_(~known, d.n_refunds > 0),
+        "settlement_without_reservation": and_(~known, d.n_settles > 0),
+        "usage_log_missing": and_(known, d.log_job.is_(None)),
+        "duplicate_reserved_log": and_(known, d.n_reserved > 1),
+        "usage_amount_mismatch": and_(known, or_(d.min_credits != d.usage, d.max_credits != d.usage)),
+        "legacy_refund_exceeds_reservation": and_(known, reserved, or_(
+            d.usage_s < d.legacy_s, d.usage_t < d.legacy_t)),
+        "commit_exceeds_reservation": and_(known, unbalanced, d.commit > d.usage - d.legacy),
+        "job_unbalanced": and_(known, unbalanced, d.commit <= d.usage - d.legacy),
+        "pool_mismatch": and_(known, ~unbalanced, d.lhs_s != d.rhs_s),
+        "settled_twice": and_(known, d.n_commit > 0, d.n_refund > 0),
+        "reserved_but_settled": and_(known, reserved, d.n_commit + d.n_refund > 0),
+        "settlement_missing": and_(known, or_(and_(d.log_status == "committed", d.n_commit == 0),
+                                              and_(d.log_status == "refunded", d.n_refund == 0))),
+        "failed_job_committed": and_(known, d.job_status.in_(("failed", "cancelled")),
+                                     d.log_status == "committed", ~_kept_by_policy(a, d)),
+        "completed_after_refund": and_(known, d.job_status == "completed",
+                                       d.log_status == "refunded", d.n_r_commit == 0),
+        "terminal_job_reserved": and_(known, d.job_status.in_(TERMINAL), reserved,
+                                      d.ended < a.now - a.grace),
+        "credits_actual_mismatch": and_(known, d.credits_actual.is_not(None),
+                                        or_(reserved, d.credits_actual != d.cost)),
+    }
+    flags = [case((cond, 1), else_=0).label(kind) for kind, cond in checks.items()]
+    stmt = select(d.job_id, d.user_id, d.log_status, d.lhs_s, d.lhs_t, d.rhs_s, d.rhs_t,
+                  d.n_reserved, d.min_credits, d.max_credits, d.usage, d.job_status,
+                  d.credits_actual, d.cost, d.commit, d.legacy, _policy_kept(a, d).label("kept"),
+                  *flags).where(or_(*checks.values()))
+    for r in a.session.execute(stmt):
+        m = r._mapping
+        for kind in checks:
+            if m[kind]:
+                a.report(kind, r.user_id, r.job_id, _job_detail(kind, r))
+
+
+def _kept_share(share: Fraction, held: Any) -> Any:
+    """What the settlement policy keeps of ``held`` when it refunds ``share``:
+    ``held − ⌈held × share⌉ = ⌊held × (1 − share)⌋`` (:func:`reconcile.settlement.decide`), in
+    integer SQL that cannot overflow for any held amount: ``(h div d) × n + (h mod d) × n div d``
+    with ``1 − share = n / d``."""
+    rest = 1 - share
+    n, den = rest.numerator, rest.denominator
+    h = cast(case((held > 0, held), else_=0), BigInteger)
+    return (h // den) * n + ((h % den) * n) // den
+
+
+def _shares(a: _Audit) -> dict[str, Fraction]:
+    """The refund share per terminal status the policy does not refund in full (a full refund
+    is executed as the ledger's refund: any commit is a finding)."""
+    shares = {"failed": a.policy.failure_refund, "cancelled": a.policy.cancel_refund}
+    return {status: share for status, share in shares.items() if share != 1}
+
+
+def _policy_kept(a: _Audit, d: Any) -> Any:
+    """Per job, what the policy keeps of a failed/cancelled job's reservation (what it held:
+    USAGE net of legacy refunds), or NULL where the policy refunds everything."""
+    whens = [(d.job_status == status, _kept_share(share, d.usage - d.legacy))
+             for status, share in _shares(a).items()]
+    return case(*whens, else_=null()) if whens else null()
+
+
+def _kept_by_policy(a: _Audit, d: Any) -> Any:
+    """A failed/cancelled job's commit is exactly what the settlement policy keeps (never true
+    under a full-refund policy)."""
+    ok = [and_(d.job_status == status, d.commit == _kept_share(share, d.usage - d.legacy))
+          for status, share in _shares(a).items()]
+    return or_(*ok) if ok else false()
+
+
+def _job_detail(kind: str, r: Any) -> str:
+    pools = (f"USAGE {(r.lhs_s, r.lhs_t)} vs COMMIT + RELEASE + REFUND + legacy + held "
+             f"{(r.rhs_s, r.rhs_t)} (sub, topup)")
+    return {
+        "usage_amount_mismatch": f"USAGE {r.usage} != usage log credits {r.min_credits}..{r.max_credits}",
+        "duplicate_reserved_log": f"{r.n_reserved} reserved usage logs",
+        "credits_actual_mismatch": f"credits_actual {r.credits_actual} != ledger "
+                                   f"{'(still reserved)' if r.log_status == 'reserved' else r.cost}",
+        "failed_job_committed": f"job {r.job_status}, reservation committed"
+                                + ("" if r.kept is None else f" {r.commit} (the settlement "
+                                   f"policy keeps {r.kept} of {r.usage - r.legacy})"),
+        "completed_after_refund": "job completed and its reservation refunded (keep the refund, "
+                                  "or re-charge: credits.recharge)",
+        "terminal_job_reserved": f"job {r.job_status} still holds a reserved usage log",
+        "reserved_but_settled": "usage log reserved, a settlement exists",
+        "settlement_missing": f"usage log {r.log_status} without its transaction",
+        "settled_twice": "both job-commit and job-refund exist",
+    }.get(kind, pools)
+
+
+# ----------------------------------------------------------------------------- in flight
+
+
+def _in_flight(a: _Audit) -> None:
+    """In-flight jobs the ledger knows (their USAGE row) past their kind's horizon."""
+    usage_id = literal("job-usage:") + a.job_text(J.c.id)
+    stmt = a.scoped(
+        select(J.c.id, J.c.user_id, J.c.status, J.c.submission_state, J.c.provider_kind,
+               J.c.provider_call_started_at, J.c.started_at, J.c.created_at,
+               J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at)
+        .where(J.c.status.in_(IN_FLIGHT),
+               select(T.c.id).where(T.c.id == usage_id, T.c.job_id == J.c.id).exists()),
+        J.c.user_id)
+    for row in a.session.execute(stmt):
+        late = _past_horizon(a, row)
+        if late is not None:
+            a.report("in_flight_past_horizon", row.user_id, row.id, late)
+
+
+def _past_horizon(a: _Audit, row: Any) -> str | None:
+    """Why an in-flight job is past its kind's exhaustion horizon, or None (module docstring)."""
+    kind = get_kind(row.provider_kind)
+    if kind is None or row.submission_state == Submission.UNCERTAIN \
+            or kind.name in (a.settings.observe_only_kinds or ()):
+        return None
+    scaled = a.settings.scaled
+    start = row.provider_call_started_at or row.started_at or row.created_at
+    base = start + scaled(kind.stale_threshold)
+    if kind.sync:
+        deadline = base
+    else:
+        last = row.reconcile_last_attempt_at
+        if last is None and row.poll_lease_expires_at is not None:
+            last = row.poll_lease_expires_at  # adopted or resumed: attempts start over
+        if last is not None:
+            base = max(base, last)
+        # attempts beyond MAX_ATTEMPTS (hole 2: 39 of 18) move the deadline back, not forward
+        deadline = base + scaled(ATTEMPT_SPACING) * (MAX_ATTEMPTS - (row.reconcile_attempts or 0))
+    slack = a.grace + scaled(timedelta(seconds=a.settings.sweep_interval))
+    if a.now <= deadline + slack:
+        return None
+    return (f"{kind.name} job {row.status} ({row.submission_state}), attempts "
+            f"{row.reconcile_attempts}/{MAX_ATTEMPTS}, exhausted by {deadline.isoformat()}")

@@ -1,0 +1,127 @@
+"""Internal: grants, deliberate re-charges, what a job finally cost, a user's history."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from .. import jobstore
+from ..db.models import CreditBalance, CreditLot, CreditTransaction
+from ..errors import (
+    InvalidParam,
+    LedgerError,
+)
+from ._base import (
+    POOLS,
+    _check_amount,
+    _check_funds,
+    _now,
+    commit_txn_id,
+    recharge_commit_txn_id,
+    recharge_usage_txn_id,
+    refund_txn_id,
+)
+from ._core import (
+    _BALANCE_ADD,
+    _L,
+    _TXN_EXISTS,
+    _add_txn,
+    _all_or_nothing,
+    _apply_consume,
+    _conn,
+    _forget,
+    _insert_txn_once,
+    _lock,
+    _lot_row,
+    _plan_consume,
+)
+from ._pools import (
+    _first_log,
+    _require_log,
+    legacy_refunded,
+)
+
+
+def grant(session: Session, user_id: uuid.UUID, pool: str, amount: int, txn_id: str, *,
+          now: datetime | None = None) -> bool:
+    """Add ``amount`` credits to ``pool`` as a new lot. Idempotent on ``txn_id``."""
+    if pool not in POOLS:
+        raise InvalidParam(f"pool must be one of {POOLS}", param="pool")
+    _check_amount(amount, "amount")
+    now = _now(now)
+    conn = _conn(session)
+    _lock(conn, user_id)
+    parts = (amount, 0) if pool == "sub" else (0, amount)
+    with _all_or_nothing(session):
+        added = conn.execute(_insert_txn_once(conn.dialect.name).values(
+            id=txn_id, user_id=user_id, job_id=None, type="GRANT", amount=amount, from_sub=parts[0],
+            from_topup=parts[1], created_at=now)).first()
+        if added is None:
+            return False
+        conn.execute(insert(_L).values(**_lot_row(user_id, pool, "GRANT", txn_id, amount, now)))
+        conn.execute(_BALANCE_ADD, {"u": user_id, "d_sub": parts[0], "d_topup": parts[1], "now": now})
+    _forget(session, CreditBalance, user_id)
+    return True
+
+
+def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
+             now: datetime | None = None) -> bool:
+    """Charge a refunded job again, deliberately (an operator's choice for a job completed after
+    its refund): a ``job-recharge:{job}:usage`` USAGE + ``job-recharge:{job}:commit`` COMMIT pair,
+    taken from the balance like a reservation (``sub`` first, FIFO). The job's ``credits_actual``
+    and ``display_cost`` become ``amount``; the audit's per-job identity counts the pair.
+
+    Idempotent: False when the job was re-charged already. Raises :class:`LedgerError` unless
+    the job's usage log was refunded by the library, :class:`InsufficientCredits` when the
+    balance is too low (nothing written either way).
+    """
+    _check_amount(amount, "amount")
+    now = _now(now)
+    log = _require_log(session, job_id)
+    conn = _conn(session)
+    balance = _lock(conn, log.user_id) or (0, 0)
+    if conn.execute(_TXN_EXISTS, {"id": recharge_commit_txn_id(job_id)}).first() is not None:
+        return False
+    session.refresh(log)
+    if log.status != "refunded" or \
+            conn.execute(_TXN_EXISTS, {"id": refund_txn_id(job_id)}).first() is None:
+        raise LedgerError(f"job {job_id} can be re-charged only after the library refunded it "
+                          f"(usage log {log.status})", reason="recharge_not_refunded")
+    _check_funds(balance, amount)
+    taken, changes = _plan_consume(conn, log.user_id, amount)
+    with _all_or_nothing(session):
+        _add_txn(conn, recharge_usage_txn_id(job_id), log.user_id, job_id, "USAGE", taken, now)
+        _add_txn(conn, recharge_commit_txn_id(job_id), log.user_id, job_id, "COMMIT", taken, now)
+        _apply_consume(conn, log.user_id, taken, changes, now)
+        jobstore.record_recharge(session, job_id, amount)
+    _forget(session, CreditBalance, log.user_id)
+    _forget(session, CreditLot, *(lot_id for lot_id, _ in changes))
+    return True
+
+
+def settled_amount(session: Session, job_id: uuid.UUID) -> int | None:
+    """What the job finally cost: the committed amount (plus a re-charge), 0 when refunded,
+    None while reserved."""
+    log = _first_log(session, job_id)
+    if log is None:
+        return 0
+    if log.status == "reserved":
+        return None
+    recharged = session.get(CreditTransaction, recharge_commit_txn_id(job_id))
+    extra = recharged.amount if recharged is not None else 0
+    if log.status == "committed":
+        txn = session.get(CreditTransaction, commit_txn_id(job_id))
+        base = txn.amount if txn is not None else max(0, log.credits - legacy_refunded(session, job_id))
+        return base + extra
+    return extra
+
+
+def history(session: Session, user_id: uuid.UUID) -> list[CreditTransaction]:
+    """The user's own ledger transactions, oldest first."""
+    return list(session.execute(
+        select(CreditTransaction).where(CreditTransaction.user_id == user_id)
+        .order_by(CreditTransaction.created_at, CreditTransaction.id)
+    ).scalars())

@@ -1,0 +1,260 @@
+"""Internal: the PostgreSQL hot paths: reserve, commit and refund as the balance lock plus one
+statement of data-modifying CTEs each."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from ..db.models import CreditBalance, CreditLot
+from ..errors import (
+    LedgerError,
+)
+from ._base import (
+    _NOT_DONE,
+    Reservation,
+    Settlement,
+    _check_funds,
+    commit_txn_id,
+    refund_txn_id,
+    release_txn_id,
+    usage_txn_id,
+)
+from ._core import (
+    _B,
+    _L,
+    _T,
+    _TXN_EXISTS,
+    _U,
+    _forget,
+    _forget_settled,
+)
+from ._pools import (
+    _bad_metadata,
+    _note_anomaly_once,
+    _replayed,
+)
+
+# ----------------------------------------------------------------------------- PostgreSQL
+#
+# The hot paths as two statements each: a locking read (the balance row, first: the lock order),
+# then one statement of data-modifying CTEs that writes everything or nothing. Everything the
+# operation decides (FIFO takes, what is held, the CAS) is gated inside that statement, so an
+# error found in its result was raised before anything was written: no SAVEPOINT is needed.
+# The statement runs after the lock is granted, so its snapshot sees every earlier writer of the
+# user. Written with psycopg's ``%(name)s`` parameters (``exec_driver_sql``: nothing to compile).
+
+_PG_MAX = 2**62  # amounts beyond this take the Core path (bigint arithmetic stays exact)
+
+_PG_LOCK = f"SELECT sub, topup FROM {_B.name} WHERE user_id = %(u)s FOR UPDATE"
+
+# the FIFO walk: open lots one at a time along reconcile_credit_lots_open_idx, ``sub`` first,
+# until the running sum covers the amount (a user with thousands of open lots costs nothing)
+_PG_WALK = f"""
+walk(p, id, rem, cum) AS (
+  SELECT * FROM (
+    (SELECT 0 AS p, l.id, l.remaining_amount AS rem, l.remaining_amount AS cum FROM {_L.name} l
+     WHERE l.user_id = %(u)s AND l.pool = 'sub' AND l.remaining_amount > 0 ORDER BY l.id LIMIT 1)
+    UNION ALL
+    (SELECT 1, l.id, l.remaining_amount, l.remaining_amount FROM {_L.name} l
+     WHERE l.user_id = %(u)s AND l.pool = 'topup' AND l.remaining_amount > 0 ORDER BY l.id LIMIT 1)
+    LIMIT 1) AS first_lot
+  UNION ALL
+  SELECT n.p, n.id, n.rem, w.cum + n.rem FROM walk w CROSS JOIN LATERAL (
+    (SELECT 0 AS p, l.id, l.remaining_amount AS rem FROM {_L.name} l
+     WHERE w.p = 0 AND l.user_id = %(u)s AND l.pool = 'sub' AND l.remaining_amount > 0
+       AND l.id > w.id ORDER BY l.id LIMIT 1)
+    UNION ALL
+    (SELECT 1, l.id, l.remaining_amount FROM {_L.name} l
+     WHERE l.user_id = %(u)s AND l.pool = 'topup' AND l.remaining_amount > 0
+       AND l.id > (CASE WHEN w.p = 1 THEN w.id ELSE 0 END) ORDER BY l.id LIMIT 1)
+    LIMIT 1) n
+  WHERE w.cum < %(amount)s::bigint
+)"""
+
+_PG_RESERVE = f"""
+WITH RECURSIVE {_PG_WALK.strip()},
+take AS (SELECT p, id, LEAST(rem, %(amount)s::bigint - (cum - rem)) AS t FROM walk),
+tot AS (SELECT COALESCE(SUM(t) FILTER (WHERE p = 0), 0)::bigint AS s,
+               COALESCE(SUM(t) FILTER (WHERE p = 1), 0)::bigint AS tp FROM take),
+ins AS (
+  INSERT INTO {_T.name} (id, user_id, job_id, type, amount, from_sub, from_topup, created_at)
+  SELECT %(usage_id)s, %(u)s, %(j)s, 'USAGE', %(amount)s::bigint, s, tp, %(now)s FROM tot
+  WHERE s + tp = %(amount)s::bigint
+  ON CONFLICT (id) DO NOTHING RETURNING from_sub, from_topup),
+lots AS (
+  UPDATE {_L.name} l SET remaining_amount = l.remaining_amount - take.t FROM take, ins
+  WHERE l.id = take.id RETURNING l.id),
+bal AS (
+  UPDATE {_B.name} b SET sub = b.sub - ins.from_sub, topup = b.topup - ins.from_topup,
+         updated_at = %(now)s FROM ins WHERE b.user_id = %(u)s RETURNING 1),
+log AS (
+  INSERT INTO {_U.name} (id, job_id, user_id, status, credits, metadata, created_at)
+  SELECT %(log_id)s, %(j)s, %(u)s, 'reserved', %(amount)s::bigint,
+         jsonb_build_object('from_sub', from_sub, 'from_topup', from_topup), %(now)s FROM ins
+  RETURNING 1)
+SELECT tot.s, tot.tp, (SELECT count(*) FROM ins), (SELECT array_agg(id) FROM lots),
+       (SELECT count(*) FROM bal) + (SELECT count(*) FROM log) FROM tot
+"""
+
+# the job's reserved log with its user's balance row locked (the balance only: lock order)
+_PG_LOCK_LOG = f"""
+SELECT l.id, l.user_id, l.credits, l.metadata FROM {_U.name} l
+JOIN {_B.name} b ON b.user_id = l.user_id
+WHERE l.job_id = %(j)s AND l.status = 'reserved' ORDER BY l.created_at LIMIT 1 FOR UPDATE OF b
+"""
+
+# what the reservation holds, from one read of the job's transactions (its USAGE row and the
+# legacy refunds: _legacy_refund_filter), and whether the library's refund exists
+_PG_HELD = f"""
+t AS (
+  SELECT MAX(from_sub) FILTER (WHERE id = %(usage_id)s) AS us,
+         MAX(from_topup) FILTER (WHERE id = %(usage_id)s) AS ut,
+         COALESCE(SUM(from_sub) FILTER (WHERE type = 'REFUND' AND id <> %(refund_id)s), 0) AS ls,
+         COALESCE(SUM(from_topup) FILTER (WHERE type = 'REFUND' AND id <> %(refund_id)s), 0) AS lt,
+         COALESCE(BOOL_OR(id = %(refund_id)s), false) AS refunded
+  FROM {_T.name} WHERE job_id = %(j)s),
+h AS (
+  SELECT GREATEST(0, us - ls)::bigint AS hs, GREATEST(0, ut - lt)::bigint AS ht, refunded
+  FROM t WHERE us IS NOT NULL)"""
+
+_TXN_COLS = "(id, user_id, job_id, type, amount, from_sub, from_topup, created_at)"
+_LOT_COLS = "(user_id, pool, kind, source_txn_id, amount, remaining_amount, created_at)"
+
+
+_SOME_RELEASED = "\n  WHERE rs + rt > 0"  # the RELEASE row only when something is released
+
+
+def _pg_txn(name: str, txn_id: str, type_: str, sub: str, topup: str, where: str = "") -> str:
+    """A CTE inserting one transaction per ``cas`` row: id parameter ``txn_id``, per pool the
+    ``cas`` columns ``sub``/``topup`` (``where``: an extra condition)."""
+    return f"""{name} AS (
+  INSERT INTO {_T.name} {_TXN_COLS}
+  SELECT %({txn_id})s, %(u)s, %(j)s, '{type_}', {sub} + {topup}, {sub}, {topup}, %(now)s FROM cas{where} RETURNING 1)"""
+
+
+def _pg_back_to_pools(kind: str, source: str, sub: str, topup: str, when: str = "") -> str:
+    """The pool-return tail of commit and refund: a lot per pool that gets something back (``sub``
+    first; source ids from the parameters ``{source}_sub``/``{source}_topup``) and the balance
+    increments (``when``: a condition on ``cas`` for the balance update)."""
+    return f"""lo AS (
+  INSERT INTO {_L.name} {_LOT_COLS}
+  SELECT %(u)s, v.pool, '{kind}', v.src, v.n, v.n, %(now)s
+  FROM cas CROSS JOIN LATERAL (VALUES (1, 'sub', %({source}_sub)s, cas.{sub}),
+                                      (2, 'topup', %({source}_topup)s, cas.{topup})) AS v(o, pool, src, n)
+  WHERE v.n > 0 ORDER BY v.o RETURNING 1),
+bal AS (
+  UPDATE {_B.name} b SET sub = b.sub + cas.{sub}, topup = b.topup + cas.{topup}, updated_at = %(now)s
+  FROM cas WHERE b.user_id = %(u)s{when} RETURNING 1)"""
+
+
+_PG_COMMIT = f"""
+WITH {_PG_HELD.strip()},
+c AS (SELECT hs, ht, COALESCE(%(amount)s::bigint, hs + ht) AS amt FROM h),
+p AS (SELECT hs, ht, amt, LEAST(amt, hs) AS cs, amt - LEAST(amt, hs) AS ct FROM c
+      WHERE amt BETWEEN 0 AND hs + ht),
+cas AS (
+  UPDATE {_U.name} u SET status = 'committed' FROM p
+  WHERE u.id = %(log_id)s AND u.status = 'reserved'
+  RETURNING p.cs, p.ct, p.hs - p.cs AS rs, p.ht - p.ct AS rt),
+{_pg_txn("ci", "commit_id", "COMMIT", "cs", "ct")},
+{_pg_txn("ri", "release_id", "RELEASE", "rs", "rt", _SOME_RELEASED)},
+{_pg_back_to_pools("RELEASE", "release", "rs", "rt", " AND cas.rs + cas.rt > 0")}
+SELECT (SELECT count(*) FROM h), (SELECT hs + ht FROM h), (SELECT cs + ct FROM cas),
+       (SELECT status FROM {_U.name} WHERE id = %(log_id)s)
+"""
+
+_PG_REFUND = f"""
+WITH {_PG_HELD.strip()},
+cas AS (
+  UPDATE {_U.name} u SET status = 'refunded' FROM h
+  WHERE u.id = %(log_id)s AND u.status = 'reserved' AND NOT h.refunded
+  RETURNING h.hs, h.ht),
+{_pg_txn("ri", "refund_id", "REFUND", "hs", "ht")},
+{_pg_back_to_pools("REFUND", "refund", "hs", "ht")}
+SELECT (SELECT count(*) FROM h), (SELECT refunded FROM h), (SELECT count(*) FROM cas),
+       (SELECT status FROM {_U.name} WHERE id = %(log_id)s)
+"""
+
+
+def _pg_reserve(session: Session, conn: Connection, user_id: uuid.UUID, job_id: uuid.UUID,
+                amount: int, now: datetime) -> Reservation:
+    row = conn.exec_driver_sql(_PG_LOCK, {"u": user_id}).first()
+    balance = (0, 0) if row is None else (int(row[0]), int(row[1]))
+    usage_id = usage_txn_id(job_id)
+    if balance[0] + balance[1] < amount:  # nothing written; a replay still returns the first
+        if conn.execute(_TXN_EXISTS, {"id": usage_id}).first() is not None:
+            return _replayed(session, user_id, job_id)
+        _check_funds(balance, amount)
+    log_id = uuid.uuid4()
+    sub, topup, inserted, lots, _ = conn.exec_driver_sql(_PG_RESERVE, {
+        "u": user_id, "j": job_id, "amount": amount, "usage_id": usage_id, "log_id": log_id,
+        "now": now}).one()
+    if not inserted:  # nothing written: a replay, or lots that do not cover the balance
+        if sub + topup == amount or conn.execute(_TXN_EXISTS, {"id": usage_id}).first():
+            return _replayed(session, user_id, job_id)
+        raise LedgerError(f"user {user_id}: balance row and lots disagree "
+                          f"({amount - sub - topup} missing)")
+    _forget(session, CreditBalance, user_id)
+    _forget(session, CreditLot, *(lots or ()))
+    return Reservation(log_id, job_id, user_id, amount, int(sub), int(topup))
+
+
+def _pg_params(job_id: uuid.UUID, user_id: uuid.UUID, log_id: uuid.UUID,
+               now: datetime) -> dict[str, Any]:
+    refund_id = refund_txn_id(job_id)
+    return {"j": job_id, "u": user_id, "log_id": log_id, "now": now,
+            "usage_id": usage_txn_id(job_id), "refund_id": refund_id}
+
+
+def _pg_settled(session: Session, conn: Connection, job_id: uuid.UUID, user_id: uuid.UUID,
+                log_id: uuid.UUID, credits_: int, meta: Any) -> None:
+    """After a commit or refund statement wrote: the anomaly a rewritten usage-log metadata
+    owes (once per job), and the session's stale copies forgotten."""
+    if _bad_metadata(meta, credits_):
+        _note_anomaly_once(conn, job_id, user_id, meta, "usage_txn")
+    _forget_settled(session, user_id, log_id)
+
+
+def _pg_commit(session: Session, conn: Connection, job_id: uuid.UUID, amount: int | None,
+               now: datetime, log_id: uuid.UUID, user_id: uuid.UUID, credits_: int,
+               meta: Any) -> Settlement | None:
+    """None: the ledger has no USAGE row for this reservation (the Core path decides)."""
+    release_id = release_txn_id(job_id)
+    params = _pg_params(job_id, user_id, log_id, now)
+    params.update(amount=amount, commit_id=commit_txn_id(job_id), release_id=release_id,
+                  release_sub=f"{release_id}:sub", release_topup=f"{release_id}:topup")
+    has_usage, held, committed, status = conn.exec_driver_sql(_PG_COMMIT, params).one()
+    if not has_usage:
+        return None
+    if committed is None:  # nothing written
+        if status != "reserved":
+            return _NOT_DONE
+        raise LedgerError(f"cannot commit {amount!r} of the {held} credits held for job {job_id}",
+                          reason="commit_exceeds_held")
+    _pg_settled(session, conn, job_id, user_id, log_id, credits_, meta)
+    return Settlement(True, int(committed))
+
+
+def _pg_refund(session: Session, conn: Connection, job_id: uuid.UUID, now: datetime,
+               log_id: uuid.UUID, user_id: uuid.UUID, credits_: int, meta: Any) -> bool | None:
+    """None: the ledger has no USAGE row for this reservation (the Core path decides)."""
+    params = _pg_params(job_id, user_id, log_id, now)
+    params.update(refund_sub=f"{params['refund_id']}:sub",
+                  refund_topup=f"{params['refund_id']}:topup")
+    has_usage, refunded, done, status = conn.exec_driver_sql(_PG_REFUND, params).one()
+    if not has_usage:
+        return None
+    if not done:  # nothing written
+        if status != "reserved":
+            return False
+        if refunded:
+            raise LedgerError(f"job {job_id} was refunded before but its log was still reserved",
+                              reason="refunded_twice")
+        raise LedgerError(f"job {job_id}: its reservation could not be refunded")
+    _pg_settled(session, conn, job_id, user_id, log_id, credits_, meta)
+    return True

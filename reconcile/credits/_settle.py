@@ -1,0 +1,137 @@
+"""Internal: settling a reservation: :func:`commit` (for less: the rest released) and
+:func:`refund`."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from ..db.models import UsageLog
+from ..errors import (
+    LedgerError,
+)
+from ._base import (
+    _NOT_DONE,
+    SETTLED_KEY,
+    Settlement,
+    _now,
+    commit_txn_id,
+    refund_txn_id,
+    release_txn_id,
+    take_in_order,
+)
+from ._core import (
+    _CAS,
+    _LOG_STATUS,
+    _add_txn,
+    _all_or_nothing,
+    _conn,
+    _forget_settled,
+    _give_back,
+    _lock,
+)
+from ._pg import (
+    _PG_LOCK_LOG,
+    _PG_MAX,
+    _pg_commit,
+    _pg_refund,
+)
+from ._pools import (
+    _held_of,
+    _note_anomaly_once,
+    _reserved_log,
+)
+
+
+def _locked_reserved_log(session: Session, conn: Connection, job_id: uuid.UUID) -> UsageLog | None:
+    """The Core path's start of commit and refund: the job's reserved log, its user's balance
+    locked, re-checked still ``reserved`` under the lock (None: nothing to settle)."""
+    log = _reserved_log(session, job_id)
+    if log is None:
+        return None
+    _lock(conn, log.user_id)
+    if conn.execute(_LOG_STATUS, {"id": log.id}).scalar() != "reserved":
+        return None
+    return log
+
+
+def commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
+           now: datetime | None = None) -> bool:
+    """CAS the job's reservation ``reserved`` → ``committed``.
+
+    ``amount`` (default: all that is held) may be less than held; it is taken from the pools in
+    the order the reservation consumed them (``sub`` first) and each pool's rest is released
+    back to it. False: no reservation is held (already settled, or none).
+    """
+    done = settle_commit(session, job_id, amount, now=now)
+    if done.done:  # for BuiltinLedger.commit_settled: the amount without a re-read
+        session.info[SETTLED_KEY] = (job_id, done.amount)
+    return done.done
+
+
+def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
+                  now: datetime | None = None) -> Settlement:
+    """:func:`commit`, returning the committed amount with the CAS (:class:`Settlement`)."""
+    now = _now(now)
+    conn = _conn(session)
+    pg_ok = amount is None or (not isinstance(amount, bool) and isinstance(amount, int)
+                               and -_PG_MAX < amount < _PG_MAX)
+    if conn.dialect.name == "postgresql" and pg_ok:
+        found = conn.exec_driver_sql(_PG_LOCK_LOG, {"j": job_id}).first()
+        if found is not None:
+            done = _pg_commit(session, conn, job_id, amount, now, *found)
+            if done is not None:
+                return done
+    log = _locked_reserved_log(session, conn, job_id)
+    if log is None:
+        return _NOT_DONE
+    held, note = _held_of(conn, log)
+    if amount is None:
+        amount = sum(held)
+    if isinstance(amount, bool) or not isinstance(amount, int) or not 0 <= amount <= sum(held):
+        raise LedgerError(f"cannot commit {amount!r} of the {sum(held)} credits held for job {job_id}",
+                          reason="commit_exceeds_held")
+    committed = take_in_order(amount, held)
+    with _all_or_nothing(session):
+        if conn.execute(_CAS, {"log_id": log.id, "to": "committed"}).first() is None:
+            return _NOT_DONE
+        _add_txn(conn, commit_txn_id(job_id), log.user_id, job_id, "COMMIT", committed, now)
+        released = (held[0] - committed[0], held[1] - committed[1])
+        if sum(released):
+            _give_back(conn, release_txn_id(job_id), log.user_id, job_id, "RELEASE", released, now)
+        if note:
+            _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
+    _forget_settled(session, log.user_id, log.id)
+    return Settlement(True, amount)
+
+
+def refund(session: Session, job_id: uuid.UUID, *, now: datetime | None = None) -> bool:
+    """CAS the job's reservation ``reserved`` → ``refunded`` and return what it still holds.
+
+    Adds only the difference legacy refunds left (``a − p``), per pool exactly what that pool
+    still holds, as REFUND lots. False: nothing was reserved any more (already refunded or
+    committed, or never).
+    """
+    now = _now(now)
+    conn = _conn(session)
+    if conn.dialect.name == "postgresql":
+        found = conn.exec_driver_sql(_PG_LOCK_LOG, {"j": job_id}).first()
+        if found is not None:
+            done = _pg_refund(session, conn, job_id, now, *found)
+            if done is not None:
+                return done
+    log = _locked_reserved_log(session, conn, job_id)
+    if log is None:
+        return False
+    parts, note = _held_of(conn, log, refunding=True)
+    with _all_or_nothing(session):
+        if conn.execute(_CAS, {"log_id": log.id, "to": "refunded"}).first() is None:
+            return False
+        _give_back(conn, refund_txn_id(job_id), log.user_id, job_id, "REFUND", parts, now)
+        if note:
+            _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
+    _forget_settled(session, log.user_id, log.id)
+    return True
