@@ -121,10 +121,10 @@ def batch_available() -> bool:
 
 
 # each run waits for completions until this long after t0 (the generations end at t0 + 30 s
-# + up to one interval): 75 s measures every overhead up to ≈ 8 intervals exactly; a job still
+# + up to one interval): 65 s measures every overhead up to ≈ 6 intervals exactly; a job still
 # in flight then counts at its overhead so far (a lower bound, reported as "≥") — make
 # bench-full waits much longer
-CAP_S = 75.0
+CAP_S = 65.0
 FULL_CAP_S = 400.0
 
 

@@ -100,7 +100,7 @@ def _environment() -> dict[str, Any]:
 
 # the figure's expected wall time under make bench's bounds on a loaded 2-core host (seconds);
 # the bounds themselves are in each figure (fig_drain.BUDGET_S, fig_capacity.CAP_S, ...)
-BUDGETS = {"fig1": 75, "fig5": 5, "fig4": 70, "fig2": 190, "fig3": 300, "fig6": 110, "fig7": 100}
+BUDGETS = {"fig1": 75, "fig5": 5, "fig4": 70, "fig2": 175, "fig3": 270, "fig6": 115, "fig7": 45}
 
 
 def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict[str, Any]]]]:
