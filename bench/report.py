@@ -805,6 +805,34 @@ _PROFILE_AIMS = {
 }
 
 
+# what each profile said when it was written (make bench-profile at c3ea1c7, load ≈ 7); the
+# numbers in the line above each reading are this profile's own
+_READINGS = {
+    "poll_chain": "A chain poll is two halves: the status read through `requests` (about half, a "
+                  "third of which is `requests` re-reading the proxy environment: "
+                  "`merge_environment_settings` → `get_environ_proxies` walks `os.environ` ≈ 175 "
+                  "times per request) and the turn's one `UPDATE … RETURNING` (SQLAlchemy's "
+                  "per-execution work several times the driver's). The real worker adds Celery's "
+                  "cost per message on top (figure 2's no-op rate).",
+    "poll_batch": "The claim and the set-based write are a few percent; the reads' HTTP client in "
+                  "the thread pool is the rest, about a third of it the same proxy-environment "
+                  "lookup. Completions are not in this profile (its tasks stay running): each one "
+                  "runs the drain profile's finalize path, one at a time inside the `poll_due` run, "
+                  "which is why figure 3's batch runs fall behind once generations end.",
+    "drain": "`finalize_job_with_media` is about half of a reconciliation, the sweep's `_plan` "
+             "(lock, decide, claim) about a fifth, the status read about a sixth; the four "
+             "`jobstore._cas` UPDATEs (ORM-enabled `update(Job).returning(Job)`) are a third of "
+             "it. The real drain also loses one of its two slots to the tick's fan-out (figure "
+             "2's tick log).",
+    "ledger_hot_user_wall": "One client's cycle is mostly waiting: the driver's `wait` (round "
+                            "trips) and the two COMMITs (WAL flushes); the hot user's two "
+                            "clients also queue on one balance row, which one client cannot show.",
+    "ledger_1000_users_wall": "The same as the hot user for one client: round trips and COMMITs; "
+                              "pgbench's C client does one round trip per statement with no "
+                              "SQLAlchemy above it.",
+}
+
+
 def _own(rows: list[dict[str, Any]], n: int) -> str:
     """The top ``n`` functions of the library (reconcile/…) among ``rows``."""
     mine = [r for r in rows if r["function"].startswith("reconcile/")][:n]
@@ -846,9 +874,10 @@ def _profiles(folder: str | None) -> str:
                  f"{p.get('unit')} under the profiler ({p.get('timer')} timer).{extra} "
                  f"Where the time goes, by layer (cumulative share of the profiled time): {parts}. "
                  f"The library's heaviest calls (cumulative per {p.get('unit')}): "
-                 f"{_own(p.get('top_cumulative') or [], 4)}. Most self time: {self_top}."
+                 f"{_own(p.get('top_cumulative') or [], 7)}. Most self time: {self_top}."
                  + (" The SQL layer is the larger part: the time is the library's statements "
                     "through SQLAlchemy and psycopg, not its own Python."
                     if by and max(by, key=lambda k: by[k]["share"]).startswith("every SQL") else "")
+                 + (f" *Reading:* {_READINGS[name]}" if name in _READINGS else "")
                  + "\n")
     return "\n".join(s)
