@@ -2,6 +2,10 @@
 
 from .redact import install_log_redaction as _install_log_redaction
 
+__all__ = [
+    "__version__", "install",
+]
+
 __version__ = "0.1.0"
 
 _install_log_redaction()  # signed query strings never reach a log, whoever logs them

@@ -1,4 +1,6 @@
-"""What the first enforcing tick would do (``reconcile adopt report``), and the rows behind a
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+What the first enforcing tick would do (``reconcile adopt report``), and the rows behind a
 dry run (``reconcile sweep --dry-run``).
 
 The adoption report runs the sweep's own decision table as a dry run with the legacy sweep

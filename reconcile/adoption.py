@@ -1,4 +1,6 @@
-"""Safe adoption on a live platform (DESIGN.md §6 row 1, §10.11): which rows are the library's.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Safe adoption on a live platform (DESIGN.md §6 row 1, §10.11): which rows are the library's.
 
 A row with neither ``provider_kind`` nor ``submission_state`` was never submitted through the
 library: a legacy row from before it, or another subsystem's (pipeline wrappers, jobs an old

@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy import select
 
 from . import credits as ledger
-from . import events, idempotency, lifecycle
+from . import events, idempotency, jobstore, lifecycle
 from .cancel import cancel_job, load_owned
 from .db.models import Asset, Job
 from .errors import (
@@ -118,8 +118,7 @@ def error_response(exc: BaseException, *, job_id: uuid.UUID | str | None = None,
     if isinstance(exc, Conflict):
         return 409, _error("conflict_error", exc.code, exc.message, job_id=_str(job_id))
     if isinstance(exc, ProviderError):
-        uncertain = isinstance(exc, CreateUncertain) or \
-            exc.code == ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN
+        uncertain = exc.uncertain  # the class's outcome_unknown, or the uncertain code
         code = (ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN if uncertain
                 else ErrorCode.UPSTREAM_SUBMISSION_FAILED)
         body = _error("upstream_error", code,
@@ -249,8 +248,7 @@ def snapshot(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str) -> Respon
 
 
 def settlement_pending(job: Job) -> bool:
-    return (job.status in _SETTLED_STATES and job.credits_actual is None
-            and job.next_poll_at is not None)
+    return jobstore.is_settlement_pending(job)
 
 
 def cancel(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str) -> Response:

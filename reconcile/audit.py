@@ -1,4 +1,6 @@
-"""The ledger audit: a proof of conservation, per job, per pool and per user.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The ledger audit: a proof of conservation, per job, per pool and per user.
 
 An empty list means the ledger balances. The audit reads the library's tables (and the jobs it
 knows) and never writes. What it proves:

@@ -1,4 +1,6 @@
-"""Polling at scale (issue 16): poll-due times on the rows, read in batches.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Polling at scale (issue 16): poll-due times on the rows, read in batches.
 
 ``RECONCILE_POLL_MODE=batch`` (the default stays ``chain``: one ``reconcile.poll`` message per
 read). In batch mode an accepted job carries ``jobs.poll_due_at`` instead of a message, and
@@ -211,7 +213,8 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
         log.error("batch_read_raised job_id=%s", c.job.id, exc_info=result)
         outcome = lifecycle._unfinished(
             rt, held, c.kind, None,
-            f"{ErrorCode.INTERNAL}: {type(result).__name__}: {result}"[:1000])
+            f"{ErrorCode.INTERNAL}: {type(result).__name__}: {result}"[:1000],
+            raised=ErrorCode.INTERNAL)
         outcome = "error" if outcome == "in_flight" else outcome
     if outcome in ("in_flight", "error"):
         with rt.sessions.begin() as session:

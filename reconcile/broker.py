@@ -1,4 +1,6 @@
-"""The broker's limits and one kombu defect: what a worker needs to survive its broker.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The broker's limits and one kombu defect: what a worker needs to survive its broker.
 
 * :func:`cap_countdown`: no message the library publishes waits longer than
   ``RECONCILE_MAX_COUNTDOWN`` (300 s). A countdown message is held *unacked* from the moment a

@@ -1,4 +1,6 @@
-"""User cancel (DESIGN.md §5.6): cancel + refund only where the upstream outcome is known.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+User cancel (DESIGN.md §5.6): cancel + refund only where the upstream outcome is known.
 
 * another user's job, or none → :class:`JobNotFound`;
 * completed / failed / cancelled → 409 ``JOB_NOT_CANCELABLE``;
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from enum import StrEnum
 from typing import Any
 
 from . import jobstore, lifecycle
@@ -93,28 +96,55 @@ def _own_cancel_seen(rt: Runtime, job: Job, detail: dict[str, Any]) -> bool:
     return True
 
 
-def _decide(rt: Runtime, job: Job) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The CAS guard and detail for cancelling ``job`` now, or raise the Conflict."""
-    if job.status in TERMINAL:
-        raise Conflict(ErrorCode.JOB_NOT_CANCELABLE,
-                       f"The job is already {job.status} and cannot be canceled.")
-    state = job.submission_state
-    detail: dict[str, Any] = {"canceled_by": "user", "submission_state": state}
-    if state == Submission.NOT_STARTED:
-        # the create claim needs not_started too: whichever CAS lands first wins, never both
-        return (Job.submission_state == Submission.NOT_STARTED,), detail
-    if state is None:
+class Verdict(StrEnum):
+    """Cancel's decision for a job as read (:func:`decide`)."""
+
+    NOT_CANCELABLE = "not_cancelable"  # terminal: 409 JOB_NOT_CANCELABLE
+    RECONCILIATION_REQUIRED = "reconciliation_required"  # 409 SUBMISSION_RECONCILIATION_REQUIRED
+    NOT_STARTED = "not_started"  # cancel by a CAS on not_started (races the create claim)
+    PLATFORM_ROW = "platform_row"  # no submission_state and no trace of a provider call
+    ACCEPTED = "accepted"  # the upstream id is known: the provider's cancel, then cancel locally
+
+
+def decide(status: str, submission_state: str | None, *, call_started: bool,
+           task_id: str | None) -> Verdict:
+    """Pure: what a cancel does with a job in ``status`` / ``submission_state``;
+    ``call_started``: ``provider_call_started_at`` is set; ``task_id``: the upstream id."""
+    if status in TERMINAL:
+        return Verdict.NOT_CANCELABLE
+    if submission_state == Submission.NOT_STARTED:
+        return Verdict.NOT_STARTED
+    if submission_state is None:
         # a platform row: only the absence of any provider-call trace proves nothing ran (an
         # upstream id without the start marker still means the provider was called)
-        if job.provider_call_started_at is None and not job.provider_task_id:
-            return (Job.submission_state.is_(None), Job.provider_call_started_at.is_(None),
-                    Job.provider_task_id.is_(None)), detail
+        if not call_started and not task_id:
+            return Verdict.PLATFORM_ROW
+        return Verdict.RECONCILIATION_REQUIRED
+    if submission_state == Submission.ACCEPTED and task_id:
+        return Verdict.ACCEPTED
+    return Verdict.RECONCILIATION_REQUIRED
+
+
+def _decide(rt: Runtime, job: Job) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The CAS guard and detail for cancelling ``job`` now, or raise the Conflict."""
+    verdict = decide(job.status, job.submission_state,
+                     call_started=job.provider_call_started_at is not None,
+                     task_id=job.provider_task_id)
+    if verdict is Verdict.NOT_CANCELABLE:
+        raise Conflict(ErrorCode.JOB_NOT_CANCELABLE,
+                       f"The job is already {job.status} and cannot be canceled.")
+    if verdict is Verdict.RECONCILIATION_REQUIRED:
         raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED, RECONCILIATION_MESSAGE)
-    if state == Submission.ACCEPTED and job.provider_task_id:
-        detail["upstream_cancel"] = _cancel_upstream(rt, job)
-        return (Job.submission_state == Submission.ACCEPTED,
-                Job.provider_task_id == job.provider_task_id), detail
-    raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED, RECONCILIATION_MESSAGE)
+    detail: dict[str, Any] = {"canceled_by": "user", "submission_state": job.submission_state}
+    if verdict is Verdict.NOT_STARTED:
+        # the create claim needs not_started too: whichever CAS lands first wins, never both
+        return (Job.submission_state == Submission.NOT_STARTED,), detail
+    if verdict is Verdict.PLATFORM_ROW:
+        return (Job.submission_state.is_(None), Job.provider_call_started_at.is_(None),
+                Job.provider_task_id.is_(None)), detail
+    detail["upstream_cancel"] = _cancel_upstream(rt, job)
+    return (Job.submission_state == Submission.ACCEPTED,
+            Job.provider_task_id == job.provider_task_id), detail
 
 
 def _cancel_upstream(rt: Runtime, job: Job) -> str:

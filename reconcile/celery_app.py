@@ -17,6 +17,10 @@ from celery import Celery
 from . import broker
 from .celery_install import fresh_engines, install
 
+__all__ = [
+    "app",
+]
+
 
 def _atomic_filesystem_publish() -> None:
     """Make kombu's ``filesystem://`` publish atomic (the embedded default broker).

@@ -35,6 +35,12 @@ from typing import Any
 from celery import Celery
 from celery.signals import beat_init, worker_init, worker_process_init
 
+__all__ = [
+    "BEAT_ENTRY", "POLL_DUE_ENTRY", "PRUNE_ENTRY", "QUEUE", "SWEEP_QUEUE", "SWEEP_TASK",
+    "SettingConflict", "check_broker_limits", "check_settings", "fresh_engines", "install",
+    "installed_app", "library_settings",
+]
+
 log = logging.getLogger("reconcile.install")
 
 QUEUE = "reconcile"

@@ -13,6 +13,17 @@ from datetime import timedelta
 
 from reconcile.settings import Settings
 
+__all__ = [
+    "accept_content", "beat_max_loop_interval", "beat_schedule",
+    "broker_connection_retry_on_startup", "broker_transport_options", "broker_url",
+    "result_backend", "task_acks_late", "task_default_queue", "task_ignore_result",
+    "task_reject_on_worker_lost", "task_routes", "task_send_sent_event", "task_serializer",
+    "task_soft_time_limit", "task_time_limit",
+    "worker_cancel_long_running_tasks_on_connection_loss",
+    "worker_enable_soft_shutdown_on_idle", "worker_eta_task_limit",
+    "worker_prefetch_multiplier", "worker_send_task_events", "worker_soft_shutdown_timeout",
+]
+
 _settings = Settings()
 
 broker_url = _settings.broker_url

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from .db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
+from . import jobstore
+from .db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, UsageLog
 from .errors import (
     BadUsageMetadata,
     InsufficientCredits,
@@ -60,6 +61,12 @@ from .errors import (
 if TYPE_CHECKING:
     from .audit import Discrepancy
     from .settings import Settings
+
+__all__ = [
+    "POOLS", "Pools", "RESERVED_PREFIXES", "Reservation", "Settlement", "audit", "commit",
+    "grant", "history", "import_legacy_refund", "recharge", "refund", "repair_usage_metadata",
+    "reserve", "split_pro_rata",
+]
 
 POOLS = ("sub", "topup")
 TERMINAL_JOB_STATUSES = ("completed", "failed", "cancelled")
@@ -137,6 +144,22 @@ def take_in_order(amount: int, available: Pools, order: tuple[int, int] = (0, 1)
     if left:
         raise LedgerError(f"cannot take {amount} from pools {available}")
     return taken[0], taken[1]
+
+
+def take_from_lots(amount: int, lots: Iterable[tuple[Any, Any]]) -> tuple[list[tuple[Any, int]], int]:
+    """Pure FIFO: ``amount`` taken from ``lots`` ((lot id, remaining), oldest first), each lot
+    drained before the next. Returns each touched lot's new ``remaining_amount`` (in order) and
+    how much was taken (less than ``amount`` when the lots run out). Lots after the one that
+    completes ``amount`` are not touched."""
+    changes: list[tuple[Any, int]] = []
+    taken = 0
+    for lot_id, remaining in lots:
+        if taken == amount:
+            break
+        take = min(int(remaining), amount - taken)
+        changes.append((lot_id, int(remaining) - take))
+        taken += take
+    return changes, taken
 
 
 def lock_balance(session: Session, user_id: uuid.UUID) -> CreditBalance:
@@ -306,14 +329,12 @@ def _plan_consume(conn: Connection, user_id: uuid.UUID, amount: int) -> tuple[Po
         after = 0
         while left:
             rows = conn.execute(_OPEN_LOTS, {"u": user_id, "pool": pool, "after": after}).all()
-            for lot_id, remaining in rows:
-                take = min(int(remaining), left)
-                changes.append((lot_id, int(remaining) - take))
-                taken[index] += take
-                left -= take
-                after = lot_id
-                if left == 0:
-                    break
+            page, took = take_from_lots(left, rows)
+            changes.extend(page)
+            taken[index] += took
+            left -= took
+            if page:
+                after = page[-1][0]
             if len(rows) < LOT_PAGE:
                 break
     if left:
@@ -427,13 +448,10 @@ def _parse_pools(meta: Any, credits_: int) -> Pools | None:
 
 def _note_bad_metadata(session: Session, log: UsageLog, used: str) -> None:
     """One ``bad_usage_metadata`` anomaly per job, written with the operation that met it."""
-    exists = session.execute(select(CreditAnomaly.id).where(
-        CreditAnomaly.job_id == log.job_id, CreditAnomaly.kind == "bad_usage_metadata")
-        .limit(1)).first()
-    if exists is None:
-        session.add(CreditAnomaly(job_id=log.job_id, user_id=log.user_id, kind="bad_usage_metadata",
-                                  detail={"metadata": repr(log.metadata_)[:200], "pools_from": used},
-                                  created_at=datetime.now(UTC)))
+    jobstore.record_anomaly(session, job_id=log.job_id, user_id=log.user_id,
+                            kind="bad_usage_metadata",
+                            detail={"metadata": repr(log.metadata_)[:200], "pools_from": used},
+                            now=datetime.now(UTC), once=True)
 
 
 def reservation_pools(session: Session, log: UsageLog) -> Pools:
@@ -488,8 +506,9 @@ def repair_usage_metadata(session: Session, job_id: uuid.UUID, from_sub: int, fr
     new = {"from_sub": from_sub, "from_topup": from_topup}
     if log.metadata_ == new:
         return False
-    session.add(CreditAnomaly(job_id=job_id, user_id=log.user_id, kind="usage_metadata_repaired",
-                              detail={"old": repr(log.metadata_)[:200], "new": new}, created_at=now))
+    jobstore.record_anomaly(session, job_id=job_id, user_id=log.user_id,
+                            kind="usage_metadata_repaired",
+                            detail={"old": repr(log.metadata_)[:200], "new": new}, now=now)
     log.metadata_ = new
     session.flush()
     return True
@@ -751,12 +770,9 @@ def _bad_metadata(meta: Any, credits_: int) -> bool:
 def _note_anomaly_once(conn: Connection, job_id: uuid.UUID, user_id: uuid.UUID, meta: Any,
                        used: str) -> None:
     """One ``bad_usage_metadata`` anomaly per job, written with the operation that met it."""
-    exists = conn.execute(select(_A.c.id).where(_A.c.job_id == job_id,
-                                                _A.c.kind == "bad_usage_metadata").limit(1)).first()
-    if exists is None:
-        conn.execute(insert(_A).values(job_id=job_id, user_id=user_id, kind="bad_usage_metadata",
-                                       detail={"metadata": repr(meta)[:200], "pools_from": used},
-                                       created_at=datetime.now(UTC)))
+    jobstore.record_anomaly(conn, job_id=job_id, user_id=user_id, kind="bad_usage_metadata",
+                            detail={"metadata": repr(meta)[:200], "pools_from": used},
+                            now=datetime.now(UTC), once=True)
 
 
 def _held_of(conn: Connection, log: UsageLog, *,
@@ -991,8 +1007,7 @@ def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
         _add_txn(conn, recharge_usage_txn_id(job_id), log.user_id, job_id, "USAGE", taken, now)
         _add_txn(conn, recharge_commit_txn_id(job_id), log.user_id, job_id, "COMMIT", taken, now)
         _apply_consume(conn, log.user_id, taken, changes, now)
-        session.execute(update(Job).where(Job.id == job_id)
-                        .values(credits_actual=amount, display_cost=amount))
+        jobstore.record_recharge(session, job_id, amount)
     _forget(session, CreditBalance, log.user_id)
     _forget(session, CreditLot, *(lot_id for lot_id, _ in changes))
     return True

@@ -1,4 +1,6 @@
-"""Bring a platform's balances and in-flight reservations into the built-in ledger
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Bring a platform's balances and in-flight reservations into the built-in ledger
 (``reconcile credits import``), so ``reconcile audit`` is clean on day one.
 
 Run it at cut-over, once the platform's billing code stops writing its own balance table. It is

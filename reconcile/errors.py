@@ -30,14 +30,41 @@
         └── WebhookPayloadError
 
 Dashboards read ``code``, never message text.
+
+Retryable, uncertain, terminal
+------------------------------
+Whether an error may be retried is a fact of its class, not of the call site:
+
+* ``retryable`` (class attribute): the same call may simply be made again later and may then
+  succeed, with no risk of doing the upstream work twice — a rate-limited create (documented as
+  not created), a failed or unparseable status read, an expired result URL (the next read
+  returns fresh ones), a failed media download. The lifecycle bounds how often (attempts,
+  exhaustion), the class only says that it may.
+* ``outcome_unknown`` (class attribute): the call may or may not have taken effect upstream
+  (:class:`CreateUncertain`). Never retried and never refunded blindly; it waits for evidence
+  or an operator.
+* :attr:`ReconcileError.uncertain` is ``outcome_unknown`` or an error whose ``code`` is
+  ``UPSTREAM_SUBMISSION_UNCERTAIN``; :attr:`ReconcileError.terminal` is neither retryable nor
+  uncertain: the answer is final (a rejection, a failed sync call, bad input, no credits).
+
+``tests/unit/test_error_classes.py`` pins the value of every class.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from .redact import signed as _signed
+
+__all__ = [
+    "RAW_BODY_LIMIT", "BadUsageMetadata", "Conflict", "CreateRateLimited", "CreateRejected",
+    "CreateUncertain", "ErrorCode", "InsufficientCredits", "InvalidParam", "JobNotFound",
+    "LedgerError", "LegacyRefundRefused", "MalformedResponse", "MediaError", "MediaExpired",
+    "MediaFetchFailed", "MediaTooLarge", "ProviderError", "ReadFailed", "ReconcileError",
+    "SyncCallFailed", "UnsafeMediaURL", "WebhookError", "WebhookPayloadError",
+    "WebhookSignatureError", "WebhookTimestampError", "bounded",
+]
 
 
 class ErrorCode(StrEnum):
@@ -81,6 +108,10 @@ class ReconcileError(Exception):
     """Internal error."""
 
     code: ErrorCode = ErrorCode.INTERNAL
+    #: the same call may be made again later and may succeed, never doing upstream work twice
+    retryable: ClassVar[bool] = False
+    #: the call may or may not have taken effect upstream: neither retry nor refund blindly
+    outcome_unknown: ClassVar[bool] = False
 
     def __init__(self, message: str | None = None) -> None:
         # messages are stored and logged: a presigned URL in one loses its signature here
@@ -90,6 +121,17 @@ class ReconcileError(Exception):
     @property
     def message(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+    @property
+    def uncertain(self) -> bool:
+        """The outcome upstream is unknown: the class says so, or the code is
+        ``UPSTREAM_SUBMISSION_UNCERTAIN`` (a :class:`ProviderError` given that code)."""
+        return self.outcome_unknown or self.code == ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN
+
+    @property
+    def terminal(self) -> bool:
+        """Final: neither worth retrying nor waiting on evidence for."""
+        return not self.retryable and not self.uncertain
 
 
 class InvalidParam(ReconcileError):
@@ -198,12 +240,14 @@ class CreateRejected(ProviderError):
 class CreateRateLimited(ProviderError):
     """The provider rate-limited the submission; it is documented as not created."""
 
+    retryable = True  # documented as not created: create again after Retry-After
     code = ErrorCode.UPSTREAM_RATE_LIMITED
 
 
 class CreateUncertain(ProviderError):
     """The submission's outcome is unknown; never resubmit it blindly."""
 
+    outcome_unknown = True  # never resubmitted, never refunded blindly
     code = ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN
 
 
@@ -216,12 +260,14 @@ class SyncCallFailed(ProviderError):
 class ReadFailed(ProviderError):
     """A status or result read failed; it may be retried."""
 
+    retryable = True  # a read has no side effect upstream
     code = ErrorCode.UPSTREAM_FAILED
 
 
 class MalformedResponse(ProviderError):
     """The provider answered with a body we cannot parse."""
 
+    retryable = True  # raised for reads only: the next read may parse
     code = ErrorCode.UPSTREAM_UNKNOWN_STATUS
 
 
@@ -240,11 +286,14 @@ class MediaTooLarge(MediaError):
 class MediaExpired(MediaError):
     """The media URL has expired (403/404)."""
 
+    retryable = True  # the next status read returns fresh result URLs
     code = ErrorCode.UPSTREAM_MEDIA_EXPIRED
 
 
 class MediaFetchFailed(MediaError):
     """The media could not be fetched; it may be retried."""
+
+    retryable = True
 
 
 class WebhookError(ReconcileError):

@@ -1,4 +1,6 @@
-"""The ``job_events`` outbox: written with the state change, published after commit.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The ``job_events`` outbox: written with the state change, published after commit.
 
 Publishing is at least once: a row is marked published only after its transaction committed
 and every publisher took it, and the sweep republishes rows left unpublished for more than 30 s.

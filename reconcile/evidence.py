@@ -1,4 +1,6 @@
-"""Webhook evidence for an uncertain job: what binds a delivery to a job, what confirms it.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Webhook evidence for an uncertain job: what binds a delivery to a job, what confirms it.
 
 A stored delivery that names an ``uncertain`` job may let the sweep adopt its upstream id — and
 an adopted id decides whether the user is charged or refunded, so a delivery is evidence only

@@ -26,6 +26,10 @@ from sqlalchemy.orm import Session
 from .db.models import IdempotencyKey
 from .errors import Conflict, ErrorCode, InvalidParam
 
+__all__ = [
+    "MAX_KEY_LENGTH", "RETENTION",
+]
+
 RETENTION = timedelta(hours=24)
 MAX_KEY_LENGTH = 255
 PURGE_BATCH = 1000

@@ -1,8 +1,13 @@
-"""Every guarded write to ``jobs``: one compare-and-set UPDATE each, returning whether it won.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Every guarded write to ``jobs``: one compare-and-set UPDATE each, returning whether it won.
 
 ``False`` (or ``None``) always means "someone else got there first, or the row is no longer in
-the state this step expects" — the caller then does nothing more. No other module updates
-``jobs`` directly.
+the state this step expects" — the caller then does nothing more. No other module inserts,
+updates or deletes ``jobs`` rows, nor inserts ``credit_anomalies`` rows (:func:`record_anomaly`);
+``tests/unit/test_single_writer.py`` enforces it. The shared predicates over ``jobs`` (in flight,
+settlement pending or due, uncertain with its claim gone) live here too, as SQL expressions
+with a Python twin where a caller decides on a loaded row.
 """
 
 from __future__ import annotations
@@ -14,12 +19,73 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, func, or_, select, text, update
+from sqlalchemy import (
+    Connection,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from . import redact
-from .db.models import Job
+from .db.models import CreditAnomaly, Job
 from .states import IN_FLIGHT, Status, Submission
+
+# ----------------------------------------------------------------------------- predicates
+# Literal text where a partial index must match it (migrations 0019/0020 and models.Job): the
+# sweep's keyset walk reads through jobs_inflight_idx / jobs_inflight_keyset_idx and
+# jobs_unsettled_idx, and PostgreSQL matches a partial index only on the predicate's own text
+# under generic plans.
+_IN_FLIGHT_SQL = text("jobs.status IN ('pending', 'processing')")
+_UNSETTLED_SQL = text("jobs.status IN ('failed', 'cancelled')")
+_SETTLED_STATES = (Status.FAILED, Status.CANCELLED)
+
+
+def in_flight() -> Any:
+    """SQL: the job is pending or processing (the in-flight partial indexes' predicate)."""
+    return _IN_FLIGHT_SQL
+
+
+def settlement_pending() -> Any:
+    """SQL: a failed/cancelled job the library failed whose refund has not settled
+    (``credits_actual`` NULL, ``next_poll_at`` set — never a platform's old row)."""
+    return and_(_UNSETTLED_SQL, Job.credits_actual.is_(None), Job.next_poll_at.is_not(None))
+
+
+def settlement_due(cutoff: datetime) -> Any:
+    """SQL: :func:`settlement_pending` with its retry time reached by ``cutoff``."""
+    return and_(settlement_pending(), Job.next_poll_at <= cutoff)
+
+
+def is_settlement_pending(job: Job) -> bool:
+    """:func:`settlement_pending` on a loaded row."""
+    return (job.status in _SETTLED_STATES and job.credits_actual is None
+            and job.next_poll_at is not None)
+
+
+def is_settlement_due(job: Job, cutoff: datetime) -> bool:
+    """:func:`settlement_due` on a loaded row."""
+    return is_settlement_pending(job) and job.next_poll_at is not None \
+        and job.next_poll_at <= cutoff
+
+
+def claim_expired(now: datetime) -> Any:
+    """SQL: no live create claim (none, or its lease ended before ``now``)."""
+    return or_(Job.claim_expires_at.is_(None), Job.claim_expires_at < now)
+
+
+def uncertain_expired(now: datetime) -> Any:
+    """SQL: a submission whose outcome is unknown: ``uncertain``, or ``submitting`` with its
+    claim gone (nobody is creating it now). Evidence adopts it; an operator resolves it."""
+    return or_(Job.submission_state == Submission.UNCERTAIN,
+               and_(Job.submission_state == Submission.SUBMITTING, claim_expired(now)))
 
 
 def load(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job | None:
@@ -27,6 +93,94 @@ def load(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job | No
     if lock:
         stmt = stmt.with_for_update()
     return session.execute(stmt).scalar_one_or_none()
+
+
+def insert_job(session: Session, **values: Any) -> Job:
+    """A new ``jobs`` row (added to the session; the caller's flush or commit writes it)."""
+    job = Job(**values)
+    session.add(job)
+    return job
+
+
+def mark_platform_call(session: Session, job_id: uuid.UUID, kind_name: str, now: datetime) -> bool:
+    """A platform row (no ``submission_state``) still in flight takes its kind and the call's
+    start (issue 11 hole 6): a job cancelled (and refunded) or finished meanwhile must not be
+    called for; the user cancel's CAS needs the call start NULL, so the two never both win."""
+    result = session.execute(update(Job).where(
+        Job.id == job_id, Job.submission_state.is_(None), Job.status.in_(IN_FLIGHT),
+    ).values(provider_kind=kind_name, provider_call_started_at=now))
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def adopt_task_id(session: Session, job_id: uuid.UUID, task_id: str, now: datetime, *,
+                  poll_lease_until: datetime, poll_due_at: datetime | None,
+                  source: str) -> Job | None:
+    """Evidence found: an ``uncertain`` (or expired ``submitting``) job with no task id takes
+    ``task_id``, becomes accepted/processing with attempts reset, under a new poll generation.
+    None: the job is not waiting for evidence any more."""
+    return _cas(
+        session, Job.id == job_id, Job.status == Status.PENDING,
+        Job.submission_state.in_([Submission.UNCERTAIN, Submission.SUBMITTING]),
+        Job.provider_task_id.is_(None), uncertain_expired(now),
+        provider_task_id=task_id, submission_state=Submission.ACCEPTED,
+        status=Status.PROCESSING, claim_token=None, claim_expires_at=None,
+        error_code=None, reconcile_attempts=0, reconcile_last_attempt_at=None,
+        reconcile_last_error=None, reconcile_last_error_code=None,
+        poll_generation=Job.poll_generation + 1, poll_seq=0,
+        poll_lease_expires_at=poll_lease_until, poll_due_at=poll_due_at,
+        error_detail={"adopted_from": source},
+    )
+
+
+def claim_reenqueue(session: Session, job_id: uuid.UUID, now: datetime,
+                    spacing: timedelta) -> Job | None:
+    """not_started, not re-enqueued within ``spacing``: count one more re-enqueue.
+
+    None: the create was claimed meanwhile, or someone re-enqueued it just now.
+    """
+    return _cas(
+        session, Job.id == job_id, Job.status == Status.PENDING,
+        Job.submission_state == Submission.NOT_STARTED,
+        or_(Job.create_enqueued_at.is_(None), Job.create_enqueued_at <= now - spacing),
+        create_enqueue_count=Job.create_enqueue_count + 1, create_enqueued_at=now,
+    )
+
+
+def claim_settlement(session: Session, job_id: uuid.UUID, cutoff: datetime,
+                     retry_at: datetime) -> Job | None:
+    """Move a due settlement's ``next_poll_at`` to ``retry_at`` (a short lease: if this process
+    dies before settling, the retry is due again then). None: settled or claimed meanwhile."""
+    return _cas(session, Job.id == job_id, Job.credits_actual.is_(None),
+                Job.next_poll_at.is_not(None), Job.next_poll_at <= cutoff,
+                next_poll_at=retry_at)
+
+
+def record_recharge(session: Session, job_id: uuid.UUID, amount: int) -> bool:
+    """An operator's re-charge of a refunded job: its final cost is ``amount``."""
+    result = session.execute(update(Job).where(Job.id == job_id)
+                             .values(credits_actual=amount, display_cost=amount))
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def record_anomaly(session: Session | Connection, *, job_id: uuid.UUID | None,
+                   user_id: uuid.UUID | None, kind: str, detail: Any, now: datetime,
+                   once: bool = False) -> bool:
+    """The one writer of ``credit_anomalies``. ``once``: only if the job has no anomaly of
+    ``kind`` yet (one SELECT first; the caller holds what serialises it, usually the job's row
+    lock). A Session adds the row (its flush writes it, as before); a Connection inserts it.
+    False: ``once`` and the anomaly exists."""
+    if once:
+        seen = session.execute(select(CreditAnomaly.id).where(
+            CreditAnomaly.job_id == job_id, CreditAnomaly.kind == kind).limit(1)).first()
+        if seen is not None:
+            return False
+    if isinstance(session, Session):
+        session.add(CreditAnomaly(job_id=job_id, user_id=user_id, kind=kind, detail=detail,
+                                  created_at=now))
+    else:
+        session.execute(insert(CreditAnomaly.__table__).values(
+            job_id=job_id, user_id=user_id, kind=kind, detail=detail, created_at=now))
+    return True
 
 
 def _cas(session: Session, *where: Any, **values: Any) -> Job | None:
@@ -156,7 +310,10 @@ def cancelled_over_failure(session: Session, job_id: uuid.UUID, task_id: str, *,
 
 
 def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | None:
-    """Completion is allowed only from pending/processing (DESIGN §10.1)."""
+    """Completion is allowed only from pending/processing (DESIGN §10.1). Clearing the last
+    error's text clears its code too."""
+    if "reconcile_last_error" in values and values["reconcile_last_error"] is None:
+        values.setdefault("reconcile_last_error_code", None)
     return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), status=Status.COMPLETED,
                 next_poll_at=None, poll_lease_expires_at=None, claim_expires_at=None, **values)
 
@@ -377,6 +534,14 @@ def make_due(session: Session, job_id: uuid.UUID, now: datetime, lease: timedelt
                 poll_lease_expires_at=now + lease)
 
 
+def make_due_at(session: Session, job_id: uuid.UUID, due: datetime) -> bool:
+    """Batch mode: an in-flight row's next read is due at ``due`` (the interleaving explorer's
+    setup of a batch-polled row; library paths use :func:`make_due`). False: not in flight."""
+    result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
+                             .values(poll_due_at=due))
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
 def _attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
              **values: Any) -> Job | None:
     """The attempt CAS: at most one attempt per ``spacing`` per in-flight job."""
@@ -393,12 +558,13 @@ def _attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timede
 
 
 def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
-                  last_error: str | None, *, verdict: bool = True) -> Job | None:
+                  last_error: str | None, *, verdict: bool = True,
+                  code: str | None = None) -> Job | None:
     """One attempt, at most once per ``spacing`` per job, whoever observes it, recording what
-    it observed (``verdict=False``: an error that is no verdict keeps an upstream one)."""
+    it observed and its ``code`` (``verdict=False``: an error that is no verdict keeps an
+    upstream one)."""
     last_error = redact.signed(last_error) if last_error else last_error
-    return _attempt(session, job_id, now, spacing,
-                    reconcile_last_error=last_error if verdict else _unless_verdict(last_error))
+    return _attempt(session, job_id, now, spacing, **_last_error(last_error, code, verdict))
 
 
 def claim_attempt(session: Session, job_id: uuid.UUID, now: datetime,
@@ -408,20 +574,61 @@ def claim_attempt(session: Session, job_id: uuid.UUID, now: datetime,
     return _attempt(session, job_id, now, spacing)
 
 
-def _unless_verdict(last_error: str | None) -> Any:
-    """SQL: keep the row's last error when it is an upstream verdict, else ``last_error``."""
-    from sqlalchemy import case, literal
+# ----------------------------------------------------------------------------- the last error
+# ``reconcile_last_error`` is the text, ``reconcile_last_error_code`` its code (migration 0021):
+# an ``UPSTREAM_…`` code is an upstream verdict (not found, expired media…), which an error that
+# is no verdict (a failed read, a raising step) never overwrites.
 
-    return case((Job.reconcile_last_error.like("UPSTREAM\\_%", escape="\\"),
-                 Job.reconcile_last_error), else_=literal(last_error))
+
+def legacy_error_code(last_error: str | None) -> str | None:
+    """The one fallback for rows written before migration 0021 (code NULL, text set): the code
+    the text starts with, as the library wrote it then (``UPSTREAM_…: message`` or
+    ``INTERNAL: …``); None for any other text. Never used when the column is set."""
+    if last_error and last_error.startswith(("UPSTREAM_", "INTERNAL:")):
+        return last_error.split(":", 1)[0]
+    return None
+
+
+def last_error_code(job: Job) -> str | None:
+    """The code of the job's last error: the column, else (a legacy row) :func:`legacy_error_code`."""
+    if job.reconcile_last_error_code is not None:
+        return job.reconcile_last_error_code
+    return legacy_error_code(job.reconcile_last_error)
+
+
+def is_verdict(code: str | None) -> bool:
+    """An upstream verdict's code (``UPSTREAM_…``)."""
+    return code is not None and code.startswith("UPSTREAM_")
+
+
+def _verdict_sql() -> Any:
+    """SQL: the row's last error is an upstream verdict (:func:`is_verdict` of
+    :func:`last_error_code`, the legacy text included)."""
+    return or_(Job.reconcile_last_error_code.like("UPSTREAM\\_%", escape="\\"),
+               and_(Job.reconcile_last_error_code.is_(None),
+                    Job.reconcile_last_error.like("UPSTREAM\\_%", escape="\\")))
+
+
+def _last_error(last_error: str | None, code: str | None, verdict: bool) -> dict[str, Any]:
+    """The values writing a last error (text and code): ``verdict=False`` keeps the row's own
+    when it is an upstream verdict."""
+    if verdict:
+        return {"reconcile_last_error": last_error, "reconcile_last_error_code": code}
+    keep = _verdict_sql()
+    return {"reconcile_last_error": case((keep, Job.reconcile_last_error),
+                                         else_=literal(last_error)),
+            "reconcile_last_error_code": case((keep, Job.reconcile_last_error_code),
+                                              else_=literal(code))}
 
 
 def note_error(session: Session, job_id: uuid.UUID, last_error: str, *,
-               verdict: bool = True) -> None:
+               verdict: bool = True, code: str | None = None) -> bool:
+    """Record an in-flight job's last error (text and ``code``) with no attempt counted.
+    False: the job is no longer in flight."""
     last_error = redact.signed(last_error)
-    session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
-                    .values(reconcile_last_error=last_error if verdict
-                            else _unless_verdict(last_error)))
+    result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
+                             .values(**_last_error(last_error, code, verdict)))
+    return result.rowcount == 1  # type: ignore[attr-defined]
 
 
 def set_progress(session: Session, job_id: uuid.UUID, progress: int) -> bool:
@@ -434,6 +641,9 @@ def settled(session: Session, job_id: uuid.UUID, credits_actual: int) -> bool:
                 credits_actual=credits_actual, next_poll_at=None) is not None
 
 
-def settle_failed(session: Session, job_id: uuid.UUID, retry_at: datetime) -> None:
-    session.execute(update(Job).where(Job.id == job_id, Job.credits_actual.is_(None))
-                    .values(next_poll_at=retry_at, settle_attempts=Job.settle_attempts + 1))
+def settle_failed(session: Session, job_id: uuid.UUID, retry_at: datetime) -> bool:
+    """A settlement attempt failed: retry at ``retry_at``, one more attempt counted. False: the
+    job is settled already (or gone)."""
+    result = session.execute(update(Job).where(Job.id == job_id, Job.credits_actual.is_(None))
+                             .values(next_poll_at=retry_at, settle_attempts=Job.settle_attempts + 1))
+    return result.rowcount == 1  # type: ignore[attr-defined]

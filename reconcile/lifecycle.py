@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import idempotency, jobstore
-from .db.models import Asset, CreditAnomaly, Job
+from .db.models import Asset, Job
 from .errors import (
     CreateRateLimited,
     CreateRejected,
@@ -39,6 +39,7 @@ from .events import add_event, publish_events
 from .kinds import Kind, all_kinds, provider_of
 from .providers.base import AsyncProvider, CreateRequest, Output, PollResult, PollStatus
 from .runtime import Runtime, Validator
+from .settlement import Finished, SettleOutcome, decide
 from .states import (
     ATTEMPT_SPACING,
     CREATE_CLAIM_LEASE,
@@ -53,6 +54,12 @@ from .states import (
     Submission,
     settle_backoff,
 )
+
+__all__ = [
+    "CreateOutcome", "Submitted", "adopt_upstream_id", "create_step", "fail_job", "observe",
+    "on_task_created", "poll_step", "poll_step_deadline", "read_status",
+    "resolve_not_submitted", "resume_chain", "settle", "submit_job",
+]
 
 log = logging.getLogger("reconcile.lifecycle")
 
@@ -171,14 +178,15 @@ def submit_job(
             if replay is not None:  # nothing was written: the commit is empty
                 log.info("job_submit_replayed job_id=%s", replay.job_id)
                 return Submitted(replay.job_id, kind, replay)
-        session.add(Job(
+        jobstore.insert_job(
+            session,
             id=job_id, user_id=user_id, job_type=job_type, status=Status.PENDING,
             input_data=dict(input), progress=0, should_watermark=should_watermark,
             is_public=is_public, workflow_execution_id=workflow_execution_id, node_id=node_id,
             created_at=now, provider_kind=provider_kind, provider_model=model,
             submission_state=Submission.NOT_STARTED,
             provider_options=dict(options) if options else None,
-        ))
+        )
         session.flush()  # the job row before the ledger's rows that name it
         rt.ledger.reserve(session, user_id, job_id, credits_, now=now)
         queued = add_event(session, _stub(job_id, user_id), "queued", now, rt=rt)
@@ -451,15 +459,17 @@ def _late_answer(session: Session, job: Job, task_id: str, now: datetime) -> str
     if job.provider_task_id == task_id:
         return "same"
     if job.provider_task_id is not None or job.status not in TERMINAL:
-        session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="task_id_conflict",
-                                  detail={"row_task_id": job.provider_task_id,
-                                          "answered_task_id": task_id, "status": job.status},
-                                  created_at=now))
+        jobstore.record_anomaly(session, job_id=job.id, user_id=job.user_id,
+                                kind="task_id_conflict",
+                                detail={"row_task_id": job.provider_task_id,
+                                        "answered_task_id": task_id, "status": job.status},
+                                now=now)
         log.warning("task_id_conflict job_id=%s row_task_id=%s answered_task_id=%s", job.id,
                     job.provider_task_id, task_id)
         return "conflict"
-    session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="accepted_after_terminal",
-                              detail={"task_id": task_id, "status": job.status}, created_at=now))
+    jobstore.record_anomaly(session, job_id=job.id, user_id=job.user_id,
+                            kind="accepted_after_terminal",
+                            detail={"task_id": task_id, "status": job.status}, now=now)
     return "cancel"
 # --- issue 11 hole 1 (end) -------------------------------------------------------------------
 
@@ -563,7 +573,8 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
     except Exception as exc:
         log.exception("observe_step_failed job_id=%s via=%s", job.id, via)
         code = exc.code if isinstance(exc, ReconcileError) else ErrorCode.INTERNAL
-        outcome = _unfinished(rt, job, kind, None, f"{code}: {type(exc).__name__}: {exc}"[:1000])
+        outcome = _unfinished(rt, job, kind, None, f"{code}: {type(exc).__name__}: {exc}"[:1000],
+                              raised=str(code))
         return "error" if outcome == "in_flight" else outcome
 
 
@@ -633,50 +644,56 @@ def past_threshold(rt: Runtime, job: Job, kind: Kind, now: datetime) -> bool:
     return now - started >= rt.settings.scaled(kind.stale_threshold)
 
 
-def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: str | None) -> str:
+def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: str | None, *,
+                raised: str | None = None) -> str:
     """Still not finished: note the error; past the threshold, count an attempt; at
-    MAX_ATTEMPTS fail the job with the last error's code (or UPSTREAM_TIMEOUT)."""
+    MAX_ATTEMPTS fail the job with the last error's code (or UPSTREAM_TIMEOUT). ``raised``: the
+    code of a raising step (no verdict; ``message`` names it), stored as the error's code."""
     now = rt.now()
     last_error = f"{code}: {message}" if code else message
+    error_code = str(code) if code else raised
     # an error with no code (a failed read, a failed fetch, a raising step) is no verdict about
     # the task: it never erases the last upstream verdict (not found, expired media…); "still
     # running" (no error at all) is one
     verdict = code is not None or message is None
     if not past_threshold(rt, job, kind, now):
         if last_error:
-            _note_error(rt, job, last_error, verdict)
+            _note_error(rt, job, last_error, verdict, error_code)
         return "in_flight"
     with rt.sessions.begin() as session:
         counted = jobstore.count_attempt(session, job.id, now, rt.settings.scaled(ATTEMPT_SPACING),
-                                         last_error, verdict=verdict)
+                                         last_error, verdict=verdict, code=error_code)
     if counted is None:
         if last_error:
-            _note_error(rt, job, last_error, verdict)
+            _note_error(rt, job, last_error, verdict, error_code)
         return "in_flight"
     if counted.reconcile_attempts < MAX_ATTEMPTS:
         return "in_flight"
     return exhaust(rt, counted)
 
 
-def _note_error(rt: Runtime, job: Job, last_error: str, verdict: bool) -> None:
+def _note_error(rt: Runtime, job: Job, last_error: str, verdict: bool,
+                code: str | None = None) -> None:
     """``note_error``, only when it changes the row as this step read it (``job`` is the
     step's own fresh row, kept in step with what it writes)."""
     from . import redact
 
     current, new = job.reconcile_last_error, redact.signed(last_error)
-    if not verdict and current is not None and current.startswith("UPSTREAM_"):
+    if not verdict and jobstore.is_verdict(jobstore.last_error_code(job)):
         return  # an error that is no verdict keeps the upstream one
     if current == new:
         return
     with rt.sessions.begin() as session:
-        jobstore.note_error(session, job.id, last_error, verdict=verdict)
-    job.reconcile_last_error = new
+        if not jobstore.note_error(session, job.id, last_error, verdict=verdict, code=code):
+            return  # no longer in flight: the row was not written
+    job.reconcile_last_error, job.reconcile_last_error_code = new, code
 
 
 def exhaust(rt: Runtime, job: Job) -> str:
     """Attempts exhausted: fail with the last error's code (or UPSTREAM_TIMEOUT) + anomaly."""
     last = job.reconcile_last_error or ""
-    code = last.split(":", 1)[0] if last.startswith(("UPSTREAM_", f"{ErrorCode.INTERNAL}:")) \
+    found = jobstore.last_error_code(job)  # the column (legacy rows: their text's prefix)
+    code = found if found is not None and (jobstore.is_verdict(found) or found == ErrorCode.INTERNAL) \
         else ErrorCode.UPSTREAM_TIMEOUT
     message = ("The provider did not finish in time." if code == ErrorCode.UPSTREAM_TIMEOUT
                else last.split(": ", 1)[-1])
@@ -756,7 +773,10 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
     now = rt.now()
     won = False
     with rt.sessions.begin() as session:
-        amount = rt.pricing_hook(job, result) if rt.pricing_hook else None
+        # the policy decides what the completion commits (reconcile.settlement); the ledger
+        # below executes it (and refuses a price above what is held)
+        amount = decide(Finished.COMPLETED,
+                        priced=rt.pricing_hook(job, result) if rt.pricing_hook else None).commit
         # an explicit amount is what the commit below charges: written with the completion
         cost = {} if amount is None else {"credits_actual": amount, "display_cost": amount}
         done = jobstore.mark_completed(
@@ -826,9 +846,10 @@ def _media_type_of(key: str) -> str | None:
 def _completion_refused(rt: Runtime, job: Job, source: str) -> None:
     """DESIGN §5.6: a completion after a local cancel is ignored, and logged as an anomaly."""
     with rt.sessions.begin() as session:
-        session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="completed_after_cancel",
-                                  detail={"source": source, "task_id": job.provider_task_id},
-                                  created_at=rt.now()))
+        jobstore.record_anomaly(session, job_id=job.id, user_id=job.user_id,
+                                kind="completed_after_cancel",
+                                detail={"source": source, "task_id": job.provider_task_id},
+                                now=rt.now())
     log.warning("completion_after_cancel job_id=%s source=%s", job.id, source)
 
 
@@ -891,8 +912,8 @@ def fail_job(rt: Runtime, job_id: uuid.UUID, code: str, message: str,
         event = add_event(session, failed, "canceled" if status == Status.CANCELLED else "failed",
                           now, {"code": str(code)}, rt=rt)
         if anomaly:
-            session.add(CreditAnomaly(job_id=job_id, user_id=failed.user_id, kind=anomaly,
-                                      detail={"code": str(code), **(detail or {})}, created_at=now))
+            jobstore.record_anomaly(session, job_id=job_id, user_id=failed.user_id, kind=anomaly,
+                                    detail={"code": str(code), **(detail or {})}, now=now)
     log.info("job_failed job_id=%s code=%s", job_id, code)
     rt.crash_point("before_refund")
     settle(rt, job_id)
@@ -900,24 +921,27 @@ def fail_job(rt: Runtime, job_id: uuid.UUID, code: str, message: str,
     return True
 
 
-def settle(rt: Runtime, job_id: uuid.UUID) -> bool:
-    """Refund a failed/cancelled job and record ``credits_actual``; on error back off.
+def settle(rt: Runtime, job_id: uuid.UUID) -> SettleOutcome:
+    """Settle a failed/cancelled job as ``rt.settlement_policy`` decides (by default: refund
+    everything held) and record ``credits_actual``; on error back off.
 
+    Returns a :class:`~reconcile.settlement.SettleOutcome` (never test it for truthiness).
     Repeating never adds a second refund (the ledger's CAS); legacy refunds count.
     """
     now = rt.now()
     try:
         with rt.sessions.begin() as session:
             job = jobstore.load(session, job_id, lock=True)
-            if job is None or job.status not in (Status.FAILED, Status.CANCELLED) \
-                    or job.credits_actual is not None:
-                return False
-            rt.ledger.refund(session, job_id, now=now)
+            if job is None or job.status not in (Status.FAILED, Status.CANCELLED):
+                return SettleOutcome.NOT_DUE
+            if job.credits_actual is not None:
+                return SettleOutcome.ALREADY_SETTLED
+            _execute_settlement(rt, session, job, now)
             rt.crash_point("mid_refund")
             actual = rt.ledger.settled_amount(session, job_id)
             jobstore.settled(session, job_id, actual if actual is not None else 0)
         log.info("job_settled job_id=%s", job_id)
-        return True
+        return SettleOutcome.SETTLED
     except Exception as exc:
         log.exception("settle_failed job_id=%s", job_id)
         with rt.sessions.begin() as session:
@@ -926,18 +950,45 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> bool:
                 jobstore.settle_failed(session, job_id, now + settle_backoff(job.settle_attempts))
                 if not isinstance(exc, DBAPIError):  # the ledger refused: one anomaly per job
                     _ledger_error_once(session, job, exc, now)
-        return False
+        return SettleOutcome.BACKED_OFF
+
+
+def _execute_settlement(rt: Runtime, session: Session, job: Job, now: datetime) -> None:
+    """The ledger executes the policy's decision for a failed/cancelled job: a full refund is
+    the ledger's ``refund`` (nothing read first); a partial one needs what is held (one read)
+    and is a commit of the kept part, the ledger releasing the rest to its pools."""
+    from .ledger import commit_settled
+
+    policy = rt.settlement_policy
+    share = policy.cancel_refund if job.status == Status.CANCELLED else policy.failure_refund
+    reserved = None if share == 1 else _held(session, job.id)
+    decision = decide(job.status, reserved=reserved, policy=policy)
+    if decision.full_refund:
+        rt.ledger.refund(session, job.id, now=now)
+    else:
+        commit_settled(rt.ledger, session, job.id, decision.commit, now=now)
+
+
+def _held(session: Session, job_id: uuid.UUID) -> int:
+    """What the job's reservation still holds: its reserved usage log net of legacy refunds
+    (0: nothing reserved any more)."""
+    from . import credits
+    from .db.models import UsageLog
+
+    reserved = session.execute(
+        select(UsageLog.credits).where(UsageLog.job_id == job_id, UsageLog.status == "reserved")
+        .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
+    if reserved is None:
+        return 0
+    return max(0, int(reserved) - credits.legacy_refunded(session, job_id))
 
 
 def _ledger_error_once(session: Session, job: Job, exc: Exception, now: datetime) -> None:
     """One ``ledger_error`` anomaly per job whose settlement the ledger refused (the failure is
     already saved; settlement retries with capped backoff and shows in ``reconcile unsettled``)."""
-    seen = session.execute(select(CreditAnomaly.id).where(
-        CreditAnomaly.job_id == job.id, CreditAnomaly.kind == "ledger_error").limit(1)).first()
-    if seen is None:
-        session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind="ledger_error",
-                                  detail={"error": f"{type(exc).__name__}: {exc}"[:1000],
-                                          "status": job.status}, created_at=now))
+    jobstore.record_anomaly(session, job_id=job.id, user_id=job.user_id, kind="ledger_error",
+                            detail={"error": f"{type(exc).__name__}: {exc}"[:1000],
+                                    "status": job.status}, now=now, once=True)
 
 
 # ----------------------------------------------------------------------------- uncertain
@@ -947,32 +998,15 @@ def adopt_upstream_id(rt: Runtime, job_id: uuid.UUID, task_id: str, *, source: s
     """Evidence found (a webhook, a provider listing, an operator): an ``uncertain`` (or expired
     ``submitting``) job takes the upstream id, becomes ``accepted``/``processing`` with attempts
     reset, and its poll chain starts. False: the job is not waiting for evidence any more."""
-    from sqlalchemy import update
-
     now = rt.now()
     with rt.sessions.begin() as session:
         job = jobstore.load(session, job_id)
         kind = rt.kind(job.provider_kind) if job else None
         if job is None or kind is None or kind.sync or not usable_task_id(task_id):
             return False
-        adopted = session.execute(
-            update(Job).where(
-                Job.id == job_id, Job.status == Status.PENDING,
-                Job.submission_state.in_([Submission.UNCERTAIN, Submission.SUBMITTING]),
-                Job.provider_task_id.is_(None),
-                (Job.submission_state == Submission.UNCERTAIN)
-                | (Job.claim_expires_at.is_(None)) | (Job.claim_expires_at < now),
-            ).values(
-                provider_task_id=task_id, submission_state=Submission.ACCEPTED,
-                status=Status.PROCESSING, claim_token=None, claim_expires_at=None,
-                error_code=None, reconcile_attempts=0, reconcile_last_attempt_at=None,
-                reconcile_last_error=None, poll_generation=Job.poll_generation + 1, poll_seq=0,
-                poll_lease_expires_at=now + poll_lease(rt, kind),
-                poll_due_at=now if _batch_mode(rt) else None,
-                error_detail={"adopted_from": source},
-            ).returning(Job),
-            execution_options={"synchronize_session": False, "populate_existing": True},
-        ).scalar_one_or_none()
+        adopted = jobstore.adopt_task_id(
+            session, job_id, task_id, now, poll_lease_until=now + poll_lease(rt, kind),
+            poll_due_at=now if _batch_mode(rt) else None, source=source)
         if adopted is None:
             return False
         running = add_event(session, adopted, "running", now,
@@ -993,6 +1027,5 @@ def resolve_not_submitted(rt: Runtime, job_id: uuid.UUID, *, reason: str = "oper
         where=(Job.submission_state.in_([Submission.UNCERTAIN, Submission.SUBMITTING]),
                Job.provider_task_id.is_(None),
                # a live claim means a worker may be creating right now: not for an operator
-               (Job.submission_state == Submission.UNCERTAIN)
-               | (Job.claim_expires_at.is_(None)) | (Job.claim_expires_at < rt.now())),
+               jobstore.uncertain_expired(rt.now())),
     )

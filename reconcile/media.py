@@ -1,4 +1,6 @@
-"""Safe fetch of provider outputs: the SSRF guard in front of every result URL (the URL and
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Safe fetch of provider outputs: the SSRF guard in front of every result URL (the URL and
 address checks are :mod:`reconcile.media_guard`, the type helpers :mod:`reconcile.media_types`;
 this module re-exports both).
 

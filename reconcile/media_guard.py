@@ -1,4 +1,6 @@
-"""The SSRF guard's checks on a media URL, before any connection: parse it the way the
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The SSRF guard's checks on a media URL, before any connection: parse it the way the
 connection will (and refuse it where ``urllib3`` and ``urllib.parse`` could disagree), only
 http/https, no credentials, and every address the host resolves to public — unless the operator
 allow-listed it. :func:`check_url` returns the approved :class:`Target` the connection is pinned

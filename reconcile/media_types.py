@@ -1,4 +1,6 @@
-"""Media types and storage extensions of fetched outputs (no I/O)."""
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Media types and storage extensions of fetched outputs (no I/O)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Prometheus metrics read from the database at scrape time (optional extra ``metrics``).
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Prometheus metrics read from the database at scrape time (optional extra ``metrics``).
 
 The numbers live in the tables, not in any one process, so a collector queries them on each
 scrape instead of counting events: every worker, the beat and the CLI see the same values, and a

@@ -29,6 +29,10 @@ from .errors import JobNotFound, ReconcileError
 from .runtime import Runtime
 from .states import TERMINAL
 
+__all__ = [
+    "NODE_TIMEOUT", "NodeTimeout", "POLL_INTERVAL", "wait_for_job",
+]
+
 log = logging.getLogger("reconcile.orchestrator")
 
 NODE_TIMEOUT = timedelta(minutes=90)

@@ -1,4 +1,6 @@
-"""What operators and customers may see of an error (issue 12 §5).
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+What operators and customers may see of an error (issue 12 §5).
 
 * Operators get full detail — except signed query strings (``X-Amz-Signature``,
   ``X-Amz-Credential``, GCS/Azure/CloudFront signatures, tokens): a presigned result URL is a

@@ -1,4 +1,6 @@
-"""Retention for the tables that grow with history: ``job_events`` and ``webhook_deliveries``.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Retention for the tables that grow with history: ``job_events`` and ``webhook_deliveries``.
 
 ``reconcile prune`` (and the beat's ``reconcile.prune`` entry when a retention is set) deletes,
 in small batches (oldest ids first, so each batch stops early instead of scanning history):

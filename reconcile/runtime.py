@@ -24,11 +24,16 @@ from .kinds import Kind, get_kind
 from .ledger import DEFAULT as DEFAULT_LEDGER
 from .ledger import Ledger
 from .settings import Settings
+from .settlement import DEFAULT_POLICY, SettlementPolicy
 
 if TYPE_CHECKING:
     from .db.models import Job
     from .providers.base import AsyncProvider, PollResult, SyncProvider
     from .storage import Storage
+
+__all__ = [
+    "CompletionHook", "EventHook", "PricingHook", "Runtime", "Validator", "WatermarkHook",
+]
 
 
 def utcnow() -> datetime:
@@ -71,6 +76,8 @@ class Runtime:
     crash_hook: Callable[[str], None] | None = None
     # the credit backend (DESIGN: the ledger seam); the library's own ledger by default
     ledger: Ledger = field(default_factory=lambda: DEFAULT_LEDGER)
+    # what a finished job commits and refunds (reconcile.settlement); the ledger executes it
+    settlement_policy: SettlementPolicy = DEFAULT_POLICY
     # values read once from the database and never changed (the adoption time)
     adoption_cache: dict[str, Any] = field(default_factory=dict, repr=False)
     _clients: dict[str, Any] = field(default_factory=dict, repr=False)

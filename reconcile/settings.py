@@ -14,6 +14,10 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+__all__ = [
+    "DEFAULT_SQLITE_URL", "LegacySweep", "PollMode", "Settings", "get_settings",
+]
+
 DEFAULT_SQLITE_URL = "sqlite:///reconcile.db"
 LegacySweep = Literal["observe", "enforce", "off"]
 PollMode = Literal["chain", "batch"]

@@ -5,6 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 from enum import StrEnum
 
+__all__ = [
+    "ATTEMPT_SPACING", "CREATE_CLAIM_LEASE", "IN_FLIGHT", "LEGACY_AGE", "MAX_ATTEMPTS",
+    "MAX_CREATE_REENQUEUES", "MAX_RATE_LIMITED_CREATES", "NOT_STARTED_AGE", "POLL_LEASE_SLACK",
+    "POLL_READ_ATTEMPTS", "POLL_READ_BACKOFF_MAX", "PUBLIC_STATE", "SETTLE_BACKOFF_BASE",
+    "SETTLE_BACKOFF_MAX", "Status", "Submission", "TERMINAL", "settle_backoff",
+]
+
 
 class Status(StrEnum):
     PENDING = "pending"

@@ -36,16 +36,17 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Select, or_, select, text, tuple_, update
+from sqlalchemy import Select, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from . import adoption, batch_poll, evidence, idempotency, jobstore, lifecycle
-from .db.models import COMPLETED_AFTER_FAILURE, CreditAnomaly, Job, WebhookDelivery
+from .db.models import COMPLETED_AFTER_FAILURE, Job, WebhookDelivery
 from .errors import ErrorCode, ProviderError
 from .events import add_event, publish
 from .kinds import Kind
 from .providers.base import AsyncProvider
 from .runtime import Runtime
+from .settlement import SettleOutcome
 from .states import (
     ATTEMPT_SPACING,
     IN_FLIGHT,
@@ -69,9 +70,6 @@ EVENT_REPUBLISH_AGE = timedelta(seconds=30)
 SETTLE_GRACE = timedelta(seconds=30)
 # clock skew allowed between us and a provider when listing tasks "created after" our claim
 LISTING_SLACK = timedelta(minutes=2)
-# literal predicates so PostgreSQL can match the partial indexes even under generic plans
-_INFLIGHT_SQL = text("jobs.status IN ('pending', 'processing')")
-_UNSETTLED_SQL = text("jobs.status IN ('failed', 'cancelled')")
 LATE_BATCH = 100  # late completions checked per transaction
 
 
@@ -320,8 +318,7 @@ def decide(rt: Runtime, job: Job, now: datetime) -> Decision:
     """The §6 action for one row (reads nothing but the row, the kind, settings and the
     adoption time, which the runtime reads from the database once)."""
     if job.status in (Status.FAILED, Status.CANCELLED):
-        due = (job.credits_actual is None and job.next_poll_at is not None
-               and job.next_poll_at <= _settle_cutoff(rt, now))
+        due = jobstore.is_settlement_due(job, _settle_cutoff(rt, now))
         return Decision("unsettled", Action.SETTLE) if due else _NO_MATCH  # 13
     if job.status not in IN_FLIGHT:
         return _NO_MATCH
@@ -382,7 +379,8 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
                  if plan.decision.row == "not_started_exhausted" else ())
         claimed = _persist_failure(rt, session, job, now, plan.decision.row, where)
     elif action is Action.REENQUEUE:
-        claimed = _claim_reenqueue(session, job.id, now, rt.settings.scaled(NOT_STARTED_AGE))
+        claimed = jobstore.claim_reenqueue(session, job.id, now,
+                                           rt.settings.scaled(NOT_STARTED_AGE))
     elif action is Action.MARK_UNCERTAIN:
         claimed = jobstore.mark_uncertain(
             session, job.id, token=None, now=now, code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
@@ -392,8 +390,8 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
     elif action in (Action.POLL, Action.EVIDENCE):
         claimed = jobstore.claim_attempt(session, job.id, now, spacing)  # keeps the last error
     elif action is Action.SETTLE:
-        claimed = _claim_settlement(session, job.id, _settle_cutoff(rt, now),
-                                    now + rt.settings.scaled(SETTLE_BACKOFF_BASE))
+        claimed = jobstore.claim_settlement(session, job.id, _settle_cutoff(rt, now),
+                                            now + rt.settings.scaled(SETTLE_BACKOFF_BASE))
     elif action is Action.ANOMALY:
         fresh = _anomaly_once(session, job, "unknown_provider_kind", now,
                               {"provider_kind": job.provider_kind,
@@ -429,48 +427,16 @@ def _persist_failure(rt: Runtime, session: Session, job: Job, now: datetime, row
     return failed
 
 
-def _claim_reenqueue(session: Session, job_id: uuid.UUID, now: datetime,
-                     spacing: timedelta) -> Job | None:
-    """not_started, not re-enqueued within ``spacing``: count one more re-enqueue.
-
-    None: the create was claimed meanwhile, or someone re-enqueued it just now.
-    """
-    return session.execute(
-        update(Job).where(
-            Job.id == job_id, Job.status == Status.PENDING,
-            Job.submission_state == Submission.NOT_STARTED,
-            or_(Job.create_enqueued_at.is_(None), Job.create_enqueued_at <= now - spacing),
-        ).values(create_enqueue_count=Job.create_enqueue_count + 1, create_enqueued_at=now)
-        .returning(Job),
-        execution_options={"synchronize_session": False, "populate_existing": True},
-    ).scalar_one_or_none()
-
-
 def _settle_cutoff(rt: Runtime, now: datetime) -> datetime:
     return now - rt.settings.scaled(SETTLE_GRACE)
-
-
-def _claim_settlement(session: Session, job_id: uuid.UUID, cutoff: datetime,
-                      retry_at: datetime) -> Job | None:
-    """Move a due settlement's ``next_poll_at`` to ``retry_at`` (a short lease: if this process
-    dies before settling, the retry is due again then). None: settled or claimed meanwhile."""
-    return session.execute(
-        update(Job).where(Job.id == job_id, Job.credits_actual.is_(None),
-                          Job.next_poll_at.is_not(None), Job.next_poll_at <= cutoff)
-        .values(next_poll_at=retry_at).returning(Job),
-        execution_options={"synchronize_session": False, "populate_existing": True},
-    ).scalar_one_or_none()
 
 
 def _anomaly_once(session: Session, job: Job, kind: str, now: datetime,
                   detail: dict[str, Any]) -> bool:
     """One ``credit_anomalies`` row of ``kind`` per job (the caller holds the job row lock)."""
-    exists = session.execute(select(CreditAnomaly.id).where(
-        CreditAnomaly.job_id == job.id, CreditAnomaly.kind == kind).limit(1)).first()
-    if exists is not None:
+    if not jobstore.record_anomaly(session, job_id=job.id, user_id=job.user_id, kind=kind,
+                                   detail=detail, now=now, once=True):
         return False
-    session.add(CreditAnomaly(job_id=job.id, user_id=job.user_id, kind=kind, detail=detail,
-                              created_at=now))
     log.warning("sweep_anomaly job_id=%s kind=%s", job.id, kind)
     return True
 
@@ -501,7 +467,7 @@ def _carry_out(rt: Runtime, plan: _Plan, fan_out: Callable[[uuid.UUID], None] | 
     if action is Action.EVIDENCE:
         return _evidence(rt, plan)
     if action is Action.SETTLE:
-        if lifecycle.settle(rt, job.id):
+        if lifecycle.settle(rt, job.id) is SettleOutcome.SETTLED:
             publish(rt, job_id=job.id)
             return "settled"
         with rt.sessions() as session:
@@ -658,21 +624,19 @@ def _phases(settle_cutoff: datetime
     no provider call yet, then by ``provider_call_started_at``), then unsettled failures due
     by ``settle_cutoff`` through ``jobs_unsettled_idx``."""
     def unstarted(after: _Cursor) -> Select[tuple[Job]]:
-        stmt = select(Job).where(_INFLIGHT_SQL, Job.provider_call_started_at.is_(None))
+        stmt = select(Job).where(jobstore.in_flight(), Job.provider_call_started_at.is_(None))
         if after is not None:
             stmt = stmt.where(Job.id > after[-1])
         return stmt.order_by(Job.id)
 
     def started(after: _Cursor) -> Select[tuple[Job]]:
-        stmt = select(Job).where(_INFLIGHT_SQL, Job.provider_call_started_at.is_not(None))
+        stmt = select(Job).where(jobstore.in_flight(), Job.provider_call_started_at.is_not(None))
         if after is not None:
             stmt = stmt.where(tuple_(Job.provider_call_started_at, Job.id) > tuple_(*after))
         return stmt.order_by(Job.provider_call_started_at, Job.id)
 
     def unsettled(after: _Cursor) -> Select[tuple[Job]]:
-        stmt = select(Job).where(_UNSETTLED_SQL, Job.credits_actual.is_(None),
-                                 Job.next_poll_at.is_not(None),
-                                 Job.next_poll_at <= settle_cutoff)
+        stmt = select(Job).where(jobstore.settlement_due(settle_cutoff))
         if after is not None:
             stmt = stmt.where(tuple_(Job.next_poll_at, Job.id) > tuple_(*after))
         return stmt.order_by(Job.next_poll_at, Job.id)

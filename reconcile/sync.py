@@ -22,8 +22,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import update
-
 from . import jobstore, lifecycle
 from .db.models import Job
 from .errors import Conflict, ErrorCode, InvalidParam, JobNotFound, ProviderError
@@ -31,7 +29,11 @@ from .kinds import Kind, all_kinds
 from .providers.base import SyncProvider, SyncResult
 from .runtime import Runtime
 from .settings import Settings
-from .states import IN_FLIGHT, Status, Submission
+from .states import Status, Submission
+
+__all__ = [
+    "SyncCall", "check_sync_deadline", "run_sync", "sync_call",
+]
 
 log = logging.getLogger("reconcile.sync")
 
@@ -89,10 +91,7 @@ def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCal
             # guarded (issue 11 hole 6): a job cancelled (and refunded) or finished meanwhile
             # must not be called for; the user cancel's CAS needs the call start NULL, so the
             # two never both win
-            marked = session.execute(update(Job).where(
-                Job.id == job_id, Job.submission_state.is_(None), Job.status.in_(IN_FLIGHT),
-            ).values(provider_kind=kind_name, provider_call_started_at=now))
-            if marked.rowcount != 1:
+            if not jobstore.mark_platform_call(session, job_id, kind_name, now):
                 raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED,
                                f"the job is {job.status}, not in flight: no call")
             return SyncCall(job_id, None)

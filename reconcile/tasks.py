@@ -18,6 +18,11 @@ from .celery_install import send
 from .runtime import Runtime
 from .settings import Settings, get_settings
 
+__all__ = [
+    "create", "enqueue_create", "enqueue_poll", "enqueue_reconcile_job", "get_runtime", "poll",
+    "poll_due", "prune", "reconcile_job", "reset_runtime", "set_runtime", "settle", "sweep",
+]
+
 log = logging.getLogger("reconcile.tasks")
 
 broker.survive_broker_loss()  # any worker running these tasks, whatever app it built
@@ -136,8 +141,9 @@ def poll_due() -> str:
 
 
 @shared_task(name="reconcile.settle", ignore_result=True, acks_late=True)
-def settle(job_id: str) -> bool:
-    """Retry a failed/cancelled job's refund settlement."""
+def settle(job_id: str) -> str:
+    """Retry a failed/cancelled job's refund settlement; returns the
+    :class:`~reconcile.settlement.SettleOutcome` (a string)."""
     return lifecycle.settle(get_runtime(), uuid.UUID(job_id))
 
 

@@ -38,6 +38,10 @@ from .providers.base import PollResult, PollStatus
 from .runtime import Runtime
 from .states import IN_FLIGHT, Submission
 
+__all__ = [
+    "handle_webhook",
+]
+
 log = logging.getLogger("reconcile.webhooks")
 
 

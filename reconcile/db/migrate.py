@@ -13,6 +13,10 @@ import sqlalchemy as sa
 
 from alembic import op
 
+__all__ = [
+    "alembic_config", "downgrade", "upgrade",
+]
+
 LOCK_TIMEOUT = "5s"
 # an upper bound for any one statement (a concurrent index build over a large jobs table is the
 # slowest); a migration that needs longer should be run by hand

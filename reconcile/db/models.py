@@ -104,6 +104,9 @@ class Job(Base):
     # RECONCILE_POLL_MODE=batch: when the next status read is due (a claim pushes it one batch
     # lease ahead); NULL for chain-mode rows. Never next_poll_at (settlement retries use that)
     poll_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # the code of reconcile_last_error (migration 0021); NULL on rows written before it (then
+    # jobstore.legacy_error_code reads the code from the text) and for errors without a code
+    reconcile_last_error_code: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         Index("jobs_inflight_idx", "provider_call_started_at",

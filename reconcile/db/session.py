@@ -16,6 +16,11 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+__all__ = [
+    "dispose_engines", "engine_for", "make_engine", "make_sessionmaker", "normalise_url",
+    "session_scope",
+]
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 

@@ -1,4 +1,6 @@
-"""Column types that behave the same on PostgreSQL and the embedded SQLite default."""
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Column types that behave the same on PostgreSQL and the embedded SQLite default."""
 
 from __future__ import annotations
 

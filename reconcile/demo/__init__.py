@@ -1,4 +1,6 @@
-"""``python -m reconcile.demo`` (also ``reconcile demo``): the whole crash-and-money story, end
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+``python -m reconcile.demo`` (also ``reconcile demo``): the whole crash-and-money story, end
 to end, on one machine with no database or broker server, in well under 90 seconds.
 
 What runs (all on loopback, all cleaned up — process groups killed — even on failure):

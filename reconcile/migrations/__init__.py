@@ -21,6 +21,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "IncludeObject", "LOCATION", "PLATFORM_TABLES", "VERSION_TABLE", "include_object",
+    "is_library_object", "library_excluded",
+]
+
 LOCATION = Path(__file__).resolve().parent
 VERSION_TABLE = "reconcile_alembic_version"
 # the seed's platform tables: the library maps them but does not own them

@@ -1,4 +1,6 @@
-"""The ``reconcile`` operator command (DESIGN.md §7); also ``python -m reconcile``.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The ``reconcile`` operator command (DESIGN.md §7); also ``python -m reconcile``.
 
 Listings (``stuck``, ``uncertain``, ``unsettled``) and ``show`` print aligned tables for people
 and, with ``--json``, one JSON value on stdout for scripts. Changes go through the lifecycle's

@@ -10,12 +10,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from .. import jobstore
 from ..db.models import Asset, CreditAnomaly, CreditTransaction, Job, UsageLog, WebhookDelivery
 from ..runtime import Runtime
-from ..states import IN_FLIGHT, LEGACY_AGE, Status, Submission
+from ..states import LEGACY_AGE
 from .app import JOB_ID, Cli, Refused, _load, json_option, limit_option, main, pass_cli
 from .output import _cell, _dump, _listing, _table
 
@@ -68,7 +69,7 @@ def stuck(cli: Cli, kind: str | None, older_than: float | None, limit: int, as_j
     else:
         floor = rt.settings.scaled(min([LEGACY_AGE] + [k.stale_threshold for k in all_kinds()]))
     started = _started().label("started")
-    stmt = select(Job, started).where(Job.status.in_(IN_FLIGHT), started < now - floor)
+    stmt = select(Job, started).where(jobstore.in_flight(), started < now - floor)
     if kind == LEGACY:
         stmt = stmt.where(Job.provider_kind.is_(None))
     elif kind and kind != ALL:
@@ -101,12 +102,8 @@ def uncertain(cli: Cli, limit: int, as_json: bool) -> None:
     """
     rt = cli.runtime()
     now = rt.now()
-    expired = or_(Job.claim_expires_at.is_(None), Job.claim_expires_at < now)
-    stmt = select(Job).where(
-        Job.status.in_(IN_FLIGHT),
-        or_(Job.submission_state == Submission.UNCERTAIN,
-            (Job.submission_state == Submission.SUBMITTING) & expired),
-    ).order_by(_started()).limit(limit)
+    stmt = select(Job).where(jobstore.in_flight(), jobstore.uncertain_expired(now)
+                             ).order_by(_started()).limit(limit)
     with cli.session() as session:
         jobs = list(session.execute(stmt).scalars())
         ids = [j.id for j in jobs]
@@ -137,10 +134,7 @@ def unsettled(cli: Cli, limit: int, as_json: bool) -> None:
     """
     rt = cli.runtime()
     now = rt.now()
-    stmt = select(Job).where(
-        Job.status.in_((Status.FAILED, Status.CANCELLED)), Job.credits_actual.is_(None),
-        Job.next_poll_at.is_not(None),
-    ).order_by(Job.next_poll_at).limit(limit)
+    stmt = select(Job).where(jobstore.settlement_pending()).order_by(Job.next_poll_at).limit(limit)
     with cli.session() as session:
         jobs = list(session.execute(stmt).scalars())
         held = _reserved(session, [j.id for j in jobs])
@@ -159,8 +153,8 @@ SHOW_FIELDS = (
     "provider_task_id", "provider", "progress", "created_at", "started_at",
     "provider_call_started_at", "completed_at", "claim_expires_at", "poll_generation", "poll_seq",
     "poll_lease_expires_at", "reconcile_attempts", "reconcile_last_attempt_at",
-    "reconcile_last_error", "create_enqueue_count", "create_not_before", "error_code",
-    "error_message", "error_detail", "credits_actual", "next_poll_at", "settle_attempts",
+    "reconcile_last_error", "reconcile_last_error_code", "create_enqueue_count",
+    "create_not_before", "error_code", "error_message", "error_detail", "credits_actual", "next_poll_at", "settle_attempts",
     "provider_cost", "display_cost", "workflow_execution_id", "node_id",
 )
 

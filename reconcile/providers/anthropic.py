@@ -1,4 +1,6 @@
-"""Anthropic Messages API as a :class:`~reconcile.providers.base.SyncProvider` (PROVIDERS.md §5).
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Anthropic Messages API as a :class:`~reconcile.providers.base.SyncProvider` (PROVIDERS.md §5).
 
 A sync kind: the answer arrives in one request and nothing can be looked up later, so every
 failure is a :class:`SyncCallFailed` with DESIGN §4's sync code, and the call is never retried

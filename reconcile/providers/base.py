@@ -16,6 +16,11 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+__all__ = [
+    "AsyncProvider", "CreateRequest", "Created", "ListedTask", "OnTaskCreated", "Output",
+    "PollResult", "PollStatus", "SyncProvider", "SyncResult", "resume", "run",
+]
+
 
 class PollStatus(StrEnum):
     RUNNING = "running"

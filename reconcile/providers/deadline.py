@@ -1,4 +1,6 @@
-"""A hard total deadline for one HTTP exchange (connect + request + status line + headers +
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+A hard total deadline for one HTTP exchange (connect + request + status line + headers +
 body), for the sync calls (DESIGN §5.8, issue 11 hole 7).
 
 Per-read timeouts give a call no worst case: a server that trickles a byte before each read

@@ -1,4 +1,6 @@
-"""fal.ai queue (PROVIDERS.md §4).
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+fal.ai queue (PROVIDERS.md §4).
 
 ``CreateRequest.model`` is the fal model id, e.g. ``fal-ai/flux/dev``. Submit is
 ``POST {fal_base_url}/{model_id}?fal_webhook=<webhook_url>`` with the model input as the JSON

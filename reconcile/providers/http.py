@@ -1,4 +1,6 @@
-"""HTTP discipline shared by every provider client.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+HTTP discipline shared by every provider client.
 
 * every request has explicit connect and read timeouts, and its body is read under a size cap
   (:data:`MAX_BODY_BYTES`) and a TOTAL deadline (connect + read timeout for the whole request):

@@ -1,4 +1,6 @@
-"""DESIGN §4's outcome table for providers classified by HTTP status (Replicate, ElevenLabs,
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+DESIGN §4's outcome table for providers classified by HTTP status (Replicate, ElevenLabs,
 fal): one mapping from (operation, status, is-it-a-provider-error) to the library's exceptions.
 
 Each provider's ``to_error`` parses its own error body, then hands the verdict here; KIE (an

@@ -1,4 +1,6 @@
-"""Count the database round trips of lifecycle steps: statements, transactions, checkouts.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Count the database round trips of lifecycle steps: statements, transactions, checkouts.
 
 Used by ``bench/fig_statements.py`` (figure 5) and ``tests/integration/test_round_trips.py``.
 A ``before_cursor_execute`` listener counts every statement sent, bucketed by the current step

@@ -1,4 +1,6 @@
-"""A systematic interleaving explorer (CHESS / loom style) for two writers on one job.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+A systematic interleaving explorer (CHESS / loom style) for two writers on one job.
 
 The chaos run is random; this is not. Two writers — real library functions (the create owner,
 the poll chain, the sweep, a webhook, a user cancel, the operator CLI, settle, the orchestrator's

@@ -1,4 +1,6 @@
-"""The explorer's writers, starting states, scenarios and invariants.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The explorer's writers, starting states, scenarios and invariants.
 
 A *writer* is one real library entry point called the way a worker, the beat, the platform's
 request or an operator calls it. A *scenario* pairs two writers on one job from a starting state
@@ -21,6 +23,7 @@ from sqlalchemy import func, select
 
 from .. import batch_poll, credits, jobstore, lifecycle
 from ..db.models import CreditTransaction, Job, JobEvent, WorkflowExecution
+from ..settlement import SettleOutcome
 from ..states import (
     ATTEMPT_SPACING,
     CREATE_CLAIM_LEASE,
@@ -103,14 +106,11 @@ def accepted(script: Script = SUCCEEDS, *, workflow: bool = False) -> Callable[[
 def batch_accepted(script: Script = SUCCEEDS) -> Callable[[Any, Context], None]:
     """processing / accepted in batch mode: no poll message, the row due now (poll_due_at)."""
     def setup(rt: Any, ctx: Context) -> None:
-        from sqlalchemy import update
-
         _submit(rt, ctx, script=script)
         lifecycle.create_step(rt, ctx.job_id)
         assert not ctx.explorer.queues.polls, "batch mode sends no poll message"
         with rt.sessions.begin() as session:
-            session.execute(update(Job).where(Job.id == ctx.job_id)
-                            .values(poll_due_at=ctx.clock.now))
+            jobstore.make_due_at(session, ctx.job_id, ctx.clock.now)
         ctx.explorer.queues.clear()
     return setup
 
@@ -157,8 +157,9 @@ def sync_claimed_dead(rt: Any, ctx: Context) -> None:
 def platform_row(rt: Any, ctx: Context) -> None:
     """A platform row the library never submitted (no submission_state), credits reserved."""
     with rt.sessions.begin() as session:
-        session.add(Job(id=ctx.job_id, user_id=ctx.user_id, job_type="chat", status=Status.PENDING,
-                        input_data=dict(SYNC_INPUT), progress=0, created_at=START))
+        jobstore.insert_job(session, id=ctx.job_id, user_id=ctx.user_id, job_type="chat",
+                            status=Status.PENDING, input_data=dict(SYNC_INPUT), progress=0,
+                            created_at=START)
         session.flush()
         credits.reserve(session, ctx.user_id, ctx.job_id, CREDITS, now=START)
 
@@ -262,7 +263,7 @@ def _resolve_not_submitted(rt: Any, ctx: Context) -> str:
 
 
 def _settle(rt: Any, ctx: Context) -> str:
-    return "settled" if lifecycle.settle(rt, ctx.job_id) else "nothing"
+    return "settled" if lifecycle.settle(rt, ctx.job_id) is SettleOutcome.SETTLED else "nothing"
 
 
 def _wait(rt: Any, ctx: Context) -> str:

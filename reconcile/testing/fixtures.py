@@ -16,6 +16,10 @@ import pytest
 from ..settings import get_settings
 from .simulator import Simulator
 
+__all__ = [
+    "simulator", "simulator_env", "simulator_session",
+]
+
 
 @pytest.fixture
 def simulator() -> Iterator[Simulator]:

@@ -1,4 +1,6 @@
-"""A second ledger backend: a platform's own ``user_credits(user_id, sub, topup)`` balance table.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+A second ledger backend: a platform's own ``user_credits(user_id, sub, topup)`` balance table.
 
 It shows how a platform keeps its billing and plugs it into the library
 (``Runtime(ledger=PlatformLedger())``); the contract tests and the lifecycle tests run against it

@@ -1,4 +1,6 @@
-"""Real processes for the reliability harness: a scratch ``redis-server``, ``celery worker``
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Real processes for the reliability harness: a scratch ``redis-server``, ``celery worker``
 subprocesses killed by process group, the platform's webhook endpoint, a bare Celery sender.
 
 Shipped beside the simulator so a platform's own crash tests can use them; the chaos run

@@ -1,4 +1,6 @@
-"""Anthropic's Messages API as the simulator serves it under ``/anthropic`` (PROVIDERS.md §5).
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Anthropic's Messages API as the simulator serves it under ``/anthropic`` (PROVIDERS.md §5).
 
 Synchronous: one ``POST /v1/messages`` answers a message object, or with ``"stream": true`` the
 same message as server-sent events (``message_start`` … ``message_stop``, the sequence of

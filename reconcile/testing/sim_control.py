@@ -1,4 +1,6 @@
-"""The simulator's JSON control API under ``{url}/_control`` (for out-of-process users), and
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The simulator's JSON control API under ``{url}/_control`` (for out-of-process users), and
 :class:`SimulatorClient`, its Python client.
 
 =======  ===============  ====================================================================

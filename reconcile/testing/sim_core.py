@@ -1,4 +1,6 @@
-"""Value objects shared by the provider simulator's modules.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Value objects shared by the provider simulator's modules.
 
 :class:`Script` says how one upstream task behaves (its timeline, how the create answers, media
 lifetime, webhooks); :class:`SimSecrets` holds the webhook secrets the simulator signs with;

@@ -1,4 +1,6 @@
-"""The simulator's webhook deliveries: a ticker thread finds tasks that reached a terminal state
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The simulator's webhook deliveries: a ticker thread finds tasks that reached a terminal state
 and hands each to its provider's registered callback (:mod:`.sim_registry`), which builds and
 signs the delivery; :func:`.sim_signing.deliver` posts it fire-and-forget (a mixin of
 :class:`~reconcile.testing.simulator.Simulator`)."""

@@ -1,4 +1,6 @@
-"""ElevenLabs as the simulator serves it under ``/elevenlabs`` (PROVIDERS.md §3).
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+ElevenLabs as the simulator serves it under ``/elevenlabs`` (PROVIDERS.md §3).
 
 Async: dubbing (multipart create, status, list, ``425 dubbing_not_dubbed`` audio until done) and
 speech-to-text in webhook mode. Sync: text-to-speech, sound effects, speech-to-text, voice design

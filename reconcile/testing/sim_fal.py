@@ -1,4 +1,6 @@
-"""fal.ai as the simulator serves it: the queue under ``/fal``, sync calls under ``/fal-sync``
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+fal.ai as the simulator serves it: the queue under ``/fal``, sync calls under ``/fal-sync``
 (PROVIDERS.md §4).
 
 Status and result URLs drop the model's subpath (``fal-ai/flux/dev`` → ``fal-ai/flux``) and

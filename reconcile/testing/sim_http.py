@@ -1,4 +1,6 @@
-"""The stdlib HTTP plumbing under the simulator: a threading server that can close its idle
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The stdlib HTTP plumbing under the simulator: a threading server that can close its idle
 keep-alive connections, a handler that hands every request to ``Simulator.dispatch``, and the
 simulator's serving lifecycle (:class:`Serving`: start, TLS, stop)."""
 

@@ -1,4 +1,6 @@
-"""KIE.ai as the simulator serves it under ``/kie`` (PROVIDERS.md §1).
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+KIE.ai as the simulator serves it under ``/kie`` (PROVIDERS.md §1).
 
 Market jobs, Veo, Suno, Flux Kontext, Luma modify, Runway and the OpenAI-style chat endpoint.
 Every JSON answer is the ``{code, msg, data}`` envelope (``message`` instead of ``msg`` when the

@@ -1,4 +1,6 @@
-"""``python -m reconcile.testing.simulator``: serve the simulator until SIGTERM/SIGINT."""
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+``python -m reconcile.testing.simulator``: serve the simulator until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Replicate as the simulator serves it under ``/replicate`` (PROVIDERS.md §2).
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Replicate as the simulator serves it under ``/replicate`` (PROVIDERS.md §2).
 
 Predictions (by version, official model or deployment) and trainings: create (201), get,
 cancel, cursor-paged listing with ``created_after``/``created_before``, ``Prefer: wait``, RFC 7807

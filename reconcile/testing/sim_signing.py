@@ -1,4 +1,6 @@
-"""Webhook signatures exactly as the providers make them (PROVIDERS.md §1.4, §2.5, §3.5, §4.3),
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Webhook signatures exactly as the providers make them (PROVIDERS.md §1.4, §2.5, §3.5, §4.3),
 and the fire-and-forget delivery the simulator uses."""
 
 from __future__ import annotations

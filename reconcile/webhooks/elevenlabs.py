@@ -1,4 +1,6 @@
-"""ElevenLabs' workspace webhooks: hex HMAC-SHA256 of ``{t}.{body}`` (``ElevenLabs-Signature:
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+ElevenLabs' workspace webhooks: hex HMAC-SHA256 of ``{t}.{body}`` (``ElevenLabs-Signature:
 t=…,v0=…``); ±30 min; the body is signed.
 
 The signed body names the job: speech-to-text echoes ``data.webhook_metadata.job_id``, a dubbing

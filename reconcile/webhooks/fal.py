@@ -1,4 +1,6 @@
-"""fal's queue webhooks: Ed25519 over ``{request_id}\\n{user_id}\\n{timestamp}\\n
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+fal's queue webhooks: Ed25519 over ``{request_id}\\n{user_id}\\n{timestamp}\\n
 {sha256_hex(body)}`` by any key of fal's JWKS; ±300 s; the body is signed.
 
 fal signs every account's deliveries with the same keys, so only the signed

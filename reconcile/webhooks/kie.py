@@ -1,4 +1,6 @@
-"""KIE's callbacks: base64 HMAC-SHA256 of ``{taskId}.{X-Webhook-Timestamp}``; ±5 min; the body is
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+KIE's callbacks: base64 HMAC-SHA256 of ``{taskId}.{X-Webhook-Timestamp}``; ±5 min; the body is
 **not** signed.
 
 KIE signs only the task id and the timestamp, so its status fields are hints

@@ -1,4 +1,6 @@
-"""The webhook scheme registry: one :class:`WebhookScheme` per provider family.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+The webhook scheme registry: one :class:`WebhookScheme` per provider family.
 
 A scheme is everything the library knows about one provider's webhooks: how a delivery is
 verified and parsed, where its secret comes from, and what (if anything) the provider signs that

@@ -1,4 +1,6 @@
-"""Replicate's webhooks (Standard Webhooks): HMAC-SHA256 of ``{webhook-id}.{webhook-timestamp}.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Replicate's webhooks (Standard Webhooks): HMAC-SHA256 of ``{webhook-id}.{webhook-timestamp}.
 {body}``, base64, ``v1,`` entries; ±5 min; the body (a prediction or training) is signed.
 
 ``standardwebhooks``' ``Webhook.verify`` (v1.1) reads the wall clock (``datetime.now``) with a

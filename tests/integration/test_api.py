@@ -20,6 +20,7 @@ from reconcile import api, credits, jobstore, lifecycle
 from reconcile.db.models import Asset, CreditBalance, CreditTransaction, Job
 from reconcile.errors import InvalidParam
 from reconcile.runtime import Runtime
+from reconcile.settlement import SettleOutcome
 from reconcile.states import CREATE_CLAIM_LEASE
 from reconcile.storage import LocalStorage
 from reconcile.testing.simulator import Script, Simulator
@@ -406,7 +407,7 @@ def test_unsettled_rejection_then_a_read_settles_it_exactly_once(env, db, simula
     calls: list[uuid.UUID] = []
     real_settle = lifecycle.settle
 
-    def counting_settle(rt_: Runtime, jid: uuid.UUID) -> bool:
+    def counting_settle(rt_: Runtime, jid: uuid.UUID) -> SettleOutcome:
         calls.append(jid)
         return real_settle(rt_, jid)
 

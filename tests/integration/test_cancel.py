@@ -339,3 +339,31 @@ def test_another_users_job_is_not_found(env, db) -> None:
     with pytest.raises(JobNotFound):
         cancel_job(rt, user, uuid.uuid4())
     assert load(db, job_id).status == "pending"
+
+
+def test_a_half_cancel_refund_policy_is_executed_by_the_ledger(env, db) -> None:
+    """``Runtime.settlement_policy`` with a 50 % cancel refund (reconcile.settlement): the
+    cancel keeps 20 of the 40 held (a commit for less: no refund row), releases 20, records
+    credits_actual 20; the pools balance. The built-in audit's one finding is
+    ``failed_job_committed`` (it still expects a cancelled job refunded) — nothing unbalanced."""
+    from fractions import Fraction
+
+    from reconcile.settlement import SettlementPolicy, SettleOutcome
+
+    rt, _, _ = env
+    rt.settlement_policy = SettlementPolicy(cancel_refund=Fraction(1, 2))
+    user = uuid.uuid4()
+    fund(db, user)
+    job_id = submit(rt, user)
+    cancelled = cancel_job(rt, user, job_id)
+    assert (cancelled.status, cancelled.credits_actual, cancelled.next_poll_at) == \
+        ("cancelled", 20, None)
+    assert refunds(db, job_id) == 0
+    assert balance(db, user) == 1000 - 20
+    assert lifecycle.settle(rt, job_id) is SettleOutcome.ALREADY_SETTLED
+    assert balance(db, user) == 1000 - 20
+    with db() as s:
+        found = audit(s, now=T0)
+    # the built-in audit checks the job's status against its log; the platform's does not
+    expected = [("failed_job_committed", job_id)] if backend().name == "builtin" else []
+    assert [(d.kind, d.job_id) for d in found] == expected, found

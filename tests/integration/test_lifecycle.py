@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import lifecycle
 from reconcile.db.models import Asset, Job, JobEvent, WorkflowExecution
 from reconcile.errors import SyncCallFailed
+from reconcile.settlement import SettleOutcome
 from reconcile.sync import sync_call
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
@@ -314,8 +315,8 @@ def test_crash_after_failure_before_refund_settles_exactly_once(db, simulator, t
     job = _job(db, job_id)
     assert job.status == "failed" and job.credits_actual is None and job.next_poll_at is not None
     rt.crash_hook = None
-    assert lifecycle.settle(rt, job_id) is True
-    assert lifecycle.settle(rt, job_id) is False
+    assert lifecycle.settle(rt, job_id) is SettleOutcome.SETTLED
+    assert lifecycle.settle(rt, job_id) is SettleOutcome.ALREADY_SETTLED
     job = _job(db, job_id)
     assert job.credits_actual == 0 and job.next_poll_at is None
     with db() as s:

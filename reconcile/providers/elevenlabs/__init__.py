@@ -1,4 +1,6 @@
-"""ElevenLabs: dubbing and webhook-mode STT (async), everything else sync (PROVIDERS.md §3).
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+ElevenLabs: dubbing and webhook-mode STT (async), everything else sync (PROVIDERS.md §3).
 
 Async model strings (``CreateRequest.model``, also passed to ``poll``):
 

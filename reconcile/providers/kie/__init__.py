@@ -1,4 +1,6 @@
-"""KIE.ai clients: the market jobs API, Veo, Suno, Flux Kontext, Luma modify, Runway and the
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+KIE.ai clients: the market jobs API, Veo, Suno, Flux Kontext, Luma modify, Runway and the
 KIE-proxied LLM (PROVIDERS.md §1, DESIGN.md §3–§4).
 
 One shape throughout: pydantic models of the upstream records, PURE parse functions

@@ -1,4 +1,6 @@
-"""Replicate predictions and trainings (PROVIDERS.md §2).
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Replicate predictions and trainings (PROVIDERS.md §2).
 
 Model strings (``CreateRequest.model``):
 

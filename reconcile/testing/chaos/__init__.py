@@ -1,4 +1,6 @@
-"""A seeded chaos run: N jobs through real Celery workers, with faults, checked against invariants.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+A seeded chaos run: N jobs through real Celery workers, with faults, checked against invariants.
 
 Deterministic simulation testing, as far as real processes allow: the seed derives every job (id,
 kind, script, price, submit time) and the whole fault schedule (which worker is SIGKILLed when,

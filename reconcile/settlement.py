@@ -1,0 +1,156 @@
+"""Settlement policy: what a finished job commits and what goes back to the user.
+
+Pure (no database, no session): :func:`decide` takes plain values — how the job ended, what its
+reservation holds when the caller knows it, what the pricing hook priced it at — and a
+:class:`SettlementPolicy`, and returns a frozen :class:`Decision`. The ledger only executes a
+decision (:mod:`reconcile.ledger`: its CAS, idempotent ids and pool bookkeeping are unchanged);
+``lifecycle.finalize`` and ``lifecycle.settle`` are the two callers.
+
+The rules (the library's behaviour; the default policy):
+
+* **completed, no price** (no pricing hook, or it returned None): commit everything the
+  reservation still holds (``commit=None``), refund nothing.
+* **completed, priced** ``n`` (a whole number of credits ≥ 0, 0 included): commit ``n``; the
+  rest of the reservation goes back to its pools (the ledger's commit for less).
+* **priced above what is held**: never clamped. The ledger refuses the commit
+  (``LedgerError`` reason ``commit_exceeds_held``), the completion transaction rolls back and
+  the attempt counts (the job retries and fails, refunded, at its exhaustion horizon). When the
+  caller passes ``reserved``, :func:`decide` raises that refusal itself.
+* **priced with a value that is not credits** (a bool, a float, a Decimal, a negative number):
+  the ledger refuses it as above (the completion's CAS writes ``credits_actual`` first, so a
+  value PostgreSQL cannot store fails there); :func:`decide` passes it through, with the note
+  ``not_whole_credits``, so the refusal and its message stay the ledger's.
+* **failed** and **cancelled**: give back ``failure_refund`` / ``cancel_refund`` of what the
+  reservation holds — all of it by default (``Fraction(1)``), executed as the ledger's
+  ``refund``. A smaller share is executed as a commit for the kept part (the ledger releases the
+  rest); a half credit goes to the user (the kept part rounds down).
+
+Changing the policy is a platform setting, not a code change::
+
+    from fractions import Fraction
+    from reconcile.settlement import SettlementPolicy
+    rt = Runtime.from_settings(..., settlement_policy=SettlementPolicy(cancel_refund=Fraction(1, 2)))
+
+(or ``rt.settlement_policy = ...``). A share other than 1 needs the reserved amount, so
+``lifecycle.settle`` reads the job's reserved usage log once more for such a policy (the default
+path reads nothing extra). The audit's ``failed_job_committed`` check still expects a failed or
+cancelled job's reservation to be refunded, not committed: a platform with a partial refund
+policy sees that finding for each such job until the audit learns the policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+from typing import Any
+
+from .errors import LedgerError
+
+
+class Finished(StrEnum):
+    """How the job ended (the terminal statuses)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class SettlementPolicy:
+    """The shares of what a reservation holds that go back on failure and on a user's cancel
+    (``Fraction(1)``: everything, the default; ``Fraction(0)``: nothing). Exact fractions, never
+    floats."""
+
+    failure_refund: Fraction = Fraction(1)
+    cancel_refund: Fraction = Fraction(1)
+
+    def __post_init__(self) -> None:
+        for name in ("failure_refund", "cancel_refund"):
+            share = getattr(self, name)
+            if isinstance(share, bool) or not isinstance(share, (int, Fraction)) \
+                    or not 0 <= share <= 1:
+                raise ValueError(f"{name} must be a Fraction between 0 and 1, not {share!r}")
+            object.__setattr__(self, name, Fraction(share))
+
+
+DEFAULT_POLICY = SettlementPolicy()
+
+
+class SettleOutcome(StrEnum):
+    """What ``lifecycle.settle`` did. Every member is a non-empty string, so never test one for
+    truthiness: compare with ``is SettleOutcome.SETTLED``."""
+
+    SETTLED = "settled"  # the ledger executed the decision and ``credits_actual`` is written
+    ALREADY_SETTLED = "already_settled"  # ``credits_actual`` was written before: nothing done
+    NOT_DUE = "not_due"  # no such job, or it is not failed/cancelled: nothing done
+    BACKED_OFF = "backed_off"  # the ledger (or the database) raised: retry later, with backoff
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with a finished job's reservation.
+
+    ``commit``: credits charged — None means everything the reservation still holds (the caller
+    did not know it). ``refund``: credits given back — None means whatever the commit leaves
+    (unknown to the caller). ``full_refund``: execute as the ledger's ``refund`` (no commit).
+    ``reason`` names the rule, ``notes`` what was unusual about the inputs.
+    """
+
+    commit: Any
+    refund: int | None
+    reason: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def full_refund(self) -> bool:
+        return self.reason in ("failed_refunded", "cancelled_refunded")
+
+
+def whole_credits(value: Any) -> bool:
+    """A whole, non-negative number of credits (what the ledger accepts to commit)."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+
+def decide(finished: Finished | str, *, reserved: int | None = None, priced: Any = None,
+           policy: SettlementPolicy = DEFAULT_POLICY) -> Decision:
+    """The settlement of a job that ended ``finished``; see the module docstring's rules.
+
+    ``reserved``: what the reservation still holds, if the caller knows it (None: it does not;
+    the ledger knows). ``priced``: the pricing hook's answer, completions only (None: no hook,
+    or it priced nothing). Raises :class:`LedgerError` (``commit_exceeds_held``) for a price
+    above a known ``reserved``, and ``ValueError`` for an unknown ``finished``.
+    """
+    finished = Finished(finished)
+    if finished is Finished.COMPLETED:
+        return _completed(reserved, priced)
+    share = policy.cancel_refund if finished is Finished.CANCELLED else policy.failure_refund
+    if share == 1:
+        return Decision(0, reserved, f"{finished}_refunded")
+    if reserved is None:
+        raise ValueError(f"a refund of {share} of the reservation needs the reserved amount")
+    kept = reserved - _ceil(reserved * share)
+    return Decision(kept, reserved - kept, f"{finished}_partly_refunded",
+                    (f"refund_share={share}",))
+
+
+def _completed(reserved: int | None, priced: Any) -> Decision:
+    if priced is None:
+        return Decision(None, 0, "completed_all_held")
+    if not whole_credits(priced):
+        return Decision(priced, None, "completed_priced", ("not_whole_credits",))
+    if reserved is None:
+        return Decision(priced, None, "completed_priced")
+    if priced > reserved:
+        raise LedgerError(f"cannot commit {priced!r} of the {reserved} credits held",
+                          reason="commit_exceeds_held")
+    notes = ("priced_zero",) if priced == 0 else ()
+    return Decision(priced, reserved - priced, "completed_priced", notes)
+
+
+def _ceil(value: Fraction) -> int:
+    return -((-value.numerator) // value.denominator)
+
+
+__all__ = ["DEFAULT_POLICY", "Decision", "Finished", "SettleOutcome", "SettlementPolicy", "decide",
+           "whole_credits"]

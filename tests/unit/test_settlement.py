@@ -1,0 +1,108 @@
+"""The settlement policy (reconcile.settlement), database-free and table-driven: what a
+finished job commits and refunds, today's rules and a configured 50 % cancel refund."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from reconcile.errors import LedgerError
+from reconcile.settlement import (
+    DEFAULT_POLICY,
+    Decision,
+    Finished,
+    SettlementPolicy,
+    SettleOutcome,
+    decide,
+)
+
+HALF_CANCEL = SettlementPolicy(cancel_refund=Fraction(1, 2))
+
+# (finished, reserved, priced, policy) -> (commit, refund, reason, notes, full_refund)
+TABLE: list[tuple[str, int | None, Any, SettlementPolicy, tuple[Any, ...]]] = [
+    # completion without a price: all that is held, whether the caller knows it or not
+    ("completed", None, None, DEFAULT_POLICY, (None, 0, "completed_all_held", (), False)),
+    ("completed", 40, None, DEFAULT_POLICY, (None, 0, "completed_all_held", (), False)),
+    # priced below / equal to / zero of what is held: the rest goes back
+    ("completed", 40, 25, DEFAULT_POLICY, (25, 15, "completed_priced", (), False)),
+    ("completed", 40, 40, DEFAULT_POLICY, (40, 0, "completed_priced", (), False)),
+    ("completed", 40, 0, DEFAULT_POLICY, (0, 40, "completed_priced", ("priced_zero",), False)),
+    # priced, what is held unknown to the caller (finalize): the ledger works out the rest
+    ("completed", None, 25, DEFAULT_POLICY, (25, None, "completed_priced", (), False)),
+    ("completed", None, 41, DEFAULT_POLICY, (41, None, "completed_priced", (), False)),
+    # not whole credits: passed through for the ledger (or the completion CAS) to refuse
+    ("completed", 40, -1, DEFAULT_POLICY, (-1, None, "completed_priced", ("not_whole_credits",), False)),
+    ("completed", 40, True, DEFAULT_POLICY, (True, None, "completed_priced", ("not_whole_credits",), False)),
+    ("completed", 40, 2.5, DEFAULT_POLICY, (2.5, None, "completed_priced", ("not_whole_credits",), False)),
+    ("completed", None, "7", DEFAULT_POLICY, ("7", None, "completed_priced", ("not_whole_credits",), False)),
+    ("completed", 40, Decimal(5), DEFAULT_POLICY,
+     (Decimal(5), None, "completed_priced", ("not_whole_credits",), False)),
+    # the cancel/failure policy does not touch completions
+    ("completed", 40, 25, HALF_CANCEL, (25, 15, "completed_priced", (), False)),
+    # failure and cancel: everything back by default, known or not
+    ("failed", None, None, DEFAULT_POLICY, (0, None, "failed_refunded", (), True)),
+    ("failed", 40, None, DEFAULT_POLICY, (0, 40, "failed_refunded", (), True)),
+    ("cancelled", None, None, DEFAULT_POLICY, (0, None, "cancelled_refunded", (), True)),
+    ("cancelled", 40, None, DEFAULT_POLICY, (0, 40, "cancelled_refunded", (), True)),
+    # a price is ignored for a job that did not complete
+    ("failed", 40, 25, DEFAULT_POLICY, (0, 40, "failed_refunded", (), True)),
+    # the change request: a 50 % cancel refund (a half credit goes to the user)
+    ("cancelled", 40, None, HALF_CANCEL, (20, 20, "cancelled_partly_refunded", ("refund_share=1/2",), False)),
+    ("cancelled", 41, None, HALF_CANCEL, (20, 21, "cancelled_partly_refunded", ("refund_share=1/2",), False)),
+    ("cancelled", 1, None, HALF_CANCEL, (0, 1, "cancelled_partly_refunded", ("refund_share=1/2",), False)),
+    ("cancelled", 0, None, HALF_CANCEL, (0, 0, "cancelled_partly_refunded", ("refund_share=1/2",), False)),
+    ("failed", 40, None, HALF_CANCEL, (0, 40, "failed_refunded", (), True)),  # failures: still all
+    ("failed", 9, None, SettlementPolicy(failure_refund=Fraction(0)),
+     (9, 0, "failed_partly_refunded", ("refund_share=0",), False)),
+    ("failed", 10, None, SettlementPolicy(failure_refund=Fraction(1, 3)),
+     (6, 4, "failed_partly_refunded", ("refund_share=1/3",), False)),
+]
+
+
+@pytest.mark.parametrize(("finished", "reserved", "priced", "policy", "expected"), TABLE)
+def test_decide(finished: str, reserved: int | None, priced: Any, policy: SettlementPolicy,
+                expected: tuple[Any, ...]) -> None:
+    d = decide(finished, reserved=reserved, priced=priced, policy=policy)
+    assert isinstance(d, Decision)
+    got = (d.commit, d.refund, d.reason, d.notes, d.full_refund)
+    assert got == expected
+    assert type(d.commit) is type(expected[0])  # passed through as priced (True stays a bool)
+    if reserved is not None and d.refund is not None and d.commit is not None:
+        assert d.commit + d.refund == reserved  # nothing created, nothing lost
+
+
+def test_a_price_above_a_known_reservation_is_refused_never_clamped() -> None:
+    with pytest.raises(LedgerError) as err:
+        decide(Finished.COMPLETED, reserved=40, priced=41)
+    assert err.value.reason == "commit_exceeds_held" and "cannot commit 41" in str(err.value)
+
+
+def test_a_partial_refund_needs_the_reserved_amount() -> None:
+    with pytest.raises(ValueError, match="needs the reserved amount"):
+        decide("cancelled", policy=HALF_CANCEL)
+
+
+def test_unknown_terminal_state_is_refused() -> None:
+    with pytest.raises(ValueError):
+        decide("processing", reserved=40)
+
+
+@pytest.mark.parametrize("share", [Fraction(-1, 2), Fraction(3, 2), 0.5, True, "1", Decimal("0.5")])
+def test_policy_shares_are_exact_fractions_between_0_and_1(share: Any) -> None:
+    with pytest.raises(ValueError):
+        SettlementPolicy(cancel_refund=share)
+
+
+def test_policy_accepts_integer_shares_as_fractions_and_is_frozen() -> None:
+    policy = SettlementPolicy(cancel_refund=0)  # type: ignore[arg-type]
+    assert policy.cancel_refund == Fraction(0) and isinstance(policy.cancel_refund, Fraction)
+    with pytest.raises(AttributeError):
+        policy.cancel_refund = Fraction(1)  # type: ignore[misc]
+    assert DEFAULT_POLICY == SettlementPolicy(Fraction(1), Fraction(1))
+
+
+def test_settle_outcomes_are_distinct_strings() -> None:
+    assert [str(o) for o in SettleOutcome] == ["settled", "already_settled", "not_due", "backed_off"]
