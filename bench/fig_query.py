@@ -236,7 +236,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     from reconcile.db.session import make_engine
 
     sizes = (20_000, 100_000) if quick else SIZES
-    runs_fast, runs_slow = (60, 9) if quick else (150, 7)  # medians: enough within the budget
+    runs_fast, runs_slow = (60, 9) if quick else (150, 5)  # medians: enough within the budget
     result: dict[str, Any] = {
         "query_source": "imported: reconcile.sweep._phases(now), first page "
                         "LIMIT BATCH_SIZE FOR UPDATE SKIP LOCKED (as sweep._batch runs it)",

@@ -90,13 +90,16 @@ def _walls(res: dict[str, Any]) -> str:
     kind = "`make bench-full` (unbounded)" if args.get("full") else (
         "`--quick`" if args.get("quick") else "`make bench` (bounded)")
     rows = [f"**Wall time: {res['wall_seconds']:.0f} s** ({res['wall_seconds'] / 60:.1f} min), "
-            f"{kind}. Per figure:\n", "| figure | wall s | budget s | load 1-min before → after |",
+            f"{kind}. Per figure:\n", "| figure | wall s | expected s (quiet host) | load 1-min before → after |",
             "|---|---|---|---|"]
     for key, e in res["figures"].items():
         rows.append(f"| {key}: {e['title']} | {e['seconds']} | {e.get('budget_s') or '—'} | "
                     f"{e['load_before'].get('loadavg_1m')} → {e['load_after'].get('loadavg_1m')} |")
     rest = res["wall_seconds"] - sum(e["seconds"] for e in res["figures"].values())
-    rows.append(f"| setup (databases, commit latency, template) and report | {rest:.1f} | — | |")
+    drops = res.get("drop_databases_seconds")
+    rows.append("| setup (databases, commit latency, template)"
+                + (f", the throwaway databases dropped at the end ({drops} s)" if drops is not None
+                   else "") + f" | {rest:.1f} | — | |")
     return "\n".join(rows) + "\n"
 
 
