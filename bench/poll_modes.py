@@ -70,10 +70,14 @@ def _runtime(url: str, env: dict[str, str], tmp: str, clock: _Clock, **settings:
                    storage=LocalStorage(Path(tmp) / "media"), clock=clock)
 
 
+_QUEUES: dict[int, deque[tuple[uuid.UUID, int, int]]] = {}
+
+
 def _chain(rt: Any, ids: list[uuid.UUID], seconds: float) -> tuple[int, float, float]:
+    """Each job's next message, in order; a second call on the same runtime carries on."""
     from reconcile import lifecycle
 
-    queue: deque[tuple[uuid.UUID, int, int]] = deque((j, 1, 3) for j in ids)
+    queue = _QUEUES.setdefault(id(rt), deque((j, 1, 3) for j in ids))
     rt.enqueue_poll = lambda job_id, generation, seq, countdown: queue.append(
         (job_id, generation, seq))
     polls, wall0, cpu0 = 0, time.monotonic(), time.process_time()
@@ -101,8 +105,22 @@ def _batch(rt: Any, seconds: float) -> tuple[int, float, float, int]:
     return polls, time.monotonic() - wall0, time.process_time() - cpu0, batches
 
 
-def run(jobs: int = 2000, seconds: float = 20.0, threads: int = 32, batch: int = 200
+def _drop_read_pools() -> None:
+    """Shut batch_poll's status-read thread pools (bench only: a profile of the reads' threads
+    needs them started inside it)."""
+    from reconcile import batch_poll
+
+    for _, pool in list(batch_poll._POOLS.values()):
+        pool.shutdown(wait=True)
+    batch_poll._POOLS.clear()
+
+
+def run(jobs: int = 2000, seconds: float = 20.0, threads: int = 32, batch: int = 200,
+        modes: tuple[str, ...] = ("chain", "batch"), profile: str | None = None
         ) -> dict[str, Any]:
+    """``profile``: a folder; each mode's loop also runs under cProfile, and its top functions
+    (cumulative and self time) are written there as ``poll_<mode>.txt``. The profiled run is
+    a second, shorter pass: the unprofiled figures are the ones reported."""
     from .common import throwaway_db
     from .seed import add_inflight_jobs, add_users
 
@@ -114,7 +132,7 @@ def run(jobs: int = 2000, seconds: float = 20.0, threads: int = 32, batch: int =
     result: dict[str, Any] = {"jobs": jobs, "seconds": seconds, "threads": threads,
                               "batch_size": batch}
     try:
-        for mode in ("chain", "batch"):
+        for mode in modes:
             with throwaway_db(f"pollmodes_{mode}") as (url, _), \
                     tempfile.TemporaryDirectory() as tmp:
                 start = datetime.now(UTC)
@@ -139,6 +157,22 @@ def run(jobs: int = 2000, seconds: float = 20.0, threads: int = 32, batch: int =
                                 "polls_per_s": round(polls / wall, 1),
                                 "cpu_ms_per_poll": round(1000 * cpu / max(polls, 1), 3), **extra}
                 print(mode, result[mode], flush=True)
+                if profile:
+                    from .profiles import profiled
+
+                    def again(mode: str = mode, rt: Any = rt) -> int:
+                        if mode == "chain":
+                            return _chain(rt, ids, seconds / 2)[0]
+                        _drop_read_pools()  # the reads' threads start (profiled) inside
+                        try:
+                            return _batch(rt, seconds / 2)[0]
+                        finally:
+                            _drop_read_pools()  # ...and end before the profile is read
+
+                    result[mode]["profile"] = profiled(
+                        again, Path(profile) / f"poll_{mode}.txt",
+                        f"in-process {mode} polls, {jobs} kie-standard jobs in flight "
+                        f"(bench.poll_modes)", unit="poll", threads=mode == "batch")
     finally:
         parent.send("stop")
         proc.join(timeout=10)
@@ -151,8 +185,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=32)
     parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--modes", default="chain,batch")
+    parser.add_argument("--profile", default=None, help="folder for cProfile summaries")
     args = parser.parse_args()
-    print(json.dumps(run(args.jobs, args.seconds, args.threads, args.batch), indent=2))
+    print(json.dumps(run(args.jobs, args.seconds, args.threads, args.batch,
+                         tuple(args.modes.split(",")), args.profile), indent=2))
 
 
 if __name__ == "__main__":

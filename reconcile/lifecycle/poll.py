@@ -51,11 +51,24 @@ def _lease_for(rt: Runtime, interval: timedelta) -> timedelta:
     return rt.settings.scaled(interval * 2 + POLL_LEASE_SLACK)
 
 
-def _turn_leases(rt: Runtime, now: datetime) -> dict[str, list[tuple[timedelta | None, datetime]]]:
-    """Every registered kind's ``now + poll_lease(rt, kind, age)`` by age (``Kind.interval_steps``):
-    the poll turn picks its row's in SQL, so it needs no load before it."""
-    return {kind.name: [(after, now + _lease_for(rt, interval))
-                        for after, interval in kind.interval_steps()] for kind in all_kinds()}
+def _turn_leases(rt: Runtime) -> dict[str, list[tuple[timedelta | None, timedelta]]]:
+    """Every registered kind's ``poll_lease(rt, kind, age)`` by age (``Kind.interval_steps``):
+    the poll turn picks its row's in SQL, so it needs no load before it. Worked out once per
+    registry and time scale (kinds are frozen: a changed kind is a new object)."""
+    kinds = all_kinds()
+    key = (tuple(map(id, kinds)), rt.settings.time_scale)
+    cached = _TURN_LEASES.get(key)
+    if cached is None:
+        leases = {kind.name: [(after, _lease_for(rt, interval))
+                              for after, interval in kind.interval_steps()] for kind in kinds}
+        if len(_TURN_LEASES) > 32:
+            _TURN_LEASES.clear()
+        # the kinds stay referenced by the entry, so their ids cannot be reused while it lives
+        cached = _TURN_LEASES[key] = (kinds, leases)
+    return cached[1]
+
+
+_TURN_LEASES: dict[tuple[tuple[int, ...], Any], tuple[Any, dict[str, list[tuple[timedelta | None, timedelta]]]]] = {}
 
 
 def poll_step_deadline(settings: Any) -> timedelta:
@@ -108,7 +121,7 @@ def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
     """
     now = rt.now()
     with rt.sessions.begin() as session:
-        turn = jobstore.take_poll_turn(session, job_id, generation, seq, _turn_leases(rt, now),
+        turn = jobstore.take_poll_turn(session, job_id, generation, seq, _turn_leases(rt),
                                        now=now)
     kind = rt.kind(turn.provider_kind) if turn is not None else None
     if turn is None or kind is None:
