@@ -137,7 +137,7 @@ def _late_completions(rt: Runtime, *, dry_run: bool) -> int:
     decides — keep the refund, or re-charge it (README: "Adopting on a live platform"). The
     candidates come from a partial index holding only such completions, so the cost follows
     the anomalies, never the history. Returns the anomalies recorded (dry run: found)."""
-    from .ledger import COMPLETED_AFTER_REFUND, anomaly_recorded
+    from ..ledger import COMPLETED_AFTER_REFUND, anomaly_recorded
 
     found = 0
     stmt = (select(Job).where(text(COMPLETED_AFTER_FAILURE)).order_by(Job.id)
