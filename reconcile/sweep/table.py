@@ -12,9 +12,12 @@ are tried in order; the first that matches wins:
  3  unknown_kind               an unknown kind with upstream state: one anomaly
  4  platform_untracked         a platform row, known kind, no upstream handle: as sync
  5  platform_task              a platform row with a task id: as accepted, past threshold
- 6  not_started (7: _sync)     the create never ran: re-enqueue (bounded) / sync: fail
- 8  submitting (9: _expired)   a create in progress; lease gone: uncertain / sync: fail
-10  accepted (11: resume)      poll once when an attempt is due; resume a dead chain
+ 6  not_started                the create never ran (async): re-enqueue, bounded
+ 7  not_started_sync           a sync request that died before it ran: fail when stale
+ 8  submitting                 a create in progress: left while its claim lives
+ 9  submitting_expired         its claim gone: uncertain (async) / fail when stale (sync)
+10  accepted                   poll once when an attempt is due (past the threshold)
+11  accepted (resume)          a dead poll chain: a new generation
 12  uncertain                  look for evidence every 5 minutes
 13  unsettled                  a failed/cancelled job whose refund is due: settle
 ==  =========================  ============================================================
