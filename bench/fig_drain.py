@@ -137,13 +137,13 @@ def _thin(curve: list[tuple[float, int]], points: int) -> list[tuple[float, int]
 
 # the library functions whose cost per reconciled job the profile reports (cumulative)
 _WATCH = {
-    "sweep.reconcile_job (all)": ("reconcile/sweep.py", "reconcile_job"),
-    "sweep._plan (lock, decide, claim)": ("reconcile/sweep.py", "_plan"),
+    "sweep.reconcile_job (all)": ("reconcile/sweep/tick.py", "reconcile_job"),
+    "sweep._plan (lock, decide, claim)": ("reconcile/sweep/claims.py", "_plan"),
     "lifecycle.read_status (provider GET)": ("reconcile/lifecycle/poll.py", "read_status"),
     "lifecycle.finalize_job_with_media": ("reconcile/lifecycle/finalize.py", "finalize_job_with_media"),
     "media.safe_fetch (media GET)": ("reconcile/media.py", "safe_fetch"),
     "storage.put": ("reconcile/storage.py", "put"),
-    "jobstore.mark_completed": ("reconcile/jobstore.py", "mark_completed"),
+    "jobstore.mark_completed": ("reconcile/jobstore/terminal.py", "mark_completed"),
     "credits.commit": ("reconcile/credits/_settle.py", "commit"),
     "credits.settled_amount": ("reconcile/credits/_grants.py", "settled_amount"),
     "events.publish": ("reconcile/events.py", "publish"),

@@ -123,8 +123,12 @@ def legacy_cutoff(rt: Runtime, session: Session | None = None) -> datetime | Non
 def legacy_candidate(rt: Runtime, job: Job, now: datetime) -> str | None:
     """Why a kind-less, never-submitted row is *not* a candidate now (``after_cutoff``,
     ``job_type``, ``young``), or None when it is one."""
-    s = rt.settings
-    cutoff = legacy_cutoff(rt)
+    return legacy_reason(rt.settings, legacy_cutoff(rt), job, now)
+
+
+def legacy_reason(s: Settings, cutoff: datetime | None, job: Job, now: datetime) -> str | None:
+    """:func:`legacy_candidate` with the cutoff given (no database read: the sweep's pure
+    decision table calls it with the cutoff its caller read)."""
     if cutoff is None or job.created_at is None or job.created_at >= cutoff:
         return "after_cutoff"
     if (s.legacy_job_types and job.job_type not in s.legacy_job_types) \
@@ -144,5 +148,5 @@ def is_foreign(job: Job) -> bool:
 __all__ = [
     "ALL", "LEGACY", "SettingsError", "adopted_at", "check_observe_only", "default_legacy_age",
     "exhaustion_horizon", "is_foreign", "legacy_age", "legacy_candidate", "legacy_cutoff",
-    "observe_only",
+    "legacy_reason", "observe_only",
 ]

@@ -32,7 +32,8 @@ LAYERS = {
     "reconcile.storage": GATEWAY, "reconcile.webhooks": GATEWAY,
     # 3 kinds: the provider-kind registry (thresholds, client factories, webhook schemes)
     "reconcile.kinds": KINDS,
-    # 4 jobs: guarded writes and reads of jobs and its side tables
+    # 4 jobs: guarded writes and reads of jobs and its side tables (jobstore: a package, its
+    # predicates, CAS and writers by seam)
     "reconcile.jobstore": JOBS, "reconcile.events": JOBS, "reconcile.idempotency": JOBS,
     "reconcile.retention": JOBS, "reconcile.adoption": JOBS, "reconcile.evidence": JOBS,
     # 5 ledger: credits, its audit, the seam
@@ -47,8 +48,11 @@ LAYERS = {
     "reconcile.lifecycle.create": LIFECYCLE, "reconcile.lifecycle.poll": LIFECYCLE,
     "reconcile.lifecycle.finalize": LIFECYCLE, "reconcile.lifecycle.settling": LIFECYCLE,
     "reconcile.lifecycle.adopt": LIFECYCLE, "reconcile.batch_poll": LIFECYCLE,
-    # 8 flows built on the lifecycle: sync calls, cancel, the sweep, orchestrator waits
+    # 8 flows built on the lifecycle: sync calls, cancel, the sweep, orchestrator waits. The
+    # sweep's pure decision table sits at the jobs layer: it may import the predicates, the
+    # adoption rules and the kinds, never the runtime, the lifecycle or its own executor.
     "reconcile.sync": FLOWS, "reconcile.cancel": FLOWS, "reconcile.sweep": FLOWS,
+    "reconcile.sweep.table": JOBS,
     "reconcile.orchestrator": FLOWS,
     # 9 celery: tasks, install, the standalone app, its settings, the broker patch
     "reconcile.tasks": CELERY, "reconcile.celery_install": CELERY, "reconcile.celery_app": CELERY,

@@ -1,6 +1,7 @@
 """``reconcile.jobstore`` is the only writer of ``jobs`` (and of ``credit_anomalies``).
 
-An AST scan of every module under ``reconcile/``: outside ``jobstore`` none may build
+An AST scan of every module under ``reconcile/``: outside the ``jobstore`` package (its
+``__init__`` and every submodule, ``reconcile/jobstore/*.py``) none may build
 ``update(Job)`` / ``insert(Job)`` / ``delete(Job)`` (or of ``Job.__table__``), add a new ``Job``
 or ``CreditAnomaly`` to a session (``session.add(Job(…))``, directly or through a name), insert
 into the anomaly table, or hold SQL text that mutates ``jobs``
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "reconcile"
-WRITER = PACKAGE / "jobstore.py"
+WRITER = PACKAGE / "jobstore"  # the package: every module in it may write
 # nothing is allowed beside jobstore; an entry here needs a reason
 ALLOWED: dict[tuple[str, str], str] = {}
 
@@ -33,7 +34,12 @@ _MUTATING_SQL = re.compile(r"\b(UPDATE\s+jobs\b|INSERT\s+INTO\s+jobs\b|DELETE\s+
 
 def _modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py")
-                  if "migrations" not in p.relative_to(PACKAGE).parts and p != WRITER)
+                  if "migrations" not in p.relative_to(PACKAGE).parts and not _is_writer(p))
+
+
+def _is_writer(path: Path) -> bool:
+    """A module of the ``jobstore`` package (directly in it: a nested package would be named)."""
+    return path.parent == WRITER
 
 
 def _names_table(node: ast.expr, table_aliases: set[str]) -> str | None:
@@ -129,14 +135,31 @@ def test_only_jobstore_writes_jobs() -> None:
         for line, what in writes(path.read_text()):
             if (rel, what) not in ALLOWED:
                 offenders.append(f"{rel}:{line}: {what}")
-    assert not offenders, "only reconcile/jobstore.py may write jobs:\n" + "\n".join(offenders)
+    assert not offenders, "only reconcile/jobstore/ may write jobs:\n" + "\n".join(offenders)
 
 
 def test_the_writer_itself_is_seen() -> None:
-    """The scan is not blind: jobstore's own writes are found by it."""
-    kinds = {what for _, what in writes(WRITER.read_text())}
+    """The scan is not blind: jobstore's own writes are found by it, in its submodules."""
+    kinds = {what for path in sorted(WRITER.glob("*.py")) for _, what in writes(path.read_text())}
     assert {"update(Job)", "add(Job(…))", "add(CreditAnomaly(…))"} <= kinds, kinds
     assert any(k.startswith("SQL") for k in kinds), kinds
+
+
+def test_the_allowance_is_the_jobstore_package_only(tmp_path: Path) -> None:
+    """Every jobstore submodule is allowed; a module beside it, or named like it elsewhere, is
+    not — and a write planted in a real module outside jobstore is an offender."""
+    assert all(_is_writer(p) for p in WRITER.glob("*.py"))
+    assert {p.name for p in WRITER.glob("*.py")} >= {"__init__.py", "terminal.py", "create.py"}
+    assert not _is_writer(PACKAGE / "jobstore_extra.py")
+    assert not _is_writer(PACKAGE / "sweep" / "claims.py")
+    assert not _is_writer(PACKAGE / "testing" / "jobstore" / "x.py")
+    scanned = {p.relative_to(PACKAGE).as_posix() for p in _modules()}
+    assert "sweep/claims.py" in scanned and "lifecycle/poll.py" in scanned
+    assert not any(name.startswith("jobstore/") for name in scanned)
+    planted = (PACKAGE / "sweep" / "claims.py").read_text() + (
+        "\n\ndef _planted(session):\n"
+        "    session.execute(update(Job).where(Job.id == 1).values(progress=2))\n")
+    assert writes(planted)[-1][1] == "update(Job)"
 
 
 @pytest.mark.parametrize(("source", "what"), [

@@ -70,7 +70,7 @@ def citations(text: str) -> list[str]:
 def test_the_scan_covers_the_code_the_tests_and_the_readme() -> None:
     files = {p.relative_to(ROOT).as_posix() for p in scanned_files()}
     assert "README.md" in files
-    assert "reconcile/sweep.py" in files
+    assert "reconcile/sweep/table.py" in files
     assert "tests/unit/test_kinds.py" in files
     assert "examples/platform/acme/gateway.py" in files
     assert "bench/report.py" in files

@@ -1,0 +1,80 @@
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
+
+Every guarded write to ``jobs``: one compare-and-set UPDATE each, returning whether it won.
+
+``False`` (or ``None``) always means "someone else got there first, or the row is no longer in
+the state this step expects" — the caller then does nothing more. No other module inserts,
+updates or deletes ``jobs`` rows, nor inserts ``credit_anomalies`` rows (:func:`record_anomaly`);
+``tests/unit/test_single_writer.py`` enforces it. The shared predicates over ``jobs`` (in flight,
+settlement pending or due, uncertain with its claim gone) live here too, as SQL expressions
+with a Python twin where a caller decides on a loaded row.
+
+The package is one writer split along its seams; callers use ``jobstore.X`` from here:
+
+- :mod:`.predicates`: the shared predicates and the last error's code;
+- :mod:`.cas`: the compare-and-set primitive and :func:`load`;
+- :mod:`.create`: the new row, the create claim and its outcomes, evidence adoption, re-enqueue;
+- :mod:`.turns`: the poll turn (:func:`take_poll_turn`, its lease by kind and age);
+- :mod:`.poll`: a new chain, attempts, the last error noted, progress;
+- :mod:`.batch`: batch polling's claims and set-based writes;
+- :mod:`.terminal`: failed / cancelled / completed, cost, settlement, re-charge, anomalies.
+"""
+
+from __future__ import annotations
+
+from .batch import (
+    claim_due,
+    claim_due_with_times,
+    hold_claim,
+    make_due,
+    make_due_at,
+    reschedule_claimed,
+)
+from .cas import load
+from .create import (
+    adopt_task_id,
+    claim_create,
+    claim_reenqueue,
+    insert_job,
+    mark_platform_call,
+    mark_uncertain,
+    release_rate_limited,
+    save_task_id,
+)
+from .poll import claim_attempt, count_attempt, note_error, set_progress, start_new_chain
+from .predicates import (
+    claim_expired,
+    in_flight,
+    is_settlement_due,
+    is_settlement_pending,
+    is_verdict,
+    last_error_code,
+    legacy_error_code,
+    settlement_due,
+    settlement_pending,
+    uncertain_expired,
+)
+from .terminal import (
+    cancelled_over_failure,
+    claim_settlement,
+    mark_completed,
+    mark_failed,
+    record_anomaly,
+    record_cost,
+    record_recharge,
+    settle_failed,
+    settled,
+)
+from .turns import LeaseSteps, take_poll_turn
+
+__all__ = [
+    "LeaseSteps", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
+    "claim_due", "claim_due_with_times", "claim_expired", "claim_reenqueue", "claim_settlement",
+    "count_attempt", "hold_claim", "in_flight", "insert_job", "is_settlement_due",
+    "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",
+    "make_due", "make_due_at", "mark_completed", "mark_failed", "mark_platform_call",
+    "mark_uncertain", "note_error", "record_anomaly", "record_cost", "record_recharge",
+    "release_rate_limited", "reschedule_claimed", "save_task_id", "set_progress", "settle_failed",
+    "settled", "settlement_due", "settlement_pending", "start_new_chain", "take_poll_turn",
+    "uncertain_expired",
+]

@@ -1,0 +1,122 @@
+"""Internal: the writes of batch polling (``RECONCILE_POLL_MODE=batch``, :mod:`reconcile.batch_poll`).
+
+A claim is the row's (poll_generation, poll_seq) after the claim bumped poll_seq: every write of
+the claim's result is guarded by it, so a claim taken over after its lease (or a new
+generation: a webhook, the sweep) fences it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, text, update
+from sqlalchemy.orm import Session
+
+from ..db.models import Job
+from ..states import IN_FLIGHT
+from .cas import _cas
+
+
+def claim_due(session: Session, now: datetime, lease: timedelta, limit: int) -> list[Job]:
+    """Up to ``limit`` in-flight rows due at ``now``, oldest due first, skipping rows another
+    claimer holds locked; each moves one lease ahead with ``poll_seq + 1`` (its claim)."""
+    return [job for job, _ in claim_due_with_times(session, now, lease, limit)]
+
+
+def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limit: int
+                         ) -> list[tuple[Job, datetime]]:
+    """:func:`claim_due`, each row with the due time it had before the claim moved it (the
+    batch poller schedules the next read from it: no drift of one tick per read)."""
+    from ..db.models import IN_FLIGHT as IN_FLIGHT_SQL
+
+    due = (select(Job.id, Job.poll_due_at)
+           .where(IN_FLIGHT_SQL, Job.poll_due_at.is_not(None), Job.poll_due_at <= now,
+                  Job.provider_task_id.is_not(None))
+           .order_by(Job.poll_due_at).limit(limit).with_for_update(skip_locked=True))
+    was = {job_id: due_at for job_id, due_at in session.execute(due).all()}
+    if not was:
+        return []
+    ids = list(was)
+    rows = session.execute(
+        update(Job).where(Job.id.in_(ids)).values(
+            poll_due_at=now + lease, poll_seq=Job.poll_seq + 1,
+            poll_lease_expires_at=now + lease).returning(Job),
+        execution_options={"synchronize_session": False, "populate_existing": True},
+    ).scalars().all()
+    order = {job_id: n for n, job_id in enumerate(ids)}
+    return [(job, _aware(was[job.id])) for job in sorted(rows, key=lambda j: order[j.id])]
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)  # SQLite: naive
+
+
+def _claimed(job_id: uuid.UUID, generation: int, seq: int) -> tuple[Any, ...]:
+    return (Job.id == job_id, Job.status.in_(IN_FLIGHT), Job.poll_generation == generation,
+            Job.poll_seq == seq)
+
+
+def hold_claim(session: Session, job_id: uuid.UUID, generation: int, seq: int,
+               until: datetime) -> Job | None:
+    """The claim still holds (same generation and seq, in flight): extend it to ``until`` and
+    return the current row; None: it was taken over (or the job finished) — the result is
+    refused."""
+    return _cas(session, *_claimed(job_id, generation, seq), poll_due_at=until,
+                poll_lease_expires_at=until)
+
+
+_RESCHEDULE = text("""
+UPDATE jobs SET poll_due_at = v.due,
+       progress = CASE WHEN v.progress > jobs.progress THEN v.progress ELSE jobs.progress END
+FROM unnest(CAST(:ids AS uuid[]), CAST(:gens AS int[]), CAST(:seqs AS int[]),
+            CAST(:dues AS timestamptz[]), CAST(:progress AS int[])) AS v(id, gen, seq, due, progress)
+WHERE jobs.id = v.id AND jobs.status IN ('pending', 'processing')
+  AND jobs.poll_generation = v.gen AND jobs.poll_seq = v.seq""")
+
+
+def reschedule_claimed(session: Session, rows: list[tuple[uuid.UUID, int, int, datetime, int | None]]
+                       ) -> int:
+    """The set-based write of a batch's still-running rows: ``(id, generation, seq, due,
+    progress)`` each; a row is written only while its claim holds; progress only rises
+    (``None``: unchanged). One ``UPDATE … FROM unnest(…)`` on PostgreSQL. Returns rows won."""
+    from sqlalchemy import case
+
+    if not rows:
+        return 0
+    if session.get_bind().dialect.name != "postgresql":  # SQLite (embedded): one CAS each
+        won = 0
+        for job_id, generation, seq, due, progress in rows:
+            extra: dict[str, Any] = {}
+            if progress is not None:
+                extra["progress"] = case((Job.progress < progress, progress), else_=Job.progress)
+            result = session.execute(update(Job).where(*_claimed(job_id, generation, seq))
+                                     .values(poll_due_at=due, **extra))
+            won += result.rowcount or 0  # type: ignore[attr-defined]
+        return won
+    # one statement over five arrays (unnest: a relation like VALUES, but a fixed text with five
+    # parameters — nothing to compile per batch, where VALUES binds 5 × n); -1 stands for
+    # "progress unchanged" (progress is >= 0)
+    result = session.execute(_RESCHEDULE, {
+        "ids": [r[0] for r in rows], "gens": [r[1] for r in rows], "seqs": [r[2] for r in rows],
+        "dues": [r[3] for r in rows], "progress": [-1 if r[4] is None else r[4] for r in rows]})
+    return result.rowcount or 0  # type: ignore[attr-defined]
+
+
+def make_due(session: Session, job_id: uuid.UUID, now: datetime, lease: timedelta) -> Job | None:
+    """Batch mode, a row with no due time (its chain died, or it predates batch mode): a new
+    generation (a live chain loses its next turn), due at once. None: it is scheduled already,
+    finished, or has no task id."""
+    return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT),
+                Job.provider_task_id.is_not(None), Job.poll_due_at.is_(None),
+                poll_generation=Job.poll_generation + 1, poll_seq=0, poll_due_at=now,
+                poll_lease_expires_at=now + lease)
+
+
+def make_due_at(session: Session, job_id: uuid.UUID, due: datetime) -> bool:
+    """Batch mode: an in-flight row's next read is due at ``due`` (the interleaving explorer's
+    setup of a batch-polled row; library paths use :func:`make_due`). False: not in flight."""
+    result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
+                             .values(poll_due_at=due))
+    return result.rowcount == 1  # type: ignore[attr-defined]

@@ -1,0 +1,156 @@
+"""Internal: the writes of a job's creation — the new row, the platform call mark, the create
+claim and its outcomes (task id saved, rate-limited release, uncertain), evidence adoption and
+the sweep's re-enqueue claim."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, or_, update
+from sqlalchemy.orm import Session
+
+from .. import redact
+from ..db.models import Job
+from ..states import IN_FLIGHT, Status, Submission
+from .cas import _cas
+from .predicates import uncertain_expired
+
+
+def insert_job(session: Session, **values: Any) -> Job:
+    """A new ``jobs`` row (added to the session; the caller's flush or commit writes it)."""
+    job = Job(**values)
+    session.add(job)
+    return job
+
+
+def mark_platform_call(session: Session, job_id: uuid.UUID, kind_name: str, now: datetime) -> bool:
+    """A platform row (no ``submission_state``) still in flight takes its kind and the call's
+    start (issue 11 hole 6): a job cancelled (and refunded) or finished meanwhile must not be
+    called for; the user cancel's CAS needs the call start NULL, so the two never both win."""
+    result = session.execute(update(Job).where(
+        Job.id == job_id, Job.submission_state.is_(None), Job.status.in_(IN_FLIGHT),
+    ).values(provider_kind=kind_name, provider_call_started_at=now))
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def adopt_task_id(session: Session, job_id: uuid.UUID, task_id: str, now: datetime, *,
+                  poll_lease_until: datetime, poll_due_at: datetime | None,
+                  source: str) -> Job | None:
+    """Evidence found: an ``uncertain`` (or expired ``submitting``) job with no task id takes
+    ``task_id``, becomes accepted/processing with attempts reset, under a new poll generation.
+    None: the job is not waiting for evidence any more."""
+    return _cas(
+        session, Job.id == job_id, Job.status == Status.PENDING,
+        Job.submission_state.in_([Submission.UNCERTAIN, Submission.SUBMITTING]),
+        Job.provider_task_id.is_(None), uncertain_expired(now),
+        provider_task_id=task_id, submission_state=Submission.ACCEPTED,
+        status=Status.PROCESSING, claim_token=None, claim_expires_at=None,
+        error_code=None, reconcile_attempts=0, reconcile_last_attempt_at=None,
+        reconcile_last_error=None, reconcile_last_error_code=None,
+        poll_generation=Job.poll_generation + 1, poll_seq=0,
+        poll_lease_expires_at=poll_lease_until, poll_due_at=poll_due_at,
+        error_detail={"adopted_from": source},
+    )
+
+
+def claim_reenqueue(session: Session, job_id: uuid.UUID, now: datetime,
+                    spacing: timedelta) -> Job | None:
+    """not_started, not re-enqueued within ``spacing``: count one more re-enqueue.
+
+    None: the create was claimed meanwhile, or someone re-enqueued it just now.
+    """
+    return _cas(
+        session, Job.id == job_id, Job.status == Status.PENDING,
+        Job.submission_state == Submission.NOT_STARTED,
+        or_(Job.create_enqueued_at.is_(None), Job.create_enqueued_at <= now - spacing),
+        create_enqueue_count=Job.create_enqueue_count + 1, create_enqueued_at=now,
+    )
+
+
+def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
+                 lease: timedelta, *, kinds: Sequence[str] | None = None) -> Job | None:
+    """not_started → submitting, only for a pending row past its not-before time (and, with
+    ``kinds``, only for a row of one of those provider kinds): the claim and the load in one."""
+    where: list[Any] = [] if kinds is None else [Job.provider_kind.in_(list(kinds))]
+    return _cas(
+        session,
+        Job.id == job_id,
+        Job.status == Status.PENDING,
+        Job.submission_state == Submission.NOT_STARTED,
+        or_(Job.create_not_before.is_(None), Job.create_not_before <= now),
+        *where,
+        submission_state=Submission.SUBMITTING,
+        claim_token=token,
+        claim_expires_at=now + lease,
+        provider_call_started_at=_coalesce(Job.provider_call_started_at, now),
+        started_at=now,
+    )
+
+
+def _coalesce(column: Any, value: datetime) -> Any:
+    return func.coalesce(column, value)
+
+
+def _owner(job_id: uuid.UUID, token: str) -> tuple[Any, ...]:
+    """The owner's CAS: still pending, still submitting/uncertain, same claim token."""
+    return (
+        Job.id == job_id,
+        Job.status == Status.PENDING,
+        Job.submission_state.in_([Submission.SUBMITTING, Submission.UNCERTAIN]),
+        Job.claim_token == token,
+    )
+
+
+def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, now: datetime,
+                 poll_lease: timedelta, *, poll_due_at: datetime | None = None) -> Job | None:
+    """``on_task_created``: persist the upstream id, accepted, processing, a new poll chain.
+
+    Works after the claim lease expired (even from ``uncertain``) as long as the token matches,
+    but never revives a job completed, failed or cancelled meanwhile.
+    """
+    return _cas(
+        session, *_owner(job_id, token),
+        provider_task_id=task_id,
+        submission_state=Submission.ACCEPTED,
+        status=Status.PROCESSING,
+        claim_expires_at=None,
+        error_code=None,
+        error_detail=None,
+        poll_generation=Job.poll_generation + 1,
+        poll_seq=0,
+        poll_lease_expires_at=now + poll_lease,
+        poll_due_at=poll_due_at,  # batch mode: the first read's due time (chain mode: NULL)
+        reconcile_attempts=0,
+        reconcile_last_attempt_at=None,
+    )
+
+
+def release_rate_limited(session: Session, job_id: uuid.UUID, token: str, not_before: datetime,
+                         detail: dict[str, Any]) -> Job | None:
+    """A 429 (documented as not created): back to not_started with a not-before time."""
+    return _cas(
+        session, *_owner(job_id, token),
+        submission_state=Submission.NOT_STARTED,
+        claim_token=None,
+        claim_expires_at=None,
+        create_not_before=not_before,
+        create_rate_limit_count=Job.create_rate_limit_count + 1,
+        error_detail=redact.detail(detail),
+    )
+
+
+def mark_uncertain(session: Session, job_id: uuid.UUID, *, token: str | None, now: datetime,
+                   code: str, detail: dict[str, Any] | None) -> Job | None:
+    """submitting → uncertain (the job stays pending with its reservation)."""
+    where: list[Any] = [Job.id == job_id, Job.status == Status.PENDING,
+                        Job.submission_state == Submission.SUBMITTING,
+                        Job.provider_task_id.is_(None)]
+    if token is not None:
+        where.append(Job.claim_token == token)
+    else:  # the sweep: only once the owner's lease is gone
+        where.append(or_(Job.claim_expires_at.is_(None), Job.claim_expires_at < now))
+    return _cas(session, *where, submission_state=Submission.UNCERTAIN, error_code=code,
+                error_detail=redact.detail(detail), reconcile_attempts=0, reconcile_last_attempt_at=now)

@@ -1,0 +1,78 @@
+"""Internal: the writes of a poll chain — a new chain, attempts (counted, or claimed by the
+sweep), the last error noted, progress."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import or_, update
+from sqlalchemy.orm import Session
+
+from .. import redact
+from ..db.models import Job
+from ..states import IN_FLIGHT
+from .cas import _cas
+from .predicates import _last_error
+
+
+def start_new_chain(session: Session, job_id: uuid.UUID, now: datetime,
+                    lease: timedelta, *, poll_due_at: datetime | None = None) -> Job | None:
+    """Resume polling under a new generation (the old chain, if alive, loses its next turn).
+
+    ``poll_due_at``: batch mode — the new generation is due then (no message is sent); chain
+    mode leaves NULL, so a row scheduled by an earlier batch mode goes back to its chain.
+    """
+    return _cas(
+        session, Job.id == job_id, Job.status.in_(IN_FLIGHT), Job.provider_task_id.is_not(None),
+        poll_generation=Job.poll_generation + 1, poll_seq=0, poll_lease_expires_at=now + lease,
+        poll_due_at=poll_due_at,
+    )
+
+
+def _attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
+             **values: Any) -> Job | None:
+    """The attempt CAS: at most one attempt per ``spacing`` per in-flight job."""
+    return _cas(
+        session,
+        Job.id == job_id,
+        Job.status.in_(IN_FLIGHT),
+        or_(Job.reconcile_last_attempt_at.is_(None),
+            Job.reconcile_last_attempt_at <= now - spacing),
+        reconcile_attempts=Job.reconcile_attempts + 1,
+        reconcile_last_attempt_at=now,
+        **values,
+    )
+
+
+def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
+                  last_error: str | None, *, verdict: bool = True,
+                  code: str | None = None) -> Job | None:
+    """One attempt, at most once per ``spacing`` per job, whoever observes it, recording what
+    it observed and its ``code`` (``verdict=False``: an error that is no verdict keeps an
+    upstream one)."""
+    last_error = redact.signed(last_error) if last_error else last_error
+    return _attempt(session, job_id, now, spacing, **_last_error(last_error, code, verdict))
+
+
+def claim_attempt(session: Session, job_id: uuid.UUID, now: datetime,
+                  spacing: timedelta) -> Job | None:
+    """The sweep's claim of an attempt (``count_attempt``'s CAS) before it observes: the claim
+    is no observation, so ``reconcile_last_error`` is kept (issue 11 hole 11)."""
+    return _attempt(session, job_id, now, spacing)
+
+
+def note_error(session: Session, job_id: uuid.UUID, last_error: str, *,
+               verdict: bool = True, code: str | None = None) -> bool:
+    """Record an in-flight job's last error (text and ``code``) with no attempt counted.
+    False: the job is no longer in flight."""
+    last_error = redact.signed(last_error)
+    result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
+                             .values(**_last_error(last_error, code, verdict)))
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def set_progress(session: Session, job_id: uuid.UUID, progress: int) -> bool:
+    return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), Job.progress < progress,
+                progress=progress) is not None

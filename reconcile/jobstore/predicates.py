@@ -1,0 +1,115 @@
+"""Internal: the shared predicates over ``jobs`` and the last error's code.
+
+SQL expressions (in flight, settlement pending or due, a create claim gone, uncertain with its
+claim gone), each with a Python twin where a caller decides on a loaded row; and the last
+error's code (the column, or the legacy text's prefix) with the values that write it. No
+writes here: the writers are the sibling modules.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, case, literal, or_, text
+
+from ..db.models import Job
+from ..states import Status, Submission
+
+# Literal text where a partial index must match it (migrations 0019/0020 and models.Job): the
+# sweep's keyset walk reads through jobs_inflight_idx / jobs_inflight_keyset_idx and
+# jobs_unsettled_idx, and PostgreSQL matches a partial index only on the predicate's own text
+# under generic plans.
+_IN_FLIGHT_SQL = text("jobs.status IN ('pending', 'processing')")
+
+
+_UNSETTLED_SQL = text("jobs.status IN ('failed', 'cancelled')")
+
+
+_SETTLED_STATES = (Status.FAILED, Status.CANCELLED)
+
+
+def in_flight() -> Any:
+    """SQL: the job is pending or processing (the in-flight partial indexes' predicate)."""
+    return _IN_FLIGHT_SQL
+
+
+def settlement_pending() -> Any:
+    """SQL: a failed/cancelled job the library failed whose refund has not settled
+    (``credits_actual`` NULL, ``next_poll_at`` set — never a platform's old row)."""
+    return and_(_UNSETTLED_SQL, Job.credits_actual.is_(None), Job.next_poll_at.is_not(None))
+
+
+def settlement_due(cutoff: datetime) -> Any:
+    """SQL: :func:`settlement_pending` with its retry time reached by ``cutoff``."""
+    return and_(settlement_pending(), Job.next_poll_at <= cutoff)
+
+
+def is_settlement_pending(job: Job) -> bool:
+    """:func:`settlement_pending` on a loaded row."""
+    return (job.status in _SETTLED_STATES and job.credits_actual is None
+            and job.next_poll_at is not None)
+
+
+def is_settlement_due(job: Job, cutoff: datetime) -> bool:
+    """:func:`settlement_due` on a loaded row."""
+    return is_settlement_pending(job) and job.next_poll_at is not None \
+        and job.next_poll_at <= cutoff
+
+
+def claim_expired(now: datetime) -> Any:
+    """SQL: no live create claim (none, or its lease ended before ``now``)."""
+    return or_(Job.claim_expires_at.is_(None), Job.claim_expires_at < now)
+
+
+def uncertain_expired(now: datetime) -> Any:
+    """SQL: a submission whose outcome is unknown: ``uncertain``, or ``submitting`` with its
+    claim gone (nobody is creating it now). Evidence adopts it; an operator resolves it."""
+    return or_(Job.submission_state == Submission.UNCERTAIN,
+               and_(Job.submission_state == Submission.SUBMITTING, claim_expired(now)))
+
+
+# ``reconcile_last_error`` is the text, ``reconcile_last_error_code`` its code (migration 0021):
+# an ``UPSTREAM_…`` code is an upstream verdict (not found, expired media…), which an error that
+# is no verdict (a failed read, a raising step) never overwrites.
+
+
+def legacy_error_code(last_error: str | None) -> str | None:
+    """The one fallback for rows written before migration 0021 (code NULL, text set): the code
+    the text starts with, as the library wrote it then (``UPSTREAM_…: message`` or
+    ``INTERNAL: …``); None for any other text. Never used when the column is set."""
+    if last_error and last_error.startswith(("UPSTREAM_", "INTERNAL:")):
+        return last_error.split(":", 1)[0]
+    return None
+
+
+def last_error_code(job: Job) -> str | None:
+    """The code of the job's last error: the column, else (a legacy row) :func:`legacy_error_code`."""
+    if job.reconcile_last_error_code is not None:
+        return job.reconcile_last_error_code
+    return legacy_error_code(job.reconcile_last_error)
+
+
+def is_verdict(code: str | None) -> bool:
+    """An upstream verdict's code (``UPSTREAM_…``)."""
+    return code is not None and code.startswith("UPSTREAM_")
+
+
+def _verdict_sql() -> Any:
+    """SQL: the row's last error is an upstream verdict (:func:`is_verdict` of
+    :func:`last_error_code`, the legacy text included)."""
+    return or_(Job.reconcile_last_error_code.like("UPSTREAM\\_%", escape="\\"),
+               and_(Job.reconcile_last_error_code.is_(None),
+                    Job.reconcile_last_error.like("UPSTREAM\\_%", escape="\\")))
+
+
+def _last_error(last_error: str | None, code: str | None, verdict: bool) -> dict[str, Any]:
+    """The values writing a last error (text and code): ``verdict=False`` keeps the row's own
+    when it is an upstream verdict."""
+    if verdict:
+        return {"reconcile_last_error": last_error, "reconcile_last_error_code": code}
+    keep = _verdict_sql()
+    return {"reconcile_last_error": case((keep, Job.reconcile_last_error),
+                                         else_=literal(last_error)),
+            "reconcile_last_error_code": case((keep, Job.reconcile_last_error_code),
+                                              else_=literal(code))}

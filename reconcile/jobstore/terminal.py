@@ -1,0 +1,111 @@
+"""Internal: the terminal writes — failed, cancelled over a failure, completed, the final cost,
+the settlement (claimed, settled, retried), an operator's re-charge — and the one writer of
+``credit_anomalies``."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.orm import Session
+
+from .. import redact
+from ..db.models import CreditAnomaly, Job
+from ..states import IN_FLIGHT, Status
+from .cas import _cas
+
+
+def claim_settlement(session: Session, job_id: uuid.UUID, cutoff: datetime,
+                     retry_at: datetime) -> Job | None:
+    """Move a due settlement's ``next_poll_at`` to ``retry_at`` (a short lease: if this process
+    dies before settling, the retry is due again then). None: settled or claimed meanwhile."""
+    return _cas(session, Job.id == job_id, Job.credits_actual.is_(None),
+                Job.next_poll_at.is_not(None), Job.next_poll_at <= cutoff,
+                next_poll_at=retry_at)
+
+
+def record_recharge(session: Session, job_id: uuid.UUID, amount: int) -> bool:
+    """An operator's re-charge of a refunded job: its final cost is ``amount``."""
+    result = session.execute(update(Job).where(Job.id == job_id)
+                             .values(credits_actual=amount, display_cost=amount))
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def record_anomaly(session: Session | Connection, *, job_id: uuid.UUID | None,
+                   user_id: uuid.UUID | None, kind: str, detail: Any, now: datetime,
+                   once: bool = False) -> bool:
+    """The one writer of ``credit_anomalies``. ``once``: only if the job has no anomaly of
+    ``kind`` yet (one SELECT first; the caller holds what serialises it, usually the job's row
+    lock). A Session adds the row (its flush writes it, as before); a Connection inserts it.
+    False: ``once`` and the anomaly exists."""
+    if once:
+        seen = session.execute(select(CreditAnomaly.id).where(
+            CreditAnomaly.job_id == job_id, CreditAnomaly.kind == kind).limit(1)).first()
+        if seen is not None:
+            return False
+    if isinstance(session, Session):
+        session.add(CreditAnomaly(job_id=job_id, user_id=user_id, kind=kind, detail=detail,
+                                  created_at=now))
+    else:
+        session.execute(insert(CreditAnomaly.__table__).values(
+            job_id=job_id, user_id=user_id, kind=kind, detail=detail, created_at=now))
+    return True
+
+
+def mark_failed(session: Session, job_id: uuid.UUID, *, now: datetime, code: str, message: str,
+                detail: dict[str, Any] | None, where: tuple[Any, ...] = (),
+                submission_state: str | None = None, status: str = Status.FAILED) -> Job | None:
+    """In flight → failed (or cancelled), with ``next_poll_at = now`` so the refund is settled
+    even if this process dies before it."""
+    values: dict[str, Any] = dict(
+        status=status, error_code=code, error_message=redact.signed(message),
+        error_detail=redact.detail(detail),
+        next_poll_at=now, completed_at=now, claim_expires_at=None, poll_lease_expires_at=None,
+        credits_actual=None,
+    )
+    if submission_state is not None:
+        values["submission_state"] = submission_state
+    return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), *where, **values)
+
+
+def cancelled_over_failure(session: Session, job_id: uuid.UUID, task_id: str, *, code: str,
+                           message: str, detail: dict[str, Any] | None) -> Job | None:
+    """failed → cancelled, for the user's cancel whose own upstream cancel a poll (or a webhook)
+    read first: the task failed ``UPSTREAM_FAILED`` *because* we cancelled it. Money is not
+    touched (a failed and a cancelled job settle the same refund, once); only the status, the
+    code and the detail say what happened. Guarded on the same upstream task and on that code,
+    so a completion, an exhaustion or another task's failure is never rewritten."""
+    return _cas(session, Job.id == job_id, Job.status == Status.FAILED,
+                Job.error_code == "UPSTREAM_FAILED", Job.provider_task_id == task_id,
+                status=Status.CANCELLED, error_code=code, error_message=redact.signed(message),
+                error_detail=redact.detail(detail))
+
+
+def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | None:
+    """Completion is allowed only from pending/processing (README, Design notes: Completion).
+    Clearing the last error's text clears its code too."""
+    if "reconcile_last_error" in values and values["reconcile_last_error"] is None:
+        values.setdefault("reconcile_last_error_code", None)
+    return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), status=Status.COMPLETED,
+                next_poll_at=None, poll_lease_expires_at=None, claim_expires_at=None, **values)
+
+
+def record_cost(session: Session, job_id: uuid.UUID, credits_actual: int) -> bool:
+    """A completed job's final cost, when it was not known at the completion CAS."""
+    return _cas(session, Job.id == job_id, Job.status == Status.COMPLETED,
+                credits_actual=credits_actual, display_cost=credits_actual) is not None
+
+
+def settled(session: Session, job_id: uuid.UUID, credits_actual: int) -> bool:
+    return _cas(session, Job.id == job_id, Job.credits_actual.is_(None),
+                credits_actual=credits_actual, next_poll_at=None) is not None
+
+
+def settle_failed(session: Session, job_id: uuid.UUID, retry_at: datetime) -> bool:
+    """A settlement attempt failed: retry at ``retry_at``, one more attempt counted. False: the
+    job is settled already (or gone)."""
+    result = session.execute(update(Job).where(Job.id == job_id, Job.credits_actual.is_(None))
+                             .values(next_poll_at=retry_at, settle_attempts=Job.settle_attempts + 1))
+    return result.rowcount == 1  # type: ignore[attr-defined]

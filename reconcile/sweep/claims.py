@@ -1,0 +1,151 @@
+"""Internal: the sweep's claims — each decided row's compare-and-set, written under its row lock.
+
+:func:`decide` is the runtime-facing wrapper of the pure table (:func:`.table.decide`): it looks
+the kind up and reads the legacy cutoff only where the table needs it. :func:`_plan` decides one
+locked row and, unless it is left, observed only or a dry run, writes the action's claim
+(:func:`_claim`); the work left for after the commit is the plan's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from .. import adoption, batch_poll, jobstore, lifecycle
+from ..db.models import Job
+from ..errors import ErrorCode
+from ..events import add_event
+from ..kinds import Kind
+from ..runtime import Runtime
+from ..states import (
+    ATTEMPT_SPACING,
+    IN_FLIGHT,
+    NOT_STARTED_AGE,
+    SETTLE_BACKOFF_BASE,
+    Submission,
+)
+from . import table
+from .table import Action, Decision
+
+log = logging.getLogger("reconcile.sweep")
+
+
+def decide(rt: Runtime, job: Job, now: datetime) -> Decision:
+    """The decision-table action for one row (reads nothing but the row, the kind, settings and the
+    adoption time, which the runtime reads from the database once): :func:`.table.decide` with
+    the runtime's kind registry and legacy cutoff."""
+    cutoff = adoption.legacy_cutoff(rt) if table.needs_legacy_cutoff(rt.settings, job) else None
+    kind = rt.kind(job.provider_kind) if job.status in IN_FLIGHT else None
+    return table.decide(rt.settings, job, kind, now, legacy_cutoff=cutoff)
+
+
+@dataclass
+class _Plan:
+    """A decided row: ``outcome`` is final when set, else the work left for after commit."""
+
+    job: Job
+    decision: Decision
+    kind: Kind | None = None
+    outcome: str | None = None
+    generation: int | None = None  # a new poll chain to enqueue
+
+
+def _plan(rt: Runtime, session: Session, job: Job, now: datetime, *, dry_run: bool,
+          claim: bool = True) -> _Plan:
+    decision = decide(rt, job, now)
+    plan = _Plan(job, decision, rt.kind(job.provider_kind))
+    if decision.action is Action.LEAVE:
+        plan.outcome = "left"
+    elif _observed(rt, job, decision) or dry_run:
+        # observe wins over dry run: a dry run reports what the real tick would do
+        plan.outcome = "observe_only" if _observed(rt, job, decision) else "dry_run"
+        log.info("sweep_would job_id=%s row=%s action=%s mode=%s", job.id, decision.row,
+                 decision.action, plan.outcome)
+    elif not claim:
+        plan.outcome = None  # fanned out: the per-job task claims it itself
+    else:
+        with session.begin_nested():  # a bad row rolls back alone
+            _claim(rt, session, plan, now)
+    return plan
+
+
+def _observed(rt: Runtime, job: Job, decision: Decision) -> bool:
+    """Only logged: a legacy FAIL under ``LEGACY_SWEEP=observe``, or an observe-only kind."""
+    if decision.row == "legacy" and rt.settings.legacy_sweep == "observe":
+        return True
+    return adoption.observe_only(rt.settings, job)
+
+
+def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
+    job, action, kind = plan.job, plan.decision.action, plan.kind
+    spacing = rt.settings.scaled(ATTEMPT_SPACING)
+    claimed: Job | None = job
+    if action is Action.FAIL:
+        where = ((Job.submission_state == Submission.NOT_STARTED,)
+                 if plan.decision.row == "not_started_exhausted" else ())
+        claimed = _persist_failure(rt, session, job, now, plan.decision.row, where)
+    elif action is Action.REENQUEUE:
+        claimed = jobstore.claim_reenqueue(session, job.id, now,
+                                           rt.settings.scaled(NOT_STARTED_AGE))
+    elif action is Action.MARK_UNCERTAIN:
+        claimed = jobstore.mark_uncertain(
+            session, job.id, token=None, now=now, code=ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN,
+            detail={"reason": "submission claim expired before the id was saved", "via": "sweep",
+                    "submissionOutcome": "uncertain"})
+        plan.outcome = "uncertain" if claimed is not None else "lost"
+    elif action in (Action.POLL, Action.EVIDENCE):
+        claimed = jobstore.claim_attempt(session, job.id, now, spacing)  # keeps the last error
+    elif action is Action.SETTLE:
+        claimed = jobstore.claim_settlement(session, job.id, _settle_cutoff(rt, now),
+                                            now + rt.settings.scaled(SETTLE_BACKOFF_BASE))
+    elif action is Action.ANOMALY:
+        fresh = _anomaly_once(session, job, "unknown_provider_kind", now,
+                              {"provider_kind": job.provider_kind,
+                               "submission_state": job.submission_state,
+                               "provider_task_id": job.provider_task_id})
+        plan.outcome = "anomaly" if fresh else "left"
+    if claimed is None:
+        plan.outcome = "lost"
+        return
+    plan.job = claimed
+    if kind is not None and (action is Action.RESUME or plan.decision.resume):
+        age = now - (claimed.provider_call_started_at or now)
+        if rt.settings.poll_mode == "batch":  # no chain: a new generation, due now (no message)
+            fresh_chain = jobstore.make_due(session, job.id, now, batch_poll.claim_lease(rt))
+        else:
+            fresh_chain = jobstore.start_new_chain(session, job.id, now,
+                                                   lifecycle.poll_lease(rt, kind, age))
+        if fresh_chain is None:
+            plan.outcome = "lost" if action is Action.RESUME else plan.outcome
+        else:
+            plan.job, plan.generation = fresh_chain, fresh_chain.poll_generation
+
+
+def _persist_failure(rt: Runtime, session: Session, job: Job, now: datetime, row: str,
+                     where: tuple[Any, ...]) -> Job | None:
+    """The persist half of ``lifecycle.fail_job`` (the refund settles after commit)."""
+    failed = jobstore.mark_failed(
+        session, job.id, now=now, code=ErrorCode.RECONCILE_NO_RECOVERY,
+        message="reconcile_no_recovery", detail={"reason": row, "via": "sweep"}, where=where)
+    if failed is not None:
+        add_event(session, failed, "failed", now, {"code": str(ErrorCode.RECONCILE_NO_RECOVERY)},
+                  rt=rt)
+    return failed
+
+
+def _settle_cutoff(rt: Runtime, now: datetime) -> datetime:
+    return table.settle_cutoff(rt.settings, now)
+
+
+def _anomaly_once(session: Session, job: Job, kind: str, now: datetime,
+                  detail: dict[str, Any]) -> bool:
+    """One ``credit_anomalies`` row of ``kind`` per job (the caller holds the job row lock)."""
+    if not jobstore.record_anomaly(session, job_id=job.id, user_id=job.user_id, kind=kind,
+                                   detail=detail, now=now, once=True):
+        return False
+    log.warning("sweep_anomaly job_id=%s kind=%s", job.id, kind)
+    return True

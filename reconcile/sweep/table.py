@@ -1,0 +1,279 @@
+"""Internal: the sweep's decision table, pure — the row, its kind, plain settings and a time in,
+a :class:`Decision` out.
+
+No session, no I/O, no runtime: :func:`decide` is handed the ``jobs`` row, its registered kind
+(None: unknown), the :class:`~reconcile.settings.Settings` values and the tick's time, plus the
+legacy cutoff its caller read (only needed where :func:`needs_legacy_cutoff` says so). The rows
+are tried in order; the first that matches wins:
+
+==  =========================  ============================================================
+ 1  legacy                     a row nobody submitted through the library (bounded)
+ 2  unknown_kind_stale         an unknown kind that never reached a provider: fail
+ 3  unknown_kind               an unknown kind with upstream state: one anomaly
+ 4  platform_untracked         a platform row, known kind, no upstream handle: as sync
+ 5  platform_task              a platform row with a task id: as accepted, past threshold
+ 6  not_started                the create never ran (async): re-enqueue, bounded
+ 7  not_started_sync           a sync request that died before it ran: fail when stale
+ 8  submitting                 a create in progress: left while its claim lives
+ 9  submitting_expired         its claim gone: uncertain (async) / fail when stale (sync)
+10  accepted                   poll once when an attempt is due (past the threshold)
+11  accepted (resume)          a dead poll chain: a new generation
+12  uncertain                  look for evidence every 5 minutes
+13  unsettled                  a failed/cancelled job whose refund is due: settle
+==  =========================  ============================================================
+
+The executor (:mod:`.claims`, :mod:`.carry`, :mod:`.tick`) writes each action's claim and
+carries it out; ``reconcile.sweep.decide(rt, job, now)`` is the runtime-facing wrapper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from .. import adoption
+from ..db.models import Job
+from ..jobstore.predicates import is_settlement_due
+from ..kinds import Kind
+from ..settings import Settings
+from ..states import (
+    ATTEMPT_SPACING,
+    IN_FLIGHT,
+    LEGACY_AGE,  # row 2's age (an unknown kind that never reached a provider): 5 minutes
+    MAX_CREATE_REENQUEUES,
+    NOT_STARTED_AGE,
+    Status,
+    Submission,
+)
+
+# whoever persists a failure settles it right after; the sweep steps in only once a due
+# settlement has waited this long (so it never races a live settler, its own included)
+SETTLE_GRACE = timedelta(seconds=30)
+
+
+class Action(StrEnum):
+    LEAVE = "leave"
+    FAIL = "fail"
+    REENQUEUE = "reenqueue"
+    MARK_UNCERTAIN = "mark_uncertain"
+    POLL = "poll"
+    RESUME = "resume"
+    EVIDENCE = "evidence"
+    ANOMALY = "anomaly"
+    SETTLE = "settle"
+
+
+# actions that try to bring a job to its result (a dry run's would_recover)
+RECOVERING = ("poll", "resume", "evidence", "reenqueue")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Which table row matched (``row``) and what to do; ``resume``: poll, then a new chain."""
+
+    row: str
+    action: Action
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One job as the table sees it: the row, its kind (None: unknown), the tick's time, the
+    settings and the legacy cutoff (None: no row is a legacy candidate)."""
+
+    settings: Settings
+    job: Job
+    kind: Kind | None
+    now: datetime
+    legacy_cutoff: datetime | None = None
+
+    def aged(self, since: datetime | None, age: timedelta) -> bool:
+        return since is not None and self.now - since >= self.settings.scaled(age)
+
+    def past_threshold(self) -> bool:
+        # lifecycle.past_threshold on plain values: the kind's stale threshold since the start
+        if self.kind is None:
+            return False
+        j = self.job
+        started = j.provider_call_started_at or j.started_at or j.created_at
+        return self.now - started >= self.settings.scaled(self.kind.stale_threshold)
+
+    def attempt_due(self) -> bool:
+        last = self.job.reconcile_last_attempt_at
+        return last is None or self.aged(last, ATTEMPT_SPACING)
+
+    def lease_expired(self) -> bool:
+        if self.job.poll_due_at is not None and self.settings.poll_mode == "batch":
+            # a batch-polled row is never resumed: it is due, or claimed until its batch lease
+            # ends and then due again (a dead poller costs one lease, not a new chain)
+            return False
+        lease = self.job.poll_lease_expires_at
+        return lease is None or lease <= self.now
+
+    def fail_if_stale(self, row: str) -> Decision:
+        return Decision(row, Action.FAIL if self.past_threshold() else Action.LEAVE)
+
+
+def _legacy(r: _Row) -> Decision | None:
+    """1: a row nobody submitted through the library (the legacy catch-all), bounded by
+    the legacy cutoff, age and job types (``adoption``; README, Design notes: Legacy rows). In ``observe`` mode
+    the FAIL is only logged and counted (``reconcile.sweep.claims._observed``)."""
+    j = r.job
+    if not adoption.is_foreign(j):
+        return None
+    if r.settings.legacy_sweep == "off":
+        return Decision("legacy_off", Action.LEAVE)
+    why_not = adoption.legacy_reason(r.settings, r.legacy_cutoff, j, r.now)
+    if why_not == "after_cutoff":  # another subsystem's row: never touched, in any mode
+        return Decision("foreign_after_cutoff", Action.LEAVE)
+    if why_not is not None:
+        return Decision("legacy", Action.LEAVE)
+    return Decision("legacy", Action.FAIL)
+
+
+def _unknown_kind_stale(r: _Row) -> Decision | None:
+    """2: an unknown kind that never reached a provider we could ask: the sync sweep."""
+    j = r.job
+    if j.provider_kind is None or r.kind is not None:
+        return None
+    if j.provider_task_id or j.submission_state is not None:
+        return None
+    if not r.aged(j.provider_call_started_at or j.started_at or j.created_at, LEGACY_AGE):
+        return None
+    return Decision("unknown_kind_stale", Action.FAIL)
+
+
+def _unknown_kind(r: _Row) -> Decision | None:
+    """3: an unknown kind with upstream state: report once, touch nothing (another process
+    may have registered the kind)."""
+    j = r.job
+    if j.provider_kind is None or r.kind is not None:
+        return None
+    if not (j.provider_task_id or j.submission_state is not None):
+        return None
+    return Decision("unknown_kind", Action.ANOMALY)
+
+
+def _platform_untracked(r: _Row) -> Decision | None:
+    """4: a platform row with a known kind and no upstream handle: as a sync kind."""
+    j = r.job
+    if j.submission_state is not None or r.kind is None:
+        return None
+    if j.provider_task_id and not r.kind.sync:
+        return None
+    return r.fail_if_stale("platform_untracked")
+
+
+def _platform_task(r: _Row) -> Decision | None:
+    """5: a platform row with a task id: as ``accepted`` once past the threshold (a NULL poll
+    lease is not expired before it: the library never starts a chain on it earlier)."""
+    j = r.job
+    if j.submission_state is not None or r.kind is None or not j.provider_task_id:
+        return None
+    if not r.past_threshold():
+        return Decision("platform_task", Action.LEAVE)
+    return _accepted_action(r, "platform_task")
+
+
+def _not_started(r: _Row) -> Decision | None:
+    """6 and 7: the create never ran (async: re-enqueue, bounded) or the sync request died."""
+    j, kind = r.job, r.kind
+    if j.submission_state != Submission.NOT_STARTED or kind is None:
+        return None
+    if kind.sync:
+        stale = r.aged(j.created_at, kind.stale_threshold)
+        return Decision("not_started_sync", Action.FAIL if stale else Action.LEAVE)
+    due = (r.aged(j.created_at, NOT_STARTED_AGE)
+           and (j.create_not_before is None or j.create_not_before <= r.now)
+           and (j.create_enqueued_at is None or r.aged(j.create_enqueued_at, NOT_STARTED_AGE)))
+    if not due:
+        return Decision("not_started", Action.LEAVE)
+    if (j.create_enqueue_count or 0) >= MAX_CREATE_REENQUEUES:
+        return Decision("not_started_exhausted", Action.FAIL)
+    return Decision("not_started", Action.REENQUEUE)
+
+
+def _submitting(r: _Row) -> Decision | None:
+    """8 and 9: a create in progress; once its lease is gone nobody knows whether it landed."""
+    j, kind = r.job, r.kind
+    if j.submission_state != Submission.SUBMITTING or kind is None:
+        return None
+    if j.claim_expires_at is not None and j.claim_expires_at > r.now:
+        return Decision("submitting", Action.LEAVE)
+    if not kind.sync:
+        return Decision("submitting_expired", Action.MARK_UNCERTAIN)
+    return r.fail_if_stale("submitting_sync_expired")  # no recovery possible: fail + refund
+
+
+def _accepted(r: _Row) -> Decision | None:
+    """10 and 11: an accepted task: poll once when an attempt is due, resume a dead chain."""
+    j, kind = r.job, r.kind
+    if j.submission_state != Submission.ACCEPTED or kind is None:
+        return None
+    if kind.sync:  # a sync call holds no upstream handle: nothing to poll
+        return r.fail_if_stale("accepted_sync")
+    if not j.provider_task_id:
+        return Decision("accepted", Action.LEAVE)
+    return _accepted_action(r, "accepted")
+
+
+def _accepted_action(r: _Row, row: str) -> Decision:
+    if r.past_threshold() and r.attempt_due():
+        return Decision(row, Action.POLL, resume=r.lease_expired())
+    if r.lease_expired():
+        return Decision(row, Action.RESUME)
+    return Decision(row, Action.LEAVE)
+
+
+def _uncertain(r: _Row) -> Decision | None:
+    """12: look for evidence every 5 minutes; never refunded or resubmitted automatically."""
+    j, kind = r.job, r.kind
+    if j.submission_state != Submission.UNCERTAIN or kind is None:
+        return None
+    if kind.sync:  # never made by the library today; an old stray create message did (hole 12)
+        return r.fail_if_stale("uncertain_sync")
+    if not r.attempt_due():
+        return Decision("uncertain", Action.LEAVE)
+    return Decision("uncertain", Action.EVIDENCE)
+
+
+_TABLE: tuple[Callable[[_Row], Decision | None], ...] = (
+    _legacy, _unknown_kind_stale, _unknown_kind, _platform_untracked, _platform_task,
+    _not_started, _submitting, _accepted, _uncertain,
+)
+
+_NO_MATCH = Decision("none", Action.LEAVE)
+
+_ERROR = Decision("error", Action.LEAVE)
+
+
+def settle_cutoff(settings: Settings, now: datetime) -> datetime:
+    """Row 13's cutoff: a due settlement is the sweep's once it has waited :data:`SETTLE_GRACE`."""
+    return now - settings.scaled(SETTLE_GRACE)
+
+
+def needs_legacy_cutoff(settings: Settings, job: Job) -> bool:
+    """Whether :func:`decide` reads ``legacy_cutoff`` for this row (row 1 past its ``off``
+    check): the caller reads the cutoff only then, as the table did when it held the runtime."""
+    return (job.status in IN_FLIGHT and adoption.is_foreign(job)
+            and settings.legacy_sweep != "off")
+
+
+def decide(settings: Settings, job: Job, kind: Kind | None, now: datetime, *,
+           legacy_cutoff: datetime | None = None) -> Decision:
+    """The decision-table action for one row: reads nothing but the row, its kind (None:
+    unknown), the settings and ``legacy_cutoff`` (the adoption time, which the caller reads
+    from the database once)."""
+    if job.status in (Status.FAILED, Status.CANCELLED):
+        due = is_settlement_due(job, settle_cutoff(settings, now))
+        return Decision("unsettled", Action.SETTLE) if due else _NO_MATCH  # 13
+    if job.status not in IN_FLIGHT:
+        return _NO_MATCH
+    row = _Row(settings, job, kind, now, legacy_cutoff)
+    for check in _TABLE:
+        decision = check(row)
+        if decision is not None:
+            return decision
+    return _NO_MATCH
