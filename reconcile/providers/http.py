@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import requests
 import urllib3
 
-from ..errors import ProviderError, ReadFailed
+from ..errors import ErrorCode, ProviderError, ReadFailed, SyncCallFailed
+from . import deadline
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -279,3 +280,30 @@ def cancel_once(http: HttpClient, method: str, path: str) -> bool:
     except requests.RequestException:
         return False
     return 200 <= response.status_code < 300
+
+
+def send_sync(http: HttpClient, label: str, seconds: float, method: str, path: str,
+              **kwargs: Any) -> requests.Response:
+    """Send a sync call once within its total deadline (``seconds``, :mod:`.deadline`); a
+    timeout is ``SyncCallFailed(UPSTREAM_TIMEOUT)``, any other transport error a plain
+    ``SyncCallFailed``, each message led by ``label``."""
+    try:
+        with deadline.bounded(seconds):
+            return http.send_once(method, path, **kwargs)
+    except requests.Timeout as exc:
+        raise SyncCallFailed(f"{label}: timeout: {exc}", code=ErrorCode.UPSTREAM_TIMEOUT) from exc
+    except requests.RequestException as exc:
+        raise SyncCallFailed(f"{label}: {exc.__class__.__name__}: {exc}") from exc
+
+
+def chat_body(model: str, input: Mapping[str, Any], **defaults: Any) -> dict[str, Any]:
+    """A chat call's JSON body from a job's input: ``stream`` dropped (a sync call reads one
+    JSON body), ``model`` set, ``defaults`` filled in where absent, and ``prompt`` (a
+    convenience) turned into one user message unless ``messages`` is given."""
+    body: dict[str, Any] = {k: v for k, v in input.items() if k not in ("prompt", "stream")}
+    body["model"] = model
+    for key, value in defaults.items():
+        body.setdefault(key, value)
+    if "messages" not in body and isinstance(input.get("prompt"), str):
+        body["messages"] = [{"role": "user", "content": input["prompt"]}]
+    return body
