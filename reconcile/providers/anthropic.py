@@ -21,7 +21,7 @@ from ..errors import ErrorCode, SyncCallFailed, bounded
 from ..settings import Settings
 from . import deadline
 from .base import Output, SyncResult
-from .http import HttpClient, chat_body, parse_retry_after, send_sync
+from .http import HttpClient, _chat_body, parse_retry_after
 
 __all__ = ["AnthropicClient", "Message", "code_for", "error_for", "parse_message", "sync_client"]
 
@@ -161,9 +161,9 @@ class AnthropicClient:
         deadline.prepare(self.http.session, self.http.base_url)
 
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:
-        body = chat_body(model, input, max_tokens=DEFAULT_MAX_TOKENS)
-        response = send_sync(self.http, "Anthropic", self.deadline, "POST", MESSAGES_PATH,
-                             json=body)
+        body = _chat_body(model, input, max_tokens=DEFAULT_MAX_TOKENS)
+        response = deadline.send_sync(self.http, "Anthropic", self.deadline, "POST",
+                                      MESSAGES_PATH, json=body)
         return parse_message(response.status_code, response.content, response.headers)
 
 

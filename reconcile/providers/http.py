@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 import urllib3
 
-from ..errors import ErrorCode, ProviderError, ReadFailed, SyncCallFailed
-from . import deadline
+from ..errors import ProviderError, ReadFailed
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -282,21 +281,7 @@ def cancel_once(http: HttpClient, method: str, path: str) -> bool:
     return 200 <= response.status_code < 300
 
 
-def send_sync(http: HttpClient, label: str, seconds: float, method: str, path: str,
-              **kwargs: Any) -> requests.Response:
-    """Send a sync call once within its total deadline (``seconds``, :mod:`.deadline`); a
-    timeout is ``SyncCallFailed(UPSTREAM_TIMEOUT)``, any other transport error a plain
-    ``SyncCallFailed``, each message led by ``label``."""
-    try:
-        with deadline.bounded(seconds):
-            return http.send_once(method, path, **kwargs)
-    except requests.Timeout as exc:
-        raise SyncCallFailed(f"{label}: timeout: {exc}", code=ErrorCode.UPSTREAM_TIMEOUT) from exc
-    except requests.RequestException as exc:
-        raise SyncCallFailed(f"{label}: {exc.__class__.__name__}: {exc}") from exc
-
-
-def chat_body(model: str, input: Mapping[str, Any], **defaults: Any) -> dict[str, Any]:
+def _chat_body(model: str, input: Mapping[str, Any], **defaults: Any) -> dict[str, Any]:
     """A chat call's JSON body from a job's input: ``stream`` dropped (a sync call reads one
     JSON body), ``model`` set, ``defaults`` filled in where absent, and ``prompt`` (a
     convenience) turned into one user message unless ``messages`` is given."""

@@ -13,7 +13,7 @@ from ...errors import InvalidParam, SyncCallFailed
 from ...settings import Settings
 from .. import deadline
 from ..base import Output, SyncResult
-from ..http import chat_body, send_sync
+from ..http import _chat_body
 from ._common import Headers, decode, error_for, http_client
 
 # kie-llm: KIE serves each chat model under its own path, ``POST /{model}/v1/chat/completions``
@@ -60,9 +60,10 @@ class KieLlmClient:
         # ``stream`` is dropped: a sync call reads one JSON body. ``prompt`` is a convenience.
         if not model.strip("/"):
             raise InvalidParam("kie-llm needs a model (it names the chat path)", param="model")
-        body = chat_body(model, input)
+        body = _chat_body(model, input)
         path = LLM_CHAT_PATH.format(model=quote(model, safe=""))
-        response = send_sync(self.http, "KIE chat", self.deadline, "POST", path, json=body)
+        response = deadline.send_sync(self.http, "KIE chat", self.deadline, "POST", path,
+                                      json=body)
         return parse_chat(response.status_code, response.content, response.headers)
 
 
