@@ -75,7 +75,7 @@ def _webhook(rt: Any, ctx: Context) -> str:
 
 def _cancel(rt: Any, ctx: Context) -> str:
     """The user's cancel through the gateway helper (200 / 404 / 409)."""
-    from .... import api
+    from ... import api
 
     status, body = api.cancel(rt, ctx.user_id, ctx.job_id)
     error = body.get("error") if isinstance(body, dict) else None
