@@ -21,7 +21,7 @@ from ..errors import ErrorCode, SyncCallFailed, bounded
 from ..settings import Settings
 from . import deadline
 from .base import Output, SyncResult
-from .http import HttpClient, parse_retry_after
+from .http import HttpClient, _chat_body, parse_retry_after
 
 __all__ = ["AnthropicClient", "Message", "code_for", "error_for", "parse_message", "sync_client"]
 
@@ -161,20 +161,9 @@ class AnthropicClient:
         deadline.prepare(self.http.session, self.http.base_url)
 
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:
-        # ``stream`` is dropped: a sync call reads one JSON body. ``prompt`` is a convenience.
-        body: dict[str, Any] = {k: v for k, v in input.items() if k not in ("prompt", "stream")}
-        body["model"] = model
-        body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
-        if "messages" not in body and isinstance(input.get("prompt"), str):
-            body["messages"] = [{"role": "user", "content": input["prompt"]}]
-        try:
-            with deadline.bounded(self.deadline):
-                response = self.http.send_once("POST", MESSAGES_PATH, json=body)
-        except requests.Timeout as exc:
-            raise SyncCallFailed(f"Anthropic: timeout: {exc}",
-                                 code=ErrorCode.UPSTREAM_TIMEOUT) from exc
-        except requests.RequestException as exc:
-            raise SyncCallFailed(f"Anthropic: {exc.__class__.__name__}: {exc}") from exc
+        body = _chat_body(model, input, max_tokens=DEFAULT_MAX_TOKENS)
+        response = deadline.send_sync(self.http, "Anthropic", self.deadline, "POST",
+                                      MESSAGES_PATH, json=body)
         return parse_message(response.status_code, response.content, response.headers)
 
 

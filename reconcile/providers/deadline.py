@@ -16,12 +16,17 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 import requests.adapters
 import urllib3
 import urllib3.connection
+
+from ..errors import ErrorCode, SyncCallFailed
+
+if TYPE_CHECKING:
+    from .http import HttpClient
 
 
 class DeadlineExceeded(requests.Timeout):
@@ -170,3 +175,21 @@ def bounded(seconds: float) -> Iterator[None]:
         _CURRENT.watch = previous
         for sock in watch.owned:
             sock.close()
+
+
+# -- the sync call every sync client sends ------------------------------------------------
+
+
+def send_sync(http: HttpClient, label: str, seconds: float, method: str, path: str,
+              **kwargs: Any) -> requests.Response:
+    """Send a sync call once within its total deadline (``seconds``, :func:`bounded`); a
+    timeout is ``SyncCallFailed(UPSTREAM_TIMEOUT)``, any other transport error a plain
+    ``SyncCallFailed``, each message led by ``label``."""
+    try:
+        with bounded(seconds):
+            return http.send_once(method, path, **kwargs)
+    except requests.Timeout as exc:
+        raise SyncCallFailed(f"{label}: timeout: {exc}", code=ErrorCode.UPSTREAM_TIMEOUT) from exc
+    except requests.RequestException as exc:
+        raise SyncCallFailed(f"{label}: {exc.__class__.__name__}: {exc}") from exc
+

@@ -279,3 +279,16 @@ def cancel_once(http: HttpClient, method: str, path: str) -> bool:
     except requests.RequestException:
         return False
     return 200 <= response.status_code < 300
+
+
+def _chat_body(model: str, input: Mapping[str, Any], **defaults: Any) -> dict[str, Any]:
+    """A chat call's JSON body from a job's input: ``stream`` dropped (a sync call reads one
+    JSON body), ``model`` set, ``defaults`` filled in where absent, and ``prompt`` (a
+    convenience) turned into one user message unless ``messages`` is given."""
+    body: dict[str, Any] = {k: v for k, v in input.items() if k not in ("prompt", "stream")}
+    body["model"] = model
+    for key, value in defaults.items():
+        body.setdefault(key, value)
+    if "messages" not in body and isinstance(input.get("prompt"), str):
+        body["messages"] = [{"role": "user", "content": input["prompt"]}]
+    return body

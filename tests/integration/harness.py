@@ -100,6 +100,15 @@ def make_runtime(db: sessionmaker[Session], sim: Simulator, tmp: Path, *, clock:
     return rt, queues
 
 
+def clocked_runtime(db: sessionmaker[Session], sim: Simulator, tmp: Path,
+                    start: datetime) -> tuple[Runtime, Queues, Clock]:
+    """:func:`make_runtime` on a :class:`Clock` standing at ``start``: the ``env`` fixture of
+    the gateway-helper tests (runtime, queued messages, clock)."""
+    clock = Clock(start)
+    rt, queues = make_runtime(db, sim, tmp, clock=clock)
+    return rt, queues, clock
+
+
 def drain(rt: Runtime, queues: Queues, *, max_steps: int = 200, sleep: float = 0.0) -> int:
     """Run queued steps until none are left (or ``max_steps``); returns steps run."""
     import time

@@ -24,7 +24,7 @@ from reconcile.settlement import SettleOutcome
 from reconcile.states import CREATE_CLAIM_LEASE
 from reconcile.storage import LocalStorage
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.harness import Clock, Queues, drain, fund, make_runtime
+from tests.integration.harness import Clock, Queues, clocked_runtime, drain, fund
 
 KIE = "kie-standard"
 KIE_MODEL = "seedream/4.5-edit"
@@ -55,9 +55,7 @@ def as_json(response: tuple[int, dict[str, Any]]) -> tuple[int, Any]:
 @pytest.fixture
 def env(db: sessionmaker[Session], simulator: Simulator,
         tmp_path: Path) -> tuple[Runtime, Queues, Clock]:
-    clock = Clock(T0)
-    rt, queues = make_runtime(db, simulator, tmp_path, clock=clock)
-    return rt, queues, clock
+    return clocked_runtime(db, simulator, tmp_path, T0)
 
 
 def submit_kie(rt: Runtime, user: uuid.UUID, *, inline: bool = True, credits_: int = 40,

@@ -19,7 +19,7 @@ from reconcile.db.models import Job
 from reconcile.events import add_event
 from reconcile.states import IN_FLIGHT, Status
 from reconcile.testing import explorer as ex
-from reconcile.testing import explorer_scenarios as sc
+from reconcile.testing.explorer import scenarios as sc
 from tests.conftest import PG_ADMIN_URL
 
 BOUNDS = ex.Bounds(preemptions=1, jumps=1)

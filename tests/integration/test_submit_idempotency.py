@@ -27,7 +27,7 @@ from reconcile.states import NOT_STARTED_AGE
 from reconcile.sweep import sweep
 from reconcile.testing.processes import celery_sender, enqueuers, free_port
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.harness import Clock, Queues, fund, make_runtime
+from tests.integration.harness import Clock, Queues, clocked_runtime, fund
 from tests.integration.test_api import KIE, KIE_MODEL, T0, TEXT, as_json, balance
 
 PROMPT = {"prompt": "a cat"}
@@ -36,9 +36,7 @@ PROMPT = {"prompt": "a cat"}
 @pytest.fixture
 def env(db: sessionmaker[Session], simulator: Simulator,
         tmp_path: Path) -> tuple[Runtime, Queues, Clock]:
-    clock = Clock(T0)
-    rt, queues = make_runtime(db, simulator, tmp_path, clock=clock)
-    return rt, queues, clock
+    return clocked_runtime(db, simulator, tmp_path, T0)
 
 
 def submit(rt: Runtime, user: uuid.UUID, key: str | None, *, input: Any = PROMPT,

@@ -231,8 +231,7 @@ PRIVATE = {
     "reconcile.providers.http", "reconcile.providers.outcome",
     "reconcile.webhooks.elevenlabs", "reconcile.webhooks.fal", "reconcile.webhooks.kie",
     "reconcile.webhooks.registry", "reconcile.webhooks.replicate",
-    "reconcile.testing.counting", "reconcile.testing.explorer",
-    "reconcile.testing.explorer_scenarios", "reconcile.testing.platform_ledger",
+    "reconcile.testing.counting", "reconcile.testing.platform_ledger",
     "reconcile.testing.processes", "reconcile.testing.sim_anthropic",
     "reconcile.testing.sim_control", "reconcile.testing.sim_core", "reconcile.testing.sim_delivery",
     "reconcile.testing.sim_elevenlabs", "reconcile.testing.sim_fal", "reconcile.testing.sim_http",
@@ -241,7 +240,8 @@ PRIVATE = {
 }
 # Private packages: the package says ``Internal:``; every module inside is private with it.
 PRIVATE_PACKAGES = {
-    "reconcile.audit", "reconcile.demo", "reconcile.ops", "reconcile.testing.chaos", "reconcile.providers.kie",
+    "reconcile.audit", "reconcile.demo", "reconcile.ops", "reconcile.testing.chaos",
+    "reconcile.testing.explorer", "reconcile.providers.kie",
     "reconcile.providers.replicate", "reconcile.providers.elevenlabs",
 }
 # Never imported here: entry points that run on import, and Alembic's environment and revisions.

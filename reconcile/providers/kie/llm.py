@@ -9,10 +9,11 @@ from urllib.parse import quote
 
 import requests
 
-from ...errors import ErrorCode, InvalidParam, SyncCallFailed
+from ...errors import InvalidParam, SyncCallFailed
 from ...settings import Settings
 from .. import deadline
 from ..base import Output, SyncResult
+from ..http import _chat_body
 from ._common import Headers, decode, error_for, http_client
 
 # kie-llm: KIE serves each chat model under its own path, ``POST /{model}/v1/chat/completions``
@@ -57,21 +58,12 @@ class KieLlmClient:
 
     def call(self, model: str, input: Mapping[str, Any]) -> SyncResult:
         # ``stream`` is dropped: a sync call reads one JSON body. ``prompt`` is a convenience.
-        body = {k: v for k, v in input.items() if k not in ("prompt", "stream")}
         if not model.strip("/"):
             raise InvalidParam("kie-llm needs a model (it names the chat path)", param="model")
-        body["model"] = model
-        if "messages" not in body and isinstance(input.get("prompt"), str):
-            body["messages"] = [{"role": "user", "content": input["prompt"]}]
-        try:
-            path = LLM_CHAT_PATH.format(model=quote(model, safe=""))
-            with deadline.bounded(self.deadline):
-                response = self.http.send_once("POST", path, json=body)
-        except requests.Timeout as exc:
-            raise SyncCallFailed(f"KIE chat: timeout: {exc}",
-                                 code=ErrorCode.UPSTREAM_TIMEOUT) from exc
-        except requests.RequestException as exc:
-            raise SyncCallFailed(f"KIE chat: {exc.__class__.__name__}: {exc}") from exc
+        body = _chat_body(model, input)
+        path = LLM_CHAT_PATH.format(model=quote(model, safe=""))
+        response = deadline.send_sync(self.http, "KIE chat", self.deadline, "POST", path,
+                                      json=body)
         return parse_chat(response.status_code, response.content, response.headers)
 
 
