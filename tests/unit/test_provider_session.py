@@ -1,0 +1,79 @@
+"""A client's own session reads the proxy environment once per origin, and still honours it.
+
+Nothing here sends a request: ``merge_environment_settings`` is what ``Session.request`` calls
+before it sends, so the tests call it directly.
+"""
+
+from __future__ import annotations
+
+import requests
+import requests.sessions
+
+from reconcile.providers.http import HttpClient, ProviderSession
+
+
+def _counting(monkeypatch) -> list[str]:
+    seen: list[str] = []
+    real = requests.sessions.get_environ_proxies
+
+    def counted(url, no_proxy=None):
+        seen.append(url)
+        return real(url, no_proxy=no_proxy)
+
+    monkeypatch.setattr(requests.sessions, "get_environ_proxies", counted)
+    return seen
+
+
+def test_environment_proxies_are_honoured_and_read_once_per_origin(monkeypatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+    monkeypatch.setenv("NO_PROXY", "internal.example")
+    seen = _counting(monkeypatch)
+    session = ProviderSession()
+
+    first = session.merge_environment_settings("https://api.example/v1/a", {}, None, None, None)
+    second = session.merge_environment_settings("https://api.example/v1/b?x=1", {}, None, None, None)
+    assert first["proxies"]["https"] == second["proxies"]["https"] == "http://127.0.0.1:3128"
+    assert len(seen) == 1  # the second request to the same origin read nothing
+
+    bypass = session.merge_environment_settings("https://internal.example/x", {}, None, None, None)
+    assert "https" not in bypass["proxies"]  # NO_PROXY still applies per origin
+    assert len(seen) == 2
+
+    # what a caller does to the returned mapping does not leak into the next request
+    first["proxies"]["https"] = "http://127.0.0.1:1"
+    again = session.merge_environment_settings("https://api.example/v1/c", {}, None, None, None)
+    assert again["proxies"]["https"] == "http://127.0.0.1:3128"
+
+
+def test_a_call_with_its_own_proxies_is_its_own_entry(monkeypatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+    session = ProviderSession()
+    plain = session.merge_environment_settings("https://api.example/", {}, None, None, None)
+    own = session.merge_environment_settings(
+        "https://api.example/", {"https": "http://127.0.0.1:8080"}, None, None, None)
+    assert plain["proxies"]["https"] == "http://127.0.0.1:3128"
+    assert own["proxies"]["https"] == "http://127.0.0.1:8080"
+
+
+def test_without_trust_env_the_environment_is_ignored(monkeypatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+    seen = _counting(monkeypatch)
+    session = ProviderSession()
+    session.trust_env = False
+    settings = session.merge_environment_settings("https://api.example/", {}, None, None, None)
+    assert "https" not in settings["proxies"] and seen == []
+
+
+def test_the_cache_is_bounded(monkeypatch) -> None:
+    seen = _counting(monkeypatch)
+    session = ProviderSession()
+    for n in range(ProviderSession.MAX_ORIGINS + 10):
+        session.merge_environment_settings(f"https://h{n}.example/", {}, None, None, None)
+    assert len(session._environment) <= ProviderSession.MAX_ORIGINS
+    assert len(seen) == ProviderSession.MAX_ORIGINS + 10
+
+
+def test_a_client_without_an_injected_session_uses_one_and_keeps_an_injected_one() -> None:
+    assert isinstance(HttpClient("https://api.example").session, ProviderSession)
+    mine = requests.Session()
+    assert HttpClient("https://api.example", session=mine).session is mine
