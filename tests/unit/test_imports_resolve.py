@@ -69,7 +69,10 @@ def _unresolved(imports: list[tuple[str, int, str, str | None]]) -> list[str]:
             continue
         if name is None or name == "*" or hasattr(importlib.import_module(module), name):
             continue
-        if importlib.util.find_spec(f"{module}.{name}") is None:  # ``from pkg import submodule``
+        target = importlib.import_module(module)
+        is_submodule = hasattr(target, "__path__") and \
+            importlib.util.find_spec(f"{module}.{name}") is not None  # from pkg import submodule
+        if not is_submodule:
             problems.append(f"{where}:{line} imports {name} from {module}, which has no such name")
     return problems
 
