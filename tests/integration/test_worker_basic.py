@@ -15,7 +15,8 @@ from tests.integration.harness import fund, make_runtime
 from tests.integration.test_worker_crash import BROKERS, TIME_SCALE, _env, _purge
 from tests.integration.workers import Worker, make_sender, wait_for
 
-pytestmark = pytest.mark.slow
+# test_worker_crash's Redis db 13: one pytest-xdist worker runs both files' tests
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("redis-db13")]
 
 
 def test_real_worker_on_redis_completes_jobs_once(db: sessionmaker[Session], pg_url: str,
