@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml
 services:
 	@bash scripts/services.sh
 
+# pytest-xdist: TEST_WORKERS processes (most slow tests wait on worker processes, not the CPU);
+# --dist loadgroup keeps the tests sharing a fixed Redis db or RabbitMQ vhost on one worker.
+# TEST_WORKERS=0 runs in this process, one test at a time.
+TEST_WORKERS ?= 3
 test: setup services
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: setup
 	$(BIN)/ruff check reconcile tests alembic examples

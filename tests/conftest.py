@@ -117,3 +117,12 @@ def redis_url() -> str:
 
 # the shipped simulator fixtures (simulator, simulator_session, simulator_env)
 from reconcile.testing.fixtures import simulator, simulator_env, simulator_session  # noqa: E402,F401
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, hand out the ``slow`` tests (real worker processes, minutes each)
+    first, so that no worker starts one when the others are nearly done. The sort is stable and
+    the same on every worker (xdist requires identical collections); a plain run keeps the file
+    order."""
+    if XDIST_WORKER:
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
