@@ -121,8 +121,9 @@ from reconcile.testing.fixtures import simulator, simulator_env, simulator_sessi
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist, hand out the ``slow`` tests (real worker processes, minutes each)
-    first, so that no worker starts one when the others are nearly done. The sort is stable and
-    the same on every worker (xdist requires identical collections); a plain run keeps the file
-    order."""
+    first, so that no worker starts one when the others are nearly done (``make test``'s
+    ``--dist loadfile --no-loadscope-reorder`` sends files in first-appearance order). Stable and
+    the same on every worker (xdist requires identical collections); a plain run keeps the
+    file order."""
     if XDIST_WORKER:
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -215,7 +215,6 @@ def rabbitmq_vhost() -> str:
     return url
 
 
-@pytest.mark.xdist_group("rabbitmq-vhost")  # one vhost: its connections are all closed
 def test_worker_survives_its_rabbitmq_connections_closed(
         db: sessionmaker[Session], pg_url: str, simulator: Simulator, tmp_path: Path,
         rabbitmq_vhost: str) -> None:
@@ -234,7 +233,6 @@ def test_worker_survives_its_rabbitmq_connections_closed(
         rig.stop()
 
 
-@pytest.mark.xdist_group("rabbitmq-vhost")  # one vhost: its connections are all closed
 def test_rabbitmq_close_during_slow_creates_leaves_nothing_uncertain(
         db: sessionmaker[Session], pg_url: str, simulator: Simulator, tmp_path: Path,
         rabbitmq_vhost: str) -> None:
