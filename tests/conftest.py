@@ -20,7 +20,17 @@ from reconcile.db.migrate import upgrade
 from reconcile.db.session import make_engine, make_sessionmaker
 
 PG_ADMIN_URL = os.environ.get("RECONCILE_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("RECONCILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# Redis: one database per pytest-xdist worker (``make test`` runs ``-n``), because tests flush
+# theirs. RECONCILE_TEST_REDIS_URL may list several URLs, comma-separated, one per worker (gw0,
+# gw1, ...); unset, worker N gets the Nth of _XDIST_DBS, which skips the databases other code
+# hard-codes (12 bench, 13 test_worker_crash, 14 test_flower) and 3-7 (kept for people running
+# targeted tests beside the suite). Too few URLs for the worker count fails the worker.
+_XDIST_DBS = (15, 11, 10, 9, 8, 2, 1, 0)
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... or "" (no xdist)
+_WORKER_INDEX = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") else 0
+_REDIS_URLS = [u.strip() for u in os.environ.get("RECONCILE_TEST_REDIS_URL", "").split(",")
+               if u.strip()] or [f"redis://127.0.0.1:6379/{n}" for n in _XDIST_DBS]
+REDIS_URL = _REDIS_URLS[_WORKER_INDEX] if _WORKER_INDEX < len(_REDIS_URLS) else ""
 
 TABLES = (
     "jobs", "usage_logs", "workflow_executions", "reconcile_credit_balances", "reconcile_credit_lots",
@@ -94,6 +104,10 @@ def db(pg_engine: Engine) -> sessionmaker[Session]:
 def redis_url() -> str:
     import redis
 
+    if not REDIS_URL:
+        pytest.fail(f"xdist worker {XDIST_WORKER} has no Redis database of its own: "
+                    f"RECONCILE_TEST_REDIS_URL lists {len(_REDIS_URLS)} URL(s); give one per "
+                    "worker, comma-separated", pytrace=False)
     try:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
     except redis.RedisError as exc:  # pragma: no cover - environment
@@ -103,3 +117,13 @@ def redis_url() -> str:
 
 # the shipped simulator fixtures (simulator, simulator_session, simulator_env)
 from reconcile.testing.fixtures import simulator, simulator_env, simulator_session  # noqa: E402,F401
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, hand out the ``slow`` tests (real worker processes, minutes each)
+    first, so that no worker starts one when the others are nearly done (``make test``'s
+    ``--dist loadfile --no-loadscope-reorder`` sends files in first-appearance order). Stable and
+    the same on every worker (xdist requires identical collections); a plain run keeps the
+    file order."""
+    if XDIST_WORKER:
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -380,6 +380,7 @@ def test_fal_retries_a_429(sim: Simulator, fal_client: Any) -> None:
 # --- ElevenLabs ----------------------------------------------------------------------------------
 
 elevenlabs_sdk = importlib.import_module("elevenlabs")
+importlib.import_module("elevenlabs.core")  # .core is lazy: without this, only after another test
 NO_RETRY = {"max_retries": 0}
 
 

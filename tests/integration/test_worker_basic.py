@@ -12,7 +12,7 @@ from reconcile import lifecycle
 from reconcile.db.models import Job
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import fund, make_runtime
-from tests.integration.test_worker_crash import BROKERS, TIME_SCALE, _env, _purge
+from tests.integration.test_worker_crash import TIME_SCALE, _env, _purge
 from tests.integration.workers import Worker, make_sender, wait_for
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def test_real_worker_on_redis_completes_jobs_once(db: sessionmaker[Session], pg_
                                                    simulator: Simulator, tmp_path: Path,
                                                    redis_url: str) -> None:
     """Three jobs through a prefork worker on Redis: all complete, one create each."""
-    broker = BROKERS["redis"]
+    broker = redis_url  # this process's own db (test_worker_crash's db 13 may be in use)
     _purge(broker)
     sender = make_sender(broker)
     rt, _ = make_runtime(db, simulator, tmp_path, time_scale=TIME_SCALE)

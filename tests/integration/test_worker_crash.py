@@ -21,6 +21,8 @@ from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import fund, make_runtime
 from tests.integration.workers import Worker, make_sender, wait_for
 
+# Redis db 13 and RabbitMQ's default vhost are fixed: `make test` runs pytest-xdist with
+# --dist loadfile, so this file's tests run on one worker, one at a time.
 pytestmark = pytest.mark.slow
 
 TIME_SCALE = 0.05  # kie-standard: poll every 0.25 s, poll lease 2 s, threshold 30 s
