@@ -15,6 +15,8 @@ from __future__ import annotations
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -153,22 +155,18 @@ _WATCH = {
 }
 
 
-def profile(n: int = 150) -> dict[str, Any]:
-    """``reconcile_job`` in-process (no Celery) on ``n`` stale jobs under cProfile: wall and CPU
-    per job, statements per job, and where the time goes (cumulative ms per job)."""
-    import cProfile
-    import pstats
-    import tempfile
-
-    from sqlalchemy import event
-
+@contextmanager
+def stale_rig(n: int, warm: int = 30) -> Iterator[tuple[Any, Any, list[uuid.UUID]]]:
+    """``n + warm`` stale kie-standard jobs whose upstream succeeded, in a throwaway database
+    beside a simulator; the first ``warm`` are reconciled already. Yields (engine, runtime, the
+    ``n`` remaining job ids): figure 2's per-job work without Celery (its profile and
+    ``bench.profile_run``'s)."""
     from reconcile.db.session import make_engine, make_sessionmaker
     from reconcile.runtime import Runtime
     from reconcile.storage import LocalStorage
     from reconcile.sweep import reconcile_job
     from reconcile.testing.simulator import Script, Simulator
 
-    warm = 30
     with throwaway_db("profile") as (url, _), tempfile.TemporaryDirectory() as tmp, \
             Simulator() as sim:
         sim.script_default(Script(timeline=((0.0, "succeeded"),), outputs=1))
@@ -187,21 +185,37 @@ def profile(n: int = 150) -> dict[str, Any]:
                      storage=LocalStorage(Path(tmp) / "media"))
         for j in ids[:warm]:
             reconcile_job(rt, j)
+        try:
+            yield engine, rt, ids[warm:]
+        finally:
+            engine.dispose()
+
+
+def profile(n: int = 150) -> dict[str, Any]:
+    """``reconcile_job`` in-process (no Celery) on ``n`` stale jobs under cProfile: wall and CPU
+    per job, statements per job, and where the time goes (cumulative ms per job)."""
+    import cProfile
+    import pstats
+
+    from sqlalchemy import event
+
+    from reconcile.sweep import reconcile_job
+
+    with stale_rig(n) as (engine, rt, ids):
         statements = [0]
         event.listen(engine, "before_cursor_execute",
                      lambda *a: statements.__setitem__(0, statements[0] + 1))
         # wall and CPU without the profiler, then the profile on the same jobs' twins
         half = n // 2
         c0, t0 = time.process_time(), time.perf_counter()
-        outcomes = [reconcile_job(rt, j) for j in ids[warm:warm + half]]
+        outcomes = [reconcile_job(rt, j) for j in ids[:half]]
         cpu_ms = (time.process_time() - c0) / half * 1000
         wall_ms = (time.perf_counter() - t0) / half * 1000
         per_job_statements = statements[0] / half
         prof = cProfile.Profile()
         prof.enable()
-        outcomes += [reconcile_job(rt, j) for j in ids[warm + half:]]
+        outcomes += [reconcile_job(rt, j) for j in ids[half:]]
         prof.disable()
-        engine.dispose()
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     profiled = n - half
     where: dict[str, float] = {}

@@ -24,16 +24,14 @@ import argparse
 import json
 import os
 import random
-import tempfile
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from .common import log, throwaway_db
 from .profiles import profiled
-from .seed import add_inflight_jobs, add_users, sim_tasks
 
 OUT = Path(__file__).resolve().parent / "results" / "profiles"
 
@@ -47,41 +45,20 @@ def polls(out: Path, jobs: int) -> dict[str, Any]:
 
 
 def drain(out: Path, n: int = 200) -> dict[str, Any]:
-    from reconcile.db.session import make_engine, make_sessionmaker
-    from reconcile.runtime import Runtime
-    from reconcile.storage import LocalStorage
     from reconcile.sweep import reconcile_job
-    from reconcile.testing.simulator import Script, Simulator
 
-    warm = 30
-    with throwaway_db("profile") as (url, _), tempfile.TemporaryDirectory() as tmp, \
-            Simulator() as sim:
-        sim.script_default(Script(timeline=((0.0, "succeeded"),), outputs=1))
-        engine = make_engine(url)
-        users = [uuid.uuid4() for _ in range(10)]
-        ids = [uuid.uuid4() for _ in range(n + warm)]
-        tasks = sim_tasks(sim, ids)
-        now = datetime.now(UTC)
-        with engine.begin() as conn:
-            add_users(conn, users)
-            add_inflight_jobs(conn, [(j, users[i % 10], t) for i, (j, t) in
-                                     enumerate(zip(ids, tasks, strict=True))],
-                              kind="kie-standard", model="m", started=now - timedelta(minutes=15),
-                              lease=now - timedelta(minutes=1))
-        rt = Runtime(settings=sim.settings(), sessions=make_sessionmaker(engine),
-                     storage=LocalStorage(Path(tmp) / "media"))
-        for j in ids[:warm]:
-            reconcile_job(rt, j)
+    from .fig_drain import stale_rig
+
+    with stale_rig(n) as (_, rt, ids):
 
         def work() -> int:
-            for j in ids[warm:]:
+            for j in ids:
                 reconcile_job(rt, j)
             return n
 
         head = profiled(work, out / "drain.txt",
                         f"sweep.reconcile_job on {n} stale kie-standard jobs whose upstream "
                         "succeeded (figure 2's per-job work; no Celery)", unit="job")
-        engine.dispose()
     return {"drain": head}
 
 
