@@ -7,10 +7,11 @@ database migrated to head, then ANALYZEd. The statements timed are *imported* fr
 runs its first page (``LIMIT BATCH_SIZE FOR UPDATE SKIP LOCKED``) on an engine from
 ``reconcile.db.session.make_engine`` (psycopg 3, server-side binding, auto-prepare).
 
-Three index variants: ``shipped`` (every index the migrations create, including 0019's
-``jobs_inflight_keyset_idx (provider_call_started_at, id)``), ``no_single_col_idx``
-(``jobs_inflight_idx`` dropped, the keyset index kept: is the one-column index still needed next
-to the new one?) and ``no_inflight_idx`` (both in-flight indexes dropped, the rest kept). The
+Three index variants: ``shipped`` (every index the migrations create: 0019's
+``jobs_inflight_keyset_idx (provider_call_started_at, id)``; 0022 dropped the one-column
+``jobs_inflight_idx``), ``with_single_col_idx`` (the layout before 0022: ``jobs_inflight_idx``
+built back beside the keyset index, which let the planner pick it for the walk) and
+``no_inflight_idx`` (no in-flight index at all, the rest kept). The
 EXPLAIN plan of each is recorded: without an in-flight index the planner does not use
 ``jobs_inflight_task_idx`` (which also covers in-flight rows with a task id) but scans the table,
 i.e. what the seed's table did before migration 135.
@@ -216,10 +217,11 @@ def _plan_stability(conn: Any, now: datetime, tries: int) -> dict[str, Any]:
                     "Incremental Sort = the page stops after 25 rows"}
 
 
-_VARIANTS = {
-    "shipped": (),
-    "no_single_col_idx": ("jobs_inflight_idx",),
-    "no_inflight_idx": ("jobs_inflight_idx", "jobs_inflight_keyset_idx"),
+# variant → (indexes dropped for it, indexes built for it); each is undone after the variant
+_VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "shipped": ((), ()),
+    "with_single_col_idx": ((), ("jobs_inflight_idx",)),
+    "no_inflight_idx": (("jobs_inflight_keyset_idx",), ()),
 }
 _RECREATE = {
     "jobs_inflight_keyset_idx": "CREATE INDEX jobs_inflight_keyset_idx ON jobs "
@@ -278,13 +280,16 @@ def _measure(engine: Any, runs_fast: int, runs_slow: int, load_s: float,
             "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) / 1048576.0 "
             "FROM pg_index WHERE indrelid = 'jobs'::regclass AND indexrelid::regclass::text "
             "IN ('jobs_inflight_idx', 'jobs_inflight_keyset_idx')"))}
-        for variant, dropped in _VARIANTS.items():
+        for variant, (dropped, built) in _VARIANTS.items():
             for name in dropped:
                 with conn.begin():
                     conn.execute(text(f"DROP INDEX {name}"))
+            for name in built:
+                with conn.begin():
+                    conn.execute(text(_RECREATE[name]))
             conn.execute(text("ANALYZE jobs"))
             conn.commit()
-            entry: dict[str, Any] = {"dropped": list(dropped), "phases": {}}
+            entry: dict[str, Any] = {"dropped": list(dropped), "built": list(built), "phases": {}}
             for phase, stmt in stmts.items():
                 plan = _explain(conn, stmt)
                 slow = plan["execution_ms"] > 20
@@ -299,7 +304,16 @@ def _measure(engine: Any, runs_fast: int, runs_slow: int, load_s: float,
                 entry["tick_walk_estimate"] = {
                     "ms": round(per_page * pages), "pages": pages,
                     "note": "ESTIMATE: pages x median first-page latency (not run: too slow)"}
+            if variant == "with_single_col_idx":
+                out["index_mb"].update({name: round(float(mb), 2) for name, mb in conn.execute(
+                    text("SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) / "
+                         "1048576.0 FROM pg_index WHERE indrelid = 'jobs'::regclass AND "
+                         "indexrelid::regclass::text = 'jobs_inflight_idx'"))})
+                conn.commit()
             out["variants"][variant] = entry
+            for name in built:
+                with conn.begin():
+                    conn.execute(text(f"DROP INDEX {name}"))
             for name in dropped:
                 with conn.begin():
                     conn.execute(text(_RECREATE[name]))
@@ -328,21 +342,23 @@ def _ratios(result: dict[str, Any], sizes: tuple[int, ...]) -> None:
              for size in (small, big)}
     head["tick_walk_ms"] = walks
     head["growth_tick_walk_small_to_big"] = round(walks[big] / walks[small], 2)
-    # is jobs_inflight_idx (one column) still needed beside jobs_inflight_keyset_idx?
+    # the layout before 0022 (both in-flight indexes) against the shipped one (keyset only)
     single = {}
     for size in (small, big):
         v = result["sizes"][size]["variants"]
         single[size] = {
             "tick_walk_ms_shipped": v["shipped"]["tick_walk"]["total_ms"],
-            "tick_walk_ms_without": v["no_single_col_idx"]["tick_walk"]["total_ms"],
+            "tick_walk_ms_with": v["with_single_col_idx"]["tick_walk"]["total_ms"],
             "first_page_p50_ms_shipped": {p: v["shipped"]["phases"][p]["client_ms"]["p50"]
                                           for p in v["shipped"]["phases"]},
-            "first_page_p50_ms_without": {p: v["no_single_col_idx"]["phases"][p]["client_ms"]["p50"]
-                                          for p in v["no_single_col_idx"]["phases"]},
-            "plans_without": {p: v["no_single_col_idx"]["phases"][p]["explain"]["plan"]
-                              for p in v["no_single_col_idx"]["phases"]},
+            "first_page_p50_ms_with": {p: v["with_single_col_idx"]["phases"][p]["client_ms"]["p50"]
+                                       for p in v["with_single_col_idx"]["phases"]},
+            "plans_with": {p: v["with_single_col_idx"]["phases"][p]["explain"]["plan"]
+                           for p in v["with_single_col_idx"]["phases"]},
         }
-    head["without_single_col_idx"] = single
+    head["growth_tick_walk_with_single_col_idx"] = round(
+        single[big]["tick_walk_ms_with"] / single[small]["tick_walk_ms_with"], 2)
+    head["with_single_col_idx"] = single
     head["index_sizes_mb"] = result["sizes"][big].get("index_mb")
     head["mid_walk_full_sort_plans"] = {
         size: f"{st['full_sort_plans']}/{st['tries']}" for size in (small, big)

@@ -49,10 +49,10 @@ def draw(res: dict[str, Any], out: Path) -> dict[str, str]:
 def _sweep_walk(plt: Any, r: dict[str, Any]) -> Any:
     sizes = list(r["sizes"])
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    variants = [v for v in ("shipped", "no_single_col_idx")
+    variants = [v for v in ("shipped", "with_single_col_idx")
                 if all("tick_walk" in r["sizes"][s]["variants"].get(v, {}) for s in sizes)]
-    labels = {"shipped": "shipped (both in-flight indexes)",
-              "no_single_col_idx": "without jobs_inflight_idx (keyset index only)"}
+    labels = {"shipped": "shipped (keyset index only, since 0022)",
+              "with_single_col_idx": "with jobs_inflight_idx too (before 0022)"}
     xs = [int(s) for s in sizes]
     for v in variants:
         ax.plot(xs, [r["sizes"][s]["variants"][v]["tick_walk"]["total_ms"] for s in sizes],

@@ -217,9 +217,10 @@ def _fig1(r: dict[str, Any]) -> str:
          f"2.5% submitting, 2.5% not started), {r['unsettled_rows']} unsettled failures, the rest "
          "settled history. Latency is client-side (BEGIN, the locked first page, ROLLBACK on the "
          "library's engine), median of many runs; the server time is EXPLAIN ANALYZE's. Index "
-         "variants: `shipped` (every migration, 0019's `jobs_inflight_keyset_idx "
-         "(provider_call_started_at, id)` included), `no_single_col_idx` (`jobs_inflight_idx` "
-         "dropped, the keyset index kept), `no_inflight_idx` (both dropped).\n"]
+         "variants: `shipped` (every migration: 0019's `jobs_inflight_keyset_idx "
+         "(provider_call_started_at, id)`; 0022 dropped the one-column `jobs_inflight_idx`), "
+         "`with_single_col_idx` (the layout before 0022: `jobs_inflight_idx` built back beside "
+         "the keyset index), `no_inflight_idx` (no in-flight index).\n"]
     s.append("| rows | table | index | phase | client p50 ms | p99 ms | server ms | plan |")
     s.append("|---|---|---|---|---|---|---|---|")
     bars = []
@@ -240,7 +241,7 @@ def _fig1(r: dict[str, Any]) -> str:
     s.append("| rows | index | phase | pages | ms | page-2 plan | page-2 index condition | "
              "page-2 server ms |\n|---|---|---|---|---|---|---|---|")
     for size, d in r["sizes"].items():
-        for variant in ("shipped", "no_single_col_idx"):
+        for variant in ("shipped", "with_single_col_idx"):
             walk = d["variants"].get(variant, {}).get("tick_walk", {})
             for phase in ("unstarted", "started", "unsettled"):
                 w = walk.get(phase)
@@ -274,48 +275,37 @@ def _fig1(r: dict[str, Any]) -> str:
     s.append("")
     h = r.get("headline", {})
     sizes = [k for k in h if k.isdigit()]
-    if sizes and "without_single_col_idx" in h:
+    if sizes and "with_single_col_idx" in h:
         small, big = sizes[0], sizes[-1]
-        w = h["without_single_col_idx"][big]
+        w = h["with_single_col_idx"][big]
         g = h["growth_tick_walk_small_to_big"]
+        g_with = h.get("growth_tick_walk_with_single_col_idx")
         walk_big = r["sizes"][big]["variants"]["shipped"]["tick_walk"]
         pages = sum(walk_big[p]["pages"] for p in ("unstarted", "started", "unsettled"))
         mb = h.get("index_sizes_mb") or {}
-        chosen = {size: ((r["sizes"][size]["variants"]["shipped"]["tick_walk"]["started"]
-                          .get("page2_explain") or {}).get("plan") or ["?"])[-1].strip()
+        chosen = {size: ((r["sizes"][size]["variants"]["with_single_col_idx"]["tick_walk"]
+                          ["started"].get("page2_explain") or {}).get("plan") or ["?"])[-1].strip()
                   for size in sizes}
         s.append(
-            f"Reading: with 0019's index the whole tick walk goes {h['tick_walk_ms'][small]:.0f} → "
-            f"{h['tick_walk_ms'][big]:.0f} ms from {int(small):,} to {int(big):,} rows "
-            f"(**×{g}**; the last run, before 0019, ×3.2); {pages} pages, ≈ "
+            f"Reading: with the shipped indexes the whole tick walk goes "
+            f"{h['tick_walk_ms'][small]:.0f} → {h['tick_walk_ms'][big]:.0f} ms from "
+            f"{int(small):,} to {int(big):,} rows (**×{g}**; before 0019, ×3.2); {pages} pages, ≈ "
             f"{walk_big['total_ms'] / max(pages, 1):.2f} ms a page here (BEGIN + locked page + "
             "ROLLBACK: round trips, not rows read). The `started` cursor is a row comparison "
-            "(`tuple_(provider_call_started_at, id) > tuple_(…)`, sweep.py `_phases`), which "
-            "`jobs_inflight_keyset_idx` serves as an index condition (`ROW(…) > ROW(…)` in the "
-            "page-2 column: the page reads its 25 rows). With both in-flight indexes the planner "
-            "still chooses between them per ANALYZE sample — page 2 of the started phase went "
+            "(`tuple_(provider_call_started_at, id) > tuple_(…)`, `sweep/tick.py` `_phases`), "
+            "which `jobs_inflight_keyset_idx` serves as an index condition (`ROW(…) > ROW(…)` in "
+            "the page-2 column: the page reads its 25 rows). With the one-column "
+            "`jobs_inflight_idx` beside it (the layout before 0022) the planner chooses between "
+            "them per ANALYZE sample — page 2 of the started phase went "
             + ", ".join(f"at {int(k):,} rows: {v}" for k, v in chosen.items())
-            + " — and via `jobs_inflight_idx` the cursor is only a range on its one column "
-              "(`provider_call_started_at >= …`) plus an Incremental Sort.\n")
-        served = all("jobs_inflight_idx" not in " ".join(plan)
-                     for plan in w["plans_without"].values())
-        faster = w["tick_walk_ms_without"] <= w["tick_walk_ms_shipped"] * 1.1
-        verdict = ("**not needed**: every candidate query is served by the keyset index (or "
-                   "`jobs_unsettled_idx`) and the walk is no slower without it — dropping it "
-                   "also removes the planner's choice above; a drop is a later migration, not "
-                   "done here" if served and faster else
-                   "**still needed** in this run (see the figures): keep it")
-        s.append(
-            f"Is `jobs_inflight_idx` (one column, {mb.get('jobs_inflight_idx', '?')} MB at "
-            f"{int(big):,} rows) still needed beside `jobs_inflight_keyset_idx` "
-            f"({mb.get('jobs_inflight_keyset_idx', '?')} MB)? Without it, at {int(big):,} rows: "
-            f"whole tick {w['tick_walk_ms_without']} ms vs {w['tick_walk_ms_shipped']} ms with "
-            "it; first pages p50 " + ", ".join(
-                f"{p} {w['first_page_p50_ms_without'][p]} vs {w['first_page_p50_ms_shipped'][p]} ms"
+            + f"; via `jobs_inflight_idx` the cursor is only a range on its one column "
+              f"(`provider_call_started_at >= …`) plus an Incremental Sort. That layout, in "
+              f"this run: whole tick {w['tick_walk_ms_with']} ms at {int(big):,} rows vs "
+              f"{w['tick_walk_ms_shipped']} ms shipped (×{g_with} from {int(small):,} rows); "
+              f"first pages p50 " + ", ".join(
+                f"{p} {w['first_page_p50_ms_with'][p]} vs {w['first_page_p50_ms_shipped'][p]} ms"
                 for p in w["first_page_p50_ms_shipped"])
-            + "; plans without it: " + "; ".join(
-                f"{p}: {' → '.join(x.strip() for x in plan)}" for p, plan in w["plans_without"].items())
-            + f". Verdict: {verdict}.\n")
+            + f" (index sizes: {mb}).\n")
     return "\n".join(s)
 
 
@@ -808,18 +798,20 @@ _PROFILE_AIMS = {
 }
 
 
-# what each profile said when it was written (make bench-profile at c3ea1c7, load ≈ 7); the
-# numbers in the line above each reading are this profile's own
+# what each profile said when it was written (make bench-profile after ProviderSession and 0022,
+# quiet host); the numbers in the line above each reading are this profile's own
 _READINGS = {
-    "poll_chain": "A chain poll is two halves: the status read through `requests` (about half, a "
-                  "third of which is `requests` re-reading the proxy environment: "
-                  "`merge_environment_settings` → `get_environ_proxies` walks `os.environ` ≈ 175 "
-                  "times per request) and the turn's one `UPDATE … RETURNING` (SQLAlchemy's "
-                  "per-execution work several times the driver's). The real worker adds Celery's "
-                  "cost per message on top (figure 2's no-op rate).",
+    "poll_chain": "A chain poll is two halves: the turn's one `UPDATE … RETURNING` (built once "
+                  "and cached; SQLAlchemy's per-execution work, ORM result mapping included, "
+                  "still several times the driver's) and the status read through `requests` "
+                  "(its `prepare_request`, connection pool and response parsing; re-reading the "
+                  "proxy environment on every request, a third of the read before "
+                  "`providers.http.ProviderSession`, is gone). The real worker adds Celery's "
+                  "cost per message on top (figure 2's no-op rate), which is why batch mode "
+                  "reads several times more per second on the same cores.",
     "poll_batch": "The claim and the set-based write are a few percent; the reads' HTTP client in "
-                  "the thread pool is the rest, about a third of it the same proxy-environment "
-                  "lookup. Completions are not in this profile (its tasks stay running): each one "
+                  "the thread pool is the rest (`requests` per request: prepare, pool, parse). "
+                  "Completions are not in this profile (its tasks stay running): each one "
                   "runs the drain profile's finalize path, one at a time inside the `poll_due` run, "
                   "which is why figure 3's batch runs fall behind once generations end.",
     "drain": "`finalize_job_with_media` is about half of a reconciliation, the sweep's `_plan` "

@@ -109,9 +109,9 @@ class Job(Base):
     reconcile_last_error_code: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
-        Index("jobs_inflight_idx", "provider_call_started_at",
-              postgresql_where=IN_FLIGHT, sqlite_where=IN_FLIGHT),
-        # the sweep's keyset cursor (provider_call_started_at, id) > (…) as an index condition
+        # in-flight rows by call start (migration 0019; 0022 dropped the one-column
+        # jobs_inflight_idx it supersedes): the sweep's keyset cursor
+        # (provider_call_started_at, id) > (…) as an index condition
         Index("jobs_inflight_keyset_idx", "provider_call_started_at", "id",
               postgresql_where=IN_FLIGHT, sqlite_where=IN_FLIGHT),
         # the batch poller's claim: due rows in flight, oldest due first (migration 0020)

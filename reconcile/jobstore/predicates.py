@@ -17,7 +17,7 @@ from ..db.models import Job
 from ..states import Status, Submission
 
 # Literal text where a partial index must match it (migrations 0019/0020 and models.Job): the
-# sweep's keyset walk reads through jobs_inflight_idx / jobs_inflight_keyset_idx and
+# sweep's keyset walk reads through jobs_inflight_keyset_idx and
 # jobs_unsettled_idx, and PostgreSQL matches a partial index only on the predicate's own text
 # under generic plans.
 _IN_FLIGHT_SQL = text("jobs.status IN ('pending', 'processing')")

@@ -34,8 +34,9 @@ _Cursor = tuple[Any, ...] | None
 
 def _phases(settle_cutoff: datetime
             ) -> Iterator[tuple[str, Callable[[_Cursor], Select[tuple[Job]]]]]:
-    """Keyset-paged candidate queries: in-flight rows through ``jobs_inflight_idx`` (those with
-    no provider call yet, then by ``provider_call_started_at``), then unsettled failures due
+    """Keyset-paged candidate queries: in-flight rows through ``jobs_inflight_keyset_idx``
+    (those with no provider call yet, then by ``provider_call_started_at``), then unsettled
+    failures due
     by ``settle_cutoff`` through ``jobs_unsettled_idx``."""
     def unstarted(after: _Cursor) -> Select[tuple[Job]]:
         stmt = select(Job).where(jobstore.in_flight(), Job.provider_call_started_at.is_(None))

@@ -88,7 +88,7 @@ def test_platform_autogenerate_proposes_nothing_about_the_library(
     proposed = repr(without)
     assert "remove_table" in proposed and "reconcile_credit_lots" in proposed
     assert "remove_column" in proposed and "submission_state" in proposed
-    assert "remove_index" in proposed and "jobs_inflight_idx" in proposed
+    assert "remove_index" in proposed and "jobs_inflight_keyset_idx" in proposed
 
 
 def _job_id_indexes(engine: Engine) -> list[str]:

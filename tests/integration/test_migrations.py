@@ -163,15 +163,33 @@ def test_empty_database_downgrade_then_upgrade(pg_databases: PgDatabases) -> Non
 
 
 def test_inflight_index_is_partial_concurrent_and_valid(pg_url: str) -> None:
-    """jobs_inflight_idx: partial on provider_call_started_at for pending/processing, valid."""
+    """jobs_inflight_keyset_idx: partial on (provider_call_started_at, id) for pending/processing,
+    valid; 0022 dropped the one-column jobs_inflight_idx it supersedes."""
     with _psql(pg_url) as conn:
         indexdef, valid = conn.execute(
             "SELECT pg_get_indexdef(i.indexrelid), i.indisvalid FROM pg_index i "
-            "JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = 'jobs_inflight_idx'"
+            "JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = 'jobs_inflight_keyset_idx'"
         ).fetchone()
+        single = conn.execute(
+            "SELECT count(*) FROM pg_class WHERE relname = 'jobs_inflight_idx'").fetchone()[0]
     assert valid is True
-    assert "(provider_call_started_at)" in indexdef
+    assert "(provider_call_started_at, id)" in indexdef
     assert "'pending'" in indexdef and "'processing'" in indexdef and "WHERE" in indexdef
+    assert single == 0
+
+
+def test_0022_downgrade_rebuilds_the_one_column_index_and_upgrade_drops_it(pg_databases) -> None:
+    url = pg_databases.create("rt0022")
+    upgrade(url)
+    downgrade(url, "0021")
+    with _psql(url) as conn:
+        assert conn.execute("SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON "
+                            "c.oid = i.indexrelid WHERE c.relname = 'jobs_inflight_idx'"
+                            ).fetchone() == (True,)
+    upgrade(url)
+    with _psql(url) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_class WHERE relname = 'jobs_inflight_idx'"
+                            ).fetchone() == (0,)
 
 
 def test_offline_sql_sets_lock_timeout_and_builds_indexes_outside_transactions(pg_url: str) -> None:
