@@ -37,13 +37,13 @@ class RawServer:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
+        self.sock.settimeout(0.1)  # before the thread starts: a quick close() cannot race it
         self.port = self.sock.getsockname()[1]
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
     def _serve(self) -> None:
-        self.sock.settimeout(0.1)
         while not self.stop.is_set():
             try:
                 conn, _ = self.sock.accept()
@@ -71,6 +71,7 @@ class RawServer:
 
     def close(self) -> None:
         self.stop.set()
+        self.thread.join(timeout=5)  # the accept loop ends within its 0.1-s timeout
         self.sock.close()
 
 
