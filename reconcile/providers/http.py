@@ -106,9 +106,10 @@ class ProviderSession(requests.Session):
     With ``trust_env`` (the default) requests reads the proxy variables, ``NO_PROXY`` and the
     CA-bundle variables on every request (``merge_environment_settings``): profiled under
     ``make bench`` that was 17 % of a chain poll's CPU and 29 % of a batch read's. The answer
-    depends only on the origin and the call's own proxies/verify/cert, so it is kept per origin
-    for the session's life: a worker that changes its proxy environment after its clients are
-    built needs a restart (or a session of its own, injected through ``Runtime.http``).
+    depends only on the origin, the call's own proxies/stream/verify/cert and the session's own
+    (all part of the key), so it is kept per origin for the session's life: a worker that
+    changes its proxy environment after its clients are built needs a restart (or a session of
+    its own, injected through ``Runtime.http``).
     """
 
     MAX_ORIGINS = 256
@@ -122,16 +123,35 @@ class ProviderSession(requests.Session):
         if not self.trust_env:
             return super().merge_environment_settings(url, proxies, stream, verify, cert)
         parts = urlsplit(url)
-        key = (parts.scheme, parts.hostname, parts.port, tuple(sorted((proxies or {}).items())),
-               stream, verify, cert if not isinstance(cert, list) else tuple(cert))
+        # the answer depends on the origin, the call's own settings and the session's own
+        # (requests merges self.proxies/stream/verify/cert in too): all of them are the key
+        key = (parts.scheme, parts.hostname, parts.port, _frozen(proxies), _frozen(stream),
+               _frozen(verify), _frozen(cert), _frozen(self.proxies), _frozen(self.stream),
+               _frozen(self.verify), _frozen(self.cert))
         settings = self._environment.get(key)
         if settings is None:
             if len(self._environment) >= self.MAX_ORIGINS:
                 self._environment.clear()
-            settings = self._environment[key] = super().merge_environment_settings(
-                url, proxies, stream, verify, cert)
-        return {name: dict(value) if isinstance(value, dict) else value
-                for name, value in settings.items()}
+            settings = self._environment[key] = _copied(super().merge_environment_settings(
+                url, proxies, stream, verify, cert))
+        return _copied(settings)
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable snapshot of a requests setting (a dict of proxies, a cert list, a scalar)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _copied(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy whose dicts and lists are the copy's own: neither the caller who passed them nor
+    the caller who receives them can change what the cache holds."""
+    return {name: dict(value) if isinstance(value, Mapping) else
+            list(value) if isinstance(value, list) else value
+            for name, value in settings.items()}
 
 
 class HttpClient:

@@ -107,11 +107,6 @@ def test_platform_that_created_the_same_index_itself(pg_databases: PgDatabases) 
             "platform_042",)
 
 
-@pytest.mark.xfail(strict=True, reason="0022 drops any index named jobs_inflight_idx, whatever "
-                   "its definition: a platform's own index of that name on another column "
-                   "(0002's IF NOT EXISTS kept it) is destroyed on upgrade, and the downgrade "
-                   "builds the library's definition instead. README says its queries 'move to "
-                   "the keyset index', which only holds for the same definition.")
 def test_platform_index_of_that_name_on_another_column_survives(pg_databases: PgDatabases
                                                                 ) -> None:
     url = pg_databases.create("atkplat2")

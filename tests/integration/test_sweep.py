@@ -752,12 +752,12 @@ def test_one_bad_row_never_blocks_the_others(world: World) -> None:
 
 
 @pytest.mark.parametrize(("phase", "indexes"), [
-    ("started", ("jobs_inflight_keyset_idx", "jobs_inflight_idx")),  # either in-flight index
+    ("started", ("jobs_inflight_keyset_idx",)),  # the only in-flight index since 0022
     ("unsettled", ("jobs_unsettled_idx",))])
 def test_candidate_queries_use_the_partial_indexes(world: World, phase: str,
                                                    indexes: tuple[str, ...]) -> None:
     """The candidate queries can use the partial indexes (their cost never grows with history;
-    since 0019 the planner may take the keyset index for the started phase)."""
+    since 0022 the keyset index is the started phase's only in-flight index)."""
     from reconcile.sweep import _phases
 
     query = dict(_phases(world.clock.now))[phase]

@@ -73,8 +73,6 @@ def test_mutating_a_returned_value_does_not_poison_the_cache() -> None:
     assert again == _oracle("http://127.0.0.3/", None, None, True, None)
 
 
-@pytest.mark.xfail(strict=True, reason="cert passed as a list is cached by reference: the caller "
-                   "mutating its list later changes what the cache returns for the old key")
 def test_caller_mutating_its_cert_list_does_not_poison_the_cache() -> None:
     session = ProviderSession()
     cert = ["a.pem", "a.key"]
@@ -85,9 +83,6 @@ def test_caller_mutating_its_cert_list_does_not_poison_the_cache() -> None:
     assert list(got["cert"]) == ["a.pem", "a.key"]
 
 
-@pytest.mark.xfail(strict=True, reason="the cache key ignores the session's own proxies/verify/"
-                   "cert/stream: session.cert= (or .stream/.verify/.proxies) set after the "
-                   "first request to an origin is silently ignored (plain requests honours it)")
 def test_session_attributes_changed_after_first_request_are_honoured() -> None:
     session = ProviderSession()
     session.merge_environment_settings("https://127.0.0.3/", None, None, None, None)
