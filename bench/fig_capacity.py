@@ -357,7 +357,7 @@ def _run_once(n: int, timeout: float, app: str, extra_env: dict[str, str],
         "poll_lease_s": lease,
         "jobs_sampled": len(worst),
         "worst_gap_between_turns_s": summary(worst, 2),
-        # batch mode: the sweep never resumes a row with a due time (sweep.py), so no gap makes a
+        # batch mode: the sweep never resumes a row with a due time (reconcile.sweep), so no gap makes a
         # false resume; the gap is still the figure that matters (how stale a row gets)
         "jobs_past_lease_false_resumes": None if batch_mode else sum(1 for g in worst if g > lease),
         "false_resumes_at_candidate_leases": {
