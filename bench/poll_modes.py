@@ -91,7 +91,7 @@ def _chain(rt: Any, ids: list[uuid.UUID], seconds: float) -> tuple[int, float, f
 
 
 def _batch(rt: Any, seconds: float) -> tuple[int, float, float, int]:
-    from reconcile import batch_poll
+    from reconcile.lifecycle import batch as batch_poll
 
     with rt.sessions.begin() as session:
         session.execute(text("UPDATE jobs SET poll_due_at = :now"), {"now": rt.clock.now})
@@ -108,7 +108,7 @@ def _batch(rt: Any, seconds: float) -> tuple[int, float, float, int]:
 def _drop_read_pools() -> None:
     """Shut batch_poll's status-read thread pools (bench only: a profile of the reads' threads
     needs them started inside it)."""
-    from reconcile import batch_poll
+    from reconcile.lifecycle import batch as batch_poll
 
     for _, pool in list(batch_poll._POOLS.values()):
         pool.shutdown(wait=True)

@@ -1,6 +1,6 @@
 """reconcile: crash-safe, money-safe external AI provider calls for Celery workers."""
 
-from .redact import install_log_redaction as _install_log_redaction
+from .core.redact import install_log_redaction as _install_log_redaction
 
 __all__ = [
     "__version__", "install",

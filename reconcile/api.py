@@ -35,8 +35,7 @@ from typing import Any
 from sqlalchemy import select
 
 from . import credits as ledger
-from . import events, idempotency, jobstore, lifecycle
-from .cancel import cancel_job, load_owned
+from . import idempotency, jobstore, lifecycle
 from .db.models import Asset, Job
 from .errors import (
     Conflict,
@@ -48,6 +47,8 @@ from .errors import (
     JobNotFound,
     ProviderError,
 )
+from .jobstore import events
+from .lifecycle.cancel import cancel_job, load_owned
 from .runtime import Runtime, Validator
 from .states import PUBLIC_STATE, Status, Submission
 
@@ -278,7 +279,7 @@ def follow(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str,
            **options: Any) -> Iterator[dict[str, str]]:
     """The job's events as SSE fields (``id``, ``event``, ``data`` = the JSON message) until the
     job is terminal; another user's (or an unknown) job yields nothing. ``options`` go to
-    :func:`reconcile.events.follow_job` (``interval``, ``timeout``, ``sleep``)."""
+    :func:`reconcile.jobstore.events.follow_job` (``interval``, ``timeout``, ``sleep``)."""
     try:
         job_uuid = _job_uuid(job_id)
     except JobNotFound:
@@ -332,7 +333,7 @@ def _snapshot_error(job: Job) -> dict[str, Any] | None:
 
 def customer_message(code: str, detail: Mapping[str, Any], stored: str | None) -> str:
     """The library's message for ``code`` (+ the provider's own, scrubbed, where it helps)."""
-    from .redact import for_customer
+    from .core.redact import for_customer
 
     message = CUSTOMER_MESSAGES.get(code, "The job failed.")
     if code not in _WITH_PROVIDER_MESSAGE:

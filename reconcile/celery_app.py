@@ -14,8 +14,8 @@ from typing import Any
 
 from celery import Celery
 
-from . import broker
 from .celery_install import fresh_engines, install
+from .worker import broker
 
 __all__ = [
     "app",

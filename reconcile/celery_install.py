@@ -14,7 +14,7 @@ replaces the configuration and with it these changes):
   options (visibility timeout, unacked restore cadence) the same way;
 * connects :func:`fresh_engines` to ``worker_process_init``, and a start-up check to
   ``worker_init`` that refuses a worker whose deliveries could outlive the broker's limits
-  (:mod:`reconcile.broker`); applies the library's fix for a worker that exits when its Redis
+  (:mod:`reconcile.worker.broker`); applies the library's fix for a worker that exits when its Redis
   goes away (Celery 5.7.0).
 * connects :func:`check_settings` to ``worker_init`` / ``beat_init``; adds the retention entry
   (``reconcile-prune``) to the beat schedule when a retention is set.
@@ -99,7 +99,7 @@ def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
         _add_poll_due_entry(conf, wanted.get("beat_schedule", {}).get(POLL_DUE_ENTRY))
     worker_process_init.connect(fresh_engines, weak=False, dispatch_uid="reconcile.fresh_engines")
     worker_init.connect(check_broker_limits, weak=False, dispatch_uid="reconcile.broker_limits")
-    from .broker import survive_broker_loss
+    from .worker.broker import survive_broker_loss
 
     survive_broker_loss()
     for signal in (worker_init, beat_init):
@@ -130,7 +130,7 @@ def send(task_name: str, args: list[Any], countdown: float | None = None) -> Non
 def check_settings(**_: object) -> None:
     """``worker_init`` / ``beat_init`` (the platform's kinds are registered by then): an
     ``OBSERVE_ONLY_KINDS`` name that protects nothing stops the process, never a silent no-op."""
-    from .adoption import check_observe_only
+    from .jobstore.adoption import check_observe_only
     from .settings import Settings
 
     check_observe_only(Settings().observe_only_kinds)
@@ -147,9 +147,9 @@ def fresh_engines(**_: object) -> None:
 
 def check_broker_limits(sender: Any = None, **_: object) -> None:
     """``worker_init``: refuse to start a worker of the installed app whose deliveries could
-    outlive the broker's limits (:func:`reconcile.broker.refuse_unsafe_limits`)."""
-    from .broker import UnsafeBrokerLimits, refuse_unsafe_limits
+    outlive the broker's limits (:func:`reconcile.worker.broker.refuse_unsafe_limits`)."""
     from .settings import Settings
+    from .worker.broker import UnsafeBrokerLimits, refuse_unsafe_limits
 
     app = getattr(sender, "app", None) or _app
     if app is None or (_app is not None and app is not _app):

@@ -111,7 +111,7 @@ if _settings.job_events_retention_days is not None \
         "options": {"queue": "reconcile.sweep", "expires": 3600},
     }
 beat_max_loop_interval = min(300.0, max(1.0, _settings.sweep_interval * _settings.time_scale))
-# RECONCILE_POLL_MODE=batch: the batch poller's tick (reconcile.batch_poll); a tick not picked
+# RECONCILE_POLL_MODE=batch: the batch poller's tick (reconcile.lifecycle.batch); a tick not picked
 # up within its interval expires (a busy worker is polling already: ticks must not pile up)
 if _settings.poll_mode == "batch":
     _POLL_DUE_EVERY = max(0.05, _settings.poll_batch_interval * _settings.time_scale)

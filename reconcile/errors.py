@@ -55,7 +55,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from .redact import signed as _signed
+from .core.redact import signed as _signed
 
 __all__ = [
     "RAW_BODY_LIMIT", "BadUsageMetadata", "Conflict", "CreateRateLimited", "CreateRejected",

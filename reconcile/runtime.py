@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import requests
 from sqlalchemy.orm import Session, sessionmaker
 
-from .adoption import check_observe_only
 from .db.session import engine_for, make_sessionmaker
+from .jobstore.adoption import check_observe_only
 from .kinds import Kind, get_kind
 from .ledger import DEFAULT as DEFAULT_LEDGER
 from .ledger import Ledger

@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     observe_only_kinds: list[str] = Field(default_factory=list)
     sweep_time_budget: float = 20.0  # seconds handled inline per tick
 
-    # Polling (reconcile.batch_poll): "chain" — one broker message per poll (the default);
+    # Polling (reconcile.lifecycle.batch): "chain" — one broker message per poll (the default);
     # "batch" — the due time lives on the row (jobs.poll_due_at) and reconcile.poll_due claims
     # due rows in batches (FOR UPDATE SKIP LOCKED) and reads them concurrently
     poll_mode: PollMode = "chain"

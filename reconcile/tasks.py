@@ -13,10 +13,11 @@ from typing import Any
 
 from celery import shared_task
 
-from . import broker, lifecycle
+from . import lifecycle
 from .celery_install import send
 from .runtime import Runtime
 from .settings import Settings, get_settings
+from .worker import broker
 
 __all__ = [
     "create", "enqueue_create", "enqueue_poll", "enqueue_reconcile_job", "get_runtime", "poll",
@@ -85,7 +86,7 @@ def _install_crash_hook(rt: Runtime) -> None:
 
 # Enqueues go through the app the library was installed on (reconcile.install), never Celery's
 # thread-local current app: in a web server's worker thread that is Celery's default app. Every
-# countdown is capped below the broker's limits (reconcile.broker).
+# countdown is capped below the broker's limits (reconcile.worker.broker).
 def _settings() -> Settings:
     rt = _RUNTIME.get(os.getpid())
     return rt.settings if rt is not None else get_settings()
@@ -129,7 +130,7 @@ def poll_due() -> str:
     """RECONCILE_POLL_MODE=batch: claim, read and write batches of due rows (beat, every
     POLL_BATCH_INTERVAL s); re-enqueues itself once when its time budget ran out with rows
     still due. Chain mode: nothing."""
-    from .batch_poll import poll_due as run
+    from .lifecycle.batch import poll_due as run
 
     rt = get_runtime()
     if rt.settings.poll_mode != "batch":
@@ -167,8 +168,8 @@ def sweep() -> str:
 @shared_task(name="reconcile.prune", ignore_result=True, acks_late=True)
 def prune() -> str:
     """Retention (beat, when a retention is set): published events, settled-job deliveries."""
-    from .retention import days
-    from .retention import prune as run
+    from .jobstore.retention import days
+    from .jobstore.retention import prune as run
 
     rt = get_runtime()
     s = rt.settings

@@ -6,7 +6,7 @@ callback URL, the kind's :attr:`~reconcile.kinds.Kind.provider`), the headers, t
 raw body and the query string; it returns ``(http_status, body)``. Polling stays authoritative:
 a delivery only makes the library read the task now. A delivery that names a job still
 ``submitting``/``uncertain`` is kept as evidence for the sweep, never dropped (what may bind it
-to the job: :mod:`reconcile.evidence`).
+to the job: :mod:`reconcile.jobstore.evidence`).
 
 Bounds: a body over ``WEBHOOK_MAX_BODY_BYTES`` is refused (413) before any parsing; a delivery
 only ever reads the task of a job of its own provider; a confirmed success is handed to a worker

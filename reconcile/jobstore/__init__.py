@@ -18,6 +18,14 @@ The package is one writer split along its seams; callers use ``jobstore.X`` from
 - :mod:`.poll`: a new chain, attempts, the last error noted, progress;
 - :mod:`.batch`: batch polling's claims and set-based writes;
 - :mod:`.terminal`: failed / cancelled / completed, cost, settlement, re-charge, anomalies.
+
+Beside the writer, the jobs layer's side tables (imported as ``reconcile.jobstore.X``, never
+through this facade, and never writing ``jobs`` themselves — the single-writer test scans them):
+
+- :mod:`.events`: the job-event outbox and its publisher, ``follow_job``;
+- :mod:`.evidence`: which webhook delivery is evidence for which job;
+- :mod:`.retention`: pruning job events and webhook deliveries;
+- :mod:`.adoption`: the legacy-row rules (cutoff, age, observe-only names).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Internal: the writes of batch polling (``RECONCILE_POLL_MODE=batch``, :mod:`reconcile.batch_poll`).
+"""Internal: the writes of batch polling (``RECONCILE_POLL_MODE=batch``, :mod:`reconcile.lifecycle.batch`).
 
 A claim is the row's (poll_generation, poll_seq) after the claim bumped poll_seq: every write of
 the claim's result is guarded by it, so a claim taken over after its lease (or a new

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import func, or_, update
 from sqlalchemy.orm import Session
 
-from .. import redact
+from ..core import redact
 from ..db.models import Job
 from ..states import IN_FLIGHT, Status, Submission
 from .cas import _cas

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import or_, update
 from sqlalchemy.orm import Session
 
-from .. import redact
+from ..core import redact
 from ..db.models import Job
 from ..states import IN_FLIGHT
 from .cas import _cas

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.orm import Session
 
-from .. import redact
+from ..core import redact
 from ..db.models import CreditAnomaly, Job
 from ..states import IN_FLIGHT, Status
 from .cas import _cas

@@ -30,7 +30,7 @@ from .settling import fail_job, settle
 from .submit import Submitted, submit_job
 
 # The names imported ``as`` themselves are kept out of ``__all__``: sibling modules use them,
-# platforms do not (``_unfinished`` is the batch poller's: reconcile.batch_poll counts its
+# platforms do not (``_unfinished`` is the batch poller's: reconcile.lifecycle.batch counts its
 # attempts with the chain's own rules).
 __all__ = [
     "CreateOutcome", "Submitted", "adopt_upstream_id", "create_step", "fail_job", "observe",

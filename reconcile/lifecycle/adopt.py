@@ -9,7 +9,7 @@ import uuid
 from .. import jobstore
 from ..db.models import Job
 from ..errors import ErrorCode
-from ..events import add_event, publish_events
+from ..jobstore.events import add_event, publish_events
 from ..runtime import Runtime
 from ..states import Submission
 from .create import usable_task_id

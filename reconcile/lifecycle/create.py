@@ -23,7 +23,7 @@ from ..errors import (
     ProviderError,
     ReconcileError,
 )
-from ..events import add_event, publish_events
+from ..jobstore.events import add_event, publish_events
 from ..kinds import Kind, all_kinds
 from ..providers.base import AsyncProvider, CreateRequest
 from ..runtime import Runtime
@@ -201,13 +201,13 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str, *,
         return verdict == "same"
     publish_events(rt, [running])
     log.info("task_created job_id=%s task_id=%s", job_id, task_id)
-    if not batch:  # batch mode: the row is due at poll_due_at, no message (reconcile.batch_poll)
+    if not batch:  # batch mode: the row is due at poll_due_at, no message (reconcile.lifecycle.batch)
         rt.enqueue_poll(job_id, saved.poll_generation, 0, poll_countdown(rt, kind, saved, now))
     return True
 
 
 def _first_due(rt: Runtime, kind: Kind, now: datetime) -> datetime:
-    from ..batch_poll import first_due
+    from .batch import first_due
 
     return first_due(rt, kind, now)
 

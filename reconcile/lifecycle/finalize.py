@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from .. import jobstore
 from ..db.models import Asset, Job
-from ..events import add_event, publish_events
+from ..jobstore.events import add_event, publish_events
 from ..kinds import provider_of
 from ..providers.base import Output, PollResult
 from ..runtime import Runtime
@@ -40,7 +40,7 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
     read again. Only fields fixed at submit are taken from it, and its status only as the early
     "already terminal" check: the completion CAS is what decides.
     """
-    from ..media import guess_extension, safe_fetch
+    from ..media.fetch import guess_extension, safe_fetch
     from ..storage import object_key
 
     outputs = outputs if outputs is not None else (result.outputs if result else ())
@@ -156,7 +156,7 @@ def _already_stored(rt: Runtime, job: Job) -> dict[int, str]:
 
 
 def _media_type_of(key: str) -> str | None:
-    from ..media import media_type_for_extension
+    from ..media.fetch import media_type_for_extension
 
     return media_type_for_extension(key.rsplit(".", 1)[-1])
 

@@ -132,7 +132,7 @@ def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
     outcome = observe(rt, turn, kind, via="poll")
     if outcome in ("in_flight", "error"):
         if _batch_mode(rt):  # a chain message from before the switch: the row carries on due
-            from ..batch_poll import reschedule_after_chain
+            from .batch import reschedule_after_chain
 
             reschedule_after_chain(rt, kind, turn, generation, seq + 1)
         else:
@@ -266,7 +266,7 @@ def _note_error(rt: Runtime, job: Job, last_error: str, verdict: bool,
                 code: str | None = None) -> None:
     """``note_error``, only when it changes the row as this step read it (``job`` is the
     step's own fresh row, kept in step with what it writes)."""
-    from .. import redact
+    from ..core import redact
 
     current, new = job.reconcile_last_error, redact.signed(last_error)
     if not verdict and jobstore.is_verdict(jobstore.last_error_code(job)):

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from .. import jobstore
 from ..db.models import Job
-from ..events import add_event, publish_events
+from ..jobstore.events import add_event, publish_events
 from ..runtime import Runtime
 from ..settlement import SettleOutcome, decide
 from ..states import Status, settle_backoff
@@ -28,7 +28,7 @@ def fail_job(rt: Runtime, job_id: uuid.UUID, code: str, message: str,
              where: tuple[Any, ...] = (), anomaly: str | None = None,
              status: str = Status.FAILED) -> bool:
     """Persist the failure (and ``next_poll_at = now``) first, then settle the refund."""
-    from .. import redact
+    from ..core import redact
 
     detail = redact.detail(detail)  # the anomaly below stores it too
     now = rt.now()

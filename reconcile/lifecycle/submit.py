@@ -14,7 +14,7 @@ from typing import Any
 from .. import idempotency, jobstore
 from ..db.models import Job
 from ..errors import InvalidParam
-from ..events import add_event, publish_events
+from ..jobstore.events import add_event, publish_events
 from ..kinds import Kind
 from ..runtime import Runtime, Validator
 from ..states import Status, Submission

@@ -135,7 +135,7 @@ def sweep(cli: Cli, dry_run: bool, as_json: bool) -> None:
 
 def _list_by_action(rt: Runtime, report: Any) -> None:
     """A dry run's rows, one table per action (observe-only rows under ``observe_only``)."""
-    from ..adopt_report import rows_of
+    from .adopt_report import rows_of
 
     outcome = {a.job_id: a.outcome for a in report.actions}
     groups: dict[str, list[dict[str, Any]]] = {}

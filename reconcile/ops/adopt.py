@@ -27,8 +27,8 @@ def adopt() -> None:
 def adopt_report(cli: Cli, show_rows: bool, as_json: bool) -> None:
     """What an enforcing tick would do now (LEGACY_SWEEP=enforce, nothing observe-only, every
     other setting as configured). Changes nothing."""
-    from ..adopt_report import as_json as report_json
-    from ..adopt_report import build
+    from .adopt_report import as_json as report_json
+    from .adopt_report import build
 
     report = build(cli.runtime())
     if as_json:
@@ -70,7 +70,7 @@ def credits_import(cli: Cli, dry_run: bool, source: str, user_column: str, sub_c
     """Import balances per pool and in-flight reservations (idempotent, re-runnable)."""
     from dataclasses import asdict
 
-    from ..credits_import import import_credits
+    from ..credits.importer import import_credits
     from ..ledger import BuiltinLedger
 
     rt = cli.runtime()
@@ -110,8 +110,8 @@ def prune(cli: Cli, dry_run: bool, events_days: float | None, webhooks_days: flo
     """
     from dataclasses import asdict
 
-    from ..retention import days
-    from ..retention import prune as run
+    from ..jobstore.retention import days
+    from ..jobstore.retention import prune as run
 
     rt = cli.runtime()
     s = rt.settings

@@ -54,7 +54,7 @@ def _threshold(rt: Runtime, job: Job) -> timedelta:
 @pass_cli
 def stuck(cli: Cli, kind: str | None, older_than: float | None, limit: int, as_json: bool) -> None:
     """In-flight jobs past their kind's stale threshold (legacy rows: past 5 minutes)."""
-    from ..adoption import ALL, LEGACY, SettingsError, check_observe_only
+    from ..jobstore.adoption import ALL, LEGACY, SettingsError, check_observe_only
     from ..kinds import all_kinds
 
     if kind:
@@ -164,9 +164,9 @@ def _row(obj: Any, fields: Sequence[str]) -> dict[str, Any]:
 
 
 def _evidence_note(cli: Cli, job: Job, delivery: WebhookDelivery) -> str:
-    """What the sweep may do with a delivery for this job (reconcile.evidence); where it may
+    """What the sweep may do with a delivery for this job (reconcile.jobstore.evidence); where it may
     not, the operator decides with ``resolve --upstream-id``."""
-    from .. import evidence
+    from ..jobstore import evidence
     from ..kinds import get_kind
 
     kind = get_kind(job.provider_kind)

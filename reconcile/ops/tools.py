@@ -47,7 +47,7 @@ def demo(args: tuple[str, ...]) -> None:
 @pass_cli
 def metrics(cli: Cli, port: int, address: str, once: bool) -> None:
     """Serve Prometheus metrics read from the database at scrape time (extra: metrics)."""
-    from .. import metrics as m
+    from . import metrics as m
 
     try:
         if once:

@@ -11,10 +11,11 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from .. import evidence, jobstore, lifecycle
+from .. import jobstore, lifecycle
 from ..db.models import Job, WebhookDelivery
 from ..errors import ErrorCode, ProviderError
-from ..events import publish
+from ..jobstore import evidence
+from ..jobstore.events import publish
 from ..kinds import Kind
 from ..providers.base import AsyncProvider
 from ..runtime import Runtime
@@ -110,7 +111,7 @@ def _evidence(rt: Runtime, plan: _Plan) -> str:
 
 def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
     """(upstream id, source) from a stored webhook delivery naming this job, else a provider
-    listing. A delivery counts only as :mod:`reconcile.evidence` allows: same provider family
+    listing. A delivery counts only as :mod:`reconcile.jobstore.evidence` allows: same provider family
     and kind, bound by a provider-signed field, and — where the provider has one — confirmed
     by a read echoing this job's planted id before anything changes."""
     client = rt.client(kind)

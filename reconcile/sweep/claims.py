@@ -15,11 +15,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from .. import adoption, batch_poll, jobstore, lifecycle
+from .. import jobstore, lifecycle
 from ..db.models import Job
 from ..errors import ErrorCode
-from ..events import add_event
+from ..jobstore import adoption
+from ..jobstore.events import add_event
 from ..kinds import Kind
+from ..lifecycle import batch as batch_poll
 from ..runtime import Runtime
 from ..states import (
     ATTEMPT_SPACING,

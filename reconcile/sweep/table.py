@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from .. import adoption
 from ..db.models import Job
+from ..jobstore import adoption
 from ..jobstore.predicates import is_settlement_due
 from ..kinds import Kind
 from ..settings import Settings

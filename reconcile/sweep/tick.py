@@ -15,7 +15,7 @@ from sqlalchemy import Select, select, text, tuple_
 
 from .. import idempotency, jobstore
 from ..db.models import COMPLETED_AFTER_FAILURE, Job
-from ..events import publish
+from ..jobstore.events import publish
 from ..runtime import Runtime
 from .carry import _carry_out
 from .claims import _anomaly_once, _Plan, _plan, _settle_cutoff

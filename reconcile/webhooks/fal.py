@@ -158,7 +158,7 @@ def verify_fal(headers: Headers, body: bytes, query: Headers,
 
     fal signs every account's deliveries with the same keys: with ``user_id`` (our account),
     a delivery signed for another account is refused — only then can its planted ``job_id``
-    be trusted (:mod:`reconcile.evidence`)."""
+    be trusted (:mod:`reconcile.jobstore.evidence`)."""
     request_id, signed_user, signature_hex = _required(
         headers,
         ("X-Fal-Webhook-Request-Id", "X-Fal-Webhook-User-Id", "X-Fal-Webhook-Signature"),

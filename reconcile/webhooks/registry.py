@@ -4,7 +4,7 @@ The webhook scheme registry: one :class:`WebhookScheme` per provider family.
 
 A scheme is everything the library knows about one provider's webhooks: how a delivery is
 verified and parsed, where its secret comes from, and what (if anything) the provider signs that
-ties a stored delivery to a job — the facts :mod:`reconcile.evidence` and the sweep judge an
+ties a stored delivery to a job — the facts :mod:`reconcile.jobstore.evidence` and the sweep judge an
 ``uncertain`` job's evidence by. The shipped schemes (replicate, kie, elevenlabs, fal) register
 themselves when :mod:`reconcile.webhooks` is imported; a platform adds its own with
 :func:`register_webhook_scheme` (or ``register_kind(kind, webhook=scheme)``), and

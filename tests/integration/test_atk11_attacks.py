@@ -214,7 +214,7 @@ def test_reproducer_a_replayed_signed_webhook_never_gives_an_uncertain_job_anoth
     it (only KIE's evidence is checked against the task's echo), so two jobs poll one paid
     task: A is charged for B's result and its user receives B's output. Expected: the task is
     read first, and a task whose own ``webhook`` names another job is no evidence for A.
-    (Failed on acd9c7e; passes since main merged i11c's ``reconcile.evidence`` binding.)"""
+    (Failed on acd9c7e; passes since main merged i11c's ``reconcile.jobstore.evidence`` binding.)"""
     from reconcile.testing.sim_signing import replicate_headers
     from reconcile.webhook_ingest import handle_webhook
 

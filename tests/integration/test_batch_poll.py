@@ -1,5 +1,5 @@
 """RECONCILE_POLL_MODE=batch (issue 16): poll-due times on the rows, claimed and read in batches
-(``reconcile.batch_poll``), on PostgreSQL with the simulator and an injected clock.
+(``reconcile.lifecycle.batch``), on PostgreSQL with the simulator and an injected clock.
 
 Claims are exclusive across concurrent claimers (FOR UPDATE SKIP LOCKED), a result read under a
 claim that was taken over is refused, a dead poller's rows are due again after one lease, and
@@ -17,8 +17,9 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import batch_poll, jobstore, lifecycle
+from reconcile import jobstore, lifecycle
 from reconcile.db.models import CreditTransaction, JobEvent
+from reconcile.lifecycle import batch as batch_poll
 from reconcile.providers.base import PollResult, PollStatus
 from reconcile.states import ATTEMPT_SPACING, MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator

@@ -18,10 +18,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import batch_poll, lifecycle
-from reconcile.cancel import cancel_job
+from reconcile import lifecycle
 from reconcile.db.models import JobEvent
 from reconcile.errors import ErrorCode
+from reconcile.lifecycle import batch as batch_poll
+from reconcile.lifecycle.cancel import cancel_job
 from reconcile.providers.base import PollResult, PollStatus
 from reconcile.states import ATTEMPT_SPACING, MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator

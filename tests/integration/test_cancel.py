@@ -15,10 +15,10 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle
-from reconcile.cancel import cancel_job
 from reconcile.db.models import Asset, Job, JobEvent
 from reconcile.errors import Conflict, ErrorCode, JobNotFound
 from reconcile.ledger import audit as library_audit
+from reconcile.lifecycle.cancel import cancel_job
 from reconcile.providers.base import Output, PollResult, PollStatus
 from reconcile.runtime import Runtime
 from reconcile.states import CREATE_CLAIM_LEASE

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits, tasks
-from reconcile.credits_import import import_credits
+from reconcile.credits.importer import import_credits
 from reconcile.db.models import (
     CreditBalance,
     CreditTransaction,
@@ -202,8 +202,8 @@ def test_stuck_kind_takes_the_observe_only_names(db: sessionmaker[Session]) -> N
 
 def test_worker_and_beat_refuse_an_unknown_observe_only_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker_init / beat_init check raises on a name that protects nothing."""
-    from reconcile.adoption import SettingsError
     from reconcile.celery_install import check_settings as _check_settings
+    from reconcile.jobstore.adoption import SettingsError
 
     monkeypatch.setenv("RECONCILE_OBSERVE_ONLY_KINDS", '["legacy", "kie-standrad"]')
     with pytest.raises(SettingsError, match="kie-standrad"):

@@ -16,7 +16,7 @@ from sqlalchemy import update
 
 from reconcile import credits, jobstore
 from reconcile.db.models import Job
-from reconcile.events import add_event
+from reconcile.jobstore.events import add_event
 from reconcile.states import IN_FLIGHT, Status
 from reconcile.testing import explorer as ex
 from reconcile.testing.explorer import scenarios as sc

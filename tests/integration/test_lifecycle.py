@@ -520,8 +520,8 @@ def test_a_request_the_provider_builder_refuses_is_failed_and_refunded(db, simul
 
 def test_a_completion_after_a_local_cancel_is_refused_and_logged(db, simulator, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A cancelled job that later succeeds upstream stays cancelled; an anomaly records it."""
-    from reconcile.cancel import cancel_job
     from reconcile.db.models import CreditAnomaly
+    from reconcile.lifecycle.cancel import cancel_job
 
     rt, q = make_runtime(db, simulator, tmp_path)
     user = uuid.uuid4()

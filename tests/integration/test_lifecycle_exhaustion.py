@@ -24,11 +24,12 @@ from click.testing import CliRunner
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits, jobstore, lifecycle, media
+from reconcile import credits, jobstore, lifecycle
 from reconcile.cli import main
 from reconcile.db.models import CreditTransaction, Job
 from reconcile.errors import LedgerError
 from reconcile.lifecycle import finalize
+from reconcile.media import fetch as media
 from reconcile.states import MAX_ATTEMPTS, SETTLE_BACKOFF_MAX
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import drain

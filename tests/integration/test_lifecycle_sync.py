@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import lifecycle, sync
-from reconcile.cancel import cancel_job
 from reconcile.errors import Conflict
+from reconcile.lifecycle.cancel import cancel_job
 from reconcile.sync import sync_call
 from reconcile.testing.simulator import Simulator
 from tests.integration.test_sweep import World, assert_refunded

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile.cli import main
 from reconcile.db.models import CreditAnomaly
 from reconcile.db.session import make_engine, make_sessionmaker
-from reconcile.metrics import collect, serve
+from reconcile.ops.metrics import collect, serve
 from reconcile.runtime import Runtime
 from reconcile.settings import Settings
 from reconcile.storage import LocalStorage

@@ -20,9 +20,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import evidence, lifecycle, webhooks
+from reconcile import lifecycle, webhooks
 from reconcile.db.models import Job, WebhookDelivery
 from reconcile.errors import WebhookSignatureError
+from reconcile.jobstore import evidence
 from reconcile.kinds import Kind, get_kind, provider_of, register_kind, unregister_kind
 from reconcile.providers.base import (
     Created,

@@ -15,10 +15,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import api, lifecycle, media
+from reconcile import api, lifecycle
 from reconcile.db.models import CreditAnomaly, Job, WebhookDelivery
 from reconcile.errors import MediaFetchFailed
 from reconcile.kinds import Kind, register_kind, unregister_kind
+from reconcile.media import fetch as media
 from reconcile.providers.base import (
     Created,
     CreateRequest,

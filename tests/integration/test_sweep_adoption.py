@@ -14,8 +14,8 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import lifecycle
-from reconcile.adoption import SettingsError, default_legacy_age, legacy_cutoff
 from reconcile.db.models import Job, ReconcileMeta
+from reconcile.jobstore.adoption import SettingsError, default_legacy_age, legacy_cutoff
 from reconcile.ledger import audit as library_audit
 from reconcile.testing.simulator import Simulator
 from tests.integration.harness import ledger_backend as use_backend

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from reconcile.api import customer_message
-from reconcile.redact import for_customer
+from reconcile.core.redact import for_customer
 
 
 @pytest.mark.parametrize(("message", "secret"), [

@@ -17,7 +17,8 @@ import json
 from types import SimpleNamespace
 from celery import Celery
 import reconcile
-from reconcile import batch_poll, tasks
+from reconcile import tasks
+from reconcile.lifecycle import batch as batch_poll
 
 platform = Celery("platform", broker="memory://")
 reconcile.install(platform)

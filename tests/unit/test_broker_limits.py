@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from kombu import Connection
 
-from reconcile import broker
 from reconcile.settings import Settings
 from reconcile.testing.processes import ROOT, free_port
+from reconcile.worker import broker
 
 
 def conf(url: str, *, time_limit: int = 600, visibility: int | None = 3600) -> SimpleNamespace:

@@ -1,10 +1,10 @@
-"""Cancel's decision (reconcile.cancel.decide), database-free and table-driven."""
+"""Cancel's decision (reconcile.lifecycle.cancel.decide), database-free and table-driven."""
 
 from __future__ import annotations
 
 import pytest
 
-from reconcile.cancel import Verdict, decide
+from reconcile.lifecycle.cancel import Verdict, decide
 
 V = Verdict
 # (status, submission_state, provider_call_started_at set, provider_task_id) -> verdict

@@ -1,4 +1,4 @@
-"""The per-provider evidence table (reconcile.evidence): what binds, what must be confirmed."""
+"""The per-provider evidence table (reconcile.jobstore.evidence): what binds, what must be confirmed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from reconcile import evidence
 from reconcile.db.models import WebhookDelivery
+from reconcile.jobstore import evidence
 from reconcile.kinds import get_kind
 from reconcile.settings import Settings
 

@@ -20,48 +20,40 @@ CORE, DB, GATEWAY, KINDS, JOBS, LEDGER, RUNTIME, LIFECYCLE, FLOWS, CELERY, EDGE,
     range(14)
 
 LAYERS = {
-    # 0 core: pure types, constants, errors, settings (no I/O of their own)
+    # 0 core: pure types, constants, errors, settings (no I/O of their own); core/ holds the
+    # private helpers (redact)
     "reconcile.settings": CORE, "reconcile.states": CORE, "reconcile.errors": CORE,
-    "reconcile.redact": CORE, "reconcile.media_types": CORE, "reconcile.db.types": CORE,
-    "reconcile.providers.base": CORE, "reconcile.providers.deadline": CORE,
-    "reconcile.settlement": CORE,
+    "reconcile.settlement": CORE, "reconcile.core": CORE, "reconcile.media.types": CORE,
+    "reconcile.db.types": CORE, "reconcile.providers.base": CORE,
+    "reconcile.providers.deadline": CORE,
     # 1 db: schema, engines, migrations
     "reconcile.db": DB, "reconcile.migrations": DB,
-    # 2 gateway: provider HTTP clients, the media fetch, storage, webhook signature schemes
-    "reconcile.providers": GATEWAY, "reconcile.media": GATEWAY, "reconcile.media_guard": GATEWAY,
-    "reconcile.storage": GATEWAY, "reconcile.webhooks": GATEWAY,
+    # 2 gateway: provider HTTP clients, the media fetch and its guard, storage, webhook schemes
+    "reconcile.providers": GATEWAY, "reconcile.media": GATEWAY, "reconcile.storage": GATEWAY,
+    "reconcile.webhooks": GATEWAY,
     # 3 kinds: the provider-kind registry (thresholds, client factories, webhook schemes)
     "reconcile.kinds": KINDS,
-    # 4 jobs: guarded writes and reads of jobs and its side tables (jobstore: a package, its
-    # predicates, CAS and writers by seam)
-    "reconcile.jobstore": JOBS, "reconcile.events": JOBS, "reconcile.idempotency": JOBS,
-    "reconcile.retention": JOBS, "reconcile.adoption": JOBS, "reconcile.evidence": JOBS,
-    # 5 ledger: credits, its audit, the seam
-    "reconcile.credits": LEDGER, "reconcile.audit": LEDGER, "reconcile.credits_import": LEDGER,
-    "reconcile.ledger": LEDGER,
+    # 4 jobs: guarded writes and reads of jobs and its side tables (jobstore: predicates, CAS,
+    # writers by seam; events, evidence, retention, the legacy-row rules) and idempotency keys.
+    # The sweep's pure decision table sits here too: it may import the predicates, the adoption
+    # rules and the kinds, never the runtime, the lifecycle or its own executor.
+    "reconcile.jobstore": JOBS, "reconcile.idempotency": JOBS, "reconcile.sweep.table": JOBS,
+    # 5 ledger: credits (and the platform-balance import), its audit, the seam
+    "reconcile.credits": LEDGER, "reconcile.audit": LEDGER, "reconcile.ledger": LEDGER,
     # 6 runtime: what every step is handed (sessions, clients, ledger, hooks)
     "reconcile.runtime": RUNTIME,
-    # 7 lifecycle: submit, create, poll, finalize, fail, settle (chain and batch polling); the
-    # package's submodules import one another (adopt, create → poll → finalize, settling) and
-    # never a flow above them
-    "reconcile.lifecycle": LIFECYCLE, "reconcile.lifecycle.submit": LIFECYCLE,
-    "reconcile.lifecycle.create": LIFECYCLE, "reconcile.lifecycle.poll": LIFECYCLE,
-    "reconcile.lifecycle.finalize": LIFECYCLE, "reconcile.lifecycle.settling": LIFECYCLE,
-    "reconcile.lifecycle.adopt": LIFECYCLE, "reconcile.batch_poll": LIFECYCLE,
-    # 8 flows built on the lifecycle: sync calls, cancel, the sweep, orchestrator waits. The
-    # sweep's pure decision table sits at the jobs layer: it may import the predicates, the
-    # adoption rules and the kinds, never the runtime, the lifecycle or its own executor.
-    "reconcile.sync": FLOWS, "reconcile.cancel": FLOWS, "reconcile.sweep": FLOWS,
-    "reconcile.sweep.table": JOBS,
-    "reconcile.orchestrator": FLOWS,
-    # 9 celery: tasks, install, the standalone app, its settings, the broker patch
+    # 7 lifecycle: submit, create, poll (chain and batch), finalize, fail, settle, cancel; the
+    # package's submodules import one another and never a flow above them
+    "reconcile.lifecycle": LIFECYCLE,
+    # 8 flows built on the lifecycle: sync calls, the sweep, orchestrator waits
+    "reconcile.sync": FLOWS, "reconcile.sweep": FLOWS, "reconcile.orchestrator": FLOWS,
+    # 9 celery: tasks, install, the standalone app, its settings; worker/ holds the broker patch
     "reconcile.tasks": CELERY, "reconcile.celery_install": CELERY, "reconcile.celery_app": CELERY,
-    "reconcile.celery_settings": CELERY, "reconcile.broker": CELERY,
+    "reconcile.celery_settings": CELERY, "reconcile.worker": CELERY,
     # 10 edge: the gateway helpers and webhook ingestion a platform's web layer calls
     "reconcile.api": EDGE, "reconcile.webhook_ingest": EDGE,
-    # 11 ops: the operator command, its reports, metrics; the package facade (install)
+    # 11 ops: the operator command (its reports, metrics), the package facade (install)
     "reconcile": OPS, "reconcile.ops": OPS, "reconcile.cli": OPS, "reconcile.__main__": OPS,
-    "reconcile.adopt_report": OPS, "reconcile.metrics": OPS,
     # 12 testing: simulator, fixtures, chaos, explorer;  13 demo
     "reconcile.testing": TESTING, "reconcile.demo": DEMO,
 }

@@ -21,7 +21,7 @@ from reconcile.errors import (
     MediaTooLarge,
     UnsafeMediaURL,
 )
-from reconcile.media import guess_extension, safe_fetch
+from reconcile.media.fetch import guess_extension, safe_fetch
 from reconcile.settings import Settings
 from reconcile.storage import LocalStorage, S3Storage, object_key, storage_from_settings
 

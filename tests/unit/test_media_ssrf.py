@@ -20,9 +20,9 @@ import urllib3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconcile import media
 from reconcile.errors import MediaFetchFailed, UnsafeMediaURL
-from reconcile.media import is_public_address, safe_fetch
+from reconcile.media import fetch as media
+from reconcile.media.fetch import is_public_address, safe_fetch
 from tests.unit.test_media import PUBLIC, PUBLIC_IP
 
 

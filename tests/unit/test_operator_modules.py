@@ -1,5 +1,5 @@
 """Issue 17: the operator and story modules split into packages (``reconcile.ops``,
-``reconcile.demo``, ``reconcile.testing.chaos``; ``reconcile.media`` beside ``media_guard`` and
+``reconcile.demo``, ``reconcile.testing.chaos``; ``reconcile.media.fetch`` beside ``media_guard`` and
 ``media_types``). Users see no change: every command and flag of ``reconcile`` is pinned here,
 the old import paths still work, each new package has an ``__all__`` whose names resolve, and no
 module of the split is over 400 lines."""
@@ -61,7 +61,8 @@ def test_every_command_and_flag_of_the_cli_is_unchanged() -> None:
 
 def test_the_old_import_paths_still_work() -> None:
     import reconcile.ops
-    from reconcile import cli, demo, media
+    from reconcile import cli, demo
+    from reconcile.media import fetch as media
     from reconcile.testing import chaos
 
     assert cli.main is reconcile.ops.main  # the console script's reconcile.cli:main
@@ -77,8 +78,8 @@ def test_the_old_import_paths_still_work() -> None:
 
 
 @pytest.mark.parametrize("module", ["reconcile.ops", "reconcile.demo", "reconcile.testing.chaos",
-                                    "reconcile.cli", "reconcile.media", "reconcile.media_guard",
-                                    "reconcile.media_types"])
+                                    "reconcile.cli", "reconcile.media.fetch", "reconcile.media.guard",
+                                    "reconcile.media.types"])
 def test_each_new_package_names_its_public_api(module: str) -> None:
     imported = importlib.import_module(module)
     assert imported.__all__, module

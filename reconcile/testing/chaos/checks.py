@@ -34,7 +34,7 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
 
     from ... import credits
     from ...db.models import Asset, CreditTransaction, Job, JobEvent, UsageLog
-    from ...events import publish
+    from ...jobstore.events import publish
 
     publish(rt, older_than=timedelta(0), limit=10**6)  # the outbox drains once all is quiet
     violations: list[str] = list(state.live_violations)

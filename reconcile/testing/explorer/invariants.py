@@ -18,8 +18,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from ... import batch_poll, credits, jobstore, lifecycle
+from ... import credits, jobstore, lifecycle
 from ...db.models import CreditTransaction, Job, JobEvent, WorkflowExecution
+from ...lifecycle import batch as batch_poll
 from ...states import (
     ATTEMPT_SPACING,
     IN_FLIGHT,

@@ -12,7 +12,8 @@ import json
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ... import batch_poll, lifecycle
+from ... import lifecycle
+from ...lifecycle import batch as batch_poll
 from ...settlement import SettleOutcome
 from .common import SYNC_INPUT, SYNC_KIND, SYNC_MODEL
 from .model import Context, Writer
@@ -28,7 +29,7 @@ def _poll(rt: Any, ctx: Context) -> str:
 
 
 def _poll_due(rt: Any, ctx: Context) -> str:
-    """One ``reconcile.poll_due`` run: claim the due rows, read, write (reconcile.batch_poll)."""
+    """One ``reconcile.poll_due`` run: claim the due rows, read, write (reconcile.lifecycle.batch)."""
     report = batch_poll.poll_due(rt, budget=3600.0)
     outcomes = ",".join(f"{k}={v}" for k, v in sorted(report.outcomes.items()))
     return f"claimed={report.claimed} fenced={report.fenced} {outcomes}".strip()

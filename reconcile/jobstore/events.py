@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from .db.models import Job, JobEvent
+from ..db.models import Job, JobEvent
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger("reconcile.events")
 
@@ -132,7 +132,7 @@ def follow_job(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID, *, interval: 
     """
     import time
 
-    from .states import TERMINAL
+    from ..states import TERMINAL
 
     sleep = sleep or time.sleep
     last_id = 0

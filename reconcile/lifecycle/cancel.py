@@ -29,11 +29,11 @@ import uuid
 from enum import StrEnum
 from typing import Any
 
-from . import jobstore, lifecycle
-from .db.models import Job
-from .errors import Conflict, ErrorCode, JobNotFound
-from .runtime import Runtime
-from .states import TERMINAL, Status, Submission
+from .. import jobstore, lifecycle
+from ..db.models import Job
+from ..errors import Conflict, ErrorCode, JobNotFound
+from ..runtime import Runtime
+from ..states import TERMINAL, Status, Submission
 
 log = logging.getLogger("reconcile.cancel")
 
@@ -80,7 +80,7 @@ def _own_cancel_seen(rt: Runtime, job: Job, detail: dict[str, Any]) -> bool:
     our CAS saw the task ``canceled`` and failed the job ``UPSTREAM_FAILED`` (refunded). The job
     is the user's cancel, not a provider failure: rewrite the status (the refund stays the one
     that was settled) and answer 200, not 409. False: the row moved on otherwise."""
-    from .events import add_event, publish_events
+    from ..jobstore.events import add_event, publish_events
 
     now = rt.now()
     with rt.sessions.begin() as session:

@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import jobstore, lifecycle
-from .db.models import Job
-from .errors import ErrorCode, ProviderError
-from .kinds import Kind
-from .providers.base import PollResult, PollStatus
-from .runtime import Runtime
-from .states import POLL_LEASE_SLACK
+from .. import jobstore, lifecycle
+from ..db.models import Job
+from ..errors import ErrorCode, ProviderError
+from ..kinds import Kind
+from ..providers.base import PollResult, PollStatus
+from ..runtime import Runtime
+from ..states import POLL_LEASE_SLACK
 
 log = logging.getLogger("reconcile.batch_poll")
 
@@ -272,7 +272,7 @@ def _widen_pool(client: Any, size: int) -> None:
     pools 10): concurrent reads beyond the pool would each open and drop a connection."""
     from requests.adapters import HTTPAdapter
 
-    from .providers.http import HttpClient
+    from ..providers.http import HttpClient
 
     http = getattr(client, "http", None)
     session = getattr(http, "session", None) if isinstance(http, HttpClient) else None

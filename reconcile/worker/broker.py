@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .settings import Settings
+from ..settings import Settings
 
 log = logging.getLogger("reconcile.broker")
 

@@ -1,7 +1,7 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
 Safe fetch of provider outputs: the SSRF guard in front of every result URL (the URL and
-address checks are :mod:`reconcile.media_guard`, the type helpers :mod:`reconcile.media_types`;
+address checks are :mod:`reconcile.media.guard`, the type helpers :mod:`reconcile.media.types`;
 this module re-exports both).
 
 A result URL comes from a provider's answer (or an unsigned KIE callback), so it is untrusted.
@@ -40,8 +40,8 @@ import urllib3
 import urllib3.connection
 import urllib3.util.connection
 
-from .errors import MediaExpired, MediaFetchFailed, MediaTooLarge
-from .media_guard import (  # noqa: F401  (DEFAULT_PORTS, _normalise_host: read by the tests)
+from ..errors import MediaExpired, MediaFetchFailed, MediaTooLarge
+from .guard import (  # noqa: F401  (DEFAULT_PORTS, _normalise_host: read by the tests)
     DEFAULT_PORTS,
     Resolver,
     Target,
@@ -50,7 +50,7 @@ from .media_guard import (  # noqa: F401  (DEFAULT_PORTS, _normalise_host: read 
     is_public_address,
     parse_media_url,
 )
-from .media_types import guess_extension, media_type_for_extension
+from .types import guess_extension, media_type_for_extension
 
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 EXPIRED_STATUSES = (403, 404, 410)  # signed URLs answer 403 once expired, CDNs 404/410

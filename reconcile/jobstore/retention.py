@@ -24,8 +24,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, exists, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from .db.models import Job, JobEvent, WebhookDelivery
-from .states import IN_FLIGHT
+from ..db.models import Job, JobEvent, WebhookDelivery
+from ..states import IN_FLIGHT
 
 log = logging.getLogger("reconcile.retention")
 

@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, or_, select
 
-from .db.models import CreditAnomaly, Job
-from .states import IN_FLIGHT, TERMINAL, Status, Submission
+from ..db.models import CreditAnomaly, Job
+from ..states import IN_FLIGHT, TERMINAL, Status, Submission
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
 
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger("reconcile.metrics")
 

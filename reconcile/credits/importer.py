@@ -35,8 +35,8 @@ from typing import Any
 from sqlalchemy import column, select, table
 from sqlalchemy.orm import Session
 
-from . import credits
-from .db.models import CreditLot, CreditTransaction, UsageLog
+from .. import credits
+from ..db.models import CreditLot, CreditTransaction, UsageLog
 
 
 @dataclass

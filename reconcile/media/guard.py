@@ -4,7 +4,7 @@ The SSRF guard's checks on a media URL, before any connection: parse it the way 
 connection will (and refuse it where ``urllib3`` and ``urllib.parse`` could disagree), only
 http/https, no credentials, and every address the host resolves to public — unless the operator
 allow-listed it. :func:`check_url` returns the approved :class:`Target` the connection is pinned
-to (:mod:`reconcile.media`)."""
+to (:mod:`reconcile.media.fetch`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
-from .errors import MediaFetchFailed, UnsafeMediaURL
+from ..errors import MediaFetchFailed, UnsafeMediaURL
 
 Resolver = Callable[..., list[tuple[Any, ...]]]
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address

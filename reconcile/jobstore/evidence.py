@@ -36,10 +36,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .db.models import WebhookDelivery
-from .kinds import Kind, provider_of
-from .settings import Settings
-from .webhooks import FAL_CHECKED_USER, PROVIDERS, Binding, get_scheme
+from ..db.models import WebhookDelivery
+from ..kinds import Kind, provider_of
+from ..settings import Settings
+from ..webhooks import FAL_CHECKED_USER, PROVIDERS, Binding, get_scheme
 
 # The shipped schemes' rows of the table above; each provider's webhook module
 # (:mod:`reconcile.webhooks`) owns its row, and a platform's scheme brings its own.

@@ -37,13 +37,13 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from .db.models import Job, ReconcileMeta
-from .kinds import Kind, all_kinds
-from .states import ATTEMPT_SPACING, MAX_ATTEMPTS
+from ..db.models import Job, ReconcileMeta
+from ..kinds import Kind, all_kinds
+from ..states import ATTEMPT_SPACING, MAX_ATTEMPTS
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
-    from .settings import Settings
+    from ..runtime import Runtime
+    from ..settings import Settings
 
 log = logging.getLogger("reconcile.adoption")
 

@@ -22,10 +22,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from .adoption import LEGACY, legacy_age, legacy_cutoff
-from .db.models import Job, UsageLog
-from .runtime import Runtime
-from .sweep import SweepAction, SweepReport, sweep
+from ..db.models import Job, UsageLog
+from ..jobstore.adoption import LEGACY, legacy_age, legacy_cutoff
+from ..runtime import Runtime
+from ..sweep import SweepAction, SweepReport, sweep
 
 AGE_BUCKETS: tuple[tuple[timedelta, str], ...] = (
     (timedelta(minutes=15), "<15m"), (timedelta(hours=1), "15m-1h"), (timedelta(hours=3), "1h-3h"),
