@@ -34,6 +34,7 @@ from .batch import (
     claim_due,
     claim_due_with_times,
     hold_claim,
+    hold_claims,
     make_due,
     make_due_at,
     reschedule_claimed,
@@ -78,7 +79,7 @@ from .turns import LeaseSteps, take_poll_turn
 __all__ = [
     "LeaseSteps", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
     "claim_due", "claim_due_with_times", "claim_expired", "claim_reenqueue", "claim_settlement",
-    "count_attempt", "hold_claim", "in_flight", "insert_job", "is_settlement_due",
+    "count_attempt", "hold_claim", "hold_claims", "in_flight", "insert_job", "is_settlement_due",
     "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",
     "make_due", "make_due_at", "mark_completed", "mark_failed", "mark_platform_call",
     "mark_uncertain", "note_error", "record_anomaly", "record_cost", "record_recharge",

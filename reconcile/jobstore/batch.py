@@ -67,6 +67,31 @@ def hold_claim(session: Session, job_id: uuid.UUID, generation: int, seq: int,
                 poll_lease_expires_at=until)
 
 
+_HOLD_ALL = text("""
+UPDATE jobs SET poll_due_at = :until, poll_lease_expires_at = :until
+FROM unnest(CAST(:ids AS uuid[]), CAST(:gens AS int[]), CAST(:seqs AS int[])) AS v(id, gen, seq)
+WHERE jobs.id = v.id AND jobs.status IN ('pending', 'processing')
+  AND jobs.poll_generation = v.gen AND jobs.poll_seq = v.seq
+RETURNING jobs.id""")
+
+
+def hold_claims(session: Session, rows: list[tuple[uuid.UUID, int, int]], until: datetime
+                ) -> set[uuid.UUID]:
+    """:func:`hold_claim` for many rows at once, ``(id, generation, seq)`` each: every claim
+    that still holds is extended to ``until`` (its identity unchanged); returns the ids held.
+    One ``UPDATE … FROM unnest(…)`` on PostgreSQL; one CAS each on SQLite."""
+    if not rows:
+        return set()
+    if session.get_bind().dialect.name != "postgresql":
+        return {job_id for job_id, generation, seq in rows
+                if session.execute(update(Job).where(*_claimed(job_id, generation, seq))
+                                   .values(poll_due_at=until, poll_lease_expires_at=until)
+                                   ).rowcount}  # type: ignore[attr-defined]
+    held = session.execute(_HOLD_ALL, {"ids": [r[0] for r in rows], "gens": [r[1] for r in rows],
+                                       "seqs": [r[2] for r in rows], "until": until})
+    return {row[0] for row in held}
+
+
 _RESCHEDULE = text("""
 UPDATE jobs SET poll_due_at = v.due,
        progress = CASE WHEN v.progress > jobs.progress THEN v.progress ELSE jobs.progress END

@@ -14,6 +14,8 @@ rows stay due past its time budget) runs :func:`poll_due`:
    row; a poller that dies leaves its rows due again after one lease (no chain to resume);
 2. **read** every claimed task's status, ``POLL_BATCH_THREADS`` at a time (a bounded thread
    pool for the HTTP reads only: no database work in those threads, the GIL is released on I/O);
+   a batch larger than the pool reads in rounds, and before each round after the first the
+   batch's claims are extended by one lease in one statement (:func:`run_claims`);
 3. **write** the outcomes: the rows still running short of their stale threshold (no error, the
    common case) in ONE set-based ``UPDATE … FROM (VALUES …)`` (next due time — one interval
    after the due time claimed, see :func:`next_due` —, progress), each
@@ -156,9 +158,39 @@ def poll_due(rt: Runtime, *, budget: float | None = None, limit: int | None = No
 
 
 def run_claims(rt: Runtime, claims: list[Claim], report: BatchReport | None = None) -> BatchReport:
-    """Read every claim's status, then write the outcomes (the module docstring's 2 and 3)."""
+    """Read every claim's status, then write the outcomes (the module docstring's 2 and 3).
+
+    A claim's lease covers one read (see :func:`claim_lease`); a batch larger than the thread
+    count reads in rounds of ``POLL_BATCH_THREADS``, so before each round after the first every
+    claim of the batch is extended by one lease in one statement
+    (:func:`reconcile.jobstore.hold_claims`), and a claim taken over meanwhile is dropped
+    (fenced: its result is not written). A live poller keeps its rows however many rounds it
+    needs; a dead one's rows are due again one lease after its last extension."""
     report = report if report is not None else BatchReport()
-    results = read_all(rt, claims)
+    claims, results = _read_rounds(rt, claims, report)
+    _write(rt, claims, results, report)
+    return report
+
+
+def _read_rounds(rt: Runtime, claims: list[Claim], report: BatchReport
+                 ) -> tuple[list[Claim], list[Any]]:
+    size = max(1, rt.settings.poll_batch_threads)
+    kept: list[Claim] = list(claims)
+    results: list[Any] = []
+    while len(results) < len(kept):
+        if results:
+            with rt.sessions.begin() as session:
+                held = jobstore.hold_claims(session, [(c.job.id, c.generation, c.seq)
+                                                      for c in kept], rt.now() + claim_lease(rt))
+            still = [n for n, c in enumerate(kept) if c.job.id in held]
+            report.fenced += len(kept) - len(still)
+            results = [results[n] for n in still if n < len(results)]
+            kept = [kept[n] for n in still]
+        results += read_all(rt, kept[len(results):len(results) + size])
+    return kept, results
+
+
+def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchReport) -> None:
     now = rt.now()
     running: list[tuple[uuid.UUID, int, int, datetime, int | None]] = []
     others: list[tuple[Claim, PollResult | ProviderError | BaseException]] = []
@@ -193,7 +225,6 @@ def run_claims(rt: Runtime, claims: list[Claim], report: BatchReport | None = No
             log.exception("batch_row_failed job_id=%s", c.job.id)
             outcome = "error"  # still claimed: due again after its lease, as a dead poller's
         report.add(outcome)
-    return report
 
 
 def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseException,

@@ -203,8 +203,11 @@ def test_still_running_rows_are_rescheduled_in_one_statement_with_progress(
     finally:
         event.remove(engine, "before_cursor_execute", count)
     assert (report.claimed, report.running, report.fenced, report.batches) == (5, 5, 0, 1)
-    assert len(updates) == 2  # the claim, then one set-based write for all five
-    assert "FROM unnest(" in updates[1]
+    # the claim; five rows on four threads read in two rounds, the claims extended once
+    # between them (one statement); then one set-based write for all five
+    assert len(updates) == 3, updates
+    assert "poll_lease_expires_at" in updates[1] and "RETURNING jobs.id" in updates[1]
+    assert "FROM unnest(" in updates[2] and "progress" in updates[2]
     for job_id in ids:
         job = w.job(job_id)
         assert job.progress == 40 and job.poll_due_at == w.clock.now + INTERVAL
@@ -343,6 +346,16 @@ def test_batch_mode_on_the_embedded_sqlite_default(simulator: Simulator, tmp_pat
     fresh = batch_poll.claim(w.rt, limit=5)  # the stale claim's row and the two still due
     assert stale.job.id in {c.job.id for c in fresh} and len(fresh) == 3
     assert batch_poll.run_claims(w.rt, [stale]).fenced == 1
+    # a batch larger than the pool reads in rounds; the SQLite branch of hold_claims extends
+    # the claims still held (the stale one is refused)
+    from reconcile import jobstore
+
+    until = w.clock.now + timedelta(minutes=9)
+    with w.rt.sessions.begin() as session:
+        held = jobstore.hold_claims(session, [(c.job.id, c.generation, c.seq)
+                                              for c in [stale, *fresh]], until)
+    assert held == {c.job.id for c in fresh}
+    assert {w.job(c.job.id).poll_due_at for c in fresh} == {until}
 
 
 def test_back_to_chain_mode_the_sweep_resumes_batch_rows_as_chains(

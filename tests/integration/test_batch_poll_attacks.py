@@ -426,15 +426,14 @@ def test_xb_a_row_whose_write_raises_does_not_stop_the_rest_of_the_batch(
     assert w.audit() == []
 
 
-@pytest.mark.xfail(strict=True, reason="open (X2 finding 3): the batch lease covers ONE read's "
-                   "deadline, a batch needs ceil(n / POLL_BATCH_THREADS) rounds of reads; slow "
-                   "legal reads let the next tick re-claim every row before the batch writes, "
-                   "and every poller's writes are fenced in turn (no completion, no attempt)")
 def test_xb_slow_legal_reads_make_every_batch_fenced_livelock(
         world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each read takes 0.6 lease (inside one read's deadline), two rounds per batch
-    (threads=1, 3 rows): beat's next tick claims the rows again while the batch still reads.
-    Three pollers in a row: at least one job must complete."""
+    """X2 finding 3 (a strict xfail until the batch read in rounds): each read takes 0.6 lease
+    (inside one read's deadline), three rounds per batch (threads=1, 3 rows); beat's next tick
+    claims whatever is due while the batch still reads. The lease covered one read, so the tick
+    re-claimed every row before the batch wrote it, and every poller's writes were fenced in
+    turn (no completion, no attempt). Each round now extends the claims it has not written:
+    three pollers in a row, at least one job completes."""
     w = world
     ids = [w.accept(KIND, Script(timeline=INSTANT)) for _ in range(3)]
     w.clock.now += INTERVAL
@@ -460,3 +459,63 @@ def test_xb_slow_legal_reads_make_every_batch_fenced_livelock(
         if not claims:
             break
     assert any(_completions(w, j) for j in ids), report.line()
+
+
+def test_xb_rounds_extend_the_claims_not_yet_written_and_drop_a_taken_over_one(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three rows, one thread: three rounds. Before rounds 2 and 3 the unwritten claims are
+    extended by one lease in one statement each; a row whose claim another writer took in
+    between (a webhook's new generation) is dropped, never written by this batch."""
+    w = world
+    ids = [w.accept(KIND, Script(timeline=FOREVER)) for _ in range(3)]
+    w.clock.now += INTERVAL
+    lease = batch_poll.claim_lease(w.rt)
+    claims = batch_poll.claim(w.rt)
+    assert [c.job.id for c in claims] == ids
+    client = w.rt.client(w.rt.kind(KIND))
+    real = client.poll
+    due_seen: list[list[Any]] = []
+
+    def slow(task_id: str, model: str | None = None) -> PollResult:
+        result = real(task_id, model=model)
+        w.clock.now += lease * 0.6  # two reads take longer than one lease
+        due_seen.append([w.job(j).poll_due_at for j in ids])
+        if len(due_seen) == 1:  # during round 1: a new generation for the third row
+            with w.db.begin() as s:
+                from reconcile import jobstore
+                assert jobstore.start_new_chain(s, ids[2], w.clock.now, lease,
+                                                poll_due_at=w.clock.now + INTERVAL) is not None
+        return result
+
+    monkeypatch.setattr(client, "poll", slow)
+    report = batch_poll.run_claims(w.rt, claims)
+    assert report.running == 2 and report.fenced == 1, report.line()
+    # round 2 read the second row under a claim extended one lease past round 1's end
+    assert due_seen[1][1] == w.clock.now - lease * 0.6 + lease
+    assert len(due_seen) == 2  # the third row was never read by this batch
+    third = w.job(ids[2])
+    assert third.poll_seq == 0 and third.poll_generation == claims[2].generation + 1
+
+
+def test_xb_hold_claims_extends_only_the_claims_that_still_hold(world: World) -> None:
+    from reconcile import jobstore
+
+    w = world
+    ids = [w.accept(KIND, Script(timeline=FOREVER)) for _ in range(3)]
+    w.clock.now += INTERVAL
+    claims = batch_poll.claim(w.rt)
+    until = w.clock.now + timedelta(minutes=7)
+    lease = batch_poll.claim_lease(w.rt)
+    with w.db.begin() as s:  # the second row: a new generation (a webhook, the sweep)
+        assert jobstore.start_new_chain(s, ids[1], w.clock.now, lease,
+                                        poll_due_at=w.clock.now + timedelta(hours=1)) is not None
+        # the third: due again at once, so another poller re-claims it
+        assert jobstore.make_due_at(s, ids[2], w.clock.now)
+    assert [c.job.id for c in batch_poll.claim(w.rt)] == [ids[2]]
+    with w.db.begin() as s:
+        held = jobstore.hold_claims(s, [(c.job.id, c.generation, c.seq) for c in claims], until)
+    assert held == {ids[0]}
+    assert w.job(ids[0]).poll_due_at == until and w.job(ids[0]).poll_seq == claims[0].seq
+    assert w.job(ids[1]).poll_due_at != until and w.job(ids[2]).poll_due_at != until
+    with w.db.begin() as s:
+        assert jobstore.hold_claims(s, [], until) == set()
