@@ -100,6 +100,35 @@ def test_explorer_catches_a_double_completion_only_an_interleaving_shows(explore
     assert "--replay" in ex.describe(found, DOUBLE)
 
 
+def _raises(exc: BaseException) -> ex.Writer:
+    def body(rt: object, ctx: ex.Context) -> str:
+        raise exc
+    return ex.Writer(f"raises_{type(exc).__name__}", body)
+
+
+def test_a_writer_raising_what_the_library_never_raises_is_a_violation(explorer: ex.Explorer) -> None:
+    """An ImportError (a module moved, an import left behind) or a TypeError out of a writer is a
+    bug in the code under test, reported even when every row invariant holds; the library's own
+    errors and a database error are outcomes the invariants judge."""
+    from sqlalchemy.exc import OperationalError
+
+    from reconcile.errors import Conflict, ErrorCode
+
+    broken = ex.Scenario("selftest:raises", sc.accepted(),
+                         (_raises(ImportError("cannot import name 'x' from 'reconcile.y'")),
+                          _raises(TypeError("f() takes 1 positional argument"))))
+    result = explorer.run_schedule(broken, ())
+    assert [v for v in result.violations if v.startswith("unexpected raise")] == [
+        "unexpected raise: raises_ImportError raised ImportError: cannot import name 'x' "
+        "from 'reconcile.y'",
+        "unexpected raise: raises_TypeError raised TypeError: f() takes 1 positional argument"]
+    judged = ex.Scenario("selftest:raises_expected", sc.accepted(),
+                         (_raises(Conflict(ErrorCode.JOB_NOT_CANCELABLE, "already cancelled")),
+                          _raises(OperationalError("SELECT 1", {}, Exception("lock timeout")))))
+    result = explorer.run_schedule(judged, ())
+    assert not [v for v in result.violations if v.startswith("unexpected raise")], result.violations
+
+
 def test_a_writer_waiting_on_a_row_lock_is_detected_and_the_other_runs(explorer: ex.Explorer) -> None:
     scenario = sc.scenarios_named(["unsettled:settle/settle"])[0]
     waits: list[tuple[str, ...]] = []

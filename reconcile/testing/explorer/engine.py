@@ -39,7 +39,7 @@ from .model import (
     ScheduleResult,
     VirtualClock,
 )
-from .scheduler import _Run
+from .scheduler import _Run, expected_raise
 from .search import _available, _bind, _children, _default
 
 # ----------------------------------------------------------------------------- the explorer
@@ -341,7 +341,9 @@ class Explorer:
             self.clock.reader = None
             self.current = None
         outcomes = tuple(f"{s.name}={s.outcome}" for s in run.slots)
-        violations = check(self.rt, ctx, scenario, "after writers")
+        violations = [f"unexpected raise: {s.name} raised {type(s.error).__name__}: {s.error}"
+                      for s in run.slots if s.error is not None and not expected_raise(s.error)]
+        violations += check(self.rt, ctx, scenario, "after writers")
         if not any(v.startswith("hang") for v in violations):
             violations += quiesce_and_check(self.rt, ctx, scenario)
         return ScheduleResult(tuple(d.chosen for d in decisions), tuple(trace), tuple(violations),
