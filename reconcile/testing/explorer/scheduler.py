@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 # ----------------------------------------------------------------------------- one schedule
 
 
-@dataclass
 def expected_raise(exc: BaseException) -> bool:
     """Whether a writer's raise is an outcome the invariants judge, not a violation by itself:
     the library's own errors (a conflict, a provider error, a ledger refusal) and a database
@@ -37,6 +36,7 @@ def expected_raise(exc: BaseException) -> bool:
     return isinstance(exc, ReconcileError | DBAPIError)
 
 
+@dataclass
 class _Slot:
     """One writer thread as the scheduler sees it."""
 
