@@ -8,6 +8,7 @@ generation: a webhook, the sweep) fences it.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,21 +20,24 @@ from ..states import IN_FLIGHT
 from .cas import _cas
 
 
-def claim_due(session: Session, now: datetime, lease: timedelta, limit: int) -> list[Job]:
+def claim_due(session: Session, now: datetime, lease: timedelta, limit: int, *,
+              kinds: Sequence[str] | None = None) -> list[Job]:
     """Up to ``limit`` in-flight rows due at ``now``, oldest due first, skipping rows another
-    claimer holds locked; each moves one lease ahead with ``poll_seq + 1`` (its claim)."""
-    return [job for job, _ in claim_due_with_times(session, now, lease, limit)]
+    claimer holds locked; each moves one lease ahead with ``poll_seq + 1`` (its claim).
+    ``kinds``: only rows of those provider kinds (the ones the claimer can read)."""
+    return [job for job, _ in claim_due_with_times(session, now, lease, limit, kinds=kinds)]
 
 
-def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limit: int
-                         ) -> list[tuple[Job, datetime]]:
+def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limit: int, *,
+                         kinds: Sequence[str] | None = None) -> list[tuple[Job, datetime]]:
     """:func:`claim_due`, each row with the due time it had before the claim moved it (the
     batch poller schedules the next read from it: no drift of one tick per read)."""
     from ..db.models import IN_FLIGHT as IN_FLIGHT_SQL
 
+    only = [] if kinds is None else [Job.provider_kind.in_(list(kinds))]
     due = (select(Job.id, Job.poll_due_at)
            .where(IN_FLIGHT_SQL, Job.poll_due_at.is_not(None), Job.poll_due_at <= now,
-                  Job.provider_task_id.is_not(None))
+                  Job.provider_task_id.is_not(None), *only)
            .order_by(Job.poll_due_at).limit(limit).with_for_update(skip_locked=True))
     was = {job_id: due_at for job_id, due_at in session.execute(due).all()}
     if not was:

@@ -47,6 +47,7 @@ from ..kinds import Kind
 from ..providers.base import PollResult, PollStatus
 from ..runtime import Runtime
 from ..states import POLL_LEASE_SLACK
+from .create import _async_kinds
 
 log = logging.getLogger("reconcile.batch_poll")
 
@@ -127,7 +128,12 @@ def claim(rt: Runtime, *, limit: int | None = None, now: datetime | None = None)
     now = now or rt.now()
     limit = limit or rt.settings.poll_batch_size
     with rt.sessions.begin() as session:
-        rows = jobstore.claim_due_with_times(session, now, claim_lease(rt), limit)
+        # only the kinds this process can read: a row of a kind it does not know (unregistered
+        # here, or known only to another deployment's workers) stays due for a poller that
+        # does, instead of being claimed and dropped every lease; the sweep reports it
+        # (``unknown_kind``) when no process knows it
+        rows = jobstore.claim_due_with_times(session, now, claim_lease(rt), limit,
+                                             kinds=_async_kinds())
     return [Claim(job, rt.kind(job.provider_kind), job.poll_generation, job.poll_seq, was_due)
             for job, was_due in rows]
 

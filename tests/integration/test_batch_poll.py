@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle
@@ -90,6 +90,33 @@ def test_two_concurrent_claimers_never_claim_the_same_row(world: World) -> None:
         job = w.job(job_id)
         assert job.poll_seq == 1 and job.poll_due_at == w.clock.now + lease
     assert batch_poll.claim(w.rt) == []  # nothing due any more
+
+
+def test_a_poller_claims_only_the_kinds_it_can_read(world: World) -> None:
+    """A due row of a kind this process does not know (registered only in another
+    deployment's workers, or gone) is not claimed: it stays due, untouched, for a poller that
+    knows it — it used to be claimed and dropped as ``lost`` every lease."""
+    from reconcile.db.models import Job
+    from dataclasses import replace
+
+    from reconcile.kinds import register_kind, unregister_kind
+
+    w = world
+    known, foreign = _accepted(w, n=2)
+    with w.db.begin() as s:
+        s.execute(update(Job).where(Job.id == foreign).values(provider_kind="elsewhere-video"))
+    w.clock.now += INTERVAL
+    before = w.job(foreign)
+    claims = batch_poll.claim(w.rt)
+    assert [c.job.id for c in claims] == [known]
+    after = w.job(foreign)
+    assert (after.poll_due_at, after.poll_seq) == (before.poll_due_at, before.poll_seq)
+    # a process that knows the kind claims it
+    register_kind(replace(w.rt.kind(KIND), name="elsewhere-video"))
+    try:
+        assert [c.job.id for c in batch_poll.claim(w.rt)] == [foreign]
+    finally:
+        unregister_kind("elsewhere-video")
 
 
 def test_the_claim_takes_the_oldest_due_first_and_only_due_rows(world: World) -> None:
