@@ -96,9 +96,9 @@ def test_a_poller_claims_only_the_kinds_it_can_read(world: World) -> None:
     """A due row of a kind this process does not know (registered only in another
     deployment's workers, or gone) is not claimed: it stays due, untouched, for a poller that
     knows it — it used to be claimed and dropped as ``lost`` every lease."""
-    from reconcile.db.models import Job
     from dataclasses import replace
 
+    from reconcile.db.models import Job
     from reconcile.kinds import register_kind, unregister_kind
 
     w = world
