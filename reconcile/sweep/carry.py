@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from .. import jobstore, lifecycle
 from ..db.models import Job, WebhookDelivery
-from ..errors import ErrorCode, ProviderError
+from ..errors import ProviderError
 from ..jobstore import evidence
 from ..jobstore.events import publish
 from ..kinds import Kind
@@ -39,7 +39,7 @@ def _carry_out(rt: Runtime, plan: _Plan, fan_out: Callable[[uuid.UUID], None] | 
         return "fanned_out"
     if action is Action.FAIL:
         log.info("job_failed job_id=%s code=%s via=sweep row=%s", job.id,
-                 ErrorCode.RECONCILE_NO_RECOVERY, plan.decision.row)
+                 plan.decision.code, plan.decision.row)
         lifecycle.settle(rt, job.id)
         publish(rt, job_id=job.id)
         return "failed"

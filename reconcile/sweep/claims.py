@@ -89,7 +89,7 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
     if action is Action.FAIL:
         where = ((Job.submission_state == Submission.NOT_STARTED,)
                  if plan.decision.row == "not_started_exhausted" else ())
-        claimed = _persist_failure(rt, session, job, now, plan.decision.row, where)
+        claimed = _persist_failure(rt, session, job, now, plan.decision, where)
     elif action is Action.REENQUEUE:
         claimed = jobstore.claim_reenqueue(session, job.id, now,
                                            rt.settings.scaled(NOT_STARTED_AGE))
@@ -127,15 +127,15 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
             plan.job, plan.generation = fresh_chain, fresh_chain.poll_generation
 
 
-def _persist_failure(rt: Runtime, session: Session, job: Job, now: datetime, row: str,
+def _persist_failure(rt: Runtime, session: Session, job: Job, now: datetime, decision: Decision,
                      where: tuple[Any, ...]) -> Job | None:
-    """The persist half of ``lifecycle.fail_job`` (the refund settles after commit)."""
+    """The persist half of ``lifecycle.fail_job`` (the refund settles after commit), with the
+    decision's error code."""
     failed = jobstore.mark_failed(
-        session, job.id, now=now, code=ErrorCode.RECONCILE_NO_RECOVERY,
-        message="reconcile_no_recovery", detail={"reason": row, "via": "sweep"}, where=where)
+        session, job.id, now=now, code=decision.code, message=str(decision.code).lower(),
+        detail={"reason": decision.row, "via": "sweep"}, where=where)
     if failed is not None:
-        add_event(session, failed, "failed", now, {"code": str(ErrorCode.RECONCILE_NO_RECOVERY)},
-                  rt=rt)
+        add_event(session, failed, "failed", now, {"code": str(decision.code)}, rt=rt)
     return failed
 
 

@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from ..db.models import Job
+from ..errors import ErrorCode
 from ..jobstore import adoption
 from ..jobstore.predicates import is_settlement_due
 from ..kinds import Kind
@@ -71,11 +72,14 @@ RECOVERING = ("poll", "resume", "evidence", "reenqueue")
 
 @dataclass(frozen=True)
 class Decision:
-    """Which table row matched (``row``) and what to do; ``resume``: poll, then a new chain."""
+    """Which table row matched (``row``) and what to do; ``resume``: poll, then a new chain;
+    ``code``: the error code a ``FAIL`` stores on the job (a new failing row names its own
+    here: the executor writes whatever the decision carries)."""
 
     row: str
     action: Action
     resume: bool = False
+    code: ErrorCode = ErrorCode.RECONCILE_NO_RECOVERY
 
 
 @dataclass(frozen=True)

@@ -396,6 +396,37 @@ def test_not_started_sync_past_threshold_fails(world: World) -> None:
     assert_refunded(world, job_id)
 
 
+def test_a_failing_row_stores_the_code_its_decision_carries(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executor writes the decision's ``code`` (default ``RECONCILE_NO_RECOVERY``): a new
+    failing row of the table names its own code in the table only, nothing in the executor."""
+    from dataclasses import replace
+
+    from reconcile.errors import ErrorCode
+    from reconcile.sweep import claims, table
+
+    real = table.decide
+
+    def with_code(*args: Any, **kwargs: Any) -> table.Decision:
+        decision = real(*args, **kwargs)
+        if decision.action is table.Action.FAIL:
+            return replace(decision, code=ErrorCode.UPSTREAM_TIMEOUT)
+        return decision
+
+    monkeypatch.setattr(claims.table, "decide", with_code)
+    job_id = world.submit("elevenlabs-sync")
+    world.clock.advance(minutes=6)
+    world.tick()
+    job = assert_refunded(world, job_id, code="UPSTREAM_TIMEOUT")
+    assert job.error_message == "upstream_timeout"
+    from reconcile.db.models import JobEvent
+
+    with world.db() as s:
+        failed = s.execute(select(JobEvent.payload).where(JobEvent.job_id == job_id,
+                                                       JobEvent.type == "failed")).scalars().all()
+    assert [d.get("code") for d in failed] == ["UPSTREAM_TIMEOUT"]
+
+
 # ----------------------------------------------------------------------------- rows 8-9: submitting
 
 
