@@ -58,3 +58,23 @@ def test_gateway_502_reads_the_property(exc: ProviderError, code: str) -> None:
     status, body = error_response(exc, job_id="j")
     assert status == 502
     assert body["error"]["code"] == code
+
+
+# Codes a request is refused with (an HTTP error body, never stored on a job): no customer
+# message for a failed job is needed. Every other code can end a job, and a job's snapshot
+# shows it through api.CUSTOMER_MESSAGES — without an entry a customer sees only
+# "The job failed.".
+REQUEST_ONLY = {
+    ErrorCode.INSUFFICIENT_CREDITS, ErrorCode.JOB_NOT_FOUND,
+    ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED, ErrorCode.JOB_NOT_CANCELABLE,
+    ErrorCode.IDEMPOTENCY_KEY_REUSED,
+}
+
+
+def test_every_code_a_job_can_end_with_has_a_customer_message() -> None:
+    from reconcile.api import CUSTOMER_MESSAGES
+
+    missing = sorted(str(c) for c in ErrorCode if c not in REQUEST_ONLY and c not in CUSTOMER_MESSAGES)
+    assert missing == [], f"add a customer message to api.CUSTOMER_MESSAGES (or list the code " \
+                          f"in REQUEST_ONLY if no job can end with it): {missing}"
+    assert sorted(str(c) for c in REQUEST_ONLY if c in CUSTOMER_MESSAGES) == []
