@@ -2,7 +2,8 @@
 the shipped simulator and loopback servers. Every test here was written as a REPRODUCER and
 failed on main at acd9c7e. Findings 1-3 still fail on main at 45045b3; the fix commit after each
 on branch atk11 makes it pass. Finding 4 was fixed on main meanwhile (i11c's evidence binding,
-reconcile/evidence.py): its test passes on 45045b3 and stays as a regression guard."""
+reconcile/evidence.py then, reconcile/jobstore/evidence.py since the layout move): its test
+passes on 45045b3 and stays as a regression guard."""
 
 from __future__ import annotations
 

@@ -54,6 +54,26 @@ class Installed:
         return self.run(str(self.bin / "python"), "-c", textwrap.dedent(code), env=env)
 
 
+def _checkout_modules() -> set[str]:
+    """What the wheel must hold of ``reconcile/``: every module of the checkout and the package
+    data pyproject.toml declares."""
+    package = ROOT / "reconcile"
+    found = {p.relative_to(ROOT).as_posix() for p in package.rglob("*.py")
+             if "__pycache__" not in p.parts}
+    return found | {"reconcile/py.typed", "reconcile/migrations/script.py.mako"}
+
+
+def _wheel_modules(wheel: Path) -> set[str]:
+    """The wheel's files under ``reconcile/``. A module the checkout no longer has must not be
+    among them: setuptools builds in the checkout's ``build/`` and ships what an earlier build
+    left in ``build/lib`` (a ``build/`` from before the layout move of 2265f5d would ship
+    ``reconcile/batch_poll.py``, ``reconcile/events.py``, … beside their new homes)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as whl:
+        return {name for name in whl.namelist() if name.startswith("reconcile/")}
+
+
 def _checked(proc: subprocess.CompletedProcess[str]) -> str:
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
@@ -68,6 +88,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
                             capture_output=True, text=True, timeout=300))
     wheels = list(dist.glob("reconcile-*.whl"))
     assert len(wheels) == 1
+    assert _wheel_modules(wheels[0]) == _checkout_modules()
     inst = Installed(base)
     # nothing of this interpreter's (PYTHONPATH, an active venv) may leak into the new one: pip
     # would take a reconcile it can see there for "already installed"

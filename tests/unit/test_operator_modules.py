@@ -1,6 +1,6 @@
 """Issue 17: the operator and story modules split into packages (``reconcile.ops``,
-``reconcile.demo``, ``reconcile.testing.chaos``; ``reconcile.media.fetch`` beside ``media_guard`` and
-``media_types``). Users see no change: every command and flag of ``reconcile`` is pinned here,
+``reconcile.demo``, ``reconcile.testing.chaos``; the media fetch beside its guard and types, now
+``reconcile.media.fetch`` / ``.guard`` / ``.types``). Users see no change: every command and flag of ``reconcile`` is pinned here,
 the old import paths still work, each new package has an ``__all__`` whose names resolve, and no
 module of the split is over 400 lines."""
 
@@ -89,12 +89,15 @@ def test_each_new_package_names_its_public_api(module: str) -> None:
 
 def _split_modules() -> list[Path]:
     return sorted([*ROOT.glob("ops/*.py"), *ROOT.glob("demo/*.py"),
-                   *ROOT.glob("testing/chaos/*.py"), ROOT / "cli.py", *ROOT.glob("media*.py")])
+                   *ROOT.glob("testing/chaos/*.py"), ROOT / "cli.py", *ROOT.glob("media/*.py")])
 
 
 def test_no_module_of_the_split_is_over_400_lines() -> None:
     modules = _split_modules()
     assert len(modules) >= 20
+    # the media modules moved into reconcile/media/ (layout move): the scan still sees them
+    assert {"media/fetch.py", "media/guard.py", "media/types.py"} <= {
+        p.relative_to(ROOT).as_posix() for p in modules}
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in modules}
     assert {name: n for name, n in sizes.items() if n > 400} == {}
 
