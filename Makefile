@@ -71,4 +71,4 @@ bench-profile: setup services
 	$(BIN)/python -m bench.profile_run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis reconcile.db* reconcile-media .reconcile-broker
+	rm -rf $(VENV) .pytest_cache .hypothesis reconcile.db* reconcile-media .reconcile-broker build dist *.egg-info

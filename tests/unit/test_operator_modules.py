@@ -60,6 +60,7 @@ def test_every_command_and_flag_of_the_cli_is_unchanged() -> None:
 
 
 def test_the_old_import_paths_still_work() -> None:
+    import reconcile.media
     import reconcile.ops
     from reconcile import cli, demo
     from reconcile.media import fetch as media
@@ -75,6 +76,10 @@ def test_the_old_import_paths_still_work() -> None:
                  "is_public_address", "parse_media_url", "FetchedMedia", "Target",
                  "DEFAULT_PORTS", "_normalise_host", "_connect"):
         assert hasattr(media, name), name
+    # reconcile.media was a module before the layout move: the package keeps its public names
+    for name in media.__all__:
+        assert getattr(reconcile.media, name) is getattr(media, name), name
+    assert reconcile.media.__all__ == media.__all__
 
 
 @pytest.mark.parametrize("module", ["reconcile.ops", "reconcile.demo", "reconcile.testing.chaos",
