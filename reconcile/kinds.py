@@ -129,6 +129,12 @@ _BUILTIN: tuple[Kind, ...] = (
 _REGISTRY: dict[str, Kind] = {k.name: k for k in _BUILTIN}
 
 BUILTIN_KINDS: tuple[str, ...] = tuple(k.name for k in _BUILTIN)
+# The shipped provider families, in the order their first kind appears above. A family is one
+# plug-in unit: its client module (each kind's ``client``), its webhook scheme
+# (``reconcile/webhooks/<family>.py``, found by :mod:`reconcile.webhooks` itself) and its
+# simulator module (``reconcile/testing/sim_<family>.py``, loaded through this tuple). A new
+# built-in family is a kind here plus those modules; nothing else lists the families.
+BUILTIN_PROVIDERS: tuple[str, ...] = tuple(dict.fromkeys(k.provider for k in _BUILTIN))
 
 
 def register_kind(
@@ -180,6 +186,7 @@ def provider_of(name: str | None) -> str | None:
 
 __all__ = [
     "BUILTIN_KINDS",
+    "BUILTIN_PROVIDERS",
     "ClientFactory",
     "Kind",
     "all_kinds",

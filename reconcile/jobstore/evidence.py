@@ -8,21 +8,14 @@ when the provider itself ties it to the job. The ``?job_id=`` of the callback UR
 enough on its own: anyone who can get *a* signature from the provider (fal signs every account's
 webhooks with one JWKS; KIE signs only ``taskId.timestamp``) can put any job id there.
 
-Per provider (README "Security model" carries the same table):
-
-========== ===================================================== ==========================================
-provider   signed field that binds a delivery to a job           read that confirms an adopted id
-========== ===================================================== ==========================================
-replicate  the signed body's ``webhook`` (our callback URL, with  ``GET /v1/predictions/{id}`` (trainings:
-           its ``job_id``): the body is the prediction object    ``/v1/trainings/{id}``) echoes ``webhook``
-kie        none: only ``taskId`` and the timestamp are signed    ``record-info`` / ``record-detail`` echoes
-                                                                 ``param.callBackUrl`` with the ``job_id``
-elevenlabs the signed body's ``data.webhook_metadata.job_id``    dubbing: ``GET /v1/dubbing/{id}`` echoes
-           (dubbing: ``data.name`` = ``reconcile-job:<id>``)      ``name``; speech-to-text: none
-fal        ``X-Fal-Webhook-User-Id`` (signed) equal to            none: status reads echo nothing
-           ``RECONCILE_FAL_WEBHOOK_USER_ID`` — checked at
-           ingestion — makes the planted ``job_id`` ours
-========== ===================================================== ==========================================
+Per provider, its webhook scheme's :attr:`~reconcile.webhooks.WebhookScheme.binding` says
+which signed field binds a delivery to a job and which read confirms an adopted id; each
+provider's webhook module (:mod:`reconcile.webhooks`) explains its row, and README "Security
+model" carries the whole table. For example: Replicate signs the body, whose ``webhook`` is our
+callback URL with its ``job_id``, and ``GET /v1/predictions/{id}`` echoes it; KIE signs only
+``taskId`` and the timestamp, so only its ``record-info`` echo of ``param.callBackUrl`` binds;
+fal's signed ``X-Fal-Webhook-User-Id`` must equal ``RECONCILE_FAL_WEBHOOK_USER_ID`` (checked at
+ingestion), and its status reads echo nothing.
 
 The rule (:func:`assess`): a delivery is used only for a job of the same provider family and
 kind; where the provider has a confirming read, the read must echo this job's id before the job
@@ -41,7 +34,7 @@ from ..kinds import Kind, provider_of
 from ..settings import Settings
 from ..webhooks import FAL_CHECKED_USER, PROVIDERS, Binding, get_scheme
 
-# The shipped schemes' rows of the table above; each provider's webhook module
+# The shipped schemes' rows of the table; each provider's webhook module
 # (:mod:`reconcile.webhooks`) owns its row, and a platform's scheme brings its own.
 BINDINGS: dict[str, Binding] = {p: scheme.binding for p in PROVIDERS
                                 if (scheme := get_scheme(p)) is not None}

@@ -101,4 +101,8 @@ def _stream(message: dict[str, Any], request_id: str) -> Response:
                                             "Cache-Control": "no-cache", "request-id": request_id})
 
 
-register_route(SimRoute(PREFIX, authorized, error, handle))
+register_route(SimRoute(
+    PREFIX, authorized, error, handle, url_settings={"anthropic_base_url": ""},
+    api_key_settings=("anthropic_api_key",),
+    examples={"anthropic-sync": ("claude-sonnet",
+                                 {"messages": [{"role": "user", "content": "hi"}]})}))

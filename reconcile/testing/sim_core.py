@@ -21,6 +21,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from . import sim_registry
+
 STATES = frozenset({"queued", "running", "succeeded", "failed", "canceled", "vanished"})
 TERMINAL = frozenset({"succeeded", "failed", "canceled"})
 CREATE_MODES = frozenset({
@@ -93,22 +95,33 @@ def _b64(raw: bytes) -> str:
 
 @dataclass(frozen=True)
 class SimSecrets:
-    """The secrets the simulator signs webhooks with (give the same ones to the verifier)."""
+    """The secrets the simulator signs webhooks with (give the same ones to the verifier).
+
+    The built-in families' are the named fields; a family registered later declares its own
+    default (:attr:`~reconcile.testing.sim_registry.SimWebhooks.secret`), overridden here by
+    ``webhook_secrets={provider: secret}``."""
 
     kie_webhook_hmac_key: str = "sim-kie-webhook-hmac-key"
     replicate_webhook_secret: str = "whsec_" + _b64(b"sim-replicate-webhook-secret-32b!")
     elevenlabs_webhook_secret: str = "sim-elevenlabs-webhook-secret"
     fal_user_id: str = "sim-fal-user"
     fal_key_seed: bytes | None = None  # 32 bytes for a fixed ED25519 key; None: a new key
+    webhook_secrets: Mapping[str, str] = field(default_factory=dict)
+
+    def webhook_secret(self, provider: str) -> str:
+        """The value of ``provider``'s registered ``secret_setting`` (fal: the account id)."""
+        hooks = sim_registry.webhooks_for(provider)
+        if hooks is None or hooks.secret is None:
+            raise LookupError(f"no simulator webhook secret is registered for {provider!r}")
+        if callable(hooks.secret):
+            return hooks.secret(self)
+        return self.webhook_secrets.get(provider, hooks.secret)
 
     def settings_env(self) -> dict[str, str]:
-        return {
-            "RECONCILE_KIE_WEBHOOK_HMAC_KEY": self.kie_webhook_hmac_key,
-            "RECONCILE_REPLICATE_WEBHOOK_SECRET": self.replicate_webhook_secret,
-            "RECONCILE_ELEVENLABS_WEBHOOK_SECRET": self.elevenlabs_webhook_secret,
-            # fal signs every account with one JWKS: bind its deliveries to the simulated account
-            "RECONCILE_FAL_WEBHOOK_USER_ID": self.fal_user_id,
-        }
+        """Each registered provider's webhook setting, as the library reads it."""
+        sim_registry.load_builtin()
+        return {sim_registry.env_name(hooks.secret_setting): self.webhook_secret(hooks.provider)
+                for hooks in sim_registry.registered_webhooks() if hooks.secret_setting}
 
 
 @dataclass
@@ -116,7 +129,7 @@ class Task:
     """One upstream task as the simulator holds it (inspect, never mutate, from tests)."""
 
     task_id: str
-    provider: str  # kie | replicate | elevenlabs | fal
+    provider: str  # the family: kie | replicate | elevenlabs | fal | a registered one
     api: str  # kie-market, kie-veo, …, replicate-prediction, elevenlabs-dubbing, fal-queue …
     model: str
     job_id: str | None
@@ -309,16 +322,12 @@ def int_or_raw(value: Any) -> Any:
 
 
 def base_urls_for(url: str) -> dict[str, str]:
-    """The settings environment that points every client at a simulator running at ``url``."""
+    """The settings environment that points every client at a simulator running at ``url``:
+    each registered route's ``url_settings``, and the media host."""
     host = urlsplit(url).hostname or "127.0.0.1"
-    return {
-        "RECONCILE_KIE_BASE_URL": url + "/kie",
-        "RECONCILE_REPLICATE_BASE_URL": url + "/replicate",
-        "RECONCILE_ELEVENLABS_BASE_URL": url + "/elevenlabs",
-        "RECONCILE_FAL_BASE_URL": url + "/fal",
-        "RECONCILE_FAL_SYNC_BASE_URL": url + "/fal-sync",
-        "RECONCILE_ANTHROPIC_BASE_URL": url + "/anthropic",
-        # every port: the simulator picks a free one
-        "RECONCILE_MEDIA_ALLOWED_HOSTS": json.dumps([f"{host}:*"]),
-        "RECONCILE_FAL_JWKS_URL": url + "/fal/.well-known/jwks.json",
-    }
+    sim_registry.load_builtin()
+    env = {sim_registry.env_name(setting): f"{url}/{route.prefix}{path}"
+           for route in sim_registry.routes() for setting, path in route.url_settings.items()}
+    # every port: the simulator picks a free one
+    env["RECONCILE_MEDIA_ALLOWED_HOSTS"] = json.dumps([f"{host}:*"])
+    return env

@@ -57,7 +57,13 @@ class Delivering:
                     due.append((task, *reached))
         for task, state, since in due:
             hooks = sim_registry.webhooks_for(task.provider)
-            delivery = hooks.callback(self, task, state, since)  # type: ignore[arg-type] if hooks is not None else None
+            if hooks is None:  # a provider without registered webhooks sends none
+                continue
+            try:
+                delivery = hooks.callback(self, task, state, since)  # type: ignore[arg-type]
+            except Exception:  # one broken callback must not cost the tick's other deliveries
+                traceback.print_exc()
+                continue
             if delivery is None:
                 continue
             record = {"task_id": task.task_id, "job_id": task.job_id, "provider": task.provider,

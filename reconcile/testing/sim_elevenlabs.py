@@ -339,5 +339,17 @@ def callback(sim: Simulator, task: Task, state: str, since: float) -> Delivery |
                                                   timestamp))
 
 
-register_route(SimRoute(PREFIX, authorized, error, handle))
-register_webhooks(SimWebhooks(PROVIDER, callback, elevenlabs_headers))
+def sign(sim: Simulator, body: bytes, timestamp: int) -> dict[str, str]:
+    """``t=…,v0=…``: HMAC-SHA256 over ``{timestamp}.{body}``."""
+    return elevenlabs_headers(sim.secrets.elevenlabs_webhook_secret, body, timestamp)
+
+
+register_route(SimRoute(
+    PREFIX, authorized, error, handle, url_settings={"elevenlabs_base_url": ""},
+    api_key_settings=("elevenlabs_api_key",),
+    examples={"elevenlabs-async": ("dubbing", {"source_url": "https://example.com/a.mp4",
+                                               "target_lang": "es"}),
+              "elevenlabs-sync": ("tts:voice1", {"text": "hello"})}))
+register_webhooks(SimWebhooks(PROVIDER, callback, elevenlabs_headers,
+                              secret_setting="elevenlabs_webhook_secret",
+                              secret=lambda secrets: secrets.elevenlabs_webhook_secret, sign=sign))

@@ -34,7 +34,7 @@ from .sim_core import (
     retry_after_header,
 )
 from .sim_registry import SimRoute, SimWebhooks, register_route, register_webhooks
-from .sim_signing import Delivery, fal_headers, jwks, now_seconds
+from .sim_signing import Delivery, body_digest, body_text, fal_headers, jwks, now_seconds
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -228,8 +228,23 @@ def _sync(sim: Simulator, req: Request) -> Response | None:
                          {"x-fal-request-id": task.task_id})
 
 
-SYNC = register_route(SimRoute("fal-sync", authorized, error, _sync))
+def sign(sim: Simulator, body: bytes, timestamp: int) -> dict[str, str]:
+    """Ed25519 with the simulator's key, for its account, over the body's ``request_id``."""
+    request_id = body_text(body, "request_id") or "req-" + body_digest(body, 12)
+    return fal_headers(sim.fal_key, request_id, sim.secrets.fal_user_id, body, timestamp)
 
 
-register_route(SimRoute(PREFIX, authorized, error, handle))
-register_webhooks(SimWebhooks(PROVIDER, callback, fal_headers))
+SYNC = register_route(SimRoute("fal-sync", authorized, error, _sync,
+                               url_settings={"fal_sync_base_url": ""}))
+
+
+register_route(SimRoute(
+    PREFIX, authorized, error, handle,
+    url_settings={"fal_base_url": "", "fal_jwks_url": "/.well-known/jwks.json"},
+    api_key_settings=("fal_api_key",),
+    examples={"fal-queue": ("fal-ai/flux/dev", {"prompt": "x"})}))
+# fal signs every account with one JWKS: the setting binds its deliveries to the simulated account
+register_webhooks(SimWebhooks(PROVIDER, callback, fal_headers,
+                              secret_setting="fal_webhook_user_id",
+                              secret=lambda secrets: secrets.fal_user_id, sign=sign,
+                              verify_key=lambda sim: jwks(sim.fal_key)))

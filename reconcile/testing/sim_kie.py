@@ -29,7 +29,7 @@ from .sim_core import (
     retry_after_header,
 )
 from .sim_registry import SimRoute, SimWebhooks, register_route, register_webhooks
-from .sim_signing import Delivery, kie_headers, now_seconds
+from .sim_signing import Delivery, body_text, kie_headers, now_seconds
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -280,5 +280,26 @@ def _chat(sim: Simulator, req: Request, model: str) -> Response:
     })
 
 
-register_route(SimRoute(PREFIX, authorized, error, handle))
-register_webhooks(SimWebhooks(PROVIDER, callback, kie_headers))
+def sign(sim: Simulator, body: bytes, timestamp: int) -> dict[str, str]:
+    """KIE signs the body's ``data.taskId`` (``task_id``) and the timestamp, not the body."""
+    task_id = body_text(body, "data", "taskId") or body_text(body, "data", "task_id") or ""
+    return kie_headers(sim.secrets.kie_webhook_hmac_key, task_id, timestamp)
+
+
+register_route(SimRoute(
+    PREFIX, authorized, error, handle, url_settings={"kie_base_url": ""},
+    api_key_settings=("kie_api_key",),
+    examples={
+        "kie-standard": ("seedream/4.5-edit", {"prompt": "x"}),
+        "kie-veo": ("veo3_fast", {"prompt": "x"}),
+        "kie-suno": ("V4_5", {"prompt": "x", "customMode": False, "instrumental": False}),
+        "kie-kontext": ("flux-kontext-pro", {"prompt": "x"}),
+        "kie-luma": ("luma", {"prompt": "x", "videoUrl": "https://example.com/v.mp4"}),
+        "kie-kling3": ("kling-3.0/video", {"prompt": "x"}),
+        "kie-runway": ("runway-duration-5-generate", {"prompt": "x", "aspectRatio": "16:9"}),
+        "kie-lip-sync": ("infinitalk/from-audio", {"prompt": "x"}),
+        "kie-llm": ("gpt-x", {"messages": [{"role": "user", "content": "hi"}]}),
+    }))
+register_webhooks(SimWebhooks(PROVIDER, callback, kie_headers,
+                              secret_setting="kie_webhook_hmac_key",
+                              secret=lambda secrets: secrets.kie_webhook_hmac_key, sign=sign))

@@ -1,43 +1,81 @@
 """What the simulator serves, as each provider module registers it.
 
 A ``sim_<provider>`` module registers its :class:`SimRoute` (the path prefix it answers under,
-who may call it, its error answer, its handler) and, when the provider sends webhooks, its
-:class:`SimWebhooks` (the callback that builds and signs one delivery, with the provider's
-signer from :mod:`.sim_signing`). :class:`~reconcile.testing.simulator.Simulator` dispatches
-through this registry, so a platform's tests can serve their own provider family too: register
-a route (and webhooks) before starting the simulator.
+who may call it, its error answer, its handler, the settings that point a client at it, the
+credential settings it expects, an example request of each kind it serves) and, when the
+provider sends webhooks, its :class:`SimWebhooks` (the callback that builds and signs one
+delivery, the setting the library verifies it with and the simulator's value for it, and a
+signer for any body). That one registration is all the simulator needs: its dispatch, its
+settings environment (:func:`~reconcile.testing.sim_core.base_urls_for`,
+:meth:`~reconcile.testing.simulator.Simulator.env`, :class:`~reconcile.testing.sim_core.SimSecrets`)
+and the library's own tests read this registry.
+
+The built-in families' modules are loaded by :func:`load_builtin`: ``sim_<family>`` for each
+family of :data:`reconcile.kinds.BUILTIN_PROVIDERS` (a new built-in family adds its module and
+lists nothing). A platform's tests serve their own provider family too: import the module that
+registers its route (and webhooks) before starting the simulator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .sim_core import Request, Response, Script, Task
+    from .sim_core import Request, Response, Script, SimSecrets, Task
     from .sim_signing import Delivery
     from .simulator import Simulator
+
+# (model, input): one request of a kind that the route accepts and runs to success
+Example = tuple[str, Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
 class SimRoute:
-    """One path prefix: ``{url}/{prefix}/…`` is answered by ``handle`` (None: no such route)."""
+    """One path prefix: ``{url}/{prefix}/…`` is answered by ``handle`` (None: no such route).
+
+    - ``url_settings``: each :class:`~reconcile.settings.Settings` field that points a client at
+      this route, with the path below ``{url}/{prefix}`` it takes (``""``: the prefix itself);
+    - ``api_key_settings``: the credential fields a client sends here (the simulator's
+      environment fills each with a dummy key);
+    - ``examples``: for each kind name this route serves, one request it accepts.
+    """
 
     prefix: str
     authorized: Callable[[Request], bool]
     error: Callable[[str, Script], Response]  # ("auth" / "server_error" / …, the script)
     handle: Callable[[Simulator, Request], Response | None]
+    url_settings: Mapping[str, str] = field(default_factory=dict, compare=False)
+    api_key_settings: tuple[str, ...] = ()
+    examples: Mapping[str, Example] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
 class SimWebhooks:
     """One provider's deliveries: ``callback`` builds the signed delivery of a task that reached
-    a terminal state (None: nothing to send), signing with ``signer``."""
+    a terminal state (None: nothing to send), signing with ``signer``.
+
+    - ``secret_setting``: the :class:`~reconcile.settings.Settings` field the library verifies
+      these deliveries with (fal: the account id they are signed for);
+    - ``secret``: the simulator's value for it — a callable reads it from
+      :class:`~reconcile.testing.sim_core.SimSecrets`, a string is the default a
+      ``SimSecrets(webhook_secrets={provider: …})`` overrides;
+    - ``sign(sim, body, timestamp)``: headers signing any ``body`` as the provider signs a
+      delivery (the library's tests and fuzz sign with it);
+    - ``verify_key(sim)``: the ``key`` :func:`reconcile.webhooks.verify` checks those with
+      (None: the secret itself).
+    """
 
     provider: str  # Task.provider
     callback: Callable[[Simulator, Task, str, float], Delivery | None]
     signer: Callable[..., dict[str, str]]
+    secret_setting: str | None = None
+    secret: str | Callable[[SimSecrets], str] | None = None
+    sign: Callable[[Simulator, bytes, int], dict[str, str]] | None = None
+    verify_key: Callable[[Simulator], Any] | None = None
 
 
 _ROUTES: dict[str, SimRoute] = {}
@@ -73,5 +111,60 @@ def prefixes() -> tuple[str, ...]:
     return tuple(_ROUTES)
 
 
-__all__ = ["SimRoute", "SimWebhooks", "prefixes", "register_route", "register_webhooks",
-           "route", "unregister", "webhooks_for"]
+def routes() -> tuple[SimRoute, ...]:
+    """Every registered route, in registration order."""
+    return tuple(_ROUTES.values())
+
+
+def registered_webhooks() -> tuple[SimWebhooks, ...]:
+    """Every provider's registered deliveries, in registration order."""
+    return tuple(_WEBHOOKS.values())
+
+
+def examples() -> dict[str, Example]:
+    """Kind name → an example request, over every registered route."""
+    return {kind: example for r in _ROUTES.values() for kind, example in r.examples.items()}
+
+
+def sign(provider: str, sim: Simulator, body: bytes, timestamp: int) -> dict[str, str]:
+    """``body`` signed as ``provider`` signs a delivery; LookupError when no simulator module
+    registered a signer for it (never another provider's signature)."""
+    hooks = _WEBHOOKS.get(provider)
+    if hooks is None or hooks.sign is None:
+        raise LookupError(f"no simulator signer is registered for provider {provider!r}")
+    return hooks.sign(sim, body, timestamp)
+
+
+def verify_key(provider: str, sim: Simulator) -> Any:
+    """The ``key`` that verifies what :func:`sign` made for ``provider``; LookupError as there."""
+    hooks = _WEBHOOKS.get(provider)
+    if hooks is None or hooks.sign is None:
+        raise LookupError(f"no simulator signer is registered for provider {provider!r}")
+    return hooks.verify_key(sim) if hooks.verify_key is not None else \
+        sim.secrets.webhook_secret(provider)
+
+
+def env_name(setting: str) -> str:
+    """The environment variable of a :class:`~reconcile.settings.Settings` field."""
+    return "RECONCILE_" + setting.upper()
+
+
+def load_builtin() -> tuple[ModuleType, ...]:
+    """Import (once) the simulator module of every built-in provider family, ``sim_<family>``
+    (each registers itself on import); a family without one is served by nothing here."""
+    from ..kinds import BUILTIN_PROVIDERS
+
+    found = []
+    for family in BUILTIN_PROVIDERS:
+        name = f"{__package__}.sim_{family}"
+        try:
+            found.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    return tuple(found)
+
+
+__all__ = ["Example", "SimRoute", "SimWebhooks", "env_name", "examples", "load_builtin",
+           "prefixes", "register_route", "register_webhooks", "registered_webhooks", "route",
+           "routes", "sign", "unregister", "verify_key", "webhooks_for"]

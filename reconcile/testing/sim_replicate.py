@@ -31,7 +31,7 @@ from .sim_core import (
     retry_after_header,
 )
 from .sim_registry import SimRoute, SimWebhooks, register_route, register_webhooks
-from .sim_signing import Delivery, now_seconds, replicate_headers
+from .sim_signing import Delivery, body_digest, now_seconds, replicate_headers
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -259,5 +259,17 @@ def callback(sim: Simulator, task: Task, state: str, since: float) -> Delivery |
     return Delivery(task.callback_url, body, headers)
 
 
-register_route(SimRoute(PREFIX, authorized, error, handle))
-register_webhooks(SimWebhooks(PROVIDER, callback, replicate_headers))
+def sign(sim: Simulator, body: bytes, timestamp: int) -> dict[str, str]:
+    """Standard Webhooks over ``{id}.{timestamp}.{body}`` (the id: the body's digest)."""
+    return replicate_headers(sim.secrets.replicate_webhook_secret, body,
+                             "msg_" + body_digest(body), timestamp)
+
+
+register_route(SimRoute(
+    PREFIX, authorized, error, handle, url_settings={"replicate_base_url": ""},
+    api_key_settings=("replicate_api_key",),
+    examples={"replicate-prediction": ("owner/model:v1", {"prompt": "x"}),
+              "replicate-training": ("owner/model:v1", {"steps": 1})}))
+register_webhooks(SimWebhooks(PROVIDER, callback, replicate_headers,
+                              secret_setting="replicate_webhook_secret",
+                              secret=lambda secrets: secrets.replicate_webhook_secret, sign=sign))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -74,6 +75,23 @@ def jwks(key: Ed25519PrivateKey) -> dict[str, Any]:
     x = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
     return {"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": FAL_KID, "use": "sig",
                       "alg": "EdDSA"}]}
+
+
+def body_text(body: bytes, *path: str) -> str | None:
+    """The non-empty string at ``path`` in a JSON object ``body`` (None for anything else): what
+    a signer that signs a field of the body (KIE's ``taskId``) reads."""
+    try:
+        value: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def body_digest(body: bytes, length: int = 27) -> str:
+    """A stable id for ``body`` (hex SHA-256), where a signer needs a message id."""
+    return hashlib.sha256(body).hexdigest()[:length]
 
 
 def now_seconds() -> int:

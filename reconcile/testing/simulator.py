@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from . import sim_anthropic, sim_elevenlabs, sim_fal, sim_kie, sim_registry, sim_replicate
+from . import sim_registry
 from .sim_control import CONFIG, SimulatorClient, control
 from .sim_core import (
     GARBAGE,
@@ -56,8 +56,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Script", "SimSecrets", "Simulator", "SimulatorClient", "Task", "base_urls_for", "main"]
 
-# importing the provider modules registers their routes and webhooks (:mod:`.sim_registry`)
-PROVIDER_MODULES = (sim_kie, sim_replicate, sim_elevenlabs, sim_fal, sim_anthropic)
+# importing the provider modules registers their routes and webhooks (:mod:`.sim_registry`):
+# ``sim_<family>`` of every built-in family, found through the kinds
+PROVIDER_MODULES = sim_registry.load_builtin()
 _REJECTS = {"reject_invalid": "invalid", "reject_auth": "auth", "server_error": "server_error"}
 
 
@@ -106,9 +107,10 @@ class Simulator(Serving, Delivering):
         return base_urls_for(self.url)
 
     def env(self) -> dict[str, str]:
-        """:meth:`base_urls` plus API keys and webhook secrets: a full settings environment."""
-        keys = {f"RECONCILE_{p}_API_KEY": "sim-key"
-                for p in ("KIE", "REPLICATE", "ELEVENLABS", "FAL", "ANTHROPIC")}
+        """:meth:`base_urls` plus API keys and webhook secrets: a full settings environment
+        (every registered route's ``api_key_settings`` and provider's ``secret_setting``)."""
+        keys = {sim_registry.env_name(setting): "sim-key"
+                for route in sim_registry.routes() for setting in route.api_key_settings}
         return {**self.base_urls(), **keys, **self.secrets.settings_env()}
 
     def settings(self, **overrides: Any) -> Settings:

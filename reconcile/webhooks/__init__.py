@@ -7,7 +7,9 @@ plants ``job_id``), the secret and an injected ``now``; it returns a :class:`Web
 raises a :class:`~reconcile.errors.WebhookError` subclass — never anything else for bad input.
 
 One module per provider owns its scheme (verify, where its secret comes from, what it signs
-that binds a delivery to a job) and registers it in :mod:`.registry`:
+that binds a delivery to a job) and registers it in :mod:`.registry`. Every public module of this
+package is such a module: importing the package imports each of them (nothing here lists them),
+and :data:`PROVIDERS` is what they registered. The shipped ones:
 
 - :mod:`.replicate`: HMAC-SHA256 of ``{webhook-id}.{webhook-timestamp}.{body}`` (Standard
   Webhooks, base64, ``v1,`` entries); ±5 min; body signed.
@@ -31,15 +33,14 @@ with are here too (:func:`header`, :func:`require_secret`, :func:`fresh_timestam
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Mapping
 from datetime import datetime
+from types import ModuleType
 from typing import Any
 
 from ..errors import WebhookPayloadError
-from . import elevenlabs as _elevenlabs
-from . import fal as _fal
-from . import kie as _kie
-from . import replicate as _replicate
 from ._common import (
     FAILED,
     MAX_DEPTH,
@@ -79,9 +80,21 @@ from .registry import (
 )
 from .replicate import REPLICATE_TOLERANCE, verify_replicate
 
-# The shipped schemes, in their registration order (a platform's own are in ``schemes()``).
-PROVIDERS: tuple[str, ...] = tuple(
-    m.SCHEME.provider for m in (_replicate, _kie, _elevenlabs, _fal))
+
+def _builtin_scheme_modules() -> tuple[ModuleType, ...]:
+    """Every public module of this package that defines a ``SCHEME`` (importing it registers
+    it), by module name: a built-in provider family's webhooks need no line here."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            if isinstance(getattr(module, "SCHEME", None), WebhookScheme):
+                found.append(module)
+    return tuple(found)
+
+
+# The shipped schemes, by module name (a platform's own are in ``schemes()`` too).
+PROVIDERS: tuple[str, ...] = tuple(m.SCHEME.provider for m in _builtin_scheme_modules())
 
 # Public names for the shared checks, for a platform's own scheme.
 header = _header
@@ -100,20 +113,20 @@ def verify(
     query: Mapping[str, str],
     key: Any,
     now: datetime,
-    *,
-    fal_user_id: str | None = None,
     **options: Any,
 ) -> WebhookEvent:
     """Verify a delivery for ``provider``; ``key`` is its secret (fal: a JwksCache or JWKS).
 
-    ``options`` reach the scheme's verifier as keyword arguments; ``fal_user_id`` is fal's
-    ``user_id`` (our account), ignored by every other scheme."""
+    ``options`` reach the scheme's verifier as keyword arguments. A keyword a scheme takes
+    under a name of its own (:attr:`WebhookScheme.keywords`: ``fal_user_id``, fal's
+    ``user_id``, our account) reaches that scheme only and is ignored by every other one."""
     scheme = get_scheme(provider)
     if scheme is None:
         raise WebhookPayloadError(f"no webhook scheme for provider {provider!r}")
-    if scheme.provider == "fal":
-        options = {"user_id": fal_user_id, **options}
-    return scheme.verify(headers, body, query, key, now, **options)
+    foreign = {name for other in schemes() for name in other.keywords}
+    renamed = {own: options[name] for name, own in scheme.keywords.items() if name in options}
+    passed = {name: value for name, value in options.items() if name not in foreign}
+    return scheme.verify(headers, body, query, key, now, **{**renamed, **passed})
 
 
 __all__ = [

@@ -241,6 +241,7 @@ SCHEME = WebhookScheme(
     secret=_jwks,
     binding=Binding("signed X-Fal-Webhook-User-Id == RECONCILE_FAL_WEBHOOK_USER_ID", None),
     options=lambda settings: {"user_id": settings.fal_webhook_user_id},
+    keywords={"fal_user_id": "user_id"},  # webhooks.verify(..., fal_user_id=…)
     signed_job_id=_signed_job_id,
     stamp=_stamp,
 )

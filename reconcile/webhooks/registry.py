@@ -5,8 +5,10 @@ The webhook scheme registry: one :class:`WebhookScheme` per provider family.
 A scheme is everything the library knows about one provider's webhooks: how a delivery is
 verified and parsed, where its secret comes from, and what (if anything) the provider signs that
 ties a stored delivery to a job — the facts :mod:`reconcile.jobstore.evidence` and the sweep judge an
-``uncertain`` job's evidence by. The shipped schemes (replicate, kie, elevenlabs, fal) register
-themselves when :mod:`reconcile.webhooks` is imported; a platform adds its own with
+``uncertain`` job's evidence by. The shipped schemes register themselves when
+:mod:`reconcile.webhooks` is imported (it imports every public module of its package: a
+built-in family's scheme is one new module there, ``SCHEME`` registered at its foot); a
+platform adds its own with
 :func:`register_webhook_scheme` (or ``register_kind(kind, webhook=scheme)``), and
 :func:`reconcile.webhook_ingest.handle_webhook` serves it on the path segment ``scheme.provider``
 — the same value as the provider kind's :attr:`~reconcile.kinds.Kind.provider`.
@@ -65,6 +67,9 @@ class WebhookScheme:
       :class:`~reconcile.errors.WebhookError` subclass (never anything else for bad input);
     - ``secret(rt)``: the ``key`` ingestion hands to ``verify`` (None/empty: fail closed);
     - ``options(settings)``: extra keyword arguments for ``verify`` (fal: the account id);
+    - ``keywords``: keyword arguments of :func:`reconcile.webhooks.verify` this scheme's
+      ``verify`` takes under its own name (fal: ``fal_user_id`` → ``user_id``); ``verify``
+      hands them to this scheme only and drops them for every other one;
     - ``binding``: the evidence table's row (README "Security model");
     - ``signed_job_id(payload, stored_job_id, settings)``: the job id the signature itself ties a
       stored delivery to, or None;
@@ -82,6 +87,7 @@ class WebhookScheme:
     same_kind: Callable[[Mapping[str, Any], Kind], bool] = field(default=_any_kind, compare=False)
     stamp: Callable[[dict[str, Any], Settings], dict[str, Any]] = field(
         default=_unchanged, compare=False)
+    keywords: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def echo_check(self) -> bool:

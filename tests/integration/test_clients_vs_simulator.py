@@ -9,27 +9,14 @@ import pytest
 from reconcile.errors import CreateRateLimited, CreateRejected, CreateUncertain, ErrorCode
 from reconcile.kinds import all_kinds, get_kind
 from reconcile.providers.base import AsyncProvider, CreateRequest, PollStatus, SyncProvider, run
+from reconcile.testing import sim_registry
 from reconcile.testing.simulator import Script, Simulator
 
-ASYNC = {
-    "kie-standard": ("seedream/4.5-edit", {"prompt": "x"}),
-    "kie-veo": ("veo3_fast", {"prompt": "x"}),
-    "kie-suno": ("V4_5", {"prompt": "x", "customMode": False, "instrumental": False}),
-    "kie-kontext": ("flux-kontext-pro", {"prompt": "x"}),
-    "kie-luma": ("luma", {"prompt": "x", "videoUrl": "https://example.com/v.mp4"}),
-    "kie-kling3": ("kling-3.0/video", {"prompt": "x"}),
-    "kie-runway": ("runway-duration-5-generate", {"prompt": "x", "aspectRatio": "16:9"}),
-    "kie-lip-sync": ("infinitalk/from-audio", {"prompt": "x"}),
-    "replicate-prediction": ("owner/model:v1", {"prompt": "x"}),
-    "replicate-training": ("owner/model:v1", {"steps": 1}),
-    "elevenlabs-async": ("dubbing", {"source_url": "https://example.com/a.mp4", "target_lang": "es"}),
-    "fal-queue": ("fal-ai/flux/dev", {"prompt": "x"}),
-}
-SYNC = {
-    "anthropic-sync": ("claude-sonnet", {"messages": [{"role": "user", "content": "hi"}]}),
-    "kie-llm": ("gpt-x", {"messages": [{"role": "user", "content": "hi"}]}),
-    "elevenlabs-sync": ("tts:voice1", {"text": "hello"}),
-}
+# kind → (model, input): the example each simulator module registers for the kinds it serves
+EXAMPLES = sim_registry.examples()
+ASYNC = {name: ex for name, ex in EXAMPLES.items()
+         if (k := get_kind(name)) is not None and not k.sync}
+SYNC = {name: ex for name, ex in EXAMPLES.items() if (k := get_kind(name)) is not None and k.sync}
 
 
 def test_every_builtin_kind_is_covered_here() -> None:

@@ -25,15 +25,17 @@ import requests
 
 import reconcile.providers
 from reconcile.errors import ReconcileError
-from reconcile.kinds import all_kinds
+from reconcile.kinds import BUILTIN_KINDS, all_kinds, get_kind
 from reconcile.providers.base import AsyncProvider, CreateRequest, SyncProvider, resume
+from reconcile.testing import sim_registry
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_clients_vs_simulator import ASYNC
+from tests.integration.test_clients_vs_simulator import ASYNC, SYNC
 
 PROVIDERS_DIR = Path(reconcile.providers.__file__).parent
-# module → the simulator prefix its client's base URL points at
-PREFIX = {"anthropic": "anthropic", "elevenlabs": "elevenlabs", "fal": "fal", "kie": "kie",
-          "replicate": "replicate"}
+# module → the simulator prefix its client's base URL points at: every module a built-in kind's
+# client lives in, served under the prefix of its own name (sim_<family> registers it)
+PREFIX = {m: m for m in sorted({get_kind(n).client.partition(":")[0].split(".")[2]  # type: ignore[union-attr]
+                                for n in BUILTIN_KINDS})}
 _PATHY = re.compile(r"^(/(v1|api)/|/\{\}/v1/|\{\}/)\S*$")
 _FIELD = re.compile(r"\{[^{}]*\}")
 
@@ -159,7 +161,8 @@ def recorded() -> Iterator[Recorded]:
                          [ASYNC[kind.name], *EXTRA_ASYNC.get(kind.name, [])]]
             else:
                 assert isinstance(client, SyncProvider)
-                calls = [(model, inp, _call) for model, inp in SYNC_CALLS[kind.name]]
+                calls = [(model, inp, _call) for model, inp in
+                         SYNC_CALLS.get(kind.name, [SYNC[kind.name]])]
             for model, inp, run in calls:
                 try:
                     run(sim, client, kind.name, model, dict(inp))
@@ -169,9 +172,13 @@ def recorded() -> Iterator[Recorded]:
 
 
 def test_every_builtin_kind_is_exercised() -> None:
-    """The exercise covers every registered kind (a new kind must be added here)."""
+    """The exercise covers every registered kind (its simulator module's example, at least)."""
     names = {k.name for k in all_kinds()}
-    assert {n for n in names if n in ASYNC or n in SYNC_CALLS} == names
+    assert {n for n in names if n in ASYNC or n in SYNC_CALLS or n in SYNC} == names
+
+
+def test_every_client_module_has_its_simulator_prefix() -> None:
+    assert PREFIX and all(sim_registry.route(prefix) is not None for prefix in PREFIX.values())
 
 
 def test_no_client_request_fell_through_the_simulator(recorded: Recorded) -> None:

@@ -5,12 +5,20 @@ The contract under fuzz: a parser returns a well-typed value or raises a library
 (:class:`~reconcile.errors.ReconcileError`) — never ``KeyError``/``TypeError``/pydantic's
 ``ValidationError``/``RecursionError`` — whatever the status, headers and body. A registry test
 makes sure a parser added later is not silently left out of the fuzz.
+
+Nothing here lists the provider families: the modules are found by scanning
+``reconcile.providers``, a function with a parser's signature (``(status_code, body, headers)``,
+or one value of an answer) and every ``to_error`` made by ``outcome.make_to_error`` are fuzzed
+without a line here (the tables below say how to call the others), and every shipped webhook
+scheme is signed with its simulator module's registered signer.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
+import pkgutil
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -18,18 +26,38 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
+import reconcile.providers
 from reconcile import webhooks
 from reconcile.errors import ReconcileError, WebhookError
+from reconcile.kinds import BUILTIN_KINDS, get_kind
 from reconcile.providers import anthropic, base, elevenlabs, fal, http, kie, replicate
 from reconcile.providers.base import Created, ListedTask, Output, PollResult, PollStatus, SyncResult
 from reconcile.providers.outputs import declared_output
-from reconcile.testing import sim_signing
+from reconcile.testing import sim_registry
+from reconcile.testing.simulator import SimSecrets, Simulator
 
 FUZZ = settings(deadline=None, max_examples=120,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # --------------------------------------------------------------------------- strategies
+
+# the shared plumbing every provider parser calls (fuzzed through those parsers), not scanned
+SHARED = {"deadline", "outcome", "outputs"}
+MODULES = {info.name: importlib.import_module(f"reconcile.providers.{info.name}")
+           for info in pkgutil.iter_modules(reconcile.providers.__path__)
+           if info.name not in SHARED and not info.name.startswith("_")}
+
+
+def _with_submodules(module: Any) -> list[Any]:
+    """A provider module, or a provider package and every module inside it (kie, replicate and
+    elevenlabs are packages split by endpoint family): a parser in any of them is counted."""
+    found = [module]
+    for info in pkgutil.walk_packages(getattr(module, "__path__", []), module.__name__ + "."):
+        found.append(importlib.import_module(info.name))
+    return found
+
 
 # the field names the real answers use, so the fuzz reaches past the first "not a dict" check
 FIELDS = [
@@ -51,6 +79,12 @@ FIELDS = [
     # Anthropic
     "stop_reason", "usage",
 ]
+# and every field a provider module's answer models name (a new family's too)
+FIELDS += sorted({
+    name for module in MODULES.values() for part in _with_submodules(module)
+    for cls in vars(part).values()
+    if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__ == part.__name__
+    for name in cls.model_fields} - set(FIELDS))
 STEERING = [
     "success", "SUCCESS", "fail", "FAILED", "GENERATING", "waiting", "queuing", "succeeded",
     "failed", "canceled", "aborted", "starting", "processing", "dubbed", "dubbing", "queued",
@@ -222,37 +256,85 @@ NOT_PARSERS = {
     "kie.luma_client", "kie.runway_client", "kie.llm_client", "replicate.build_create",
     "replicate.prediction_client", "replicate.training_client",
 }
-MODULES = {"anthropic": anthropic, "base": base, "elevenlabs": elevenlabs, "fal": fal,
-           "http": http, "kie": kie, "replicate": replicate}
-
-
-def _with_submodules(module: Any) -> list[Any]:
-    """A provider module, or a provider package and every module inside it (kie, replicate and
-    elevenlabs are packages split by endpoint family): a parser in any of them is counted."""
-    import importlib
-    import pkgutil
-
-    found = [module]
-    for info in pkgutil.walk_packages(getattr(module, "__path__", []), module.__name__ + "."):
-        found.append(importlib.import_module(info.name))
-    return found
-
-
-def test_every_public_parser_is_fuzzed() -> None:
-    """A public function added to a provider module is either in the fuzz table or listed as
-    not a parser — so nothing that reads upstream bytes escapes the fuzz."""
-    public = {
-        f"{mod_name}.{name}"
+def _public_functions() -> dict[str, Callable[..., Any]]:
+    return {
+        f"{mod_name}.{name}": fn
         for mod_name, module in MODULES.items()
         for part in _with_submodules(module)
         for name, fn in vars(part).items()
         if inspect.isfunction(fn) and fn.__module__ == part.__name__ and not name.startswith("_")
     }
-    unlisted = public - set(PARSERS) - NOT_PARSERS
+
+
+# how the fuzz feeds a parameter, by its annotation: a parser's signature is fuzzed untold
+_HEADERS = ("Mapping[str, str] | None", "Headers")
+_FEEDS: dict[str, Parser] = {
+    "int": lambda s, b, h: s,
+    "str | bytes | None": lambda s, b, h: _as_body(b),
+    "bytes | str | None": lambda s, b, h: _as_body(b),
+    "Any": lambda s, b, h: b,
+    "str | None": lambda s, b, h: b if isinstance(b, str) else None,
+    **{annotation: (lambda s, b, h: h) for annotation in _HEADERS},
+}
+
+
+def _by_signature(fn: Callable[..., Any]) -> Parser | None:
+    """A call of ``fn`` fed from (status, body, headers) by its annotations, or None when a
+    parameter it needs is of a type the fuzz cannot make (a builder, a client, I/O)."""
+    feeds: list[tuple[str, Parser]] = []
+    for param in inspect.signature(fn).parameters.values():
+        feed = _FEEDS.get(str(param.annotation))
+        required = param.default is inspect.Parameter.empty
+        if required and (feed is None or param.kind not in (
+                param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD)):
+            return None
+        if required or str(param.annotation) in _HEADERS:
+            feeds.append((param.name, feed))  # type: ignore[arg-type]
+    if not feeds:
+        return None
+    return lambda s, b, h: fn(**{name: feed(s, b, h) for name, feed in feeds})
+
+
+def _factories() -> set[str]:
+    """The built-in kinds' client factories (``kie.market_client``…): builders, not parsers."""
+    found = set()
+    for name in BUILTIN_KINDS:
+        module, _, attr = get_kind(name).client.partition(":")  # type: ignore[union-attr]
+        found.add(f"{module.removeprefix('reconcile.providers.').split('.')[0]}.{attr}")
+    return found
+
+
+def _untold() -> dict[str, Parser]:
+    """What the fuzz runs that no table names: each unlisted public function with a parser's
+    signature, and each module's ``to_error`` made by ``outcome.make_to_error``."""
+    found: dict[str, Parser] = {}
+    skip = set(PARSERS) | NOT_PARSERS | _factories()
+    for name, fn in _public_functions().items():
+        if name not in skip and (call := _by_signature(fn)) is not None:
+            found[name] = call
+    for mod_name, module in MODULES.items():
+        for name, fn in vars(module).items():
+            qualified = f"{mod_name}.{name}"
+            if inspect.isfunction(fn) and not name.startswith("_") and qualified not in skip \
+                    and fn.__qualname__.startswith("make_to_error."):
+                found[qualified] = _ops(fn, ("create", "read", "sync"))
+    return found
+
+
+UNTOLD = _untold()
+FUZZED: dict[str, Parser] = {**PARSERS, **UNTOLD}
+
+
+def test_every_public_parser_is_fuzzed() -> None:
+    """A public function added to a provider module is fuzzed (by the table, or by its
+    parser's signature), a built-in kind's client factory, or listed as not a parser — so
+    nothing that reads upstream bytes escapes the fuzz."""
+    unlisted = set(_public_functions()) - set(FUZZED) - NOT_PARSERS - _factories()
     assert not unlisted, f"fuzz these in PARSERS, or list them in NOT_PARSERS: {sorted(unlisted)}"
     gone = {p for p in PARSERS
             if not callable(getattr(MODULES[p.split(".")[0]], p.split(".", 1)[1], None))}
     assert gone == set(), f"PARSERS names functions that no longer exist: {sorted(gone)}"
+    assert set(MODULES) >= {"base", "http"} | {n.split(".")[0] for n in _factories()}
 
 
 def _check_value(value: Any) -> None:
@@ -279,14 +361,14 @@ def _check_value(value: Any) -> None:
         assert value.url is None or isinstance(value.url, str)
 
 
-@pytest.mark.parametrize("name", sorted(PARSERS))
+@pytest.mark.parametrize("name", sorted(FUZZED))
 @FUZZ
 @given(status=statuses, body=bodies, hdrs=headers)
 def test_parser_returns_or_raises_a_library_error(name: str, status: int, body: Any,
                                                   hdrs: Mapping[str, str] | None) -> None:
     """Whatever the status, headers and body: a typed value or a ReconcileError, nothing else."""
     try:
-        value = PARSERS[name](status, body, hdrs)
+        value = FUZZED[name](status, body, hdrs)
     except ReconcileError as exc:
         assert isinstance(exc.message, str)
         return
@@ -296,20 +378,34 @@ def test_parser_returns_or_raises_a_library_error(name: str, status: int, body: 
 # --------------------------------------------------------------------------- webhook schemes
 
 NOW = datetime.now(UTC)
-SECRETS = sim_signing  # the simulator signs exactly as the providers do
-FAL_KEY = sim_signing.fal_key(b"\x07" * 32)
-KEYS: dict[str, Any] = {
-    "replicate": "whsec_" + __import__("base64").b64encode(b"reliability-replicate-secret-32b").decode(),
-    "kie": "reliability-kie-hmac",
-    "elevenlabs": "reliability-el-secret",
-    "fal": sim_signing.jwks(FAL_KEY),
-}
+# never started: its secrets and fal key are what the registered signers sign with
+SIM = Simulator(secrets=SimSecrets(fal_key_seed=b"\x07" * 32))
+SCHEMES = sorted(webhooks.PROVIDERS)  # every shipped scheme, each signed by its simulator module
+
+
+def _key(provider: str) -> Any:
+    """What ``webhooks.verify`` checks ``provider``'s signatures with (LookupError: no
+    simulator module registered a signer for it)."""
+    return sim_registry.verify_key(provider, SIM)
+
+
+def _sign(provider: str, body: bytes) -> dict[str, str]:
+    """``body`` signed by ``provider``'s registered signer; an unknown provider raises."""
+    return sim_registry.sign(provider, SIM, body, int(NOW.timestamp()))
+
+
+def test_every_shipped_scheme_has_a_simulator_signer() -> None:
+    for provider in SCHEMES:
+        assert _sign(provider, b"{}"), provider
+        _key(provider)
+    with pytest.raises(LookupError):
+        _sign("no-such-provider", b"{}")
+
+
+# the headers the signers set (each scheme's own), so the fuzz reaches past "missing header"
+SIGNED_HEADERS = sorted({name for p in SCHEMES for name in _sign(p, b"{}")})
 webhook_headers = st.dictionaries(
-    st.sampled_from([
-        "webhook-id", "webhook-timestamp", "webhook-signature", "X-Webhook-Timestamp",
-        "X-Webhook-Signature", "ElevenLabs-Signature", "X-Fal-Webhook-Request-Id",
-        "X-Fal-Webhook-User-Id", "X-Fal-Webhook-Timestamp", "X-Fal-Webhook-Signature",
-        "Content-Type"]) | st.text(max_size=10),
+    st.sampled_from([*SIGNED_HEADERS, "Content-Type"]) | st.text(max_size=10),
     st.text(max_size=60) | st.sampled_from([str(int(NOW.timestamp())), "v1,AAAA", "t=1,v0=ab",
                                             "v1," + "A" * 44, "00" * 64]),
     max_size=6)
@@ -317,42 +413,26 @@ queries = st.dictionaries(st.sampled_from(["job_id", "x", ""]) | st.text(max_siz
                           st.text(max_size=40) | st.uuids().map(str), max_size=3)
 
 
-def _sign(provider: str, body: bytes) -> dict[str, str]:
-    ts = int(NOW.timestamp())
-    if provider == "replicate":
-        return sim_signing.replicate_headers(KEYS["replicate"], body, "msg_1", ts)
-    if provider == "elevenlabs":
-        return sim_signing.elevenlabs_headers(KEYS["elevenlabs"], body, ts)
-    if provider == "fal":
-        return sim_signing.fal_headers(FAL_KEY, "req-1", "user-1", body, ts)
-    try:
-        data = json.loads(body).get("data") or {}
-        task = data.get("taskId") or data.get("task_id") or ""
-    except (ValueError, AttributeError, RecursionError):
-        task = ""
-    return sim_signing.kie_headers(KEYS["kie"], task if isinstance(task, str) else "", ts)
-
-
-@pytest.mark.parametrize("provider", sorted(KEYS))
+@pytest.mark.parametrize("provider", SCHEMES)
 @FUZZ
 @given(hdrs=webhook_headers, body=byte_bodies, query=queries)
 def test_webhook_verify_refuses_garbage_with_a_webhook_error(
         provider: str, hdrs: dict[str, str], body: bytes, query: dict[str, str]) -> None:
     """Unsigned garbage: a WebhookError (→ 4xx), never another exception."""
     try:
-        event = webhooks.verify(provider, hdrs, body, query, KEYS[provider], NOW)
+        event = webhooks.verify(provider, hdrs, body, query, _key(provider), NOW)
     except WebhookError:
         return
     assert event.provider == provider  # pragma: no cover - a forged signature would be a bug
 
 
-@pytest.mark.parametrize("provider", sorted(KEYS))
+@pytest.mark.parametrize("provider", SCHEMES)
 @FUZZ
 @given(body=byte_bodies, query=queries)
 def test_webhook_verify_signed_odd_bodies(provider: str, body: bytes, query: dict[str, str]) -> None:
     """A correctly signed body of any shape: a typed event or a WebhookError."""
     try:
-        event = webhooks.verify(provider, _sign(provider, body), body, query, KEYS[provider], NOW)
+        event = webhooks.verify(provider, _sign(provider, body), body, query, _key(provider), NOW)
     except WebhookError:
         return
     assert isinstance(event.delivery_id, str) and event.delivery_id
@@ -374,7 +454,7 @@ def test_parse_jwks_never_crashes(document: Any) -> None:
 @FUZZ
 @given(provider=st.text(max_size=12), hdrs=webhook_headers, body=byte_bodies)
 def test_webhook_verify_unknown_provider(provider: str, hdrs: dict[str, str], body: bytes) -> None:
-    if provider in KEYS:
+    if webhooks.get_scheme(provider) is not None:
         return
     with pytest.raises(WebhookError):
         webhooks.verify(provider, hdrs, body, {}, "k", NOW)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from reconcile.kinds import BUILTIN_PROVIDERS
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "reconcile"
 
@@ -73,7 +75,7 @@ EXPORTED = {
     },
     "reconcile.idempotency": {"MAX_KEY_LENGTH", "RETENTION"},
     "reconcile.kinds": {
-        "BUILTIN_KINDS", "ClientFactory", "Kind", "all_kinds", "family_of_name",
+        "BUILTIN_KINDS", "BUILTIN_PROVIDERS", "ClientFactory", "Kind", "all_kinds", "family_of_name",
         "get_kind", "provider_of", "register_kind", "unregister_kind",
     },
     "reconcile.ledger": {
@@ -134,8 +136,9 @@ EXPORTED = {
     "reconcile.testing": set(),
     "reconcile.testing.fixtures": {"simulator", "simulator_env", "simulator_session"},
     "reconcile.testing.sim_registry": {
-        "SimRoute", "SimWebhooks", "prefixes", "register_route", "register_webhooks",
-        "route", "unregister", "webhooks_for",
+        "Example", "SimRoute", "SimWebhooks", "env_name", "examples", "load_builtin",
+        "prefixes", "register_route", "register_webhooks", "registered_webhooks", "route",
+        "routes", "sign", "unregister", "verify_key", "webhooks_for",
     },
     "reconcile.testing.simulator": {
         "Script", "SimSecrets", "Simulator", "SimulatorClient", "Task", "base_urls_for",
@@ -227,23 +230,18 @@ PRIVATE = {
     "reconcile.db.types",
     "reconcile.sweep.carry", "reconcile.sweep.claims", "reconcile.sweep.report",
     "reconcile.sweep.table", "reconcile.sweep.tick",
-    "reconcile.providers.anthropic", "reconcile.providers.deadline", "reconcile.providers.fal",
-    "reconcile.providers.http", "reconcile.providers.outcome",
-    "reconcile.webhooks.elevenlabs", "reconcile.webhooks.fal", "reconcile.webhooks.kie",
-    "reconcile.webhooks.registry", "reconcile.webhooks.replicate",
+    "reconcile.providers.deadline", "reconcile.providers.http", "reconcile.providers.outcome",
+    "reconcile.webhooks.registry",
     "reconcile.testing.counting", "reconcile.testing.platform_ledger",
-    "reconcile.testing.processes", "reconcile.testing.sim_anthropic",
+    "reconcile.testing.processes",
     "reconcile.testing.sim_control", "reconcile.testing.sim_core", "reconcile.testing.sim_delivery",
-    "reconcile.testing.sim_elevenlabs", "reconcile.testing.sim_fal", "reconcile.testing.sim_http",
-    "reconcile.testing.sim_kie", "reconcile.testing.sim_main", "reconcile.testing.sim_replicate",
-    "reconcile.testing.sim_signing",
+    "reconcile.testing.sim_http", "reconcile.testing.sim_main", "reconcile.testing.sim_signing",
 }
 # Private packages: the package says ``Internal:``; every module inside is private with it.
 PRIVATE_PACKAGES = {
     "reconcile.audit", "reconcile.core", "reconcile.demo", "reconcile.media", "reconcile.ops",
     "reconcile.worker", "reconcile.testing.chaos",
-    "reconcile.testing.explorer", "reconcile.providers.kie",
-    "reconcile.providers.replicate", "reconcile.providers.elevenlabs",
+    "reconcile.testing.explorer",
 }
 # Never imported here: entry points that run on import, and Alembic's environment and revisions.
 NOT_IMPORTABLE = re.compile(r"(\.__main__$|^reconcile\.migrations\.(env|versions)\b)")
@@ -258,9 +256,18 @@ def _module_name(path: Path) -> str:
 
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
+# A built-in provider family's plug-in units are private by rule, like the modules above: its
+# client module (or subpackage), its webhook scheme and its simulator module — each of them
+# says ``Internal:`` on its docstring's first line too. The families come from the kinds.
+PLUGINS = {name for family in BUILTIN_PROVIDERS
+           for name in (f"reconcile.providers.{family}", f"reconcile.webhooks.{family}",
+                        f"reconcile.testing.sim_{family}")
+           if name in MODULES}
+
 
 def _private(name: str) -> bool:
-    return (name in PRIVATE or any(name == p or name.startswith(p + ".") for p in PRIVATE_PACKAGES)
+    return (name in PRIVATE
+            or any(name == p or name.startswith(p + ".") for p in PRIVATE_PACKAGES | PLUGINS)
             or any(part.startswith("_") and part != "__init__" for part in name.split(".")[1:]))
 
 
@@ -299,7 +306,7 @@ def test_every_module_is_public_or_private() -> None:
 
 
 def test_private_modules_say_internal() -> None:
-    explicit = PRIVATE | PRIVATE_PACKAGES
+    explicit = PRIVATE | PRIVATE_PACKAGES | PLUGINS
     unmarked = sorted(name for name in explicit if not _first_doc_line(MODULES[name]).startswith(
         "Internal:"))
     assert unmarked == []

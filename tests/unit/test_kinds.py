@@ -6,7 +6,15 @@ from datetime import timedelta
 
 import pytest
 
-from reconcile.kinds import BUILTIN_KINDS, Kind, all_kinds, get_kind, register_kind, unregister_kind
+from reconcile.kinds import (
+    BUILTIN_KINDS,
+    BUILTIN_PROVIDERS,
+    Kind,
+    all_kinds,
+    get_kind,
+    register_kind,
+    unregister_kind,
+)
 from reconcile.providers.base import AsyncProvider, SyncProvider
 from reconcile.settings import Settings
 
@@ -22,7 +30,7 @@ EXPECTED = {  # name: (sync, threshold minutes, poll seconds, url lifetime hours
 }
 
 
-def test_registry_holds_the_fifteen_kinds_of_the_design() -> None:
+def test_registry_holds_the_builtin_kinds_of_the_design() -> None:
     """Every built-in kind with its sync flag, threshold, interval and URL lifetime."""
     assert set(BUILTIN_KINDS) == set(EXPECTED)
     for name, (sync, threshold, poll, lifetime) in EXPECTED.items():
@@ -33,6 +41,8 @@ def test_registry_holds_the_fifteen_kinds_of_the_design() -> None:
         assert kind.poll_interval == (timedelta(seconds=poll) if poll else None)
         assert kind.result_url_lifetime == (timedelta(hours=lifetime) if lifetime else None)
         assert (kind.plant is None) is sync
+    # the families, in the order their first kind appears: what every plug-in list derives from
+    assert BUILTIN_PROVIDERS == tuple(dict.fromkeys(n.split("-")[0] for n in EXPECTED))
 
 
 def test_every_stale_threshold_is_at_most_half_its_result_url_lifetime() -> None:
