@@ -36,6 +36,12 @@ that returns what the job finally cost (what :meth:`Ledger.settled_amount` would
 finalize needs no read after the commit; :func:`commit_settled` calls it when a ledger has it and
 ``commit`` then ``settled_amount`` otherwise (a ``commit`` returning a bool keeps working).
 
+Optional: ``records_settlement = True``, for a ledger whose ``commit``/``commit_settled`` take
+``record=`` (:attr:`reconcile.settlement.Decision.record`: a failed/cancelled job's partial
+refund) and write it with the commit's CAS; :func:`commit_settled` hands the record only to such
+a ledger. The built-in one does (``usage_logs.metadata["settlement"]``), so its audit accepts
+commits settled under an earlier settlement policy.
+
 The job-level audit checks (a terminal job still holding a reservation; a job completed after the
 library refunded it) are the library's, for every backend: :func:`audit` adds them to the
 backend's own :meth:`Ledger.audit`.
@@ -43,7 +49,9 @@ backend's own :meth:`Ledger.audit`.
 
 from __future__ import annotations
 
+import inspect
 import uuid
+from collections.abc import Mapping
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -110,6 +118,8 @@ class BuiltinLedger:
     name = "builtin"
     # credits.audit already runs the job-level checks (reconcile.audit)
     includes_job_checks = True
+    # commit takes ``record=`` (a failed/cancelled job's partial refund, recorded with the CAS)
+    records_settlement = True
 
     @staticmethod
     def _guard(session: Session) -> Any:
@@ -123,17 +133,18 @@ class BuiltinLedger:
             return credits.reserve(session, user_id, job_id, amount, now=now)
 
     def commit(self, session: Session, job_id: uuid.UUID, amount: int | None = None, *,
-               now: datetime | None = None) -> bool:
+               now: datetime | None = None, record: Mapping[str, str] | None = None) -> bool:
         with self._guard(session):
-            return credits.commit(session, job_id, amount, now=now)
+            return credits.commit(session, job_id, amount, now=now, record=record)
 
     def commit_settled(self, session: Session, job_id: uuid.UUID, amount: int | None = None, *,
-                       now: datetime | None = None) -> int | None:
+                       now: datetime | None = None,
+                       record: Mapping[str, str] | None = None) -> int | None:
         """:meth:`commit`, then :meth:`settled_amount` — without a re-read when the commit
         settled the job (the optional method :func:`commit_settled` looks for)."""
         session.info.pop(credits.SETTLED_KEY, None)
         with self._guard(session):
-            done = credits.commit(session, job_id, amount, now=now)
+            done = credits.commit(session, job_id, amount, now=now, record=record)
         settled = session.info.pop(credits.SETTLED_KEY, None)
         if done and settled is not None and settled[0] == job_id:
             return settled[1]  # type: ignore[no-any-return]
@@ -165,19 +176,37 @@ DEFAULT = BuiltinLedger()
 
 
 def commit_settled(ledger: Ledger, session: Session, job_id: uuid.UUID,
-                   amount: int | None = None, *, now: datetime | None = None) -> int | None:
+                   amount: int | None = None, *, now: datetime | None = None,
+                   record: Mapping[str, str] | None = None) -> int | None:
     """Commit the job's reservation (:meth:`Ledger.commit`) and return what the job finally
     cost (:meth:`Ledger.settled_amount`).
 
     A ledger may offer both in one call, an optional method ``commit_settled(session, job_id,
     amount, *, now)`` returning the settled amount (the built-in one does: no re-read after its
     commit); any other ledger — ``commit`` returning a bool — gets ``commit`` then
-    ``settled_amount``, as before."""
+    ``settled_amount``, as before.
+
+    ``record`` (:attr:`reconcile.settlement.Decision.record`) goes only to a ledger that says
+    it records settlements (``records_settlement = True``: the built-in one, which writes it
+    with the commit's own CAS); any other ledger never sees it."""
     method = getattr(ledger, "commit_settled", None)
+    target = method if callable(method) else ledger.commit
+    extra: dict[str, Any] = {}
+    if record is not None and getattr(ledger, "records_settlement", False) \
+            and _takes_record(target):  # a subclass may override commit without record=
+        extra["record"] = record
     if callable(method):
-        return method(session, job_id, amount, now=now)  # type: ignore[no-any-return]
-    ledger.commit(session, job_id, amount, now=now)
+        return method(session, job_id, amount, now=now, **extra)  # type: ignore[no-any-return]
+    ledger.commit(session, job_id, amount, now=now, **extra)
     return ledger.settled_amount(session, job_id)
+
+
+def _takes_record(method: Any) -> bool:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return "record" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def audit(ledger: Ledger, session: Session, *, now: datetime | None = None,

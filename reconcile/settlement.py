@@ -33,11 +33,39 @@ Changing the policy is a platform setting, not a code change::
 
 (or ``rt.settlement_policy = ...``). A share other than 1 needs the reserved amount, so
 ``lifecycle.settle`` reads the job's reserved usage log once more for such a policy (the default
-path reads nothing extra). The audit knows the policy (``reconcile audit`` passes the runtime's;
-``credits.audit(..., policy=...)``): ``failed_job_committed`` accepts a failed or cancelled job's
-commit exactly when it is the share the policy keeps, and flags any other commit (under the
-default policy, any commit at all). It judges by the policy it is given, so jobs settled under
-an earlier policy are flagged after a change.
+path reads nothing extra).
+
+**The record.** A failed or cancelled job whose policy keeps a part (a share below 1, 0
+included) is settled by a commit that carries :attr:`Decision.record`; the built-in ledger
+writes it into the job's usage log, ``metadata["settlement"] = {"status": "cancelled",
+"refund_share": "1/2", "kept": 20}`` (``refund_share`` the exact fraction refunded, always
+``"n/d"`` in lowest terms; ``kept`` the amount committed), by the same statement as the commit's
+CAS — so the record exists exactly when the commit does, in the settlement's transaction (a
+crash leaves both or neither). A full refund records nothing (it is the ledger's refund). A
+ledger other than the built-in one is never handed the record (``records_settlement``), and a
+usage log whose metadata is not a JSON object (a platform's own value) is left as it is.
+
+**The audit.** It is given a policy (``reconcile audit`` passes the runtime's;
+``credits.audit(..., policy=...)``). ``failed_job_committed`` accepts the commit of a failed or
+cancelled job when either
+
+* it is what the given policy keeps of what the reservation held (USAGE net of legacy refunds):
+  ``held − ⌈held × share⌉`` for the job's status (never, under a share of 1: the default
+  refunds everything) — the rule for jobs settled before the record existed; or
+* its (one) committed usage log carries a record whose ``refund_share`` is ``n/d`` (digits,
+  ``0 ≤ n ≤ d``, ``d ≥ 1``) and whose ``kept`` equals the commit, **and** the audit's own
+  recomputation ``⌊held × (d − n) / d⌋`` — the same rounding as :func:`decide` (the kept part
+  rounds down) — equals the commit, in exact integer/numeric SQL.
+
+Anything else is flagged: a commit with no record that the given policy does not keep, a
+record whose kept amount or share does not produce the commit, a malformed record (a float, a
+boolean, a share above 1, a zero denominator, a leading zero, a numerator or denominator of more
+than 18 digits — 9 on SQLite, whose integers are 64-bit — or more than one committed log).
+So a policy change no longer flags the jobs settled under the earlier one, while a record
+cannot make an arbitrary commit pass: its arithmetic must agree with the ledger. The record's
+``status`` is informative only (the library itself relabels a failure the user had cancelled).
+A record is evidence written by the library, not a signature: whoever can rewrite usage logs
+can write a self-consistent one, as they can rewrite the log's status.
 """
 
 from __future__ import annotations
@@ -78,6 +106,9 @@ class SettlementPolicy:
 
 DEFAULT_POLICY = SettlementPolicy()
 
+# the key of a usage log's metadata under which the ledger records a partial refund's decision
+RECORD_KEY = "settlement"
+
 
 class SettleOutcome(StrEnum):
     """What ``lifecycle.settle`` did. Every member is a non-empty string, so never test one for
@@ -103,10 +134,23 @@ class Decision:
     refund: int | None
     reason: str
     notes: tuple[str, ...] = ()
+    # the refund share of a failed/cancelled job that keeps a part (None otherwise)
+    share: Fraction | None = None
 
     @property
     def full_refund(self) -> bool:
         return self.reason in ("failed_refunded", "cancelled_refunded")
+
+    @property
+    def record(self) -> dict[str, str] | None:
+        """What the ledger records with the commit of a failed/cancelled job that keeps a part
+        (``usage_logs.metadata["settlement"]``, written by the settling statement itself, which
+        adds ``kept``: the committed amount): how it ended and the share refunded as an exact
+        ``"numerator/denominator"`` string. None for every other decision (nothing recorded)."""
+        if self.share is None:
+            return None
+        return {"status": self.reason.removesuffix("_partly_refunded"),
+                "refund_share": share_text(self.share)}
 
 
 def whole_credits(value: Any) -> bool:
@@ -133,7 +177,13 @@ def decide(finished: Finished | str, *, reserved: int | None = None, priced: Any
         raise ValueError(f"a refund of {share} of the reservation needs the reserved amount")
     kept = reserved - _ceil(reserved * share)
     return Decision(kept, reserved - kept, f"{finished}_partly_refunded",
-                    (f"refund_share={share}",))
+                    (f"refund_share={share}",), share)
+
+
+def share_text(share: Fraction) -> str:
+    """A refund share as the record stores it: ``"1/2"``, ``"0/1"`` (always both parts, in
+    lowest terms)."""
+    return f"{share.numerator}/{share.denominator}"
 
 
 def _completed(reserved: int | None, priced: Any) -> Decision:
@@ -154,5 +204,5 @@ def _ceil(value: Fraction) -> int:
     return -((-value.numerator) // value.denominator)
 
 
-__all__ = ["DEFAULT_POLICY", "Decision", "Finished", "SettleOutcome", "SettlementPolicy", "decide",
-           "whole_credits"]
+__all__ = ["DEFAULT_POLICY", "RECORD_KEY", "Decision", "Finished", "SettleOutcome",
+           "SettlementPolicy", "decide", "share_text", "whole_credits"]

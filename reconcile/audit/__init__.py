@@ -15,7 +15,9 @@ knows) and never writes. What it proves:
   ``reserved`` at most, its credits = the USAGE amount, its status = the settlement:
   ``usage_log_missing``, ``duplicate_reserved_log``, ``usage_amount_mismatch``,
   ``settled_twice``, ``reserved_but_settled``, ``settlement_missing``); and the job row agrees
-  (``failed_job_committed``, ``completed_after_refund`` unless re-charged,
+  (``failed_job_committed`` unless the commit is what the given settlement policy keeps or
+  what the share recorded with it keeps, recomputed: :mod:`reconcile.settlement`,
+  ``completed_after_refund`` unless re-charged,
   ``credits_actual_mismatch``, ``terminal_job_reserved`` past the grace,
   ``in_flight_past_horizon``). A COMMIT/RELEASE/REFUND for a job with no USAGE row is
   ``refund_without_reservation`` / ``settlement_without_reservation``.

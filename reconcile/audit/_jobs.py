@@ -9,19 +9,23 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Numeric,
     Subquery,
+    Text,
     and_,
     case,
     cast,
     false,
     func,
     literal,
+    literal_column,
     null,
     or_,
     select,
 )
 
 from ..kinds import get_kind
+from ..settlement import RECORD_KEY
 from ..states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS, TERMINAL, Submission
 from ._base import (
     J,
@@ -79,12 +83,18 @@ def _job_txns(a: _Audit, only_reserved: bool = False) -> Subquery:
 
 
 def _job_logs(a: _Audit, jt: Subquery) -> Subquery:
+    committed = U.c.status == "committed"
     stmt = (select(U.c.job_id, func.count().label("n_logs"),
                    _count(U.c.status == "reserved").label("n_reserved"),
-                   _count(U.c.status == "committed").label("n_committed"),
+                   _count(committed).label("n_committed"),
                    _count(U.c.status == "refunded").label("n_refunded"),
                    func.min(U.c.credits).label("min_credits"),
-                   func.max(U.c.credits).label("max_credits"))
+                   func.max(U.c.credits).label("max_credits"),
+                   # the settlement record of a committed log (text; parsed by the check)
+                   func.max(case((committed, _record_text(a, "refund_share")), else_=null()))
+                   .label("rec_share"),
+                   func.max(case((committed, _record_text(a, "kept")), else_=null()))
+                   .label("rec_kept"))
             .group_by(U.c.job_id))
     if a.users is not None:
         stmt = stmt.where(U.c.job_id.in_(select(jt.c.job_id)))
@@ -111,7 +121,8 @@ def _job_facts(a: _Audit) -> Subquery:
         (c.n_commit + c.n_release + c.n_r_commit + c.n_r_usage).label("n_settles"),
         c.usage_s, c.usage_t, c.legacy_s, c.legacy_t,
         lg.c.job_id.label("log_job"), n_reserved.label("n_reserved"), lg.c.min_credits,
-        lg.c.max_credits, status.label("log_status"),
+        lg.c.max_credits, status.label("log_status"), lg.c.n_committed, lg.c.rec_share,
+        lg.c.rec_kept,
         (c.usage_s + c.r_usage_s).label("lhs_s"), (c.usage_t + c.r_usage_t).label("lhs_t"),
         (c.commit_s + c.r_commit_s + c.release_s + c.refund_s + c.legacy_s + held_s).label("rhs_s"),
         (c.commit_t + c.r_commit_t + c.release_t + c.refund_t + c.legacy_t + held_t).label("rhs_t"),
@@ -145,7 +156,8 @@ def _jobs(a: _Audit) -> None:
         "settlement_missing": and_(known, or_(and_(d.log_status == "committed", d.n_commit == 0),
                                               and_(d.log_status == "refunded", d.n_refund == 0))),
         "failed_job_committed": and_(known, d.job_status.in_(("failed", "cancelled")),
-                                     d.log_status == "committed", ~_kept_by_policy(a, d)),
+                                     d.log_status == "committed",
+                                     ~or_(_kept_by_policy(a, d), _kept_by_record(a, d))),
         "completed_after_refund": and_(known, d.job_status == "completed",
                                        d.log_status == "refunded", d.n_r_commit == 0),
         "terminal_job_reserved": and_(known, d.job_status.in_(TERMINAL), reserved,
@@ -157,7 +169,7 @@ def _jobs(a: _Audit) -> None:
     stmt = select(d.job_id, d.user_id, d.log_status, d.lhs_s, d.lhs_t, d.rhs_s, d.rhs_t,
                   d.n_reserved, d.min_credits, d.max_credits, d.usage, d.job_status,
                   d.credits_actual, d.cost, d.commit, d.legacy, _policy_kept(a, d).label("kept"),
-                  *flags).where(or_(*checks.values()))
+                  d.rec_share, d.rec_kept, *flags).where(or_(*checks.values()))
     for r in a.session.execute(stmt):
         m = r._mapping
         for kind in checks:
@@ -171,9 +183,75 @@ def _kept_share(share: Fraction, held: Any) -> Any:
     integer SQL that cannot overflow for any held amount: ``(h div d) × n + (h mod d) × n div d``
     with ``1 − share = n / d``."""
     rest = 1 - share
-    n, den = rest.numerator, rest.denominator
-    h = cast(case((held > 0, held), else_=0), BigInteger)
+    return _floor_part(held, literal(rest.numerator), literal(rest.denominator), BigInteger)
+
+
+def _floor_part(held: Any, n: Any, den: Any, type_: Any) -> Any:
+    """``⌊max(held, 0) × n / den⌋`` for ``0 ≤ n`` and ``den ≥ 1``, exactly, as
+    ``(h div den) × n + (h mod den) × n div den`` in ``type_`` arithmetic (the first term never
+    exceeds ``h``; the second stays below ``den × n``)."""
+    h = cast(case((held > 0, held), else_=0), type_)
     return (h // den) * n + ((h % den) * n) // den
+
+
+# ----------------------------------------------------------------------------- the record
+#
+# A failed/cancelled job settled with a partial refund carries the settlement's own record in
+# its usage log's metadata, written by the ledger's CAS (reconcile.settlement.Decision.record):
+# {"settlement": {"status": …, "refund_share": "n/d", "kept": k}}. The audit accepts its commit
+# when the record parses, its kept is the commit, and the share recomputed over what the
+# reservation held (USAGE net of legacy refunds) keeps exactly that commit. The bounds on the
+# digits keep the arithmetic exact: PostgreSQL computes in numeric (exact at any size; the
+# bounds only cap the work), SQLite in 64-bit integers, where (h mod d) × n < d² must fit.
+_SHARE_DIGITS = {"postgresql": 18, "sqlite": 9}
+_KEPT_DIGITS = {"postgresql": 19, "sqlite": 19}
+
+
+def _record_text(a: _Audit, key: str) -> Any:
+    """A usage log's ``metadata -> 'settlement' ->> key`` as text (NULL: absent, or metadata
+    that is not an object holding one; never an error, whatever a platform wrote there)."""
+    meta = U.c.metadata
+    if not a.sqlite:  # -> and ->> work on jsonb and json alike, and yield NULL on a non-object
+        # (a JSON true or 1.5 comes out as 'true' / '1.5': the check's patterns refuse them)
+        return meta.op("->")(literal_column(f"'{RECORD_KEY}'")).op(
+            "->>", return_type=Text)(literal_column(f"'{key}'"))
+    # SQLite: only a text or integer value (json_extract would turn a JSON true into 1); a
+    # CASE per step, as json_type raises on text that is not JSON
+    path = f"$.{RECORD_KEY}.{key}"
+    value = case((func.json_type(meta, path).in_(("text", "integer")),
+                  cast(func.json_extract(meta, path), Text)), else_=null())
+    return case((func.json_valid(meta) == 1, value), else_=null())
+
+
+def _kept_by_record(a: _Audit, d: Any) -> Any:
+    """A failed/cancelled job's commit is exactly what its recorded refund share keeps of what
+    its reservation held, and the record's own ``kept`` says that commit (one committed log;
+    digits only, ``0 ≤ n ≤ d``, ``d ≥ 1``). Never NULL: a malformed or absent record is false."""
+    dialect = "sqlite" if a.sqlite else "postgresql"
+    digits, kept_digits = _SHARE_DIGITS[dialect] - 1, _KEPT_DIGITS[dialect] - 1
+    # \A … \Z: the whole text (Python's $, SQLite's REGEXP, would allow a trailing newline)
+    share_ok = d.rec_share.regexp_match(
+        f"\\A(0|[1-9][0-9]{{0,{digits}}})/[1-9][0-9]{{0,{digits}}}\\Z")
+    kept_ok = d.rec_kept.regexp_match(f"\\A(0|[1-9][0-9]{{0,{kept_digits}}})\\Z")
+    if a.sqlite:
+        slash = func.instr(d.rec_share, "/")
+        num_text, den_text = func.substr(d.rec_share, 1, slash - 1), func.substr(d.rec_share, slash + 1)
+        type_: Any = BigInteger
+    else:
+        num_text, den_text = func.split_part(d.rec_share, "/", 1), func.split_part(d.rec_share, "/", 2)
+        type_ = Numeric
+    num, den = cast(num_text, type_), cast(den_text, type_)
+    if a.sqlite:
+        recomputed = _floor_part(d.usage - d.legacy, den - num, den, BigInteger)
+        # compared as text: a 19-digit kept above 2⁶³ would be clamped by CAST AS INTEGER
+        kept_is_commit = cast(d.commit, Text) == d.rec_kept
+    else:  # exact numeric: div() truncates, which is the floor for h ≥ 0
+        h = cast(case((d.usage - d.legacy > 0, d.usage - d.legacy), else_=0), Numeric)
+        recomputed = func.div(h * (den - num), den, type_=Numeric)
+        kept_is_commit = cast(d.rec_kept, Numeric) == d.commit
+    agrees = and_(num <= den, kept_is_commit, recomputed == d.commit)
+    return func.coalesce(case((and_(d.n_committed == 1, share_ok, kept_ok), agrees),
+                              else_=false()), false())
 
 
 def _shares(a: _Audit) -> dict[str, Fraction]:
@@ -209,7 +287,8 @@ def _job_detail(kind: str, r: Any) -> str:
                                    f"{'(still reserved)' if r.log_status == 'reserved' else r.cost}",
         "failed_job_committed": f"job {r.job_status}, reservation committed"
                                 + ("" if r.kept is None else f" {r.commit} (the settlement "
-                                   f"policy keeps {r.kept} of {r.usage - r.legacy})"),
+                                   f"policy keeps {r.kept} of {r.usage - r.legacy})")
+                                + _record_detail(r),
         "completed_after_refund": "job completed and its reservation refunded (keep the refund, "
                                   "or re-charge: credits.recharge)",
         "terminal_job_reserved": f"job {r.job_status} still holds a reserved usage log",
@@ -217,6 +296,26 @@ def _job_detail(kind: str, r: Any) -> str:
         "settlement_missing": f"usage log {r.log_status} without its transaction",
         "settled_twice": "both job-commit and job-refund exist",
     }.get(kind, pools)
+
+
+def _record_detail(r: Any) -> str:
+    """What a flagged job's settlement record says, and what its share would keep (exact)."""
+    if r.rec_share is None and r.rec_kept is None:
+        return ""
+    out = f"; recorded refund share {r.rec_share!s}, kept {r.rec_kept!s}"
+    try:
+        num, den = (int(part) for part in str(r.rec_share).split("/"))
+        share = Fraction(num, den)
+    except (ValueError, ZeroDivisionError):
+        return out + " (not a share)"
+    held = max(0, int(r.usage - r.legacy))
+    if not 0 <= share <= 1:
+        return out + " (not a share)"
+    return out + f" (that share keeps {held - _ceil(held * share)} of {held})"
+
+
+def _ceil(value: Fraction) -> int:
+    return -((-value.numerator) // value.denominator)
 
 
 # ----------------------------------------------------------------------------- in flight

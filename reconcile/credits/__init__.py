@@ -9,7 +9,10 @@
   the ``sub`` pool before ``topup`` (subscription credits are spent first), FIFO within a pool,
   and records ``from_sub``/``from_topup`` on its USAGE transaction (and in ``usage_logs.metadata``
   for the platform). The USAGE row is the ledger's own record of the pools; the metadata is read
-  only for a reservation the ledger never wrote (a platform's own).
+  only for a reservation the ledger never wrote (a platform's own). A commit given a settlement
+  ``record`` (a failed/cancelled job's partial refund) merges it into the same metadata under
+  ``"settlement"``, with the committed amount as ``kept``, in the CAS itself; the audit checks it
+  (:mod:`reconcile.settlement`).
 * Every movement is an append-only transaction with a deterministic id: ``job-usage:{job}``,
   ``job-commit:{job}``, ``job-release:{job}``, ``job-refund:{job}``, and a deliberate re-charge
   after a refund ``job-recharge:{job}:usage`` + ``job-recharge:{job}:commit``; grants carry the

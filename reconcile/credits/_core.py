@@ -81,6 +81,11 @@ _JOB_TXNS = select(_T.c.id, _T.c.type, _T.c.from_sub, _T.c.from_topup).where(
 _LOG_STATUS = select(_U.c.status).where(_U.c.id == bindparam("id"))
 _CAS = (update(_U).where(_U.c.id == bindparam("log_id"), _U.c.status == "reserved")
         .values(status=bindparam("to")).returning(_U.c.id))
+# the CAS that also writes the log's metadata (a settlement record merged in: _settle)
+_CAS_META = (update(_U).where(_U.c.id == bindparam("log_id"), _U.c.status == "reserved")
+             .values(status=bindparam("to"), metadata=bindparam("meta", type_=_U.c.metadata.type))
+             .returning(_U.c.id))
+_LOG_META_FOR_UPDATE = select(_U.c.metadata).where(_U.c.id == bindparam("id")).with_for_update()
 _BALANCE_ADD = (update(_B).where(_B.c.user_id == bindparam("u"))
                 .values(sub=_B.c.sub + bindparam("d_sub"), topup=_B.c.topup + bindparam("d_topup"),
                         updated_at=bindparam("now")))

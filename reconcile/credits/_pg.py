@@ -4,6 +4,7 @@ statement of data-modifying CTEs each."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +15,7 @@ from ..db.models import CreditBalance, CreditLot
 from ..errors import (
     LedgerError,
 )
+from ..settlement import RECORD_KEY
 from ._base import (
     _NOT_DONE,
     Reservation,
@@ -152,13 +154,28 @@ bal AS (
   FROM cas WHERE b.user_id = %(u)s{when} RETURNING 1)"""
 
 
-_PG_COMMIT = f"""
+# the settlement record of a failed/cancelled job's partial refund (settlement.Decision.record),
+# merged into the usage log's metadata by the CAS itself: written exactly when the commit is,
+# with ``kept`` the amount this statement commits. A metadata that is not a JSON object (a
+# platform's own value) is left as it is: the job then has no record.
+_PG_RECORD = f"""jsonb_build_object('{RECORD_KEY}', jsonb_build_object(
+    'status', %(rec_status)s::text, 'refund_share', %(rec_share)s::text, 'kept', p.amt))"""
+_PG_SET_RECORD = f""",
+    metadata = CASE WHEN u.metadata IS NULL OR jsonb_typeof(u.metadata::jsonb) = 'null'
+                    THEN {_PG_RECORD}
+                    WHEN jsonb_typeof(u.metadata::jsonb) = 'object'
+                    THEN u.metadata::jsonb || {_PG_RECORD}
+                    ELSE u.metadata::jsonb END"""
+
+
+def _pg_commit_sql(set_extra: str = "") -> str:
+    return f"""
 WITH {_PG_HELD.strip()},
 c AS (SELECT hs, ht, COALESCE(%(amount)s::bigint, hs + ht) AS amt FROM h),
 p AS (SELECT hs, ht, amt, LEAST(amt, hs) AS cs, amt - LEAST(amt, hs) AS ct FROM c
       WHERE amt BETWEEN 0 AND hs + ht),
 cas AS (
-  UPDATE {_U.name} u SET status = 'committed' FROM p
+  UPDATE {_U.name} u SET status = 'committed'{set_extra} FROM p
   WHERE u.id = %(log_id)s AND u.status = 'reserved'
   RETURNING p.cs, p.ct, p.hs - p.cs AS rs, p.ht - p.ct AS rt),
 {_pg_txn("ci", "commit_id", "COMMIT", "cs", "ct")},
@@ -167,6 +184,10 @@ cas AS (
 SELECT (SELECT count(*) FROM h), (SELECT hs + ht FROM h), (SELECT cs + ct FROM cas),
        (SELECT status FROM {_U.name} WHERE id = %(log_id)s)
 """
+
+
+_PG_COMMIT = _pg_commit_sql()
+_PG_COMMIT_RECORDED = _pg_commit_sql(_PG_SET_RECORD)  # the same statement, with the record
 
 _PG_REFUND = f"""
 WITH {_PG_HELD.strip()},
@@ -222,13 +243,18 @@ def _pg_settled(session: Session, conn: Connection, job_id: uuid.UUID, user_id: 
 
 def _pg_commit(session: Session, conn: Connection, job_id: uuid.UUID, amount: int | None,
                now: datetime, log_id: uuid.UUID, user_id: uuid.UUID, credits_: int,
-               meta: Any) -> Settlement | None:
-    """None: the ledger has no USAGE row for this reservation (the Core path decides)."""
+               meta: Any, record: Mapping[str, str] | None = None) -> Settlement | None:
+    """None: the ledger has no USAGE row for this reservation (the Core path decides).
+    ``record``: the settlement record the CAS merges into the log's metadata (with ``kept``)."""
     release_id = release_txn_id(job_id)
     params = _pg_params(job_id, user_id, log_id, now)
     params.update(amount=amount, commit_id=commit_txn_id(job_id), release_id=release_id,
                   release_sub=f"{release_id}:sub", release_topup=f"{release_id}:topup")
-    has_usage, held, committed, status = conn.exec_driver_sql(_PG_COMMIT, params).one()
+    statement = _PG_COMMIT
+    if record is not None:
+        statement = _PG_COMMIT_RECORDED
+        params.update(rec_status=record["status"], rec_share=record["refund_share"])
+    has_usage, held, committed, status = conn.exec_driver_sql(statement, params).one()
     if not has_usage:
         return None
     if committed is None:  # nothing written

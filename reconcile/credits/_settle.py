@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
@@ -13,6 +15,7 @@ from ..db.models import UsageLog
 from ..errors import (
     LedgerError,
 )
+from ..settlement import RECORD_KEY
 from ._base import (
     _NOT_DONE,
     SETTLED_KEY,
@@ -25,6 +28,8 @@ from ._base import (
 )
 from ._core import (
     _CAS,
+    _CAS_META,
+    _LOG_META_FOR_UPDATE,
     _LOG_STATUS,
     _add_txn,
     _all_or_nothing,
@@ -59,30 +64,37 @@ def _locked_reserved_log(session: Session, conn: Connection, job_id: uuid.UUID) 
 
 
 def commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
-           now: datetime | None = None) -> bool:
+           now: datetime | None = None, record: Mapping[str, str] | None = None) -> bool:
     """CAS the job's reservation ``reserved`` → ``committed``.
 
     ``amount`` (default: all that is held) may be less than held; it is taken from the pools in
     the order the reservation consumed them (``sub`` first) and each pool's rest is released
     back to it. False: no reservation is held (already settled, or none).
+
+    ``record`` (:attr:`reconcile.settlement.Decision.record`: a failed/cancelled job's partial
+    refund) is merged into the usage log's metadata under ``"settlement"``, with ``kept`` the
+    committed amount, by the same write as the CAS (nothing recorded when the CAS does not
+    happen; a metadata that is not a JSON object is left as it is).
     """
-    done = settle_commit(session, job_id, amount, now=now)
+    done = settle_commit(session, job_id, amount, now=now, record=record)
     if done.done:  # for BuiltinLedger.commit_settled: the amount without a re-read
         session.info[SETTLED_KEY] = (job_id, done.amount)
     return done.done
 
 
 def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
-                  now: datetime | None = None) -> Settlement:
+                  now: datetime | None = None,
+                  record: Mapping[str, str] | None = None) -> Settlement:
     """:func:`commit`, returning the committed amount with the CAS (:class:`Settlement`)."""
     now = _now(now)
+    record = _checked_record(record)
     conn = _conn(session)
     pg_ok = amount is None or (not isinstance(amount, bool) and isinstance(amount, int)
                                and -_PG_MAX < amount < _PG_MAX)
     if conn.dialect.name == "postgresql" and pg_ok:
         found = conn.exec_driver_sql(_PG_LOCK_LOG, {"j": job_id}).first()
         if found is not None:
-            done = _pg_commit(session, conn, job_id, amount, now, *found)
+            done = _pg_commit(session, conn, job_id, amount, now, *found, record)
             if done is not None:
                 return done
     log = _locked_reserved_log(session, conn, job_id)
@@ -96,7 +108,13 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
                           reason="commit_exceeds_held")
     committed = take_in_order(amount, held)
     with _all_or_nothing(session):
-        if conn.execute(_CAS, {"log_id": log.id, "to": "committed"}).first() is None:
+        if record is None:
+            cas = conn.execute(_CAS, {"log_id": log.id, "to": "committed"}).first()
+        else:  # the log's metadata re-read under its row lock, the record merged in the CAS
+            meta = conn.execute(_LOG_META_FOR_UPDATE, {"id": log.id}).scalar()
+            cas = conn.execute(_CAS_META, {"log_id": log.id, "to": "committed",
+                                           "meta": with_record(meta, record, amount)}).first()
+        if cas is None:
             return _NOT_DONE
         _add_txn(conn, commit_txn_id(job_id), log.user_id, job_id, "COMMIT", committed, now)
         released = (held[0] - committed[0], held[1] - committed[1])
@@ -106,6 +124,29 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
             _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
     _forget_settled(session, log.user_id, log.id)
     return Settlement(True, amount)
+
+
+def _checked_record(record: Mapping[str, str] | None) -> dict[str, str] | None:
+    """The record as the ledger writes it: exactly ``status`` and ``refund_share``, strings."""
+    if record is None:
+        return None
+    out = {key: record.get(key) for key in ("status", "refund_share")}
+    if not all(isinstance(v, str) for v in out.values()) or set(record) - set(out):
+        raise ValueError(f"a settlement record is {{'status': str, 'refund_share': str}}, "
+                         f"not {dict(record)!r}")
+    return out  # type: ignore[return-value]
+
+
+def with_record(meta: Any, record: Mapping[str, str], kept: int) -> Any:
+    """A usage log's metadata with the settlement record merged in (what the PostgreSQL CAS
+    does in SQL): an object gets the key, a null becomes an object with it, anything else (a
+    platform's own non-object value) is left as it is."""
+    value = {**record, "kept": kept}
+    if meta is None:
+        return {RECORD_KEY: value}
+    if isinstance(meta, dict):
+        return {**meta, RECORD_KEY: value}
+    return meta
 
 
 def refund(session: Session, job_id: uuid.UUID, *, now: datetime | None = None) -> bool:

@@ -85,7 +85,8 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> SettleOutcome:
 def _execute_settlement(rt: Runtime, session: Session, job: Job, now: datetime) -> None:
     """The ledger executes the policy's decision for a failed/cancelled job: a full refund is
     the ledger's ``refund`` (nothing read first); a partial one needs what is held (one read)
-    and is a commit of the kept part, the ledger releasing the rest to its pools."""
+    and is a commit of the kept part, the ledger releasing the rest to its pools and recording
+    the decision (the refund share, the kept amount) with that commit."""
     from ..ledger import commit_settled
 
     policy = rt.settlement_policy
@@ -95,7 +96,10 @@ def _execute_settlement(rt: Runtime, session: Session, job: Job, now: datetime) 
     if decision.full_refund:
         rt.ledger.refund(session, job.id, now=now)
     else:
-        commit_settled(rt.ledger, session, job.id, decision.commit, now=now)
+        # the decision's record (status, refund share) is written by the ledger's own CAS, in
+        # this transaction: the audit accepts this commit after a policy change because of it
+        commit_settled(rt.ledger, session, job.id, decision.commit, now=now,
+                       record=decision.record)
 
 
 def _held(session: Session, job_id: uuid.UUID) -> int:

@@ -369,12 +369,16 @@ def test_a_half_cancel_refund_policy_is_executed_by_the_ledger(env, db) -> None:
 
 
 def test_the_audit_flags_a_cancelled_commit_the_policy_does_not_keep(env, db) -> None:
-    """A cancel settled under a 25 % refund keeps 30 of 40. Audited under that policy it is
-    clean; under the 50 % policy (which keeps 20) and under the default (which refunds all: any
-    commit) the built-in audit flags ``failed_job_committed``, and nothing else. A failed job
-    under a cancel-only policy still may not commit anything (its share is still 1)."""
+    """A cancel settled under a 25 % refund keeps 30 of 40, and the built-in ledger records the
+    decision with its commit (share 1/4, kept 30): the audit is clean under that policy, under
+    the 50 % one and under the default — a policy change does not flag it. Without the record
+    (a job settled before the library wrote one) the audit judges by the policy it is given: under
+    the 50 % policy (which keeps 20) and under the default (which refunds all: any commit) the
+    built-in audit flags ``failed_job_committed``, and nothing else. A failed job under a
+    cancel-only policy still may not commit anything without a record (its share is still 1)."""
     from fractions import Fraction
 
+    from reconcile.db.models import UsageLog
     from reconcile.settlement import DEFAULT_POLICY, SettlementPolicy
 
     rt, _, _ = env
@@ -393,6 +397,14 @@ def test_the_audit_flags_a_cancelled_commit_the_policy_does_not_keep(env, db) ->
         return [(d.kind, d.job_id, d.detail) for d in found]
 
     builtin = backend().name == "builtin"  # the platform's audit does not check job statuses
+    for policy in (quarter, half, DEFAULT_POLICY, None):
+        assert findings(policy) == [], policy
+    # the record removed: what a job settled before the record existed looks like
+    with db.begin() as s:
+        log = s.execute(select(UsageLog).where(UsageLog.job_id == job_id)).scalar_one()
+        assert ("settlement" in log.metadata_) is builtin
+        s.execute(update(UsageLog).where(UsageLog.id == log.id).values(
+            metadata_={k: v for k, v in log.metadata_.items() if k != "settlement"}))
     assert findings(quarter) == []
     assert findings(half) == ([("failed_job_committed", job_id, "job cancelled, reservation "
                                 "committed 30 (the settlement policy keeps 20 of 40)")]

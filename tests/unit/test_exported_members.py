@@ -103,8 +103,8 @@ EXPORTED = {
         "document_output", "text_output",
     },
     "reconcile.settlement": {
-        "DEFAULT_POLICY", "Decision", "Finished", "SettleOutcome", "SettlementPolicy", "decide",
-        "whole_credits",
+        "DEFAULT_POLICY", "RECORD_KEY", "Decision", "Finished", "SettleOutcome",
+        "SettlementPolicy", "decide", "share_text", "whole_credits",
     },
     "reconcile.runtime": {
         "CompletionHook", "EventHook", "PricingHook", "Runtime", "Validator",

@@ -106,3 +106,20 @@ def test_policy_accepts_integer_shares_as_fractions_and_is_frozen() -> None:
 
 def test_settle_outcomes_are_distinct_strings() -> None:
     assert [str(o) for o in SettleOutcome] == ["settled", "already_settled", "not_due", "backed_off"]
+
+
+@pytest.mark.parametrize(("finished", "reserved", "policy", "record"), [
+    ("cancelled", 40, HALF_CANCEL, {"status": "cancelled", "refund_share": "1/2"}),
+    ("failed", 9, SettlementPolicy(failure_refund=Fraction(0)),
+     {"status": "failed", "refund_share": "0/1"}),
+    ("failed", 10, SettlementPolicy(failure_refund=Fraction(2, 6)),
+     {"status": "failed", "refund_share": "1/3"}),
+    ("cancelled", 40, DEFAULT_POLICY, None),  # a full refund: the ledger's refund, no record
+    ("failed", 40, HALF_CANCEL, None),
+])
+def test_a_partial_refund_carries_its_record(finished: str, reserved: int,
+                                             policy: SettlementPolicy, record: Any) -> None:
+    """What the ledger records with the commit (it adds ``kept``): how the job ended and the
+    share refunded as an exact fraction string; completions and full refunds record nothing."""
+    assert decide(finished, reserved=reserved, policy=policy).record == record
+    assert decide("completed", reserved=40, priced=25).record is None

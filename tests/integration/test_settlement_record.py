@@ -1,0 +1,350 @@
+"""A settlement policy change does not make the audit cry wolf: a failed/cancelled job's partial
+refund is recorded with its commit (``usage_logs.metadata["settlement"]``: the refund share and
+the kept amount, written by the ledger's CAS), and the audit accepts that commit under any later
+policy because the recorded share, recomputed over what the reservation held, keeps exactly it.
+A commit with no record is judged by the policy the audit is given (jobs settled before the
+record existed); a record whose arithmetic does not agree is flagged.
+
+Lifecycle tests run on PostgreSQL; the ledger-level ones on PostgreSQL and on SQLite."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from reconcile import credits, lifecycle
+from reconcile.db.migrate import upgrade
+from reconcile.db.models import Job, UsageLog
+from reconcile.db.session import make_engine, make_sessionmaker
+from reconcile.ledger import DEFAULT as LEDGER
+from reconcile.ledger import audit as library_audit
+from reconcile.lifecycle.cancel import cancel_job
+from reconcile.runtime import Runtime
+from reconcile.settlement import DEFAULT_POLICY, SettlementPolicy, SettleOutcome
+from reconcile.testing.simulator import Simulator
+from tests.integration.harness import Clock, fund, make_runtime
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+FULL = DEFAULT_POLICY  # policy A: every failure and cancel refunded in full
+HALF = SettlementPolicy(cancel_refund=Fraction(1, 2))  # policy B: half of a cancel kept
+THIRD_FAIL = SettlementPolicy(failure_refund=Fraction(1, 3), cancel_refund=Fraction(1, 2))
+
+
+def _findings(db: sessionmaker[Session], policy: SettlementPolicy) -> list[tuple[str, Any, str]]:
+    with db() as s:
+        return [(d.kind, d.job_id, d.detail)
+                for d in library_audit(LEDGER, s, now=T0, policy=policy)]
+
+
+def _meta(db: sessionmaker[Session], job_id: uuid.UUID) -> Any:
+    with db() as s:
+        return s.execute(select(UsageLog.metadata_).where(UsageLog.job_id == job_id)).scalar_one()
+
+
+def _set_meta(db: sessionmaker[Session], job_id: uuid.UUID, meta: Any) -> None:
+    with db.begin() as s:
+        s.execute(update(UsageLog).where(UsageLog.job_id == job_id).values(metadata_=meta))
+
+
+# ----------------------------------------------------------------------------- the lifecycle
+
+
+@pytest.fixture
+def rt(db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> Runtime:
+    runtime, _ = make_runtime(db, simulator, tmp_path, clock=Clock(T0))
+    return runtime
+
+
+def _submit(rt: Runtime, user: uuid.UUID, credits_: int) -> uuid.UUID:
+    return lifecycle.submit_job(rt, user, "kie-standard", "seedream/4.5-edit",
+                                {"prompt": "a cat"}, credits_, job_type="image").job_id
+
+
+def _fail(rt: Runtime, job_id: uuid.UUID) -> None:
+    assert lifecycle.fail_job(rt, job_id, "UPSTREAM_FAILED", "upstream failed", None)
+
+
+def test_jobs_settled_under_two_policies_audit_clean_under_either(
+        rt: Runtime, db: sessionmaker[Session]) -> None:
+    """Cancels under A (full refund) and under B (half kept), failures under a third-refund
+    policy, from both pools: the audit is clean under A, under B, under the third policy and
+    under one nobody used. On main the audit judged every commit by the policy it was given, so
+    B's cancels were ``failed_job_committed`` under A (and the failures under A and B)."""
+    user = uuid.uuid4()
+    fund(db, user, 50, "sub")
+    fund(db, user, 950, "topup")
+    rt.settlement_policy = FULL
+    refunded = [_submit(rt, user, n) for n in (40, 41)]
+    for job_id in refunded:
+        assert cancel_job(rt, user, job_id).credits_actual == 0
+    rt.settlement_policy = HALF
+    halved = {_submit(rt, user, n): kept for n, kept in ((40, 20), (41, 20), (1, 0), (77, 38))}
+    for job_id, kept in halved.items():
+        assert cancel_job(rt, user, job_id).credits_actual == kept
+    rt.settlement_policy = THIRD_FAIL
+    thirds = {_submit(rt, user, n): kept for n, kept in ((10, 6), (40, 26))}
+    for job_id, kept in thirds.items():
+        _fail(rt, job_id)
+        with db() as s:
+            assert s.get(Job, job_id).credits_actual == kept  # type: ignore[union-attr]
+
+    for policy in (FULL, HALF, THIRD_FAIL, SettlementPolicy(cancel_refund=Fraction(1, 4))):
+        assert _findings(db, policy) == [], policy
+    some = next(iter(halved))
+    assert _meta(db, some)["settlement"] == {"status": "cancelled", "refund_share": "1/2",
+                                             "kept": 20}
+    failed = next(iter(thirds))
+    assert _meta(db, failed)["settlement"] == {"status": "failed", "refund_share": "1/3",
+                                               "kept": 6}
+    assert "settlement" not in _meta(db, refunded[0])  # a full refund records nothing
+
+
+def test_a_crash_inside_the_settlement_leaves_neither_commit_nor_record(
+        rt: Runtime, db: sessionmaker[Session]) -> None:
+    """The record is written by the commit's own statement, in the settlement's transaction: a
+    crash after the ledger's commit (``mid_refund``) rolls both back; the retry commits and
+    records once, and the audit under the default policy is clean."""
+    user = uuid.uuid4()
+    fund(db, user)
+    rt.settlement_policy = HALF
+    job_id = _submit(rt, user, 40)
+
+    def crash(point: str) -> None:
+        if point == "mid_refund":
+            raise Killed(point)
+
+    rt.crash_hook = crash
+    with pytest.raises(Killed):
+        cancel_job(rt, user, job_id)
+    with db() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.status == "cancelled" and job.credits_actual is None
+        log = s.execute(select(UsageLog).where(UsageLog.job_id == job_id)).scalar_one()
+        assert log.status == "reserved" and "settlement" not in log.metadata_
+    rt.crash_hook = None
+    rt.settlement_policy = FULL  # the retry decides under the policy of its own time
+    assert lifecycle.settle(rt, job_id) is SettleOutcome.SETTLED
+    assert "settlement" not in _meta(db, job_id)
+    with db() as s:
+        assert s.get(Job, job_id).credits_actual == 0  # type: ignore[union-attr]
+    assert _findings(db, HALF) == [] and _findings(db, FULL) == []
+
+
+class Killed(BaseException):
+    """The process dies at a crash point: not an Exception, so nothing in the lifecycle catches
+    it, and the open transaction is rolled back as a dead connection's would be."""
+
+
+# ----------------------------------------------------------------------------- the ledger
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    if request.param == "postgresql":
+        yield request.getfixturevalue("db")
+        return
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def _settled(factory: sessionmaker[Session], status: str, amount: int, commit: int,
+             record: dict[str, str] | None, *, sub: int = 1000, topup: int = 0) -> uuid.UUID:
+    """A job that ended ``status`` and whose reservation of ``amount`` was committed for
+    ``commit`` with ``record`` (None: no record), as the ledger writes it."""
+    user, job = uuid.uuid4(), uuid.uuid4()
+    with factory.begin() as s:
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        if sub:
+            credits.grant(s, user, "sub", sub, f"g-sub-{user}", now=T0)
+        if topup:
+            credits.grant(s, user, "topup", topup, f"g-topup-{user}", now=T0)
+        credits.reserve(s, user, job, amount, now=T0)
+    with factory.begin() as s:
+        s.execute(update(Job).where(Job.id == job)
+                  .values(status=status, completed_at=T0, credits_actual=commit))
+        assert credits.commit(s, job, commit, now=T0, record=record)
+    return job
+
+
+def _kinds(factory: sessionmaker[Session], policy: SettlementPolicy) -> list[tuple[str, Any]]:
+    with factory() as s:
+        return [(d.kind, d.job_id) for d in credits.audit(s, now=T0, policy=policy)]
+
+
+def test_recorded_commits_are_clean_under_any_policy_on_both_databases(
+        factory: sessionmaker[Session]) -> None:
+    """The record the ledger writes (both pools, an odd amount, a zero kept part, a share of
+    0 that keeps everything) passes under A and B; the commit it writes is what it records."""
+    half = {"status": "cancelled", "refund_share": "1/2"}
+    jobs = [
+        _settled(factory, "cancelled", 41, 20, half, sub=30, topup=100),
+        _settled(factory, "cancelled", 1, 0, half),
+        _settled(factory, "failed", 10, 6, {"status": "failed", "refund_share": "1/3"}),
+        _settled(factory, "failed", 9, 9, {"status": "failed", "refund_share": "0/1"}),
+    ]
+    with factory() as s:
+        log = s.execute(select(UsageLog).where(UsageLog.job_id == jobs[0])).scalar_one()
+    assert log.metadata_ == {"from_sub": 30, "from_topup": 11,
+                             "settlement": {"status": "cancelled", "refund_share": "1/2",
+                                            "kept": 20}}
+    assert _kinds(factory, FULL) == [] and _kinds(factory, HALF) == []
+
+
+def test_a_commit_without_a_record_is_judged_by_todays_policy(
+        factory: sessionmaker[Session]) -> None:
+    """No record (settled before the record existed, or committed by anything but the
+    settlement): today's rule. Half of a cancel is clean under B and flagged under A; all of it
+    is flagged under both."""
+    half_kept = _settled(factory, "cancelled", 40, 20, None)
+    all_kept = _settled(factory, "failed", 40, 40, None)
+    assert _kinds(factory, HALF) == [("failed_job_committed", all_kept)]
+    assert sorted(_kinds(factory, FULL), key=str) == sorted(
+        [("failed_job_committed", half_kept), ("failed_job_committed", all_kept)], key=str)
+
+
+@pytest.mark.parametrize(("name", "settlement"), [
+    # the share does not produce the commit (30 of 40 kept is a quarter refund, not a half)
+    ("share_disagrees", {"status": "cancelled", "refund_share": "1/2", "kept": 30}),
+    # the share produces the commit but the record's kept says another amount
+    ("kept_disagrees", {"status": "cancelled", "refund_share": "1/4", "kept": 25}),
+    ("no_kept", {"status": "cancelled", "refund_share": "1/4"}),
+    ("no_share", {"status": "cancelled", "kept": 30}),
+    ("float_kept", {"status": "cancelled", "refund_share": "1/4", "kept": 30.0}),
+    ("float_share", {"status": "cancelled", "refund_share": 0.25, "kept": 30}),
+    ("share_above_one", {"status": "cancelled", "refund_share": "5/4", "kept": 30}),
+    ("zero_denominator", {"status": "cancelled", "refund_share": "1/0", "kept": 30}),
+    ("not_a_share", {"status": "cancelled", "refund_share": "a quarter", "kept": 30}),
+    ("negative", {"status": "cancelled", "refund_share": "-1/4", "kept": 30}),
+    ("huge_denominator", {"status": "cancelled", "refund_share": "1/" + "9" * 40, "kept": 30}),
+    ("not_an_object", "settled"),
+    ("trailing_newline", {"status": "cancelled", "refund_share": "1/4\n", "kept": 30}),
+    ("leading_zero", {"status": "cancelled", "refund_share": "01/4", "kept": 30}),
+])
+def test_a_forged_record_is_flagged_under_both_policies(
+        factory: sessionmaker[Session], name: str, settlement: Any) -> None:
+    """A cancel that kept 30 of 40 (a quarter refund, neither A nor B) whose record is rewritten
+    so that its arithmetic no longer agrees — or that is not a record at all — is flagged under
+    A and under B, and nothing else is; the untouched record passes."""
+    quarter = {"status": "cancelled", "refund_share": "1/4"}
+    job = _settled(factory, "cancelled", 40, 30, quarter)
+    assert _kinds(factory, FULL) == [] and _kinds(factory, HALF) == []
+    with factory() as s:
+        meta = s.execute(select(UsageLog.metadata_).where(UsageLog.job_id == job)).scalar_one()
+    _set_meta(factory, job, {**meta, "settlement": settlement})
+    assert _kinds(factory, FULL) == [("failed_job_committed", job)], name
+    assert _kinds(factory, HALF) == [("failed_job_committed", job)], name
+
+
+def test_a_forged_detail_names_the_record_and_what_its_share_keeps(
+        factory: sessionmaker[Session]) -> None:
+    job = _settled(factory, "cancelled", 40, 30, {"status": "cancelled", "refund_share": "1/4"})
+    with factory() as s:
+        meta = s.execute(select(UsageLog.metadata_).where(UsageLog.job_id == job)).scalar_one()
+    _set_meta(factory, job, {**meta, "settlement": {"status": "cancelled",
+                                                    "refund_share": "1/2", "kept": 30}})
+    with factory() as s:
+        found = credits.audit(s, now=T0, policy=HALF)
+    assert [d.detail for d in found] == [
+        "job cancelled, reservation committed 30 (the settlement policy keeps 20 of 40); "
+        "recorded refund share 1/2, kept 30 (that share keeps 20 of 40)"]
+
+
+def test_a_record_on_metadata_that_is_not_an_object_is_not_written(
+        factory: sessionmaker[Session]) -> None:
+    """A platform's own non-object metadata is left as it is: no record, so the job is judged
+    by today's policy (flagged under A, clean under B, whose share it kept)."""
+    user, job = uuid.uuid4(), uuid.uuid4()
+    with factory.begin() as s:
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        credits.grant(s, user, "sub", 100, f"g-{user}", now=T0)
+        credits.reserve(s, user, job, 40, now=T0)
+    _set_meta(factory, job, ["platform", "list"])
+    with factory.begin() as s:
+        s.execute(update(Job).where(Job.id == job)
+                  .values(status="cancelled", completed_at=T0, credits_actual=20))
+        assert credits.commit(s, job, 20, now=T0,
+                              record={"status": "cancelled", "refund_share": "1/2"})
+    assert _meta(factory, job) == ["platform", "list"]
+    assert _kinds(factory, HALF) == []
+    assert _kinds(factory, FULL) == [("failed_job_committed", job)]
+
+
+def test_a_repeated_commit_records_nothing(factory: sessionmaker[Session]) -> None:
+    """The record goes with the CAS: a second commit (already settled) changes nothing, not
+    even the record, whatever record it carries."""
+    job = _settled(factory, "cancelled", 40, 20, {"status": "cancelled", "refund_share": "1/2"})
+    before = _meta(factory, job)
+    with factory.begin() as s:
+        assert not credits.commit(s, job, 30, now=T0,
+                                  record={"status": "cancelled", "refund_share": "1/4"})
+    assert _meta(factory, job) == before
+    assert _kinds(factory, FULL) == []
+
+
+def test_a_boolean_kept_is_not_a_number(factory: sessionmaker[Session]) -> None:
+    """A JSON true is not the amount 1 (SQLite's json_extract would say 1): a commit of 1 of 4
+    whose record's share keeps 1 but whose kept is ``true`` is flagged under A and B."""
+    job = _settled(factory, "cancelled", 4, 1, {"status": "cancelled", "refund_share": "3/4"})
+    assert _kinds(factory, FULL) == [] and _kinds(factory, HALF) == []
+    meta = _meta(factory, job)
+    _set_meta(factory, job, {**meta, "settlement": {**meta["settlement"], "kept": True}})
+    assert _kinds(factory, FULL) == [("failed_job_committed", job)]
+    assert _kinds(factory, HALF) == [("failed_job_committed", job)]
+
+
+@pytest.mark.parametrize("den", [999_999_937, 999_999_999_999_999_989])
+def test_the_recomputation_is_exact_at_the_largest_amounts(
+        factory: sessionmaker[Session], den: int) -> None:
+    """Near 2⁶² credits and a share with a 9- or 18-digit denominator (floats would be off by
+    hundreds): the recorded share keeps exactly ``decide``'s amount, and one credit more or less
+    with a record claiming it is flagged. SQLite computes in 64-bit integers, so it accepts
+    denominators of 9 digits at most: an 18-digit one there is not a share it can check."""
+    from reconcile.settlement import decide
+
+    sqlite = factory.kw["bind"].dialect.name == "sqlite"
+    held = 4_611_686_018_427_387_000
+    share = Fraction(1, den)
+    kept = decide("cancelled", reserved=held, policy=SettlementPolicy(cancel_refund=share)).commit
+    assert kept == held - -(-held // den) and kept != int(held * (1 - 1 / den))
+    record = {"status": "cancelled", "refund_share": f"1/{den}"}
+    good = _settled(factory, "cancelled", held, kept, record, sub=held)
+    more = _settled(factory, "cancelled", held, kept + 1, record, sub=held)
+    less = _settled(factory, "cancelled", held, kept - 1, record, sub=held)
+    flagged = {more, less} | ({good} if sqlite and den > 10**9 else set())
+    for policy in (FULL, HALF):
+        assert {job for kind, job in _kinds(factory, policy) if kind == "failed_job_committed"} \
+            == flagged
+
+
+def test_a_subclassed_ledger_whose_commit_takes_no_record_still_settles(
+        rt: Runtime, db: sessionmaker[Session]) -> None:
+    """A platform's BuiltinLedger subclass that overrides ``commit_settled`` with the old
+    signature is not handed the record (it would raise and the settlement back off forever):
+    the cancel settles, nothing is recorded, and the audit judges it by the policy given."""
+    from reconcile.ledger import BuiltinLedger
+
+    class Metered(BuiltinLedger):
+        def commit_settled(self, session: Session, job_id: uuid.UUID,  # type: ignore[override]
+                           amount: int | None = None, *, now: datetime | None = None) -> Any:
+            return super().commit_settled(session, job_id, amount, now=now)
+
+    rt.ledger = Metered()
+    rt.settlement_policy = HALF
+    user = uuid.uuid4()
+    fund(db, user)
+    job_id = _submit(rt, user, 40)
+    assert cancel_job(rt, user, job_id).credits_actual == 20
+    assert "settlement" not in _meta(db, job_id)
+    assert _findings(db, HALF) == []
+    assert [kind for kind, _, _ in _findings(db, FULL)] == ["failed_job_committed"]
