@@ -9,24 +9,7 @@ The package keeps the names ``reconcile.media`` had as a module (``from reconcil
 safe_fetch``); patch them on :mod:`reconcile.media.fetch`, where the callers look them up.
 """
 
-from .fetch import (
-    FetchedMedia,
-    Target,
-    check_url,
-    guess_extension,
-    is_public_address,
-    media_type_for_extension,
-    parse_media_url,
-    safe_fetch,
-)
+from . import fetch as _fetch
+from .fetch import *  # noqa: F403  (the module's names, as ``__all__`` says)
 
-__all__ = [
-    "FetchedMedia",
-    "Target",
-    "check_url",
-    "guess_extension",
-    "is_public_address",
-    "media_type_for_extension",
-    "parse_media_url",
-    "safe_fetch",
-]
+__all__ = list(_fetch.__all__)

@@ -4,32 +4,21 @@ on PostgreSQL and on the embedded SQLite default)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits
-from reconcile.db.migrate import upgrade
 from reconcile.db.models import Job
-from reconcile.db.session import make_engine, make_sessionmaker
 from reconcile.ledger import DEFAULT as LEDGER
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    if request.param == "postgresql":
-        yield request.getfixturevalue("db")
-        return
-    url = f"sqlite:///{tmp_path / 'l.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
+@pytest.fixture
+def factory(pg_and_sqlite: sessionmaker[Session]) -> sessionmaker[Session]:
+    return pg_and_sqlite  # PostgreSQL, then SQLite (tests/integration/conftest.py)
 
 
 @pytest.mark.parametrize("via_ledger", [False, True])

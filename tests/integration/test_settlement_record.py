@@ -10,7 +10,6 @@ Lifecycle tests run on PostgreSQL; the ledger-level ones on PostgreSQL and on SQ
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
@@ -21,9 +20,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits, lifecycle
-from reconcile.db.migrate import upgrade
 from reconcile.db.models import Job, UsageLog
-from reconcile.db.session import make_engine, make_sessionmaker
 from reconcile.ledger import DEFAULT as LEDGER
 from reconcile.ledger import audit as library_audit
 from reconcile.lifecycle.cancel import cancel_job
@@ -146,16 +143,9 @@ class Killed(BaseException):
 # ----------------------------------------------------------------------------- the ledger
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    if request.param == "postgresql":
-        yield request.getfixturevalue("db")
-        return
-    url = f"sqlite:///{tmp_path / 'l.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
+@pytest.fixture
+def factory(pg_and_sqlite: sessionmaker[Session]) -> sessionmaker[Session]:
+    return pg_and_sqlite  # PostgreSQL, then SQLite (tests/integration/conftest.py)
 
 
 def _settled(factory: sessionmaker[Session], status: str, amount: int, commit: int,
