@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import Uuid, bindparam, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits, lifecycle
@@ -345,6 +345,91 @@ def test_a_subclassed_ledger_whose_commit_takes_no_record_still_settles(
     fund(db, user)
     job_id = _submit(rt, user, 40)
     assert cancel_job(rt, user, job_id).credits_actual == 20
-    assert "settlement" not in _meta(db, job_id)
     assert _findings(db, HALF) == []
     assert [kind for kind, _, _ in _findings(db, FULL)] == ["failed_job_committed"]
+    assert "settlement" not in _meta(db, job_id)
+
+
+# ----------------------------------------------------------------------------- atk2: hostile numbers
+
+
+def _set_raw_meta(factory: sessionmaker[Session], job_id: uuid.UUID, raw: str) -> None:
+    """The log's metadata set to the JSON text ``raw`` exactly (no Python round trip)."""
+    cast_ = "CAST(:m AS jsonb)" if factory.kw["bind"].dialect.name == "postgresql" else ":m"
+    with factory.begin() as s:
+        s.execute(text(f"UPDATE usage_logs SET metadata = {cast_} WHERE job_id = :j")
+                  .bindparams(bindparam("j", type_=Uuid())), {"m": raw, "j": job_id})
+
+
+def _printed(factory: sessionmaker[Session], job_id: uuid.UUID, key: str) -> str | None:
+    """The log's metadata member ``key`` as the database prints it (None: not JSON)."""
+    if factory.kw["bind"].dialect.name == "postgresql":
+        sql = "SELECT (metadata -> :k)::text FROM usage_logs WHERE job_id = :j"
+    else:
+        sql = ("SELECT CASE WHEN json_valid(metadata) THEN metadata -> ('$.' || :k) END "
+               "FROM usage_logs WHERE job_id = :j")
+    with factory() as s:
+        return s.execute(text(sql).bindparams(bindparam("j", type_=Uuid())),
+                         {"k": key, "j": job_id}).scalar_one()
+
+
+# numbers a float cannot hold: beyond its range (1e400, and 10^400 + 0.5 as PostgreSQL prints
+# it), and more digits than it keeps
+_HOSTILE_NUMBERS = {"cost_usd": "0.30000000000000000001", "huge": "1e400",
+                    "huge_fraction": "1" + "0" * 400 + ".5", "exact": "12345678901234567890.5"}
+
+
+def test_a_recorded_commit_keeps_the_platforms_numbers_exactly(
+        factory: sessionmaker[Session]) -> None:
+    """The metadata a platform wrote (numbers no float holds) survives the recorded commit
+    as it was, and the record is readable by the audit: the Core path (SQLite always) merged the
+    record in Python, through json.loads/json.dumps, so it rewrote 0.30000000000000000001 as
+    0.3 and 1e400 as ``Infinity`` — not JSON, so SQLite's audit saw no record and flagged the
+    half kept under the full-refund policy."""
+    user, job = uuid.uuid4(), uuid.uuid4()
+    with factory.begin() as s:
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        credits.grant(s, user, "sub", 100, f"g-{user}", now=T0)
+        credits.reserve(s, user, job, 40, now=T0)
+    numbers = ", ".join(f'"{k}": {v}' for k, v in _HOSTILE_NUMBERS.items())
+    _set_raw_meta(factory, job, '{"from_sub": 40, "from_topup": 0, ' + numbers + "}")
+    before = {key: _printed(factory, job, key) for key in _HOSTILE_NUMBERS}
+    assert None not in before.values()
+    with factory.begin() as s:
+        s.execute(update(Job).where(Job.id == job)
+                  .values(status="cancelled", completed_at=T0, credits_actual=20))
+        assert credits.commit(s, job, 20, now=T0,
+                              record={"status": "cancelled", "refund_share": "1/2"})
+    assert {key: _printed(factory, job, key) for key in _HOSTILE_NUMBERS} == before
+    assert _meta(factory, job)["settlement"] == {"status": "cancelled", "refund_share": "1/2",
+                                                 "kept": 20}
+    assert _kinds(factory, FULL) == [] and _kinds(factory, HALF) == []
+
+
+def test_a_platform_reservation_with_a_huge_number_still_settles(
+        db: sessionmaker[Session]) -> None:
+    """PostgreSQL's Core path (a platform's own reservation: no USAGE row): the recorded
+    commit wrote the metadata back through a float, 10^400 + 0.5 became ``Infinity`` and
+    PostgreSQL refused the UPDATE — the settlement raised (and backed off) on every retry,
+    where the unrecorded commit settles."""
+    from reconcile.db.models import CreditBalance
+
+    user, job = uuid.uuid4(), uuid.uuid4()
+    with db.begin() as s:
+        s.add(Job(id=job, user_id=user, job_type="t", status="cancelled", completed_at=T0))
+        credits.grant(s, user, "sub", 100, f"g-{user}", now=T0)
+        s.flush()
+        s.add(UsageLog(id=uuid.uuid4(), job_id=job, user_id=user, status="reserved", credits=40,
+                       metadata_={"from_sub": 40, "from_topup": 0}))
+    huge = _HOSTILE_NUMBERS["huge_fraction"]
+    _set_raw_meta(db, job, f'{{"from_sub": 40, "from_topup": 0, "huge": {huge}}}')
+    with db.begin() as s:
+        assert credits.commit(s, job, 20, now=T0,
+                              record={"status": "cancelled", "refund_share": "1/2"})
+    assert _printed(db, job, "huge") == huge
+    assert _meta(db, job)["settlement"] == {"status": "cancelled", "refund_share": "1/2",
+                                            "kept": 20}
+    with db() as s:
+        balance = s.get(CreditBalance, user)
+        assert balance is not None and balance.sub == 120  # 100 granted, 20 of 40 given back
+
