@@ -433,3 +433,60 @@ def test_a_platform_reservation_with_a_huge_number_still_settles(
         balance = s.get(CreditBalance, user)
         assert balance is not None and balance.sub == 120  # 100 granted, 20 of 40 given back
 
+
+# ----------------------------------------------------------------------------- atk2: planted records
+
+
+@pytest.mark.parametrize("planted", [
+    {"status": "cancelled", "refund_share": "0/1", "kept": 40},  # "nothing refunded": keeps all
+    {"status": "cancelled", "refund_share": "1/2", "kept": 40},  # kept agrees, share does not
+])
+def test_a_record_planted_before_an_unrecorded_commit_is_not_the_settlements(
+        factory: sessionmaker[Session], planted: dict[str, Any]) -> None:
+    """A platform wrote a "settlement" key into the reservation's metadata before the job was
+    settled (its own bookkeeping, a copy of another job's metadata, a forgery), then the job is
+    committed without a record (a platform's own settling code, a BuiltinLedger subclass whose
+    commit takes no record=): all 40 of a cancel kept, which no policy decided. The audit
+    accepted it under every policy because it took the planted key for the ledger's record. An
+    unrecorded commit now drops the key in its own CAS, so the record a committed log carries is
+    always the one its commit wrote; the commit is flagged under both policies."""
+    user, job = uuid.uuid4(), uuid.uuid4()
+    with factory.begin() as s:
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        credits.grant(s, user, "sub", 100, f"g-{user}", now=T0)
+        credits.reserve(s, user, job, 40, now=T0)
+    _set_meta(factory, job, {**_meta(factory, job), "settlement": planted, "mine": [1, {"a": 2}]})
+    with factory.begin() as s:
+        s.execute(update(Job).where(Job.id == job)
+                  .values(status="cancelled", completed_at=T0, credits_actual=40))
+        assert credits.commit(s, job, now=T0)  # no record: all of it
+    assert _kinds(factory, FULL) == [("failed_job_committed", job)]
+    assert _kinds(factory, HALF) == [("failed_job_committed", job)]
+    assert _meta(factory, job) == {"from_sub": 40, "from_topup": 0, "mine": [1, {"a": 2}]}
+
+
+def test_a_subclassed_ledger_does_not_inherit_a_planted_record(
+        rt: Runtime, db: sessionmaker[Session]) -> None:
+    """The lifecycle form: a BuiltinLedger subclass whose commit_settled takes no record=
+    settles a cancel under B (half kept, nothing recorded) after the platform planted a record
+    saying exactly that. Unrecorded, the commit is judged by the policy given (flagged under A,
+    as test_a_subclassed_ledger_whose_commit_takes_no_record_still_settles says) — the planted
+    key made it pass under A."""
+    from reconcile.ledger import BuiltinLedger
+
+    class Metered(BuiltinLedger):
+        def commit_settled(self, session: Session, job_id: uuid.UUID,  # type: ignore[override]
+                           amount: int | None = None, *, now: datetime | None = None) -> Any:
+            return super().commit_settled(session, job_id, amount, now=now)
+
+    rt.ledger = Metered()
+    rt.settlement_policy = HALF
+    user = uuid.uuid4()
+    fund(db, user)
+    job_id = _submit(rt, user, 40)
+    _set_meta(db, job_id, {**_meta(db, job_id), "settlement": {
+        "status": "cancelled", "refund_share": "1/2", "kept": 20}})
+    assert cancel_job(rt, user, job_id).credits_actual == 20
+    assert _findings(db, HALF) == []
+    assert [kind for kind, _, _ in _findings(db, FULL)] == ["failed_job_committed"]
+    assert "settlement" not in _meta(db, job_id)
