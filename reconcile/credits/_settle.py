@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
@@ -15,7 +14,6 @@ from ..db.models import UsageLog
 from ..errors import (
     LedgerError,
 )
-from ..settlement import RECORD_KEY
 from ._base import (
     _NOT_DONE,
     SETTLED_KEY,
@@ -28,8 +26,7 @@ from ._base import (
 )
 from ._core import (
     _CAS,
-    _CAS_META,
-    _LOG_META_FOR_UPDATE,
+    _CAS_RECORD,
     _LOG_STATUS,
     _add_txn,
     _all_or_nothing,
@@ -110,10 +107,12 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
     with _all_or_nothing(session):
         if record is None:
             cas = conn.execute(_CAS, {"log_id": log.id, "to": "committed"}).first()
-        else:  # the log's metadata re-read under its row lock, the record merged in the CAS
-            meta = conn.execute(_LOG_META_FOR_UPDATE, {"id": log.id}).scalar()
-            cas = conn.execute(_CAS_META, {"log_id": log.id, "to": "committed",
-                                           "meta": with_record(meta, record, amount)}).first()
+        else:  # the record merged into the log's metadata by the CAS itself, in SQL
+            statement = _CAS_RECORD["postgresql" if conn.dialect.name == "postgresql"
+                                    else "sqlite"]
+            cas = conn.execute(statement, {"log_id": log.id, "rec_status": record["status"],
+                                           "rec_share": record["refund_share"],
+                                           "rec_kept": amount}).first()
         if cas is None:
             return _NOT_DONE
         _add_txn(conn, commit_txn_id(job_id), log.user_id, job_id, "COMMIT", committed, now)
@@ -135,18 +134,6 @@ def _checked_record(record: Mapping[str, str] | None) -> dict[str, str] | None:
         raise ValueError(f"a settlement record is {{'status': str, 'refund_share': str}}, "
                          f"not {dict(record)!r}")
     return out  # type: ignore[return-value]
-
-
-def with_record(meta: Any, record: Mapping[str, str], kept: int) -> Any:
-    """A usage log's metadata with the settlement record merged in (what the PostgreSQL CAS
-    does in SQL): an object gets the key, a null becomes an object with it, anything else (a
-    platform's own non-object value) is left as it is."""
-    value = {**record, "kept": kept}
-    if meta is None:
-        return {RECORD_KEY: value}
-    if isinstance(meta, dict):
-        return {**meta, RECORD_KEY: value}
-    return meta
 
 
 def refund(session: Session, job_id: uuid.UUID, *, now: datetime | None = None) -> bool:
