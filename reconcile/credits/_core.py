@@ -115,6 +115,22 @@ _CAS_RECORD: dict[str, TextClause] = {
     ELSE metadata END
   WHERE id = :log_id AND status = 'reserved' RETURNING id"""),
 }
+# the commit's CAS without a record: a "settlement" key the log already carries is dropped (not
+# the ledger's record of this commit; _pg._PG_DROP_RECORD)
+_CAS_COMMIT: dict[str, TextClause] = {
+    "postgresql": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed', metadata = CASE
+    WHEN jsonb_typeof(CAST(metadata AS jsonb)) IS DISTINCT FROM 'object' THEN CAST(metadata AS jsonb)
+    WHEN CAST(metadata AS jsonb) ? '{RECORD_KEY}' THEN CAST(metadata AS jsonb) - '{RECORD_KEY}'
+    ELSE CAST(metadata AS jsonb) END
+  WHERE id = :log_id AND status = 'reserved' RETURNING id"""),
+    "sqlite": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed', metadata = CASE
+    WHEN json_valid(metadata) THEN CASE
+      WHEN json_type(metadata) = 'object' AND json_type(metadata, '$.{RECORD_KEY}') IS NOT NULL
+      THEN json_remove(metadata, '$.{RECORD_KEY}')
+      ELSE metadata END
+    ELSE metadata END
+  WHERE id = :log_id AND status = 'reserved' RETURNING id"""),
+}
 _BALANCE_ADD = (update(_B).where(_B.c.user_id == bindparam("u"))
                 .values(sub=_B.c.sub + bindparam("d_sub"), topup=_B.c.topup + bindparam("d_topup"),
                         updated_at=bindparam("now")))

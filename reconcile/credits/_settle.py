@@ -26,6 +26,7 @@ from ._base import (
 )
 from ._core import (
     _CAS,
+    _CAS_COMMIT,
     _CAS_RECORD,
     _LOG_STATUS,
     _add_txn,
@@ -71,7 +72,9 @@ def commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
     ``record`` (:attr:`reconcile.settlement.Decision.record`: a failed/cancelled job's partial
     refund) is merged into the usage log's metadata under ``"settlement"``, with ``kept`` the
     committed amount, by the same write as the CAS (nothing recorded when the CAS does not
-    happen; a metadata that is not a JSON object is left as it is).
+    happen; a metadata that is not a JSON object is left as it is). Without a record, the CAS
+    drops a ``"settlement"`` key the log already carries: a committed log's record is always
+    its own commit's (:mod:`reconcile.settlement`).
     """
     done = settle_commit(session, job_id, amount, now=now, record=record)
     if done.done:  # for BuiltinLedger.commit_settled: the amount without a re-read
@@ -105,14 +108,14 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
                           reason="commit_exceeds_held")
     committed = take_in_order(amount, held)
     with _all_or_nothing(session):
-        if record is None:
-            cas = conn.execute(_CAS, {"log_id": log.id, "to": "committed"}).first()
+        dialect = "postgresql" if conn.dialect.name == "postgresql" else "sqlite"
+        if record is None:  # a "settlement" key already on the log is dropped by the CAS
+            cas = conn.execute(_CAS_COMMIT[dialect], {"log_id": log.id}).first()
         else:  # the record merged into the log's metadata by the CAS itself, in SQL
-            statement = _CAS_RECORD["postgresql" if conn.dialect.name == "postgresql"
-                                    else "sqlite"]
-            cas = conn.execute(statement, {"log_id": log.id, "rec_status": record["status"],
-                                           "rec_share": record["refund_share"],
-                                           "rec_kept": amount}).first()
+            cas = conn.execute(_CAS_RECORD[dialect], {"log_id": log.id,
+                                                      "rec_status": record["status"],
+                                                      "rec_share": record["refund_share"],
+                                                      "rec_kept": amount}).first()
         if cas is None:
             return _NOT_DONE
         _add_txn(conn, commit_txn_id(job_id), log.user_id, job_id, "COMMIT", committed, now)
