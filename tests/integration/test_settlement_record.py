@@ -490,3 +490,53 @@ def test_a_subclassed_ledger_does_not_inherit_a_planted_record(
     assert _findings(db, HALF) == []
     assert [kind for kind, _, _ in _findings(db, FULL)] == ["failed_job_committed"]
     assert "settlement" not in _meta(db, job_id)
+
+
+def test_a_platform_ledger_is_never_handed_the_record(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """A platform's own Ledger (not a BuiltinLedger; no records_settlement) settles a cancel
+    under B: half kept, its own metadata written, no "settlement" key, the audit clean."""
+    from reconcile.db.models import CreditBalance
+    from tests.integration.ledgers import make_backend
+
+    backend = make_backend("platform", db)
+    rt, _ = make_runtime(db, simulator, tmp_path, clock=Clock(T0))
+    rt.ledger, rt.settlement_policy = backend.ledger, HALF
+    user = uuid.uuid4()
+    backend.fund(user, 100)
+    job_id = _submit(rt, user, 40)
+    assert cancel_job(rt, user, job_id).credits_actual == 20
+    meta = _meta(db, job_id)
+    assert "settlement" not in meta and "committed" in meta
+    assert backend.balance(user) == (80, 0)
+    with db() as s:
+        assert library_audit(backend.ledger, s, now=T0, policy=HALF) == []
+        assert s.execute(select(CreditBalance).limit(1)).first() is None  # built-in untouched
+
+
+def test_a_subclass_overriding_commit_only_still_settles_and_records(
+        rt: Runtime, db: sessionmaker[Session]) -> None:
+    """A BuiltinLedger subclass that overrides ``commit`` with the old signature (no record=)
+    but not ``commit_settled``: the settlement goes through the inherited commit_settled (the
+    built-in CAS, as before the record existed: the override is not called at settlement), and
+    the record is written by that CAS, so it is the commit's."""
+    from reconcile.ledger import BuiltinLedger
+
+    calls: list[uuid.UUID] = []
+
+    class OldCommit(BuiltinLedger):
+        def commit(self, session: Session, job_id: uuid.UUID,  # type: ignore[override]
+                   amount: int | None = None, *, now: datetime | None = None) -> bool:
+            calls.append(job_id)
+            return super().commit(session, job_id, amount, now=now)
+
+    rt.ledger = OldCommit()
+    rt.settlement_policy = HALF
+    user = uuid.uuid4()
+    fund(db, user)
+    job_id = _submit(rt, user, 40)
+    assert cancel_job(rt, user, job_id).credits_actual == 20
+    assert calls == []
+    assert _meta(db, job_id)["settlement"] == {"status": "cancelled", "refund_share": "1/2",
+                                               "kept": 20}
+    assert _findings(db, HALF) == [] and _findings(db, FULL) == []
