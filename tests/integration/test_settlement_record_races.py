@@ -290,3 +290,54 @@ def test_a_completion_racing_a_cancel_settles_once(
     waited = _interleave(engine, setup, ops[0], ops[1], check)
     assert waited
     assert seen == {"completed", "cancelled"}  # both orders really happened
+
+
+@pytest.mark.parametrize("first", ["commit", "refund"])
+def test_a_recorded_commit_racing_a_refund_at_the_ledger(
+        factory: sessionmaker[Session], first: str) -> None:
+    """The same race one level down, with no job row lock to serialize the two: the ledger's
+    recorded commit (half kept) and its refund of the same reservation, each in its own
+    transaction. The log's CAS lets one through; the record exists exactly when the commit
+    does."""
+    db = factory
+    engine = db.kw["bind"]
+    record = {"status": "cancelled", "refund_share": "1/2"}
+
+    def setup() -> uuid.UUID:
+        _truncate(db)
+        user, job_id = uuid.uuid4(), uuid.uuid4()
+        with db.begin() as s:
+            s.add(Job(id=job_id, user_id=user, job_type="image", status="cancelled",
+                      created_at=T0, completed_at=T0))
+            credits.grant(s, user, "sub", 30, f"g-sub-{user}", now=T0)
+            credits.grant(s, user, "topup", 100, f"g-topup-{user}", now=T0)
+            credits.reserve(s, user, job_id, 41, now=T0)
+        return job_id
+
+    def commit(job_id: uuid.UUID) -> bool:
+        with db.begin() as s:
+            return LEDGER.commit(s, job_id, 20, now=T0, record=record)
+
+    def refund(job_id: uuid.UUID) -> bool:
+        with db.begin() as s:
+            return LEDGER.refund(s, job_id, now=T0)
+
+    ops = (commit, refund) if first == "commit" else (refund, commit)
+
+    def check(job_id: uuid.UUID, out: dict[str, Any]) -> None:
+        log, txns, _, _ = _ledger_state(db, job_id)
+        done = [v for k, v in out.items() if k != "k" and v == ("ok", True)]
+        assert len(done) == 1, out
+        if log.status == "refunded":
+            assert txns == [("REFUND", 41), ("USAGE", 41)], (out, txns)
+            assert "settlement" not in (log.metadata_ or {})
+            actual = 0
+        else:
+            assert txns == [("COMMIT", 20), ("RELEASE", 21), ("USAGE", 41)], (out, txns)
+            assert log.metadata_["settlement"] == {**record, "kept": 20}, out
+            actual = 20
+        with db.begin() as s:
+            s.execute(update(Job).where(Job.id == job_id).values(credits_actual=actual))
+        _audits_clean(db)
+
+    assert _interleave(engine, setup, ops[0], ops[1], check)
