@@ -43,7 +43,13 @@ writes it into the job's usage log, ``metadata["settlement"] = {"status": "cance
 CAS — so the record exists exactly when the commit does, in the settlement's transaction (a
 crash leaves both or neither). A full refund records nothing (it is the ledger's refund). A
 ledger other than the built-in one is never handed the record (``records_settlement``), and a
-usage log whose metadata is not a JSON object (a platform's own value) is left as it is.
+usage log whose metadata is not a JSON object (a platform's own value) is left as it is. The
+key is the ledger's: the built-in commit without a record (a completion, a platform's own commit,
+a subclass whose ``commit_settled`` takes no ``record=``) drops a ``"settlement"`` key the log
+already carried (a platform's own, a copy of another job's metadata, a forgery written before
+the settlement), so a committed log's record is always the one its own commit wrote. The merge
+and the drop are SQL (``jsonb ||`` / ``json_set``): the rest of the metadata is never decoded
+and re-encoded, so a platform's numbers stay exactly as written.
 
 **The audit.** It is given a policy (``reconcile audit`` passes the runtime's;
 ``credits.audit(..., policy=...)``). ``failed_job_committed`` accepts the commit of a failed or
@@ -65,7 +71,7 @@ So a policy change no longer flags the jobs settled under the earlier one, while
 cannot make an arbitrary commit pass: its arithmetic must agree with the ledger. The record's
 ``status`` is informative only (the library itself relabels a failure the user had cancelled).
 A record is evidence written by the library, not a signature: whoever can rewrite usage logs
-can write a self-consistent one, as they can rewrite the log's status.
+after the commit can write a self-consistent one, as they can rewrite the log's status.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@
   for the platform). The USAGE row is the ledger's own record of the pools; the metadata is read
   only for a reservation the ledger never wrote (a platform's own). A commit given a settlement
   ``record`` (a failed/cancelled job's partial refund) merges it into the same metadata under
-  ``"settlement"``, with the committed amount as ``kept``, in the CAS itself; the audit checks it
+  ``"settlement"``, with the committed amount as ``kept``, in the CAS itself; a commit without
+  one drops a ``"settlement"`` key already there; the audit checks it
   (:mod:`reconcile.settlement`).
 * Every movement is an append-only transaction with a deterministic id: ``job-usage:{job}``,
   ``job-commit:{job}``, ``job-release:{job}``, ``job-refund:{job}``, and a deliberate re-charge

@@ -10,13 +10,14 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import Connection, TextClause, bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from ..db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, UsageLog
 from ..errors import (
     LedgerError,
 )
+from ..settlement import RECORD_KEY
 from ._base import (
     LOT_PAGE,
     POOLS,
@@ -81,11 +82,55 @@ _JOB_TXNS = select(_T.c.id, _T.c.type, _T.c.from_sub, _T.c.from_topup).where(
 _LOG_STATUS = select(_U.c.status).where(_U.c.id == bindparam("id"))
 _CAS = (update(_U).where(_U.c.id == bindparam("log_id"), _U.c.status == "reserved")
         .values(status=bindparam("to")).returning(_U.c.id))
-# the CAS that also writes the log's metadata (a settlement record merged in: _settle)
-_CAS_META = (update(_U).where(_U.c.id == bindparam("log_id"), _U.c.status == "reserved")
-             .values(status=bindparam("to"), metadata=bindparam("meta", type_=_U.c.metadata.type))
-             .returning(_U.c.id))
-_LOG_META_FOR_UPDATE = select(_U.c.metadata).where(_U.c.id == bindparam("id")).with_for_update()
+# the commit's CAS that also merges a settlement record into the log's metadata (_settle), in
+# SQL: the platform's metadata is never decoded and re-encoded in Python, where a number no
+# float holds would come back as 0.3 or Infinity (not JSON: PostgreSQL refuses it, SQLite's
+# audit no longer sees the record). An object gets the key, a null becomes an object with it,
+# any other value (a platform's own non-object, SQLite text that is not JSON) is left as it is.
+_PG_CORE_RECORD = f"""jsonb_build_object('{RECORD_KEY}', jsonb_build_object(
+    'status', CAST(:rec_status AS text), 'refund_share', CAST(:rec_share AS text),
+    'kept', CAST(:rec_kept AS numeric)))"""
+_SQLITE_CORE_RECORD = """json_object('status', :rec_status, 'refund_share', :rec_share,
+    'kept', :rec_kept)"""
+
+
+def _typed_log_id(sql: str) -> TextClause:
+    return text(sql).bindparams(bindparam("log_id", type_=_U.c.id.type))
+
+
+_CAS_RECORD: dict[str, TextClause] = {
+    "postgresql": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed', metadata = CASE
+    WHEN metadata IS NULL OR jsonb_typeof(CAST(metadata AS jsonb)) = 'null' THEN {_PG_CORE_RECORD}
+    WHEN jsonb_typeof(CAST(metadata AS jsonb)) = 'object'
+    THEN CAST(metadata AS jsonb) || {_PG_CORE_RECORD}
+    ELSE CAST(metadata AS jsonb) END
+  WHERE id = :log_id AND status = 'reserved' RETURNING id"""),
+    # a CASE per step: json_type raises on text that is not JSON
+    "sqlite": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed', metadata = CASE
+    WHEN metadata IS NULL THEN json_object('{RECORD_KEY}', {_SQLITE_CORE_RECORD})
+    WHEN json_valid(metadata) THEN CASE json_type(metadata)
+      WHEN 'object' THEN json_set(metadata, '$.{RECORD_KEY}', {_SQLITE_CORE_RECORD})
+      WHEN 'null' THEN json_object('{RECORD_KEY}', {_SQLITE_CORE_RECORD})
+      ELSE metadata END
+    ELSE metadata END
+  WHERE id = :log_id AND status = 'reserved' RETURNING id"""),
+}
+# the commit's CAS without a record: a "settlement" key the log already carries is dropped (not
+# the ledger's record of this commit; _pg._PG_DROP_RECORD)
+_CAS_COMMIT: dict[str, TextClause] = {
+    "postgresql": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed', metadata = CASE
+    WHEN jsonb_typeof(CAST(metadata AS jsonb)) IS DISTINCT FROM 'object' THEN CAST(metadata AS jsonb)
+    WHEN CAST(metadata AS jsonb) ? '{RECORD_KEY}' THEN CAST(metadata AS jsonb) - '{RECORD_KEY}'
+    ELSE CAST(metadata AS jsonb) END
+  WHERE id = :log_id AND status = 'reserved' RETURNING id"""),
+    "sqlite": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed', metadata = CASE
+    WHEN json_valid(metadata) THEN CASE
+      WHEN json_type(metadata) = 'object' AND json_type(metadata, '$.{RECORD_KEY}') IS NOT NULL
+      THEN json_remove(metadata, '$.{RECORD_KEY}')
+      ELSE metadata END
+    ELSE metadata END
+  WHERE id = :log_id AND status = 'reserved' RETURNING id"""),
+}
 _BALANCE_ADD = (update(_B).where(_B.c.user_id == bindparam("u"))
                 .values(sub=_B.c.sub + bindparam("d_sub"), topup=_B.c.topup + bindparam("d_topup"),
                         updated_at=bindparam("now")))

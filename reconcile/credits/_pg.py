@@ -166,6 +166,15 @@ _PG_SET_RECORD = f""",
                     WHEN jsonb_typeof(u.metadata::jsonb) = 'object'
                     THEN u.metadata::jsonb || {_PG_RECORD}
                     ELSE u.metadata::jsonb END"""
+# a commit without a record drops a "settlement" key the log already carries (a platform's own,
+# copied from another job's metadata, or planted): the key is the ledger's, and a committed log's
+# record must be the one its own commit wrote, or the audit would judge an unrecorded commit by
+# whatever the key says (a CASE per step: ``-`` raises on a scalar)
+_PG_DROP_RECORD = f""",
+    metadata = CASE WHEN jsonb_typeof(u.metadata::jsonb) IS DISTINCT FROM 'object'
+                    THEN u.metadata::jsonb
+                    WHEN u.metadata::jsonb ? '{RECORD_KEY}' THEN u.metadata::jsonb - '{RECORD_KEY}'
+                    ELSE u.metadata::jsonb END"""
 
 
 def _pg_commit_sql(set_extra: str = "") -> str:
@@ -186,7 +195,7 @@ SELECT (SELECT count(*) FROM h), (SELECT hs + ht FROM h), (SELECT cs + ct FROM c
 """
 
 
-_PG_COMMIT = _pg_commit_sql()
+_PG_COMMIT = _pg_commit_sql(_PG_DROP_RECORD)  # no record: a key already there is dropped
 _PG_COMMIT_RECORDED = _pg_commit_sql(_PG_SET_RECORD)  # the same statement, with the record
 
 _PG_REFUND = f"""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
@@ -15,7 +14,6 @@ from ..db.models import UsageLog
 from ..errors import (
     LedgerError,
 )
-from ..settlement import RECORD_KEY
 from ._base import (
     _NOT_DONE,
     SETTLED_KEY,
@@ -28,8 +26,8 @@ from ._base import (
 )
 from ._core import (
     _CAS,
-    _CAS_META,
-    _LOG_META_FOR_UPDATE,
+    _CAS_COMMIT,
+    _CAS_RECORD,
     _LOG_STATUS,
     _add_txn,
     _all_or_nothing,
@@ -74,7 +72,9 @@ def commit(session: Session, job_id: uuid.UUID, amount: int | None = None, *,
     ``record`` (:attr:`reconcile.settlement.Decision.record`: a failed/cancelled job's partial
     refund) is merged into the usage log's metadata under ``"settlement"``, with ``kept`` the
     committed amount, by the same write as the CAS (nothing recorded when the CAS does not
-    happen; a metadata that is not a JSON object is left as it is).
+    happen; a metadata that is not a JSON object is left as it is). Without a record, the CAS
+    drops a ``"settlement"`` key the log already carries: a committed log's record is always
+    its own commit's (:mod:`reconcile.settlement`).
     """
     done = settle_commit(session, job_id, amount, now=now, record=record)
     if done.done:  # for BuiltinLedger.commit_settled: the amount without a re-read
@@ -108,12 +108,14 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
                           reason="commit_exceeds_held")
     committed = take_in_order(amount, held)
     with _all_or_nothing(session):
-        if record is None:
-            cas = conn.execute(_CAS, {"log_id": log.id, "to": "committed"}).first()
-        else:  # the log's metadata re-read under its row lock, the record merged in the CAS
-            meta = conn.execute(_LOG_META_FOR_UPDATE, {"id": log.id}).scalar()
-            cas = conn.execute(_CAS_META, {"log_id": log.id, "to": "committed",
-                                           "meta": with_record(meta, record, amount)}).first()
+        dialect = "postgresql" if conn.dialect.name == "postgresql" else "sqlite"
+        if record is None:  # a "settlement" key already on the log is dropped by the CAS
+            cas = conn.execute(_CAS_COMMIT[dialect], {"log_id": log.id}).first()
+        else:  # the record merged into the log's metadata by the CAS itself, in SQL
+            cas = conn.execute(_CAS_RECORD[dialect], {"log_id": log.id,
+                                                      "rec_status": record["status"],
+                                                      "rec_share": record["refund_share"],
+                                                      "rec_kept": amount}).first()
         if cas is None:
             return _NOT_DONE
         _add_txn(conn, commit_txn_id(job_id), log.user_id, job_id, "COMMIT", committed, now)
@@ -135,18 +137,6 @@ def _checked_record(record: Mapping[str, str] | None) -> dict[str, str] | None:
         raise ValueError(f"a settlement record is {{'status': str, 'refund_share': str}}, "
                          f"not {dict(record)!r}")
     return out  # type: ignore[return-value]
-
-
-def with_record(meta: Any, record: Mapping[str, str], kept: int) -> Any:
-    """A usage log's metadata with the settlement record merged in (what the PostgreSQL CAS
-    does in SQL): an object gets the key, a null becomes an object with it, anything else (a
-    platform's own non-object value) is left as it is."""
-    value = {**record, "kept": kept}
-    if meta is None:
-        return {RECORD_KEY: value}
-    if isinstance(meta, dict):
-        return {**meta, RECORD_KEY: value}
-    return meta
 
 
 def refund(session: Session, job_id: uuid.UUID, *, now: datetime | None = None) -> bool:

@@ -151,18 +151,13 @@ def env_name(setting: str) -> str:
 
 def load_builtin() -> tuple[ModuleType, ...]:
     """Import (once) the simulator module of every built-in provider family, ``sim_<family>``
-    (each registers itself on import); a family without one is served by nothing here."""
-    from ..kinds import BUILTIN_PROVIDERS
+    (each registers itself on import). Every built-in family has one: a missing module (an
+    install that lost it) raises ModuleNotFoundError rather than leave that family's settings
+    at the real provider's URLs."""
+    from .. import kinds
 
-    found = []
-    for family in BUILTIN_PROVIDERS:
-        name = f"{__package__}.sim_{family}"
-        try:
-            found.append(importlib.import_module(name))
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-    return tuple(found)
+    return tuple(importlib.import_module(f"{__package__}.sim_{family}")
+                 for family in kinds.BUILTIN_PROVIDERS)
 
 
 __all__ = ["Example", "SimRoute", "SimWebhooks", "env_name", "examples", "load_builtin",

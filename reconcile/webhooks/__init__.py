@@ -83,12 +83,19 @@ from .replicate import REPLICATE_TOLERANCE, verify_replicate
 
 def _builtin_scheme_modules() -> tuple[ModuleType, ...]:
     """Every public module of this package that defines a ``SCHEME`` (importing it registers
-    it), by module name: a built-in provider family's webhooks need no line here."""
+    it), by module name: a built-in provider family's webhooks need no line here. A module
+    whose ``SCHEME`` is not the one registered for its provider (never registered: a stray
+    module, a forgotten foot line) fails the import, rather than name a provider whose
+    deliveries every route would refuse."""
     found = []
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
         if not info.name.startswith("_"):
             module = importlib.import_module(f"{__name__}.{info.name}")
-            if isinstance(getattr(module, "SCHEME", None), WebhookScheme):
+            scheme = getattr(module, "SCHEME", None)
+            if isinstance(scheme, WebhookScheme):
+                if get_scheme(scheme.provider) != scheme:
+                    raise ImportError(f"{module.__name__} defines the webhook scheme "
+                                      f"{scheme.provider!r} but did not register it")
                 found.append(module)
     return tuple(found)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import Uuid, bindparam, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits, lifecycle
@@ -335,6 +335,198 @@ def test_a_subclassed_ledger_whose_commit_takes_no_record_still_settles(
     fund(db, user)
     job_id = _submit(rt, user, 40)
     assert cancel_job(rt, user, job_id).credits_actual == 20
-    assert "settlement" not in _meta(db, job_id)
     assert _findings(db, HALF) == []
     assert [kind for kind, _, _ in _findings(db, FULL)] == ["failed_job_committed"]
+    assert "settlement" not in _meta(db, job_id)
+
+
+# ----------------------------------------------------------------------------- atk2: hostile numbers
+
+
+def _set_raw_meta(factory: sessionmaker[Session], job_id: uuid.UUID, raw: str) -> None:
+    """The log's metadata set to the JSON text ``raw`` exactly (no Python round trip)."""
+    cast_ = "CAST(:m AS jsonb)" if factory.kw["bind"].dialect.name == "postgresql" else ":m"
+    with factory.begin() as s:
+        s.execute(text(f"UPDATE usage_logs SET metadata = {cast_} WHERE job_id = :j")
+                  .bindparams(bindparam("j", type_=Uuid())), {"m": raw, "j": job_id})
+
+
+def _printed(factory: sessionmaker[Session], job_id: uuid.UUID, key: str) -> str | None:
+    """The log's metadata member ``key`` as the database prints it (None: not JSON)."""
+    if factory.kw["bind"].dialect.name == "postgresql":
+        sql = "SELECT (metadata -> :k)::text FROM usage_logs WHERE job_id = :j"
+    else:
+        sql = ("SELECT CASE WHEN json_valid(metadata) THEN metadata -> ('$.' || :k) END "
+               "FROM usage_logs WHERE job_id = :j")
+    with factory() as s:
+        return s.execute(text(sql).bindparams(bindparam("j", type_=Uuid())),
+                         {"k": key, "j": job_id}).scalar_one()
+
+
+# numbers a float cannot hold: beyond its range (1e400, and 10^400 + 0.5 as PostgreSQL prints
+# it), and more digits than it keeps
+_HOSTILE_NUMBERS = {"cost_usd": "0.30000000000000000001", "huge": "1e400",
+                    "huge_fraction": "1" + "0" * 400 + ".5", "exact": "12345678901234567890.5"}
+
+
+def test_a_recorded_commit_keeps_the_platforms_numbers_exactly(
+        factory: sessionmaker[Session]) -> None:
+    """The metadata a platform wrote (numbers no float holds) survives the recorded commit
+    as it was, and the record is readable by the audit: the Core path (SQLite always) merged the
+    record in Python, through json.loads/json.dumps, so it rewrote 0.30000000000000000001 as
+    0.3 and 1e400 as ``Infinity`` — not JSON, so SQLite's audit saw no record and flagged the
+    half kept under the full-refund policy."""
+    user, job = uuid.uuid4(), uuid.uuid4()
+    with factory.begin() as s:
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        credits.grant(s, user, "sub", 100, f"g-{user}", now=T0)
+        credits.reserve(s, user, job, 40, now=T0)
+    numbers = ", ".join(f'"{k}": {v}' for k, v in _HOSTILE_NUMBERS.items())
+    _set_raw_meta(factory, job, '{"from_sub": 40, "from_topup": 0, ' + numbers + "}")
+    before = {key: _printed(factory, job, key) for key in _HOSTILE_NUMBERS}
+    assert None not in before.values()
+    with factory.begin() as s:
+        s.execute(update(Job).where(Job.id == job)
+                  .values(status="cancelled", completed_at=T0, credits_actual=20))
+        assert credits.commit(s, job, 20, now=T0,
+                              record={"status": "cancelled", "refund_share": "1/2"})
+    assert {key: _printed(factory, job, key) for key in _HOSTILE_NUMBERS} == before
+    assert _meta(factory, job)["settlement"] == {"status": "cancelled", "refund_share": "1/2",
+                                                 "kept": 20}
+    assert _kinds(factory, FULL) == [] and _kinds(factory, HALF) == []
+
+
+def test_a_platform_reservation_with_a_huge_number_still_settles(
+        db: sessionmaker[Session]) -> None:
+    """PostgreSQL's Core path (a platform's own reservation: no USAGE row): the recorded
+    commit wrote the metadata back through a float, 10^400 + 0.5 became ``Infinity`` and
+    PostgreSQL refused the UPDATE — the settlement raised (and backed off) on every retry,
+    where the unrecorded commit settles."""
+    from reconcile.db.models import CreditBalance
+
+    user, job = uuid.uuid4(), uuid.uuid4()
+    with db.begin() as s:
+        s.add(Job(id=job, user_id=user, job_type="t", status="cancelled", completed_at=T0))
+        credits.grant(s, user, "sub", 100, f"g-{user}", now=T0)
+        s.flush()
+        s.add(UsageLog(id=uuid.uuid4(), job_id=job, user_id=user, status="reserved", credits=40,
+                       metadata_={"from_sub": 40, "from_topup": 0}))
+    huge = _HOSTILE_NUMBERS["huge_fraction"]
+    _set_raw_meta(db, job, f'{{"from_sub": 40, "from_topup": 0, "huge": {huge}}}')
+    with db.begin() as s:
+        assert credits.commit(s, job, 20, now=T0,
+                              record={"status": "cancelled", "refund_share": "1/2"})
+    assert _printed(db, job, "huge") == huge
+    assert _meta(db, job)["settlement"] == {"status": "cancelled", "refund_share": "1/2",
+                                            "kept": 20}
+    with db() as s:
+        balance = s.get(CreditBalance, user)
+        assert balance is not None and balance.sub == 120  # 100 granted, 20 of 40 given back
+
+
+# ----------------------------------------------------------------------------- atk2: planted records
+
+
+@pytest.mark.parametrize("planted", [
+    {"status": "cancelled", "refund_share": "0/1", "kept": 40},  # "nothing refunded": keeps all
+    {"status": "cancelled", "refund_share": "1/2", "kept": 40},  # kept agrees, share does not
+])
+def test_a_record_planted_before_an_unrecorded_commit_is_not_the_settlements(
+        factory: sessionmaker[Session], planted: dict[str, Any]) -> None:
+    """A platform wrote a "settlement" key into the reservation's metadata before the job was
+    settled (its own bookkeeping, a copy of another job's metadata, a forgery), then the job is
+    committed without a record (a platform's own settling code, a BuiltinLedger subclass whose
+    commit takes no record=): all 40 of a cancel kept, which no policy decided. The audit
+    accepted it under every policy because it took the planted key for the ledger's record. An
+    unrecorded commit now drops the key in its own CAS, so the record a committed log carries is
+    always the one its commit wrote; the commit is flagged under both policies."""
+    user, job = uuid.uuid4(), uuid.uuid4()
+    with factory.begin() as s:
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        credits.grant(s, user, "sub", 100, f"g-{user}", now=T0)
+        credits.reserve(s, user, job, 40, now=T0)
+    _set_meta(factory, job, {**_meta(factory, job), "settlement": planted, "mine": [1, {"a": 2}]})
+    with factory.begin() as s:
+        s.execute(update(Job).where(Job.id == job)
+                  .values(status="cancelled", completed_at=T0, credits_actual=40))
+        assert credits.commit(s, job, now=T0)  # no record: all of it
+    assert _kinds(factory, FULL) == [("failed_job_committed", job)]
+    assert _kinds(factory, HALF) == [("failed_job_committed", job)]
+    assert _meta(factory, job) == {"from_sub": 40, "from_topup": 0, "mine": [1, {"a": 2}]}
+
+
+def test_a_subclassed_ledger_does_not_inherit_a_planted_record(
+        rt: Runtime, db: sessionmaker[Session]) -> None:
+    """The lifecycle form: a BuiltinLedger subclass whose commit_settled takes no record=
+    settles a cancel under B (half kept, nothing recorded) after the platform planted a record
+    saying exactly that. Unrecorded, the commit is judged by the policy given (flagged under A,
+    as test_a_subclassed_ledger_whose_commit_takes_no_record_still_settles says) — the planted
+    key made it pass under A."""
+    from reconcile.ledger import BuiltinLedger
+
+    class Metered(BuiltinLedger):
+        def commit_settled(self, session: Session, job_id: uuid.UUID,  # type: ignore[override]
+                           amount: int | None = None, *, now: datetime | None = None) -> Any:
+            return super().commit_settled(session, job_id, amount, now=now)
+
+    rt.ledger = Metered()
+    rt.settlement_policy = HALF
+    user = uuid.uuid4()
+    fund(db, user)
+    job_id = _submit(rt, user, 40)
+    _set_meta(db, job_id, {**_meta(db, job_id), "settlement": {
+        "status": "cancelled", "refund_share": "1/2", "kept": 20}})
+    assert cancel_job(rt, user, job_id).credits_actual == 20
+    assert _findings(db, HALF) == []
+    assert [kind for kind, _, _ in _findings(db, FULL)] == ["failed_job_committed"]
+    assert "settlement" not in _meta(db, job_id)
+
+
+def test_a_platform_ledger_is_never_handed_the_record(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """A platform's own Ledger (not a BuiltinLedger; no records_settlement) settles a cancel
+    under B: half kept, its own metadata written, no "settlement" key, the audit clean."""
+    from reconcile.db.models import CreditBalance
+    from tests.integration.ledgers import make_backend
+
+    backend = make_backend("platform", db)
+    rt, _ = make_runtime(db, simulator, tmp_path, clock=Clock(T0))
+    rt.ledger, rt.settlement_policy = backend.ledger, HALF
+    user = uuid.uuid4()
+    backend.fund(user, 100)
+    job_id = _submit(rt, user, 40)
+    assert cancel_job(rt, user, job_id).credits_actual == 20
+    meta = _meta(db, job_id)
+    assert "settlement" not in meta and "committed" in meta
+    assert backend.balance(user) == (80, 0)
+    with db() as s:
+        assert library_audit(backend.ledger, s, now=T0, policy=HALF) == []
+        assert s.execute(select(CreditBalance).limit(1)).first() is None  # built-in untouched
+
+
+def test_a_subclass_overriding_commit_only_still_settles_and_records(
+        rt: Runtime, db: sessionmaker[Session]) -> None:
+    """A BuiltinLedger subclass that overrides ``commit`` with the old signature (no record=)
+    but not ``commit_settled``: the settlement goes through the inherited commit_settled (the
+    built-in CAS, as before the record existed: the override is not called at settlement), and
+    the record is written by that CAS, so it is the commit's."""
+    from reconcile.ledger import BuiltinLedger
+
+    calls: list[uuid.UUID] = []
+
+    class OldCommit(BuiltinLedger):
+        def commit(self, session: Session, job_id: uuid.UUID,  # type: ignore[override]
+                   amount: int | None = None, *, now: datetime | None = None) -> bool:
+            calls.append(job_id)
+            return super().commit(session, job_id, amount, now=now)
+
+    rt.ledger = OldCommit()
+    rt.settlement_policy = HALF
+    user = uuid.uuid4()
+    fund(db, user)
+    job_id = _submit(rt, user, 40)
+    assert cancel_job(rt, user, job_id).credits_actual == 20
+    assert calls == []
+    assert _meta(db, job_id)["settlement"] == {"status": "cancelled", "refund_share": "1/2",
+                                               "kept": 20}
+    assert _findings(db, HALF) == [] and _findings(db, FULL) == []

@@ -104,3 +104,20 @@ def test_a_provider_without_webhooks_costs_no_other_delivery() -> None:
     finally:
         sim_registry.unregister(provider="probe-hooks")
         sim_registry.unregister(provider="probe-broken")
+
+
+def test_a_builtin_family_without_its_simulator_module_fails_loudly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """atk2: an install missing ``sim_<family>`` of a built-in family (a packaging slip, a
+    vendored copy) must not load quietly: the simulator would serve nothing for it and its
+    settings would leave that family's base URL at the real provider's default (``sim_kie``
+    removed from an installed wheel: ``Simulator.settings().kie_base_url`` was
+    https://api.kie.ai, 14 variables instead of 17). Before the registry, simulator.py imported
+    each module by name and an absent one raised; load_builtin swallowed the
+    ModuleNotFoundError."""
+    import reconcile.kinds
+
+    monkeypatch.setattr(reconcile.kinds, "BUILTIN_PROVIDERS",
+                        (*BUILTIN_PROVIDERS, "atk2nosuchfamily"))
+    with pytest.raises(ModuleNotFoundError, match="sim_atk2nosuchfamily"):
+        sim_registry.load_builtin()

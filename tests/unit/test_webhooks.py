@@ -666,3 +666,34 @@ def test_elevenlabs_dubbing_event_names_its_job_through_the_project_name() -> No
     event = _webhooks.verify_elevenlabs({"ElevenLabs-Signature": f"t={ts},v0={sig}"}, body, {},
                                         "s3cret", now)
     assert (event.task_id, event.planted_job_id) == ("dub_1", "1234")
+
+
+def test_a_scheme_module_that_does_not_register_its_scheme_fails_loudly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """atk2: the package's scan puts every module defining ``SCHEME`` into PROVIDERS ("what
+    they registered"). A module there that defines one but never registers it (a module
+    dropped into reconcile/webhooks/ by mistake, a new family's forgotten foot line) made
+    PROVIDERS name a provider whose deliveries every route refused as unknown — a silent drop
+    of that provider's webhooks. The scan now refuses to load such a package."""
+    import pkgutil
+    import sys
+    import types
+
+    import reconcile.webhooks as package
+    from reconcile.webhooks import WebhookScheme
+
+    stray = types.ModuleType("reconcile.webhooks.atk2stray")
+    stray.SCHEME = WebhookScheme("atk2stray", verify=lambda *a, **k: None,  # type: ignore[attr-defined]
+                                 secret=lambda rt: "x")
+    monkeypatch.setitem(sys.modules, stray.__name__, stray)
+    real = pkgutil.iter_modules
+
+    def with_stray(path: Any = None, prefix: str = "") -> Any:
+        yield from real(path, prefix)
+        if path == package.__path__:
+            yield pkgutil.ModuleInfo(None, "atk2stray", False)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pkgutil, "iter_modules", with_stray)
+    with pytest.raises(ImportError, match="atk2stray"):
+        package._builtin_scheme_modules()
+    assert package.get_scheme("atk2stray") is None
