@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import credits, lifecycle
 from reconcile.db.models import Job, UsageLog
 from reconcile.ledger import DEFAULT as LEDGER
+from reconcile.ledger import BuiltinLedger
 from reconcile.ledger import audit as library_audit
 from reconcile.lifecycle.cancel import cancel_job
 from reconcile.runtime import Runtime
@@ -317,19 +318,21 @@ def test_the_recomputation_is_exact_at_the_largest_amounts(
             == flagged
 
 
+class OldSignatureLedger(BuiltinLedger):
+    """A platform's BuiltinLedger subclass written before ``record=``: its ``commit_settled``
+    has the old signature."""
+
+    def commit_settled(self, session: Session, job_id: uuid.UUID,  # type: ignore[override]
+                       amount: int | None = None, *, now: datetime | None = None) -> Any:
+        return super().commit_settled(session, job_id, amount, now=now)
+
+
 def test_a_subclassed_ledger_whose_commit_takes_no_record_still_settles(
         rt: Runtime, db: sessionmaker[Session]) -> None:
     """A platform's BuiltinLedger subclass that overrides ``commit_settled`` with the old
     signature is not handed the record (it would raise and the settlement back off forever):
     the cancel settles, nothing is recorded, and the audit judges it by the policy given."""
-    from reconcile.ledger import BuiltinLedger
-
-    class Metered(BuiltinLedger):
-        def commit_settled(self, session: Session, job_id: uuid.UUID,  # type: ignore[override]
-                           amount: int | None = None, *, now: datetime | None = None) -> Any:
-            return super().commit_settled(session, job_id, amount, now=now)
-
-    rt.ledger = Metered()
+    rt.ledger = OldSignatureLedger()
     rt.settlement_policy = HALF
     user = uuid.uuid4()
     fund(db, user)
@@ -462,14 +465,7 @@ def test_a_subclassed_ledger_does_not_inherit_a_planted_record(
     saying exactly that. Unrecorded, the commit is judged by the policy given (flagged under A,
     as test_a_subclassed_ledger_whose_commit_takes_no_record_still_settles says) — the planted
     key made it pass under A."""
-    from reconcile.ledger import BuiltinLedger
-
-    class Metered(BuiltinLedger):
-        def commit_settled(self, session: Session, job_id: uuid.UUID,  # type: ignore[override]
-                           amount: int | None = None, *, now: datetime | None = None) -> Any:
-            return super().commit_settled(session, job_id, amount, now=now)
-
-    rt.ledger = Metered()
+    rt.ledger = OldSignatureLedger()
     rt.settlement_policy = HALF
     user = uuid.uuid4()
     fund(db, user)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
@@ -20,9 +20,7 @@ from sqlalchemy import Engine, event, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits, lifecycle
-from reconcile.db.migrate import upgrade
 from reconcile.db.models import CreditTransaction, Job, UsageLog
-from reconcile.db.session import make_engine, make_sessionmaker
 from reconcile.errors import Conflict
 from reconcile.ledger import DEFAULT as LEDGER
 from reconcile.ledger import audit as library_audit
@@ -176,16 +174,9 @@ def runtimes(db: sessionmaker[Session], simulator: Simulator,
     return _runtimes(db, simulator, tmp_path)
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    if request.param == "postgresql":
-        yield request.getfixturevalue("db")
-        return
-    url = f"sqlite:///{tmp_path / 'l.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
+@pytest.fixture
+def factory(pg_and_sqlite: sessionmaker[Session]) -> sessionmaker[Session]:
+    return pg_and_sqlite  # PostgreSQL, then SQLite (tests/integration/conftest.py)
 
 
 def _truncate(db: sessionmaker[Session]) -> None:
