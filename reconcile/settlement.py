@@ -181,9 +181,16 @@ def decide(finished: Finished | str, *, reserved: int | None = None, priced: Any
         return Decision(0, reserved, f"{finished}_refunded")
     if reserved is None:
         raise ValueError(f"a refund of {share} of the reservation needs the reserved amount")
-    kept = reserved - _ceil(reserved * share)
+    kept = kept_of(reserved, share)
     return Decision(kept, reserved - kept, f"{finished}_partly_refunded",
                     (f"refund_share={share}",), share)
+
+
+def kept_of(held: int, share: Fraction) -> int:
+    """What a refund of ``share`` keeps of ``held`` credits: ``held − ⌈held × share⌉`` (the kept
+    part rounds down; a half credit goes to the user). The audit recomputes a recorded share
+    with this rule."""
+    return held - _ceil(held * share)
 
 
 def share_text(share: Fraction) -> str:
@@ -211,4 +218,4 @@ def _ceil(value: Fraction) -> int:
 
 
 __all__ = ["DEFAULT_POLICY", "RECORD_KEY", "Decision", "Finished", "SettleOutcome",
-           "SettlementPolicy", "decide", "share_text", "whole_credits"]
+           "SettlementPolicy", "decide", "kept_of", "share_text", "whole_credits"]

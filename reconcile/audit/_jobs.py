@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 
 from ..kinds import get_kind
-from ..settlement import RECORD_KEY
+from ..settlement import RECORD_KEY, kept_of
 from ..states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS, TERMINAL, Submission
 from ._base import (
     J,
@@ -311,11 +311,7 @@ def _record_detail(r: Any) -> str:
     held = max(0, int(r.usage - r.legacy))
     if not 0 <= share <= 1:
         return out + " (not a share)"
-    return out + f" (that share keeps {held - _ceil(held * share)} of {held})"
-
-
-def _ceil(value: Fraction) -> int:
-    return -((-value.numerator) // value.denominator)
+    return out + f" (that share keeps {kept_of(held, share)} of {held})"
 
 
 # ----------------------------------------------------------------------------- in flight

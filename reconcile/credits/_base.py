@@ -14,6 +14,7 @@ from ..errors import (
     InvalidParam,
     LedgerError,
 )
+from ..settlement import RECORD_KEY
 
 POOLS = ("sub", "topup")
 TERMINAL_JOB_STATUSES = ("completed", "failed", "cancelled")
@@ -22,6 +23,25 @@ LOT_PAGE = 32  # lots locked per FIFO page in reserve
 RESERVED_PREFIXES = ("job-usage:", "job-commit:", "job-release:", "job-refund:", "job-recharge:")
 
 Pools = tuple[int, int]  # (sub, topup)
+
+
+# The settlement record in a usage log's metadata, on PostgreSQL: one CASE for the commit's CAS
+# that merges a record (``record``: the SQL building ``{"settlement": {…}}``) and one for the CAS
+# without a record, which drops a "settlement" key already there (a platform's own, copied or
+# planted: a committed log's record is always its own commit's). ``col`` is the metadata column
+# as the statement names it. A metadata that is not a JSON object is left as it is (a CASE per
+# step: ``-`` and ``||`` raise on a scalar). The one-statement commit (_pg) and the Core path
+# (_core) both use these.
+def pg_metadata_with_record(col: str, record: str) -> str:
+    return (f"CASE WHEN {col} IS NULL OR jsonb_typeof({col}::jsonb) = 'null' THEN {record} "
+            f"WHEN jsonb_typeof({col}::jsonb) = 'object' THEN {col}::jsonb || {record} "
+            f"ELSE {col}::jsonb END")
+
+
+def pg_metadata_without_record(col: str) -> str:
+    return (f"CASE WHEN jsonb_typeof({col}::jsonb) IS DISTINCT FROM 'object' THEN {col}::jsonb "
+            f"WHEN {col}::jsonb ? '{RECORD_KEY}' THEN {col}::jsonb - '{RECORD_KEY}' "
+            f"ELSE {col}::jsonb END")
 
 
 def usage_txn_id(job_id: uuid.UUID) -> str:

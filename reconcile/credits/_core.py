@@ -22,6 +22,8 @@ from ._base import (
     LOT_PAGE,
     POOLS,
     Pools,
+    pg_metadata_with_record,
+    pg_metadata_without_record,
     take_from_lots,
 )
 
@@ -99,11 +101,8 @@ def _typed_log_id(sql: str) -> TextClause:
 
 
 _CAS_RECORD: dict[str, TextClause] = {
-    "postgresql": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed', metadata = CASE
-    WHEN metadata IS NULL OR jsonb_typeof(CAST(metadata AS jsonb)) = 'null' THEN {_PG_CORE_RECORD}
-    WHEN jsonb_typeof(CAST(metadata AS jsonb)) = 'object'
-    THEN CAST(metadata AS jsonb) || {_PG_CORE_RECORD}
-    ELSE CAST(metadata AS jsonb) END
+    "postgresql": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed',
+    metadata = {pg_metadata_with_record("metadata", _PG_CORE_RECORD)}
   WHERE id = :log_id AND status = 'reserved' RETURNING id"""),
     # a CASE per step: json_type raises on text that is not JSON
     "sqlite": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed', metadata = CASE
@@ -118,10 +117,8 @@ _CAS_RECORD: dict[str, TextClause] = {
 # the commit's CAS without a record: a "settlement" key the log already carries is dropped (not
 # the ledger's record of this commit; _pg._PG_DROP_RECORD)
 _CAS_COMMIT: dict[str, TextClause] = {
-    "postgresql": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed', metadata = CASE
-    WHEN jsonb_typeof(CAST(metadata AS jsonb)) IS DISTINCT FROM 'object' THEN CAST(metadata AS jsonb)
-    WHEN CAST(metadata AS jsonb) ? '{RECORD_KEY}' THEN CAST(metadata AS jsonb) - '{RECORD_KEY}'
-    ELSE CAST(metadata AS jsonb) END
+    "postgresql": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed',
+    metadata = {pg_metadata_without_record("metadata")}
   WHERE id = :log_id AND status = 'reserved' RETURNING id"""),
     "sqlite": _typed_log_id(f"""UPDATE {_U.name} SET status = 'committed', metadata = CASE
     WHEN json_valid(metadata) THEN CASE

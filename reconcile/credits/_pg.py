@@ -22,6 +22,8 @@ from ._base import (
     Settlement,
     _check_funds,
     commit_txn_id,
+    pg_metadata_with_record,
+    pg_metadata_without_record,
     refund_txn_id,
     release_txn_id,
     usage_txn_id,
@@ -161,20 +163,10 @@ bal AS (
 _PG_RECORD = f"""jsonb_build_object('{RECORD_KEY}', jsonb_build_object(
     'status', %(rec_status)s::text, 'refund_share', %(rec_share)s::text, 'kept', p.amt))"""
 _PG_SET_RECORD = f""",
-    metadata = CASE WHEN u.metadata IS NULL OR jsonb_typeof(u.metadata::jsonb) = 'null'
-                    THEN {_PG_RECORD}
-                    WHEN jsonb_typeof(u.metadata::jsonb) = 'object'
-                    THEN u.metadata::jsonb || {_PG_RECORD}
-                    ELSE u.metadata::jsonb END"""
-# a commit without a record drops a "settlement" key the log already carries (a platform's own,
-# copied from another job's metadata, or planted): the key is the ledger's, and a committed log's
-# record must be the one its own commit wrote, or the audit would judge an unrecorded commit by
-# whatever the key says (a CASE per step: ``-`` raises on a scalar)
+    metadata = {pg_metadata_with_record("u.metadata", _PG_RECORD)}"""
+# a commit without a record drops a "settlement" key the log already carries (_base)
 _PG_DROP_RECORD = f""",
-    metadata = CASE WHEN jsonb_typeof(u.metadata::jsonb) IS DISTINCT FROM 'object'
-                    THEN u.metadata::jsonb
-                    WHEN u.metadata::jsonb ? '{RECORD_KEY}' THEN u.metadata::jsonb - '{RECORD_KEY}'
-                    ELSE u.metadata::jsonb END"""
+    metadata = {pg_metadata_without_record("u.metadata")}"""
 
 
 def _pg_commit_sql(set_extra: str = "") -> str:

@@ -104,7 +104,7 @@ EXPORTED = {
     },
     "reconcile.settlement": {
         "DEFAULT_POLICY", "RECORD_KEY", "Decision", "Finished", "SettleOutcome",
-        "SettlementPolicy", "decide", "share_text", "whole_credits",
+        "SettlementPolicy", "decide", "kept_of", "share_text", "whole_credits",
     },
     "reconcile.runtime": {
         "CompletionHook", "EventHook", "PricingHook", "Runtime", "Validator",
