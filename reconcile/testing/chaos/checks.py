@@ -27,6 +27,21 @@ def _evidenced_uncertain() -> Any:
         WebhookDelivery.upstream_id.is_not(None))
 
 
+def _row_state(job: Any, now: Any, tasks: list[Any] | None, clock: float) -> str:
+    """What a stuck row says about why: its poll chain, claims, attempts and the upstream task
+    (ages in seconds before ``now``), so a red run explains itself without a replay."""
+    def age(at: Any) -> str:
+        return "-" if at is None else f"{(now - at).total_seconds():.1f}s"
+
+    upstream = ",".join(f"{t.task_id}:{t.state_at(clock)[0]}" for t in tasks or []) or "none"
+    return (f"task={job.provider_task_id} started={age(job.provider_call_started_at)} "
+            f"gen={job.poll_generation} seq={job.poll_seq} "
+            f"lease_in={age(job.poll_lease_expires_at)} due={age(job.poll_due_at)} "
+            f"attempts={job.reconcile_attempts} last_attempt={age(job.reconcile_last_attempt_at)} "
+            f"last_error={job.reconcile_last_error_code or job.reconcile_last_error} "
+            f"upstream={upstream}")
+
+
 def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
            redis_server: ScratchRedis) -> ChaosReport:
     """Every invariant, over the quiescent end state."""
@@ -81,7 +96,8 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
                                       f"names its upstream id, still uncertain")
             else:
                 violations.append(f"not_terminal {job_id} ({kind}) status={job.status} "
-                                  f"submission={job.submission_state}")
+                                  f"submission={job.submission_state} "
+                                  f"{_row_state(job, rt.now(), tasks_by_job.get(str(job_id)), sim.now())}")
             continue
         if job.credits_actual is None:
             violations.append(f"unsettled {job_id} ({kind}) status={job.status}")
