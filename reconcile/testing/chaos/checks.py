@@ -153,7 +153,8 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
         lost_publishes=state.counts["lost_publishes"],
         webhook_answers={str(k): v for k, v in sorted(receiver.answers.items())},
         violations=violations, seconds=elapsed, throughput=terminal / elapsed if elapsed else 0.0,
-        outcomes=dict(outcomes))
+        outcomes=dict(outcomes), settle_seconds=state.settle_seconds,
+        chains_resumed=sum(max((j.poll_generation or 0) - 1, 0) for j in jobs.values()))
 
 
 def _refund_evidence(job: Any, creates: int, upstream: list[Any], sim: Any) -> str | None:

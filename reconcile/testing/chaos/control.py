@@ -32,7 +32,9 @@ class ChaosConfig:
     concurrency: int = 2
     time_scale: float = 0.05
     rate: float = 12.0  # jobs submitted per second
-    settle_timeout: float | None = None  # seconds after the window (None: from N)
+    # the least wait after the window before jobs past their liveness horizon are reported
+    # (None: from N); jobs within their horizon are always waited for (run._settle)
+    settle_timeout: float | None = None
     pg_admin: str = PG_ADMIN_DEFAULT
     workdir: str | None = None
     keep: bool = False
@@ -56,6 +58,7 @@ class _Run:
         self.faults_done = threading.Event()
         self.threads: list[threading.Thread] = []
         self.started = time.monotonic()
+        self.settle_seconds = 0.0  # from the window's end until every job settled (or gave up)
 
     def bump(self, name: str, n: int = 1) -> None:
         with self.lock:

@@ -32,6 +32,10 @@ class ChaosReport:
     seconds: float
     throughput: float  # jobs settled per second of the whole run
     outcomes: dict[str, int] = field(default_factory=dict)
+    settle_seconds: float = 0.0  # after the window, until every job settled (run._settle)
+    # poll chains started after the first (a resumed dead chain, or a live one whose next
+    # message was late: many of these on a slow host is the sweep outpacing the queue)
+    chains_resumed: int = 0
 
     def ok(self) -> bool:
         return not self.violations
@@ -53,6 +57,7 @@ class ChaosReport:
             f"(backends terminated={self.pg_backends_terminated}) "
             f"lost_publishes={self.lost_publishes} submit_failed={self.submit_failed}",
             f"  sweeps={self.sweeps} sweep_errors={self.sweep_errors} "
+            f"chains_resumed={self.chains_resumed} "
             f"webhooks={dict(sorted(self.webhook_answers.items()))}",
             f"  outcomes: completed={self.completed} failed={self.failed} "
             f"recovered={self.recovered} refunded={self.refunded} "
@@ -61,7 +66,8 @@ class ChaosReport:
             f"  uncertain (never refunded automatically; reservation kept for an operator): "
             f"{len(self.uncertain)}{':' if self.uncertain else ''}",
             *[f"    {group}: {', '.join(ids)}" for group, ids in self._uncertain_groups()],
-            f"  time={self.seconds:.1f}s throughput={self.throughput:.1f} jobs/s",
+            f"  time={self.seconds:.1f}s (settling {self.settle_seconds:.1f}s) "
+            f"throughput={self.throughput:.1f} jobs/s",
             f"  invariant violations: {len(self.violations)}",
         ]
         lines += [f"    - {v}" for v in self.violations[:50]]

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -231,18 +232,34 @@ def _sweeper(state: _Run, rt: Any, interval: float) -> None:
 
 
 def _settle(state: _Run, rt: Any, sim: Any) -> None:
-    """Faults over: let the workers and the sweepers finish every job that can finish."""
-    timeout = state.config.settle_timeout or (90.0 + state.config.jobs * 0.06)
-    deadline = time.monotonic() + timeout
+    """Faults over: let the workers and the sweepers finish every job that can finish.
+
+    No fixed wait decides "stuck": an in-flight job is waited for until its liveness horizon,
+    the bound the library itself promises (:func:`_horizon`); the wait ends as soon as nothing
+    is left, and at the latest once every job left is past its horizon and the floor
+    (``settle_timeout``, default 90 s + 0.06 s a job) is over. A slow host only makes the wait
+    longer; a job the library loses is still reported, one horizon after it started."""
+    from ...states import ATTEMPT_SPACING, MAX_ATTEMPTS
+
+    started = time.monotonic()
+    floor = started + (state.config.settle_timeout or (90.0 + state.config.jobs * 0.06))
+    longest = max(rt.kind(kind).stale_threshold for kind in FAMILIES)
+    cap = floor + rt.settings.scaled(longest + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1)).total_seconds()
     last = None
-    while time.monotonic() < deadline:
+    while time.monotonic() < cap:  # the cap: a database that never answers again
         pending = _unsettled(rt)
         if pending is not None and not pending:
             break
-        if pending is not None and pending != last:
-            state.say(f"settling: {len(pending)} jobs not settled yet")
-            last = pending
+        now = time.monotonic()
+        if pending is not None:
+            if len(pending) != last:
+                state.say(f"settling: {len(pending)} jobs not settled yet")
+                last = len(pending)
+            wall = rt.now()
+            if now >= floor and all(horizon <= wall for _, horizon in pending):
+                break
         time.sleep(1.0)
+    state.settle_seconds = time.monotonic() - started
     state.stop.set()
     for thread in state.threads:
         thread.join(timeout=30)
@@ -256,22 +273,39 @@ def _settle(state: _Run, rt: Any, sim: Any) -> None:
             time.sleep(0.5)
 
 
-def _unsettled(rt: Any) -> list[uuid.UUID] | None:
-    """Jobs not settled yet: in flight (an ``uncertain`` one only while stored evidence names
-    it — the sweep must adopt it), or terminal without ``credits_actual``. None: the database
-    is unreachable."""
+def _horizon(rt: Any, job: Any) -> datetime:
+    """The latest an in-flight job may still legitimately finish: its kind's stale threshold
+    after its provider call started (its creation, before one), then every attempt the sweep may
+    make, each one attempt spacing apart, until exhaustion fails it (README, Design notes:
+    Attempts and exhaustion), plus one spacing of slack; scaled. A terminal job not settled yet
+    gets the floor only (its horizon is its creation)."""
+    from ...states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS
+
+    kind = rt.kind(job.provider_kind)
+    if job.status not in IN_FLIGHT or kind is None:
+        return job.created_at
+    since = job.provider_call_started_at or job.created_at
+    return since + rt.settings.scaled(kind.stale_threshold
+                                      + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1))
+
+
+def _unsettled(rt: Any) -> list[tuple[uuid.UUID, datetime]] | None:
+    """Jobs not settled yet, each with its :func:`_horizon`: in flight (an ``uncertain`` one
+    only while stored evidence names it — the sweep must adopt it), or terminal without
+    ``credits_actual``. None: the database is unreachable."""
     from sqlalchemy import and_, or_, select
 
     from ...db.models import Job
 
     try:
         with rt.sessions() as session:
-            return list(session.execute(select(Job.id).where(or_(
+            jobs = session.execute(select(Job).where(or_(
                 and_(Job.status.in_(["pending", "processing"]),
                      or_(Job.submission_state.is_(None), Job.submission_state != "uncertain")),
                 and_(Job.status.in_(["failed", "cancelled", "completed"]),
                      Job.credits_actual.is_(None)),
-                Job.id.in_(_evidenced_uncertain())))).scalars())
+                Job.id.in_(_evidenced_uncertain())))).scalars()
+            return [(job.id, _horizon(rt, job)) for job in jobs]
     except Exception:
         return None
 
