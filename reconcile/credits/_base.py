@@ -79,7 +79,16 @@ class Reservation:
 
 
 def _now(now: datetime | None) -> datetime:
-    return now or datetime.now(UTC)
+    """The ledger write's time: ``now`` (aware; any zone, stored as that instant) or the clock.
+
+    A naive ``now`` is refused before anything is written, on every path: the ORM columns
+    refuse one (``UTCDateTime``), and the PostgreSQL one-statement paths, which bind it to
+    ``timestamptz`` directly, would otherwise read it in the session's time zone."""
+    if now is None:
+        return datetime.now(UTC)
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError("naive datetime given as the ledger's now; use aware UTC")
+    return now
 
 
 def _check_amount(amount: Any, param: str = "credits") -> int:
