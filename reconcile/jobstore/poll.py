@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, update
+from sqlalchemy import and_, case, or_, update
 from sqlalchemy.orm import Session
 
 from ..core import redact
@@ -19,15 +19,24 @@ from .predicates import _last_error
 
 def start_new_chain(session: Session, job_id: uuid.UUID, now: datetime,
                     lease: timedelta, *, poll_due_at: datetime | None = None) -> Job | None:
-    """Resume polling under a new generation (the old chain, if alive, loses its next turn).
+    """Resume polling under a new generation (the old chain, if alive, loses its next turn),
+    with a fresh lease; the caller sends the returned generation's first turn (sequence 0).
 
-    ``poll_due_at``: batch mode — the new generation is due then (no message is sent); chain
+    A generation that never took a turn (``poll_seq`` 0) is kept instead: no step of it ever
+    ran, so there is no chain to fence — only its first message, late in the queue or lost. The
+    caller sends that first turn again and the copy that runs first takes it (the turn's CAS on
+    the sequence fences the others). A new generation there would fence the late message, and
+    on a queue slower than the lease every resumed chain would arrive fenced and none would
+    ever poll (the chaos run's livelock: a job resumed 17 times before any poll ran).
+
+    ``poll_due_at``: batch mode — the generation is due then (no message is sent); chain
     mode leaves NULL, so a row scheduled by an earlier batch mode goes back to its chain.
     """
+    turnless = and_(Job.poll_seq == 0, Job.poll_generation > 0)
     return _cas(
         session, Job.id == job_id, Job.status.in_(IN_FLIGHT), Job.provider_task_id.is_not(None),
-        poll_generation=Job.poll_generation + 1, poll_seq=0, poll_lease_expires_at=now + lease,
-        poll_due_at=poll_due_at,
+        poll_generation=case((turnless, Job.poll_generation), else_=Job.poll_generation + 1),
+        poll_seq=0, poll_lease_expires_at=now + lease, poll_due_at=poll_due_at,
     )
 
 
