@@ -88,7 +88,8 @@ def _batch_mode(rt: Runtime) -> bool:
 
 
 def resume_chain(rt: Runtime, job_id: uuid.UUID, *, only_if_lease_expired: bool = False) -> bool:
-    """Start a new poll chain (new generation) for an accepted job."""
+    """Start a new poll chain for an accepted job: a new generation, or the same one when it
+    never took a turn (its first turn sent again; ``jobstore.start_new_chain``)."""
     now = rt.now()
     with rt.sessions.begin() as session:
         job = jobstore.load(session, job_id)

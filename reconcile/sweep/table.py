@@ -17,7 +17,7 @@ are tried in order; the first that matches wins:
  8  submitting                 a create in progress: left while its claim lives
  9  submitting_expired         its claim gone: uncertain (async) / fail when stale (sync)
 10  accepted                   poll once when an attempt is due (past the threshold)
-11  accepted (resume)          a dead poll chain: a new generation
+11  accepted (resume)          a dead poll chain: a new generation (turnless: sent again)
 12  uncertain                  look for evidence every 5 minutes
 13  unsettled                  a failed/cancelled job whose refund is due: settle
 ==  =========================  ============================================================
