@@ -55,7 +55,8 @@ It prints the story as it happens, a table per job (outcome, error code, upstrea
 the simulator's counters, credits reserved / committed / refunded, how it was settled), the sweep
 tick lines, the operator view of the uncertain job and the ledger audit, and exits 0 only if every
 invariant holds (:func:`check` per job, :func:`report` for the run). "Settled by": ``worker`` (its
-first poll chain), ``sweep-resumed`` (a chain the sweep restarted), ``webhook``, ``sweep-poll``
+first poll chain — whose first turn the sweep may have sent again, when it was lost before it
+ran), ``sweep-resumed`` (a chain the sweep restarted), ``webhook``, ``sweep-poll``
 (the sweep's own read past the threshold), ``request`` (a sync call), ``refunded-by-sweep``,
 ``left-uncertain``.
 

@@ -154,7 +154,8 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
         webhook_answers={str(k): v for k, v in sorted(receiver.answers.items())},
         violations=violations, seconds=elapsed, throughput=terminal / elapsed if elapsed else 0.0,
         outcomes=dict(outcomes), settle_seconds=state.settle_seconds,
-        chains_resumed=sum(max((j.poll_generation or 0) - 1, 0) for j in jobs.values()))
+        sweep_resumes=state.counts["sweep_resumes"],
+        extra_generations=sum(max((j.poll_generation or 0) - 1, 0) for j in jobs.values()))
 
 
 def _refund_evidence(job: Any, creates: int, upstream: list[Any], sim: Any) -> str | None:

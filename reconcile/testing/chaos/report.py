@@ -33,9 +33,11 @@ class ChaosReport:
     throughput: float  # jobs settled per second of the whole run
     outcomes: dict[str, int] = field(default_factory=dict)
     settle_seconds: float = 0.0  # after the window, until every job settled (run._settle)
-    # poll chains started after the first (a resumed dead chain, or a live one whose next
-    # message was late: many of these on a slow host is the sweep outpacing the queue)
-    chains_resumed: int = 0
+    # the sweep's resumes (a dead chain's new generation, or a lost first turn sent again; many
+    # on a slow host is the sweep outpacing the poll queue), and the generations past each
+    # job's first (chains that had polled, then were resumed)
+    sweep_resumes: int = 0
+    extra_generations: int = 0
 
     def ok(self) -> bool:
         return not self.violations
@@ -57,7 +59,7 @@ class ChaosReport:
             f"(backends terminated={self.pg_backends_terminated}) "
             f"lost_publishes={self.lost_publishes} submit_failed={self.submit_failed}",
             f"  sweeps={self.sweeps} sweep_errors={self.sweep_errors} "
-            f"chains_resumed={self.chains_resumed} "
+            f"resumes={self.sweep_resumes} extra_generations={self.extra_generations} "
             f"webhooks={dict(sorted(self.webhook_answers.items()))}",
             f"  outcomes: completed={self.completed} failed={self.failed} "
             f"recovered={self.recovered} refunded={self.refunded} "

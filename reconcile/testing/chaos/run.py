@@ -221,6 +221,7 @@ def _sweeper(state: _Run, rt: Any, interval: float) -> None:
             report = sweep(rt)
             state.bump("sweeps")
             state.bump("sweep_errors", report.errors)
+            state.bump("sweep_resumes", sum(1 for a in report.actions if a.outcome == "resumed"))
             with state.lock:
                 for action in report.actions:
                     if action.outcome not in ("left", "lost", "error", "not_found", "anomaly"):
