@@ -10,7 +10,6 @@ one settlement, no chain left without a message and a sweep path.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -138,6 +137,25 @@ def test_a_resume_committed_between_the_steps_turn_and_its_enqueue(
     assert list(w.q.polls) == [(job_id, g + 1, 1)]
 
 
+def _late_original_during_the_sweeps_read(w: World, monkeypatch: pytest.MonkeyPatch,
+                                           job_id: uuid.UUID, g: int, label: str) -> list[str]:
+    """The next sweep tick's read of ``job_id`` runs the late original first turn (g, 0) in the
+    middle (once); returns [label, that turn's outcome] after the tick."""
+    client = w.rt.client(w.rt.kind(KIND))
+    real = client.poll
+    inner: list[str] = []
+
+    def read(task_id: str, model: str | None = None) -> Any:
+        result = real(task_id, model=model)
+        if not inner:
+            inner.append(label)
+            inner.append(lifecycle.poll_step(w.rt, job_id, g, 0))  # the late original
+        return result
+
+    monkeypatch.setattr(client, "poll", read)
+    return inner
+
+
 def test_the_sweeps_poll_and_resume_row_racing_the_late_first_turn_completes_once(
         world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """Row 10 with the lease gone (poll + resume) on a turnless generation: the sweep keeps
@@ -148,18 +166,7 @@ def test_the_sweeps_poll_and_resume_row_racing_the_late_first_turn_completes_onc
     job_id = w.accept(KIND, Script(timeline=INSTANT))
     g = w.job(job_id).poll_generation
     w.clock.advance(minutes=10)  # past the threshold and the lease
-    client = w.rt.client(w.rt.kind(KIND))
-    real = client.poll
-    inner: list[str] = []
-
-    def read(task_id: str, model: str | None = None) -> Any:
-        result = real(task_id, model=model)
-        if not inner:
-            inner.append("running")
-            inner.append(lifecycle.poll_step(w.rt, job_id, g, 0))  # the late original
-        return result
-
-    monkeypatch.setattr(client, "poll", read)
+    inner = _late_original_during_the_sweeps_read(w, monkeypatch, job_id, g, "running")
     report = w.tick()
     assert inner == ["running", "completed"]
     assert [(a.action, a.outcome) for a in report.actions] == [("poll", "lost")]
@@ -260,29 +267,15 @@ def test_a_generation_zero_platform_row_becomes_generation_one(world: World) -> 
 
 # ------------------------------------------------------------------ 6: SQLite and PostgreSQL
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    if request.param == "postgresql":
-        yield request.getfixturevalue("db")
-        return
-    from reconcile.db.migrate import upgrade
-    from reconcile.db.session import make_engine, make_sessionmaker
-
-    url = f"sqlite:///{tmp_path / 'chain.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
-
-
 @pytest.mark.parametrize(("generation", "seq", "want"), [
     (0, 0, 1), (0, 3, 1), (1, 0, 1), (1, 1, 2), (5, 0, 5), (5, 9, 6)])
-def test_the_case_update_on_both_databases(factory: sessionmaker[Session], generation: int,
+def test_the_case_update_on_both_databases(pg_and_sqlite: sessionmaker[Session], generation: int,
                                           seq: int, want: int) -> None:
     from datetime import UTC, datetime
 
     now = datetime(2026, 12, 1, 12, tzinfo=UTC)
     job_id = uuid.uuid4()
+    factory = pg_and_sqlite
     with factory.begin() as s:
         s.add(Job(id=job_id, user_id=uuid.uuid4(), job_type="image", status="processing",
                   provider_kind=KIND, provider_task_id="t", poll_generation=generation,
@@ -439,18 +432,7 @@ def test_the_sweeps_poll_and_resume_row_racing_a_late_first_turn_on_a_failed_tas
     job_id = w.accept(KIND, Script(timeline=((0.0, "queued"), (0.0, "failed"))))
     g = w.job(job_id).poll_generation
     w.clock.advance(minutes=10)
-    client = w.rt.client(w.rt.kind(KIND))
-    real = client.poll
-    inner: list[str] = []
-
-    def read(task_id: str, model: str | None = None) -> Any:
-        result = real(task_id, model=model)
-        if not inner:
-            inner.append("reading")
-            inner.append(lifecycle.poll_step(w.rt, job_id, g, 0))  # the late original
-        return result
-
-    monkeypatch.setattr(client, "poll", read)
+    inner = _late_original_during_the_sweeps_read(w, monkeypatch, job_id, g, "reading")
     w.tick()
     assert inner == ["reading", "failed"]
     assert w.job(job_id).status == "failed"
