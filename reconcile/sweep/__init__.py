@@ -12,16 +12,6 @@ fail               the failure itself (``mark_failed`` from in flight), refund a
 reenqueue          ``create_enqueue_count + 1``, ``create_enqueued_at = now`` (2-min spacing)
 mark_uncertain     ``submitting`` → ``uncertain`` (the transition is the whole action)
 poll, evidence     the attempt (``count_attempt``: at most once per 5 scaled minutes)
-action             claim written under the row lock
-=================  ==========================================================================
-fail               the failure itself (``mark_failed`` from in flight), refund after commit
-reenqueue          ``create_enqueue_count + 1``, ``create_enqueued_at = now`` (2-min spacing)
-mark_uncertain     ``submitting`` → ``uncertain`` (the transition is the whole action)
-poll, evidence     the attempt (``count_attempt``: at most once per 5 scaled minutes)
-<<<<<<< HEAD
-resume             a new poll generation and lease (``start_new_chain``; a generation that
-                   never took a turn keeps its number and its first turn is sent again)
-=======
 resume             a fresh lease and a new poll generation — the same one when it never took
                    a turn, its first turn sent again (``start_new_chain``)
 anomaly            the anomaly row, once per job
