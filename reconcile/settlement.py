@@ -92,6 +92,12 @@ class Finished(StrEnum):
     CANCELLED = "cancelled"
 
 
+# the largest denominator a policy share may have (9 digits): the audit recomputes a recorded
+# share in 64-bit integers on SQLite, where (h mod d) × n < d² must fit, and the policy's own
+# share likewise in BIGINT SQL (reconcile.audit._jobs); a realistic share is 1/2, 1/3, 3/10
+MAX_SHARE_DENOMINATOR = 999_999_999
+
+
 @dataclass(frozen=True)
 class SettlementPolicy:
     """The shares of what a reservation holds that go back on failure and on a user's cancel
@@ -107,7 +113,13 @@ class SettlementPolicy:
             if isinstance(share, bool) or not isinstance(share, (int, Fraction)) \
                     or not 0 <= share <= 1:
                 raise ValueError(f"{name} must be a Fraction between 0 and 1, not {share!r}")
-            object.__setattr__(self, name, Fraction(share))
+            share = Fraction(share)
+            if share.denominator > MAX_SHARE_DENOMINATOR:
+                raise ValueError(f"{name} {share} has a denominator above "
+                                 f"{MAX_SHARE_DENOMINATOR:,}: the audit recomputes a recorded "
+                                 "share exactly in 64-bit integers on SQLite (and the policy's "
+                                 "own in 64-bit SQL everywhere); use a coarser fraction")
+            object.__setattr__(self, name, share)
 
 
 DEFAULT_POLICY = SettlementPolicy()
@@ -217,5 +229,6 @@ def _ceil(value: Fraction) -> int:
     return -((-value.numerator) // value.denominator)
 
 
-__all__ = ["DEFAULT_POLICY", "RECORD_KEY", "Decision", "Finished", "SettleOutcome",
+__all__ = ["DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "RECORD_KEY", "Decision", "Finished",
+           "SettleOutcome",
            "SettlementPolicy", "decide", "kept_of", "share_text", "whole_credits"]

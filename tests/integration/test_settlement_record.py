@@ -301,12 +301,16 @@ def test_the_recomputation_is_exact_at_the_largest_amounts(
     hundreds): the recorded share keeps exactly ``decide``'s amount, and one credit more or less
     with a record claiming it is flagged. SQLite computes in 64-bit integers, so it accepts
     denominators of 9 digits at most: an 18-digit one there is not a share it can check."""
-    from reconcile.settlement import decide
+    from reconcile.settlement import MAX_SHARE_DENOMINATOR, decide, kept_of
 
     sqlite = factory.kw["bind"].dialect.name == "sqlite"
     held = 4_611_686_018_427_387_000
     share = Fraction(1, den)
-    kept = decide("cancelled", reserved=held, policy=SettlementPolicy(cancel_refund=share)).commit
+    if den <= MAX_SHARE_DENOMINATOR:
+        kept = decide("cancelled", reserved=held,
+                      policy=SettlementPolicy(cancel_refund=share)).commit
+    else:  # no policy may hold this share any more: a record from an older library, or forged
+        kept = kept_of(held, share)
     assert kept == held - -(-held // den) and kept != int(held * (1 - 1 / den))
     record = {"status": "cancelled", "refund_share": f"1/{den}"}
     good = _settled(factory, "cancelled", held, kept, record, sub=held)

@@ -103,8 +103,8 @@ EXPORTED = {
         "document_output", "text_output",
     },
     "reconcile.settlement": {
-        "DEFAULT_POLICY", "RECORD_KEY", "Decision", "Finished", "SettleOutcome",
-        "SettlementPolicy", "decide", "kept_of", "share_text", "whole_credits",
+        "DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "RECORD_KEY", "Decision", "Finished",
+        "SettleOutcome", "SettlementPolicy", "decide", "kept_of", "share_text", "whole_credits",
     },
     "reconcile.runtime": {
         "CompletionHook", "EventHook", "PricingHook", "Runtime", "Validator",

@@ -12,6 +12,7 @@ import pytest
 from reconcile.errors import LedgerError
 from reconcile.settlement import (
     DEFAULT_POLICY,
+    MAX_SHARE_DENOMINATOR,
     Decision,
     Finished,
     SettlementPolicy,
@@ -94,6 +95,20 @@ def test_unknown_terminal_state_is_refused() -> None:
 def test_policy_shares_are_exact_fractions_between_0_and_1(share: Any) -> None:
     with pytest.raises(ValueError):
         SettlementPolicy(cancel_refund=share)
+
+
+def test_a_share_denominator_is_at_most_nine_digits() -> None:
+    """Above it, the audit could not recompute the share exactly on SQLite (a false alarm for
+    every such settlement) nor the policy's own in 64-bit SQL (an overflow): refused at once."""
+    assert SettlementPolicy(cancel_refund=Fraction(1, MAX_SHARE_DENOMINATOR)).cancel_refund \
+        == Fraction(1, 999_999_999)
+    with pytest.raises(ValueError, match="denominator above 999,999,999"):
+        SettlementPolicy(failure_refund=Fraction(1, MAX_SHARE_DENOMINATOR + 1))
+    with pytest.raises(ValueError, match="cancel_refund"):
+        SettlementPolicy(cancel_refund=Fraction(999_999_999_999_999_988, 999_999_999_999_999_989))
+    # a large numerator and denominator in lowest terms below the bound are fine
+    assert SettlementPolicy(cancel_refund=Fraction(2_000_000_000, 4_000_000_000)).cancel_refund \
+        == Fraction(1, 2)
 
 
 def test_policy_accepts_integer_shares_as_fractions_and_is_frozen() -> None:
