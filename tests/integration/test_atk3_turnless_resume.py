@@ -9,8 +9,10 @@ one settlement, no chain left without a message and a sweep path.
 
 from __future__ import annotations
 
+import threading
 import uuid
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -72,22 +74,14 @@ def test_a_resume_during_the_first_steps_read_starts_a_new_generation_and_fences
     w = world
     job_id = w.accept(KIND, Script(timeline=FOREVER))
     g = w.job(job_id).poll_generation
-    client = w.rt.client(w.rt.kind(KIND))
-    real = client.poll
-    resumed: list[Any] = []
+    def sweep_past_the_lease() -> Any:
+        _lease_past(w, job_id)
+        return w.tick()
 
-    def slow(task_id: str, model: str | None = None) -> Any:
-        result = real(task_id, model=model)
-        if not resumed:
-            _lease_past(w, job_id)
-            resumed.append(w.tick())
-        return result
-
-    monkeypatch.setattr(client, "poll", slow)
+    resumed = _once_during_a_read(w, monkeypatch, sweep_past_the_lease)
     assert lifecycle.poll_step(w.rt, job_id, g, 0) == "in_flight"
-    assert [(a.action, a.outcome) for a in resumed[0].actions] == [("resume", "resumed")]
+    assert [(a.action, a.outcome) for a in resumed()[0].actions] == [("resume", "resumed")]
     assert list(w.q.polls) == [(job_id, g + 1, 0), (job_id, g, 1)]
-    monkeypatch.setattr(client, "poll", real)
     ran = [_run_all(w, job_id, limit=1)[0]]
     ran += [_run_all(w, job_id, limit=1)[0]]
     assert ran == [((g + 1, 0), "in_flight"), ((g, 1), "fenced")]
@@ -137,23 +131,36 @@ def test_a_resume_committed_between_the_steps_turn_and_its_enqueue(
     assert list(w.q.polls) == [(job_id, g + 1, 1)]
 
 
-def _late_original_during_the_sweeps_read(w: World, monkeypatch: pytest.MonkeyPatch,
-                                           job_id: uuid.UUID, g: int, label: str) -> list[str]:
-    """The next sweep tick's read of ``job_id`` runs the late original first turn (g, 0) in the
-    middle (once); returns [label, that turn's outcome] after the tick."""
+def _once_during_a_read(w: World, monkeypatch: pytest.MonkeyPatch,
+                        action: Callable[[], Any]) -> Callable[[], list[Any]]:
+    """The next status read of the kind's client runs ``action`` after the provider answered
+    (once). Returns a function giving ``action``'s results so far and putting the real read
+    back."""
     client = w.rt.client(w.rt.kind(KIND))
     real = client.poll
-    inner: list[str] = []
+    results: list[Any] = []
+    started: list[bool] = []  # set before ``action`` runs: its own reads pass straight through
 
     def read(task_id: str, model: str | None = None) -> Any:
         result = real(task_id, model=model)
-        if not inner:
-            inner.append(label)
-            inner.append(lifecycle.poll_step(w.rt, job_id, g, 0))  # the late original
+        if not started:
+            started.append(True)
+            results.append(action())
         return result
 
     monkeypatch.setattr(client, "poll", read)
-    return inner
+
+    def done() -> list[Any]:
+        monkeypatch.setattr(client, "poll", real)
+        return results
+
+    return done
+
+
+def _late_original_during_the_sweeps_read(w: World, monkeypatch: pytest.MonkeyPatch,
+                                           job_id: uuid.UUID, g: int) -> Callable[[], list[Any]]:
+    """The next sweep tick's read runs the late original first turn (g, 0) in the middle."""
+    return _once_during_a_read(w, monkeypatch, lambda: lifecycle.poll_step(w.rt, job_id, g, 0))
 
 
 def test_the_sweeps_poll_and_resume_row_racing_the_late_first_turn_completes_once(
@@ -166,9 +173,9 @@ def test_the_sweeps_poll_and_resume_row_racing_the_late_first_turn_completes_onc
     job_id = w.accept(KIND, Script(timeline=INSTANT))
     g = w.job(job_id).poll_generation
     w.clock.advance(minutes=10)  # past the threshold and the lease
-    inner = _late_original_during_the_sweeps_read(w, monkeypatch, job_id, g, "running")
+    inner = _late_original_during_the_sweeps_read(w, monkeypatch, job_id, g)
     report = w.tick()
-    assert inner == ["running", "completed"]
+    assert inner() == ["completed"]
     assert [(a.action, a.outcome) for a in report.actions] == [("poll", "lost")]
     assert _completions(w, job_id) == 1
     assert _txns(w, job_id).get("REFUND", 0) == 0 and _txns(w, job_id).get("COMMIT", 0) <= 1
@@ -347,17 +354,26 @@ def test_batch_a_webhook_resume_on_a_turnless_due_row_keeps_it_claimable_once(
     assert (c2.generation, c2.seq) == (g + 1, 1)
 
 
-def test_batch_a_chain_message_from_before_the_switch_and_a_turnless_resume(
-        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
-    """chain → batch: a chain row at (g,0) whose first message is late; in batch mode the
-    webhook's resume keeps g and makes it due; the batch poller claims it first, so the late
-    chain message is refused — one reader, one schedule."""
+def _switched_to_batch_with_a_late_first_turn(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path
+) -> tuple[World, uuid.UUID, int]:
+    """A chain-mode job at (g, 0), its first message late; then batch mode, where a webhook's
+    resume keeps g and makes the row due. Returns the batch world, the job and g."""
     chain = World(db, simulator, tmp_path)
     job_id = chain.accept(KIND, Script(timeline=FOREVER))
     g = chain.job(job_id).poll_generation
     w = World(db, simulator, tmp_path, poll_mode="batch", poll_batch_threads=1)
     w.clock.now = chain.clock.now
     assert lifecycle.resume_chain(w.rt, job_id)
+    return w, job_id, g
+
+
+def test_batch_a_chain_message_from_before_the_switch_and_a_turnless_resume(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """chain → batch: a chain row at (g,0) whose first message is late; in batch mode the
+    webhook's resume keeps g and makes it due; the batch poller claims it first, so the late
+    chain message is refused — one reader, one schedule."""
+    w, job_id, g = _switched_to_batch_with_a_late_first_turn(db, simulator, tmp_path)
     assert (w.job(job_id).poll_generation, w.job(job_id).poll_seq) == (g, 0)
     (c,) = batch_poll.claim(w.rt)  # the batch poller claims first
     assert lifecycle.poll_step(w.rt, job_id, g, 0) == "fenced"  # the late chain message
@@ -367,12 +383,7 @@ def test_batch_a_chain_message_from_before_the_switch_and_a_turnless_resume(
 
 def test_batch_chain_message_first_then_the_batch_poller(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
-    chain = World(db, simulator, tmp_path)
-    job_id = chain.accept(KIND, Script(timeline=FOREVER))
-    g = chain.job(job_id).poll_generation
-    w = World(db, simulator, tmp_path, poll_mode="batch", poll_batch_threads=1)
-    w.clock.now = chain.clock.now
-    assert lifecycle.resume_chain(w.rt, job_id)
+    w, job_id, g = _switched_to_batch_with_a_late_first_turn(db, simulator, tmp_path)
     assert lifecycle.poll_step(w.rt, job_id, g, 0) == "in_flight"  # the late chain message
     job = w.job(job_id)
     assert job.poll_seq == 1 and job.poll_due_at is not None and job.poll_due_at > w.clock.now
@@ -432,9 +443,9 @@ def test_the_sweeps_poll_and_resume_row_racing_a_late_first_turn_on_a_failed_tas
     job_id = w.accept(KIND, Script(timeline=((0.0, "queued"), (0.0, "failed"))))
     g = w.job(job_id).poll_generation
     w.clock.advance(minutes=10)
-    inner = _late_original_during_the_sweeps_read(w, monkeypatch, job_id, g, "reading")
+    inner = _late_original_during_the_sweeps_read(w, monkeypatch, job_id, g)
     w.tick()
-    assert inner == ["reading", "failed"]
+    assert inner() == ["failed"]
     assert w.job(job_id).status == "failed"
     assert _txns(w, job_id).get("REFUND", 0) == 1 and _txns(w, job_id).get("COMMIT", 0) == 0
     with w.db() as s:
@@ -453,26 +464,23 @@ def test_the_sweeps_poll_and_resume_row_and_the_late_first_turn_leave_one_chain(
     job_id = w.accept(KIND, Script(timeline=FOREVER))
     g = w.job(job_id).poll_generation
     w.clock.advance(minutes=10)
-    client = w.rt.client(w.rt.kind(KIND))
-    real = client.poll
-    inner: list[str] = []
-
-    def read(task_id: str, model: str | None = None) -> Any:
-        result = real(task_id, model=model)
-        if not inner:
-            inner.append("reading")
-            inner.append(lifecycle.poll_step(w.rt, job_id, g, 0))
-        return result
-
-    monkeypatch.setattr(client, "poll", read)
+    inner = _late_original_during_the_sweeps_read(w, monkeypatch, job_id, g)
     report = w.tick()
-    assert inner == ["reading", "in_flight"]
+    assert inner() == ["in_flight"]
     assert [(a.action, a.outcome) for a in report.actions] == [("poll", "in_flight")]
     assert list(w.q.polls) == [(job_id, g, 1), (job_id, g, 0)]
-    monkeypatch.setattr(client, "poll", real)
     assert [o for _, o in _run_all(w, job_id, limit=2)] == ["in_flight", "fenced"]
     assert list(w.q.polls) == [(job_id, g, 2)]
     assert w.job(job_id).reconcile_attempts == 1
+
+
+def _turnless_row(db: sessionmaker[Session]) -> uuid.UUID:
+    """An accepted job at generation 4 whose first turn has not run (seq 0)."""
+    job_id = uuid.uuid4()
+    with db.begin() as s:
+        s.add(Job(id=job_id, user_id=uuid.uuid4(), job_type="image", status="processing",
+                  provider_kind=KIND, provider_task_id="t", poll_generation=4, poll_seq=0))
+    return job_id
 
 
 def test_postgresql_a_resume_blocked_behind_the_first_turn_sees_the_turn(
@@ -481,14 +489,8 @@ def test_postgresql_a_resume_blocked_behind_the_first_turn_sees_the_turn(
     UPDATE waits on it. When the turn commits, the resume's CASE is evaluated on the row the
     turn left (seq 1): a new generation — never (g, 0) again after a turn (that would let a
     second (g, 0) copy take a second first turn: two chains)."""
-    import threading
-    from datetime import UTC, datetime
-
     now = datetime(2026, 12, 1, 12, tzinfo=UTC)
-    job_id = uuid.uuid4()
-    with db.begin() as s:
-        s.add(Job(id=job_id, user_id=uuid.uuid4(), job_type="image", status="processing",
-                  provider_kind=KIND, provider_task_id="t", poll_generation=4, poll_seq=0))
+    job_id = _turnless_row(db)
     turn = db()
     turn.begin()
     assert jobstore.take_poll_turn(turn, job_id, 4, 0, now) is not None  # holds the row lock
@@ -513,14 +515,8 @@ def test_postgresql_a_resume_blocked_behind_the_first_turn_sees_the_turn(
 
 def test_postgresql_a_first_turn_blocked_behind_a_kept_resume_still_takes_it_once(
         db: sessionmaker[Session]) -> None:
-    import threading
-    from datetime import UTC, datetime
-
     now = datetime(2026, 12, 1, 12, tzinfo=UTC)
-    job_id = uuid.uuid4()
-    with db.begin() as s:
-        s.add(Job(id=job_id, user_id=uuid.uuid4(), job_type="image", status="processing",
-                  provider_kind=KIND, provider_task_id="t", poll_generation=4, poll_seq=0))
+    job_id = _turnless_row(db)
     resume = db()
     resume.begin()
     kept = jobstore.start_new_chain(resume, job_id, now, timedelta(seconds=25))
