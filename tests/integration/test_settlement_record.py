@@ -66,6 +66,17 @@ def _submit(rt: Runtime, user: uuid.UUID, credits_: int) -> uuid.UUID:
                                 {"prompt": "a cat"}, credits_, job_type="image").job_id
 
 
+def _submitted_under_half(rt: Runtime, db: sessionmaker[Session],
+                          ledger: BuiltinLedger) -> tuple[uuid.UUID, uuid.UUID]:
+    """A funded user's 40-credit job submitted through ``ledger`` under policy B (half of a
+    cancel kept): (user, job)."""
+    rt.ledger = ledger
+    rt.settlement_policy = HALF
+    user = uuid.uuid4()
+    fund(db, user)
+    return user, _submit(rt, user, 40)
+
+
 def _fail(rt: Runtime, job_id: uuid.UUID) -> None:
     assert lifecycle.fail_job(rt, job_id, "UPSTREAM_FAILED", "upstream failed", None)
 
@@ -336,11 +347,7 @@ def test_a_subclassed_ledger_whose_commit_takes_no_record_still_settles(
     """A platform's BuiltinLedger subclass that overrides ``commit_settled`` with the old
     signature is not handed the record (it would raise and the settlement back off forever):
     the cancel settles, nothing is recorded, and the audit judges it by the policy given."""
-    rt.ledger = OldSignatureLedger()
-    rt.settlement_policy = HALF
-    user = uuid.uuid4()
-    fund(db, user)
-    job_id = _submit(rt, user, 40)
+    user, job_id = _submitted_under_half(rt, db, OldSignatureLedger())
     assert cancel_job(rt, user, job_id).credits_actual == 20
     assert _findings(db, HALF) == []
     assert [kind for kind, _, _ in _findings(db, FULL)] == ["failed_job_committed"]
@@ -469,11 +476,7 @@ def test_a_subclassed_ledger_does_not_inherit_a_planted_record(
     saying exactly that. Unrecorded, the commit is judged by the policy given (flagged under A,
     as test_a_subclassed_ledger_whose_commit_takes_no_record_still_settles says) — the planted
     key made it pass under A."""
-    rt.ledger = OldSignatureLedger()
-    rt.settlement_policy = HALF
-    user = uuid.uuid4()
-    fund(db, user)
-    job_id = _submit(rt, user, 40)
+    user, job_id = _submitted_under_half(rt, db, OldSignatureLedger())
     _set_meta(db, job_id, {**_meta(db, job_id), "settlement": {
         "status": "cancelled", "refund_share": "1/2", "kept": 20}})
     assert cancel_job(rt, user, job_id).credits_actual == 20
@@ -520,11 +523,7 @@ def test_a_subclass_overriding_commit_only_still_settles_and_records(
             calls.append(job_id)
             return super().commit(session, job_id, amount, now=now)
 
-    rt.ledger = OldCommit()
-    rt.settlement_policy = HALF
-    user = uuid.uuid4()
-    fund(db, user)
-    job_id = _submit(rt, user, 40)
+    user, job_id = _submitted_under_half(rt, db, OldCommit())
     assert cancel_job(rt, user, job_id).credits_actual == 20
     assert calls == []
     assert _meta(db, job_id)["settlement"] == {"status": "cancelled", "refund_share": "1/2",
