@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -240,12 +240,9 @@ def _settle(state: _Run, rt: Any, sim: Any) -> None:
     is left, and at the latest once every job left is past its horizon and the floor
     (``settle_timeout``, default 90 s + 0.06 s a job) is over. A slow host only makes the wait
     longer; a job the library loses is still reported, one horizon after it started."""
-    from ...states import ATTEMPT_SPACING, MAX_ATTEMPTS
-
     started = time.monotonic()
     floor = started + (state.config.settle_timeout or (90.0 + state.config.jobs * 0.06))
-    longest = max(rt.kind(kind).stale_threshold for kind in FAMILIES)
-    cap = floor + rt.settings.scaled(longest + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1)).total_seconds()
+    cap = floor + max(_liveness_span(rt, rt.kind(kind)) for kind in FAMILIES).total_seconds()
     last = None
     while time.monotonic() < cap:  # the cap: a database that never answers again
         pending = _unsettled(rt)
@@ -280,14 +277,19 @@ def _horizon(rt: Any, job: Any) -> datetime:
     make, each one attempt spacing apart, until exhaustion fails it (README, Design notes:
     Attempts and exhaustion), plus one spacing of slack; scaled. A terminal job not settled yet
     gets the floor only (its horizon is its creation)."""
-    from ...states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS
+    from ...states import IN_FLIGHT
 
     kind = rt.kind(job.provider_kind)
     if job.status not in IN_FLIGHT or kind is None:
         return job.created_at
-    since = job.provider_call_started_at or job.created_at
-    return since + rt.settings.scaled(kind.stale_threshold
-                                      + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1))
+    return (job.provider_call_started_at or job.created_at) + _liveness_span(rt, kind)
+
+
+def _liveness_span(rt: Any, kind: Any) -> timedelta:
+    """How long after its provider call a job of ``kind`` may still finish (:func:`_horizon`)."""
+    from ...states import ATTEMPT_SPACING, MAX_ATTEMPTS
+
+    return rt.settings.scaled(kind.stale_threshold + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1))
 
 
 def _unsettled(rt: Any) -> list[tuple[uuid.UUID, datetime]] | None:
