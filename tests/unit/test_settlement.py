@@ -138,3 +138,32 @@ def test_a_partial_refund_carries_its_record(finished: str, reserved: int,
     share refunded as an exact fraction string; completions and full refunds record nothing."""
     assert decide(finished, reserved=reserved, policy=policy).record == record
     assert decide("completed", reserved=40, priced=25).record is None
+
+
+class _ComparesAsAHalf(Fraction):
+    """A Fraction subclass whose numerator and denominator say 5/4 while it compares as the
+    1/2 it was built from (its comparisons read the private fields)."""
+
+    @property
+    def numerator(self) -> int:  # type: ignore[override]
+        return 5
+
+    @property
+    def denominator(self) -> int:  # type: ignore[override]
+        return 4
+
+
+class _AlwaysInRange(int):
+    def __le__(self, other: object) -> bool:
+        return True
+
+    def __ge__(self, other: object) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("share", [_ComparesAsAHalf(1, 2), _AlwaysInRange(7)])
+def test_a_share_is_checked_as_the_fraction_stored(share: Any) -> None:
+    """The range was checked on the value given and the converted Fraction stored: a subclass
+    that compares in range but converts to 5/4 or 7 was stored as that (on main)."""
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        SettlementPolicy(cancel_refund=share)
