@@ -109,11 +109,14 @@ class SettlementPolicy:
 
     def __post_init__(self) -> None:
         for name in ("failure_refund", "cancel_refund"):
-            share = getattr(self, name)
-            if isinstance(share, bool) or not isinstance(share, (int, Fraction)) \
-                    or not 0 <= share <= 1:
-                raise ValueError(f"{name} must be a Fraction between 0 and 1, not {share!r}")
-            share = Fraction(share)
+            given = getattr(self, name)
+            if isinstance(given, bool) or not isinstance(given, (int, Fraction)):
+                raise ValueError(f"{name} must be a Fraction between 0 and 1, not {given!r}")
+            # checked as the plain Fraction that is stored (an int or Fraction subclass may
+            # compare as one value and convert to another)
+            share = Fraction(given.numerator, given.denominator)
+            if not 0 <= share <= 1:
+                raise ValueError(f"{name} must be a Fraction between 0 and 1, not {given!r}")
             if share.denominator > MAX_SHARE_DENOMINATOR:
                 raise ValueError(f"{name} {share} has a denominator above "
                                  f"{MAX_SHARE_DENOMINATOR:,}: the audit recomputes a recorded "
