@@ -71,7 +71,13 @@ def run(session: Session, *, now: datetime, grace: timedelta = timedelta(minutes
         policy: SettlementPolicy | None = None) -> list[Discrepancy]:
     """The full audit, or with ``since`` the incremental one (see the module docstring).
     ``policy``: the settlement policy failed and cancelled jobs were settled under (default:
-    :data:`~reconcile.settlement.DEFAULT_POLICY`, everything refunded)."""
+    :data:`~reconcile.settlement.DEFAULT_POLICY`, everything refunded). Its shares are checked
+    again as :class:`SettlementPolicy` checks them (ValueError): a share set past those checks
+    (``object.__setattr__``, an unpickled copy, a subclass skipping ``__post_init__``) would
+    overflow the audit's 64-bit SQL on PostgreSQL and flag every such settlement on SQLite."""
+    if policy is not None:
+        policy = SettlementPolicy(failure_refund=policy.failure_refund,
+                                  cancel_refund=policy.cancel_refund)
     a = _Audit(session, now, grace, settings or Settings.model_construct(), since,
                policy or DEFAULT_POLICY)
     if not a.sqlite:
