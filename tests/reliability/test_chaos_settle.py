@@ -113,3 +113,51 @@ def test_an_unreachable_database_ends_the_wait_at_the_cap(
     longest = max(get_kind(k).stale_threshold for k in chaos_run.FAMILIES)  # type: ignore[union-attr]
     cap = 10.0 + ((longest + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1)) * 0.05).total_seconds()
     assert cap <= state.settle_seconds < cap + 2.0
+
+
+def test_a_job_whose_attempts_started_over_is_waited_for_until_the_librarys_own_horizon() -> None:
+    """An ``uncertain`` job adopted late (jobstore.adopt_task_id: attempts reset, a new poll
+    lease; its provider call started long before) gets every attempt again from its adoption:
+    the library itself (the audit's in-flight horizon) does not hold it past its horizon for
+    another ~18 spacings. On main the settle phase's horizon counted from the provider call
+    only, so it stopped waiting and reported a job the library still promises to finish."""
+    from reconcile.audit._jobs import _past_horizon
+
+    rt = _rt(_Clock())
+    veo = get_kind("kie-veo")
+    assert veo is not None
+    scaled = rt.settings.scaled
+    started = NOW - scaled(veo.stale_threshold + ATTEMPT_SPACING * 10)
+    adopted = NOW  # evidence found now: attempts start over
+    job = SimpleNamespace(
+        id=uuid.uuid4(), user_id=uuid.uuid4(), provider_kind="kie-veo", status="processing",
+        submission_state="accepted", provider_call_started_at=started, started_at=started,
+        created_at=started, reconcile_attempts=0, reconcile_last_attempt_at=None,
+        poll_lease_expires_at=adopted + timedelta(seconds=30))
+    horizon = chaos_run._horizon(rt, job)
+
+    def library_says_late(at: datetime) -> bool:
+        return _past_horizon(SimpleNamespace(settings=rt.settings, grace=timedelta(0), now=at),
+                             job) is not None
+
+    # the wait lasts until the library itself calls the job late (on main: ~3 minutes before)
+    assert library_says_late(horizon + timedelta(seconds=1)), (horizon, started)
+    # and no longer than every attempt again from the new lease, plus one spacing
+    assert horizon == job.poll_lease_expires_at + scaled(ATTEMPT_SPACING * (MAX_ATTEMPTS + 1))
+
+
+def test_a_job_attempted_on_schedule_keeps_the_horizon_from_its_provider_call() -> None:
+    """Attempts counted one spacing apart move nothing: the horizon stays the threshold then
+    every attempt after the provider call (the lost-job bound is unchanged)."""
+    rt = _rt(_Clock())
+    veo = get_kind("kie-veo")
+    assert veo is not None
+    scaled = rt.settings.scaled
+    started = NOW - timedelta(seconds=10)
+    job = SimpleNamespace(
+        provider_kind="kie-veo", status="processing", provider_call_started_at=started,
+        created_at=started, reconcile_attempts=5,
+        reconcile_last_attempt_at=started + scaled(veo.stale_threshold + ATTEMPT_SPACING * 4),
+        poll_lease_expires_at=None)
+    assert chaos_run._horizon(rt, job) == started + scaled(
+        veo.stale_threshold + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1))
