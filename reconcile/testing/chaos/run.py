@@ -276,13 +276,24 @@ def _horizon(rt: Any, job: Any) -> datetime:
     after its provider call started (its creation, before one), then every attempt the sweep may
     make, each one attempt spacing apart, until exhaustion fails it (README, Design notes:
     Attempts and exhaustion), plus one spacing of slack; scaled. A terminal job not settled yet
-    gets the floor only (its horizon is its creation)."""
-    from ...states import IN_FLIGHT
+    gets the floor only (its horizon is its creation).
+
+    A job whose attempts started over (adopted from evidence, marked uncertain, resumed: its
+    attempts reset with its last attempt or new poll lease as the new start, as the audit's
+    in-flight horizon reads them) gets every attempt again from there when that is later."""
+    from ...states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS
 
     kind = rt.kind(job.provider_kind)
     if job.status not in IN_FLIGHT or kind is None:
         return job.created_at
-    return (job.provider_call_started_at or job.created_at) + _liveness_span(rt, kind)
+    horizon = (job.provider_call_started_at or job.created_at) + _liveness_span(rt, kind)
+    last = getattr(job, "reconcile_last_attempt_at", None)
+    if last is None:
+        last = getattr(job, "poll_lease_expires_at", None)
+    if last is None:
+        return horizon
+    left = max(0, MAX_ATTEMPTS - min(getattr(job, "reconcile_attempts", 0) or 0, MAX_ATTEMPTS))
+    return max(horizon, last + rt.settings.scaled(ATTEMPT_SPACING * (left + 1)))
 
 
 def _liveness_span(rt: Any, kind: Any) -> timedelta:
