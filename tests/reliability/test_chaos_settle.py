@@ -46,7 +46,9 @@ def _rt(clock: _Clock) -> Any:
 
 def _job(kind: str, status: str, started: datetime | None, created: datetime) -> Any:
     return SimpleNamespace(provider_kind=kind, status=status, provider_call_started_at=started,
-                           created_at=created)
+                           started_at=None, created_at=created, submission_state="accepted",
+                           reconcile_attempts=0, reconcile_last_attempt_at=None,
+                           poll_lease_expires_at=None)
 
 
 def test_the_horizon_is_the_kinds_threshold_then_every_attempt_scaled() -> None:
@@ -156,7 +158,7 @@ def test_a_job_attempted_on_schedule_keeps_the_horizon_from_its_provider_call() 
     started = NOW - timedelta(seconds=10)
     job = SimpleNamespace(
         provider_kind="kie-veo", status="processing", provider_call_started_at=started,
-        created_at=started, reconcile_attempts=5,
+        started_at=started, created_at=started, submission_state="accepted", reconcile_attempts=5,
         reconcile_last_attempt_at=started + scaled(veo.stale_threshold + ATTEMPT_SPACING * 4),
         poll_lease_expires_at=None)
     assert chaos_run._horizon(rt, job) == started + scaled(

@@ -275,25 +275,22 @@ def _horizon(rt: Any, job: Any) -> datetime:
     """The latest an in-flight job may still legitimately finish: its kind's stale threshold
     after its provider call started (its creation, before one), then every attempt the sweep may
     make, each one attempt spacing apart, until exhaustion fails it (README, Design notes:
-    Attempts and exhaustion), plus one spacing of slack; scaled. A terminal job not settled yet
-    gets the floor only (its horizon is its creation).
-
-    A job whose attempts started over (adopted from evidence, marked uncertain, resumed: its
-    attempts reset with its last attempt or new poll lease as the new start, as the audit's
-    in-flight horizon reads them) gets every attempt again from there when that is later."""
-    from ...states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS
+    Attempts and exhaustion), plus one spacing of slack; scaled. A job whose attempts started
+    over (adopted, resumed) gets them again: one spacing past the library's own exhaustion
+    deadline (:func:`reconcile.audit._jobs.exhaustion_deadline`, what the audit's in-flight
+    horizon reads), when that is later. A terminal job not settled yet gets the floor only (its
+    horizon is its creation)."""
+    from ...audit._jobs import exhaustion_deadline
+    from ...states import ATTEMPT_SPACING, IN_FLIGHT
 
     kind = rt.kind(job.provider_kind)
     if job.status not in IN_FLIGHT or kind is None:
         return job.created_at
     horizon = (job.provider_call_started_at or job.created_at) + _liveness_span(rt, kind)
-    last = getattr(job, "reconcile_last_attempt_at", None)
-    if last is None:
-        last = getattr(job, "poll_lease_expires_at", None)
-    if last is None:
+    deadline = exhaustion_deadline(rt.settings, job)
+    if deadline is None:
         return horizon
-    left = max(0, MAX_ATTEMPTS - min(getattr(job, "reconcile_attempts", 0) or 0, MAX_ATTEMPTS))
-    return max(horizon, last + rt.settings.scaled(ATTEMPT_SPACING * (left + 1)))
+    return max(horizon, deadline + rt.settings.scaled(ATTEMPT_SPACING))
 
 
 def _liveness_span(rt: Any, kind: Any) -> timedelta:
