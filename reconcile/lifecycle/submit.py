@@ -145,14 +145,18 @@ def submit_job(
         session.flush()  # the job row before the ledger's rows that name it
         rt.ledger.reserve(session, user_id, job_id, credits_, now=now)
         queued = add_event(session, _stub(job_id, user_id), "queued", now, rt=rt)
-    publish_events(rt, [queued])
+    # committed: nothing below may raise (a client retrying an error would pay a second job)
+    try:
+        publish_events(rt, [queued])
+    except Exception:  # the outbox row stays unpublished: the sweep republishes it
+        log.exception("event_publish_failed job_id=%s", job_id)
     if enqueue and not kind.sync:
-        _enqueue_after_commit(rt, job_id)
+        enqueue_create_after_commit(rt, job_id)
     log.info("job_submitted job_id=%s kind=%s", job_id, provider_kind)
     return Submitted(job_id, kind)
 
 
-def _enqueue_after_commit(rt: Runtime, job_id: uuid.UUID) -> bool:
+def enqueue_create_after_commit(rt: Runtime, job_id: uuid.UUID) -> bool:
     """The job and its reservation are committed: a broker that is down must not turn that
     into an error the client would retry (a second job, paid twice). The sweep's not-started
     row enqueues the create once the job is NOT_STARTED_AGE old (then ≤ one sweep interval)."""
