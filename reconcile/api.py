@@ -51,6 +51,7 @@ from .errors import (
 )
 from .jobstore import events
 from .lifecycle.cancel import cancel_job, load_owned
+from .lifecycle.submit import enqueue_create_after_commit
 from .runtime import Runtime, Validator
 from .states import PUBLIC_STATE, Status, Submission
 
@@ -229,7 +230,7 @@ def _committed_answer(rt: Runtime, job_id: uuid.UUID, exc: BaseException) -> Res
         if job.provider_task_id:
             return _queued(job_id)
         if job.submission_state == Submission.NOT_STARTED:
-            lifecycle.enqueue_create_after_commit(rt, job_id)  # else the sweep's not-started row
+            enqueue_create_after_commit(rt, job_id)  # else the sweep's not-started row
             return _queued(job_id)
         if job.submission_state == Submission.REJECTED:
             return error_response(CreateRejected(), job_id=job_id)

@@ -28,7 +28,6 @@ from .poll import poll_countdown as poll_countdown
 from .poll import poll_lease as poll_lease
 from .settling import fail_job, settle
 from .submit import Submitted, submit_job
-from .submit import enqueue_create_after_commit as enqueue_create_after_commit
 
 # The names imported ``as`` themselves are kept out of ``__all__``: sibling modules use them,
 # platforms do not (``_unfinished`` is the batch poller's: reconcile.lifecycle.batch counts its
