@@ -57,6 +57,15 @@ def is_settlement_due(job: Job, cutoff: datetime) -> bool:
         and job.next_poll_at <= cutoff
 
 
+def platform_row_uncalled() -> Any:
+    """SQL: a platform row (no ``submission_state``) with no trace of a provider call — no call
+    start, no upstream id. The one claim on a platform row's call: ``sync_call`` takes it (a
+    second call, a client's retry while the first runs, finds it gone: 409, as a library sync
+    job's taken claim) and a user cancel needs it, so a call and a cancel never both win."""
+    return and_(Job.submission_state.is_(None), Job.provider_call_started_at.is_(None),
+                Job.provider_task_id.is_(None))
+
+
 def claim_expired(now: datetime) -> Any:
     """SQL: no live create claim (none, or its lease ended before ``now``)."""
     return or_(Job.claim_expires_at.is_(None), Job.claim_expires_at < now)

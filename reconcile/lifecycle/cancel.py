@@ -140,8 +140,7 @@ def _decide(rt: Runtime, job: Job) -> tuple[tuple[Any, ...], dict[str, Any]]:
         # the create claim needs not_started too: whichever CAS lands first wins, never both
         return (Job.submission_state == Submission.NOT_STARTED,), detail
     if verdict is Verdict.PLATFORM_ROW:
-        return (Job.submission_state.is_(None), Job.provider_call_started_at.is_(None),
-                Job.provider_task_id.is_(None)), detail
+        return (jobstore.platform_row_uncalled(),), detail
     detail["upstream_cancel"] = _cancel_upstream(rt, job)
     return (Job.submission_state == Submission.ACCEPTED,
             Job.provider_task_id == job.provider_task_id), detail

@@ -7,6 +7,7 @@ deadline below its kind's threshold, checked at start-up, and its claim lease co
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -191,3 +192,54 @@ def test_a_misconfigured_deadline_makes_no_sync_call(world: World) -> None:
     with pytest.raises(ValueError), sync_call(w.rt, job_id):
         pytest.fail("the block must not run")
     assert w.job(job_id).submission_state == "not_started"
+
+
+# --- issue 24 finding 8: one call per platform row --------------------------------------------
+
+
+def test_two_concurrent_sync_calls_on_a_platform_row_call_the_provider_once(world: World) -> None:
+    """The platform's request and a client's retry enter ``sync_call`` on the same platform row
+    at once (two threads, two PostgreSQL sessions). One takes the call; the other — arriving
+    while the first is inside its provider call — gets 409 SUBMISSION_RECONCILIATION_REQUIRED,
+    as a library sync job's second call does, and calls nobody: one paid call, one charge."""
+    from reconcile import api
+
+    w = world
+    job_id = w.platform_row(status="pending", job_type="writer")
+    client = w.rt.client(w.rt.kind("anthropic-sync"))  # type: ignore[arg-type]
+    start, resolved = threading.Barrier(2), threading.Event()
+    inside: list[str] = []
+    refused: list[Conflict] = []
+
+    def request(name: str) -> None:
+        start.wait(timeout=10)
+        try:
+            with sync_call(w.rt, job_id, provider_kind="anthropic-sync") as call:
+                inside.append(name)
+                resolved.wait(timeout=5)  # the provider call is under way when the retry lands
+                call.result = client.call("claude-sonnet-4-5", {"prompt": "hi"})  # type: ignore[union-attr]
+        except Conflict as exc:
+            refused.append(exc)
+            resolved.set()
+
+    threads = [threading.Thread(target=request, args=(n,)) for n in ("request", "retry")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(inside) == 1 and len(refused) == 1, (inside, refused)
+    assert api.error_response(refused[0], job_id=job_id)[0] == 409
+    assert refused[0].code == "SUBMISSION_RECONCILIATION_REQUIRED"
+    assert w.sim.attempts(provider="anthropic") == 1
+    job = w.job(job_id)
+    assert (job.status, job.provider_kind) == ("completed", "anthropic-sync")
+    assert w.refunds(job_id) == 0 and w.audit() == []
+
+    # the library's own sync job answers the same to a second call
+    library_job = w.submit("anthropic-sync")
+    with sync_call(w.rt, library_job) as call:
+        with pytest.raises(Conflict) as second, sync_call(w.rt, library_job):
+            pytest.fail("a second call must not run")
+        call.result = client.call("claude-sonnet-4-5", {"prompt": "hi"})  # type: ignore[union-attr]
+    assert second.value.code == refused[0].code
+    assert w.sim.attempts(provider="anthropic") == 2
