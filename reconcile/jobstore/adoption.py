@@ -4,10 +4,10 @@ Safe adoption on a live platform (README, Design notes: Legacy rows): which rows
 
 A row with neither ``provider_kind`` nor ``submission_state`` was never submitted through the
 library: a legacy row from before it, or another subsystem's (pipeline wrappers, jobs an old
-worker still runs). So is a row without ``submission_state`` whose ``provider_kind`` this
-process has not registered: the library cannot read its upstream, so it follows the same rules
-(:func:`is_foreign`), plus one ``unknown_kind`` anomaly where they fail nothing. The sweep treats
-such a row as a *legacy candidate* only when
+worker still runs). So is a row without ``submission_state`` or task id whose ``provider_kind``
+this process has not registered: it follows the same rules (:func:`is_foreign`), plus one
+``unknown_kind`` anomaly where they fail nothing. The sweep treats such a row as a *legacy
+candidate* only when
 
 * it was created before the **legacy cutoff** — ``LEGACY_CUTOFF``, by default the adoption time
   the migration recorded in ``reconcile_meta`` (rows created later are never touched, in any
@@ -169,10 +169,13 @@ def legacy_reason(s: Settings, cutoff: datetime | None, job: Job, now: datetime)
 def is_foreign(job: Job, kind: Kind | None) -> bool:
     """A row the library never submitted (no ``submission_state``) that names no kind this
     process can act on — no kind at all (legacy or another subsystem's), or a kind it has not
-    registered (``kind``: the row's kind as the registry resolves it, None when unknown). Such a
-    row follows the adoption rules, whatever its kind (README, Design notes: Legacy rows); a row
-    the library submitted never does (an unknown kind there is an ``unknown_kind`` anomaly)."""
-    return job.submission_state is None and (job.provider_kind is None or kind is None)
+    registered and no task id (``kind``: the row's kind as the registry resolves it, None when
+    unknown). Such a row follows the adoption rules (README, Design notes: Legacy rows). A row
+    the library submitted never does, nor an unknown kind's row with a task id (an upstream job
+    only a process knowing the kind can read): both are one ``unknown_kind`` anomaly, left."""
+    if job.submission_state is not None:
+        return False
+    return job.provider_kind is None or (kind is None and not job.provider_task_id)
 
 
 __all__ = [

@@ -9,7 +9,7 @@ are tried in order; the first that matches wins:
 ==  =========================  ============================================================
  1  legacy                     a row nobody submitted, no kind or one unknown here: bounded
  2  unknown_kind (platform)    such a row of an unknown kind that row 1 fails not: one anomaly
- 3  unknown_kind               an unknown kind on a row the library submitted: one anomaly
+ 3  unknown_kind               any other unknown kind (submitted, task id): one anomaly
  4  platform_untracked         a platform row, known kind, no upstream handle: as sync
  5  platform_task              a platform row with a task id: as accepted, past threshold
  6  not_started                the create never ran (async): re-enqueue, bounded
@@ -123,9 +123,9 @@ def _legacy(r: _Row) -> Decision | None:
     """1: a row nobody submitted through the library (the legacy catch-all), bounded by
     the legacy cutoff, age and job types (``adoption``; README, Design notes: Legacy rows). In ``observe`` mode
     the FAIL is only logged and counted (``reconcile.sweep.claims._observed``). A platform row
-    of a kind this process does not know follows the same rules, whatever its columns (the
-    library cannot read its upstream: issue 24 finding 2); where they fail nothing it gets one
-    ``unknown_kind`` anomaly (row 2)."""
+    without a task id, of a kind this process does not know, follows the same rules (issue 24
+    finding 2: never failed merely by age); where they fail nothing it gets one ``unknown_kind``
+    anomaly (row 2)."""
     j = r.job
     if not adoption.is_foreign(j, r.kind):
         return None
@@ -143,9 +143,10 @@ def _legacy(r: _Row) -> Decision | None:
 
 
 def _unknown_kind(r: _Row) -> Decision | None:
-    """3: a kind this process does not know on a row the library submitted: report once, touch
-    nothing, never guess (another process may have registered the kind; every process should:
-    ``REQUIRED_KINDS``). A platform row of an unknown kind is row 1's."""
+    """3: a kind this process does not know on a row the library submitted, or on a platform
+    row with a task id: report once, touch nothing, never guess (another process may have
+    registered the kind; every process should: ``REQUIRED_KINDS``). Any other platform row of an
+    unknown kind is row 1's."""
     j = r.job
     if j.provider_kind is None or r.kind is not None:
         return None

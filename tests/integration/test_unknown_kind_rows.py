@@ -127,7 +127,7 @@ def test_enforce_fails_a_stale_unknown_kind_platform_row_as_legacy(
     enforced sweep fails + refunds it once, as a legacy row — only past LEGACY_AGE."""
     w = World(db, simulator, tmp_path, legacy_age=timedelta(minutes=30))
     row = w.platform_row(provider_kind=UNKNOWN, provider_call_started_at=w.clock.now,
-                         started_at=w.clock.now, provider_task_id="t-1")
+                         started_at=w.clock.now)
     report = _ticks(w, 29 * MIN)[0]
     _untouched(w, row)
     assert [(a.row, a.action) for a in report.actions] == [("unknown_kind", "anomaly")]

@@ -109,9 +109,6 @@ TABLE: list[tuple[str, dict[str, Any], str | None, dict[str, Any], datetime | No
     ("unknown_kind_candidate", {"provider_kind": "acme-video", "created_at": OLD,
                                 "started_at": ago(6), "provider_call_started_at": ago(6)},
      None, {}, CUTOFF, Decision("legacy", F)),
-    ("unknown_kind_candidate_task", {"provider_kind": "acme-video", "created_at": OLD,
-                                     "started_at": ago(6), "provider_task_id": "t-1"},
-     None, {}, CUTOFF, Decision("legacy", F)),
     ("unknown_kind_observe", {"provider_kind": "acme-video", "created_at": OLD,
                               "started_at": ago(6)}, None, {"legacy_sweep": "observe"}, CUTOFF,
      Decision("legacy", F)),  # the executor only logs it
@@ -136,7 +133,11 @@ TABLE: list[tuple[str, dict[str, Any], str | None, dict[str, Any], datetime | No
      {"legacy_exclude_job_types": ["pipeline"]}, CUTOFF, Decision("unknown_kind", A)),
     ("unknown_kind_empty_name", {"provider_kind": "", "created_at": ago(6)}, None, {}, CUTOFF,
      Decision("unknown_kind", A)),
-    # --- row 3: an unknown kind on a row the library submitted: one anomaly, whatever its age
+    # --- row 3: an unknown kind on a row the library submitted, or on a platform row with a
+    # task id (an upstream job only a process knowing the kind can read): one anomaly, any age
+    ("unknown_kind_platform_task", {"provider_kind": "acme-video", "created_at": OLD,
+                                    "started_at": ago(60), "provider_task_id": "t-1"},
+     None, {}, CUTOFF, Decision("unknown_kind", A)),
     ("unknown_kind_task", {"provider_kind": "acme-video", "submission_state": "accepted",
                            "provider_task_id": "t-1", "created_at": OLD,
                            "provider_call_started_at": ago(60)}, None, {}, CUTOFF,
