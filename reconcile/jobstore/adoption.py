@@ -112,8 +112,8 @@ def observe_only(settings: Settings, job: Job) -> bool:
 
 def observe_only_platform_row(settings: Settings, job: Job) -> bool:
     """A row the library did not submit (no ``submission_state``) that ``OBSERVE_ONLY_KINDS``
-    covers: the platform's own code runs it, so nothing of the library's changes it — the sweep
-    only logs it, and a webhook naming it is stored, never acted on."""
+    covers: the platform's own code runs it, so nothing automatic of the library's changes it —
+    the sweep only logs it, and a webhook naming it is stored, never acted on."""
     return job.submission_state is None and observe_only(settings, job)
 
 
