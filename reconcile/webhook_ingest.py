@@ -9,8 +9,10 @@ a delivery only makes the library read the task now. A delivery that names a job
 to the job: :mod:`reconcile.jobstore.evidence`).
 
 Bounds: a body over ``WEBHOOK_MAX_BODY_BYTES`` is refused (413) before any parsing; a delivery
-only ever reads the task of a job of its own provider; a confirmed success is handed to a worker
-(a fresh poll chain) — the request thread stores and enqueues, it never fetches media.
+only ever reads the task of a job of its own provider, and never that of a platform row of an
+``OBSERVE_ONLY_KINDS`` kind (stored only: the platform's own code runs it); a confirmed success
+is handed to a worker (a fresh poll chain) — the request thread stores and enqueues, it never
+fetches media.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .errors import (
     WebhookError,
     WebhookPayloadError,
 )
+from .jobstore import adoption
 from .kinds import provider_of
 from .providers.base import PollResult, PollStatus
 from .runtime import Runtime
@@ -121,6 +124,11 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
                     job.provider_kind)
         return 202, {"status": "stored"}
     if job is None:
+        return 202, {"status": "stored"}
+    if adoption.observe_only_platform_row(rt.settings, job):
+        # the platform's own row of an observe-only kind: its own worker runs it, the library
+        # only watches (README, Adopting on a live platform) — stored, never read or acted on
+        log.info("webhook_observe_only job_id=%s kind=%s", job.id, job.provider_kind)
         return 202, {"status": "stored"}
     if job.submission_state in (Submission.SUBMITTING, Submission.UNCERTAIN) and not job.provider_task_id:
         log.info("webhook_evidence job_id=%s upstream_id=%s", job.id, event.task_id)

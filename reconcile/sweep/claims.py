@@ -40,8 +40,9 @@ def decide(rt: Runtime, job: Job, now: datetime) -> Decision:
     """The decision-table action for one row (reads nothing but the row, the kind, settings and the
     adoption time, which the runtime reads from the database once): :func:`.table.decide` with
     the runtime's kind registry and legacy cutoff."""
-    cutoff = adoption.legacy_cutoff(rt) if table.needs_legacy_cutoff(rt.settings, job) else None
     kind = rt.kind(job.provider_kind) if job.status in IN_FLIGHT else None
+    needs = table.needs_legacy_cutoff(rt.settings, job, kind)
+    cutoff = adoption.legacy_cutoff(rt) if needs else None
     return table.decide(rt.settings, job, kind, now, legacy_cutoff=cutoff)
 
 
