@@ -122,7 +122,10 @@ def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
             select(WebhookDelivery).where(
                 WebhookDelivery.job_id == job.id, WebhookDelivery.upstream_id.is_not(None))
             .order_by(WebhookDelivery.received_at)).scalars().all()
-    tried: set[str] = set()
+        taken = evidence.held_elsewhere(session, (r.upstream_id or "" for r in rows), job.id)
+    tried: set[str] = set(taken)
+    for upstream_id in taken:
+        log.warning("evidence_held_elsewhere job_id=%s upstream_id=%s", job.id, upstream_id)
     for row in rows:
         upstream_id = row.upstream_id or ""
         if upstream_id in tried or not lifecycle.usable_task_id(upstream_id):
