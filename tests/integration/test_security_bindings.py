@@ -6,6 +6,7 @@ and a deeply nested submit input is a 400 (finding 10).
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from pathlib import Path
@@ -115,7 +116,7 @@ def test_a_customer_cannot_name_a_dubbing_after_another_users_uncertain_job(
     fund(db, attacker, 10_000)
     for key in ("name", "name_base64"):
         name = f"reconcile-job:{victim}"
-        value = name if key == "name" else __import__("base64").b64encode(name.encode()).decode()
+        value = name if key == "name" else base64.b64encode(name.encode()).decode()
         _refused(w, "elevenlabs-async", {**DUBBING_INPUT, key: value}, user=attacker,
                  model="dubbing")
     # the suspected variant: a dubbing create carrying webhook_metadata naming the victim
@@ -227,9 +228,8 @@ def test_a_verified_webhook_with_non_standard_json_is_stored_never_a_500(
     w = World(db, simulator, tmp_path)
     job_id = w.accept("replicate-prediction", Script(timeline=FOREVER))
     task_id = w.task_id(job_id)
-    text = '{"id": "%s", %s}' % (task_id, fragment)
-    if '"status"' not in fragment:
-        text = text[:-1] + ', "status": "processing"}'
+    status = "" if '"status"' in fragment else ', "status": "processing"'
+    text = '{"id": "' + task_id + '", ' + fragment + status + "}"
     body = text.encode()
     headers = sim_signing.replicate_headers(simulator.secrets.replicate_webhook_secret, body,
                                             f"msg_{uuid.uuid4().hex}", sim_signing.now_seconds())

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from reconcile.cli import main
-from reconcile.core.redact import database_url, for_terminal, printable
+from reconcile.core import redact
 from reconcile.testing import sim_signing
 from reconcile.webhooks.elevenlabs import signed_job_id, verify_elevenlabs
 
@@ -46,7 +46,7 @@ CORPUS = [
 
 @pytest.mark.parametrize(("url", "secrets"), CORPUS, ids=[c[0][:40] for c in CORPUS])
 def test_every_credential_form_is_masked(url: str, secrets: list[str]) -> None:
-    shown = database_url(url)
+    shown = redact.database_url(url)
     for secret in secrets:
         assert secret not in shown, (url, shown)
     assert "***" in shown
@@ -59,7 +59,7 @@ def test_every_credential_form_is_masked(url: str, secrets: list[str]) -> None:
     "postgresql://app@db/app?application_name=a@b",
 ])
 def test_what_holds_no_credential_is_shown_unchanged(url: str) -> None:
-    assert database_url(url) == url
+    assert redact.database_url(url) == url
 
 
 @pytest.mark.parametrize("url", [
@@ -84,8 +84,8 @@ def test_the_cli_database_line_masks_a_query_or_dsn_password(url: str) -> None:
     ("del\x7f", "del\\x7f"),
 ])
 def test_for_terminal_escapes_what_a_terminal_acts_on(text: str, shown: str) -> None:
-    assert for_terminal(text) == shown
-    assert printable(shown) and printable(text) == (text == shown)
+    assert redact.for_terminal(text) == shown
+    assert redact.printable(shown) and redact.printable(text) == (text == shown)
 
 
 # ----------------------------------------------------------------------------- finding 1, suspected
