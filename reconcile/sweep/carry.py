@@ -113,7 +113,8 @@ def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
     """(upstream id, source) from a stored webhook delivery naming this job, else a provider
     listing. A delivery counts only as :mod:`reconcile.jobstore.evidence` allows: same provider family
     and kind, bound by a provider-signed field, and — where the provider has one — confirmed
-    by a read echoing this job's planted id before anything changes."""
+    by a read echoing this job's planted id before anything changes. An upstream id another job
+    already holds is never this job's (:func:`reconcile.jobstore.evidence.held_elsewhere`)."""
     client = rt.client(kind)
     if not isinstance(client, AsyncProvider):
         return None
@@ -141,6 +142,11 @@ def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
         return None
     if listed is None or not lifecycle.usable_task_id(listed.task_id):
         return None  # an id no row can hold is no evidence (the operator gets the anomaly)
+    with rt.sessions() as session:
+        if evidence.held_elsewhere(session, (listed.task_id,), job.id):
+            log.warning("evidence_held_elsewhere job_id=%s upstream_id=%s", job.id,
+                        listed.task_id)
+            return None
     return listed.task_id, "listing"
 
 

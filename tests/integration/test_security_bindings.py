@@ -21,6 +21,7 @@ from reconcile import api, lifecycle
 from reconcile.cli import main
 from reconcile.db.models import CreditTransaction, Job, UsageLog, WebhookDelivery
 from reconcile.kinds import BUILTIN_KINDS, get_kind
+from reconcile.providers.base import ListedTask
 from reconcile.providers.elevenlabs import form_parts
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
@@ -164,6 +165,25 @@ def test_a_dubbing_named_for_another_job_before_the_fix_is_never_its_evidence(
         report = w.tick()
         assert "adopted" not in [a.outcome for a in report.actions], report.actions
     _assert_untouched(w, victim)
+
+
+def test_a_listed_task_another_job_holds_is_never_adopted(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same rule for a provider listing: a task listed as this job's that another job
+    already holds is that job's, not evidence."""
+    w = World(db, simulator, tmp_path)
+    victim = _uncertain(w, "replicate-prediction", "acme/upscaler:v1", {"prompt": "cat"})
+    simulator.script(str(victim), Script(timeline=FOREVER))
+    other = w.accept("replicate-prediction", Script(timeline=FOREVER))
+    client = w.rt.client(w.rt.kind("replicate-prediction"))  # type: ignore[arg-type]
+    listed = ListedTask(task_id=w.task_id(other), created_at=None, planted_job_id=str(victim))
+    monkeypatch.setattr(client, "find_created", lambda *a, **k: listed)
+    for _ in range(3):
+        w.clock.advance(minutes=5)
+        report = w.tick()
+        assert "adopted" not in [a.outcome for a in report.actions], report.actions
+    assert w.job(victim).provider_task_id is None
 
 
 # ----------------------------------------------------------------------------- finding 8
