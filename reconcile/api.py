@@ -253,6 +253,8 @@ def _parse_input(input: Any) -> Any:
             return json.loads(input)
         except ValueError as exc:
             raise InvalidParam(f"input is not JSON: {exc}", param="input") from exc
+        except RecursionError:  # nested deeper than the parser's stack: bad input, not a 500
+            raise InvalidParam("input is not JSON: nested too deeply", param="input") from None
     return input
 
 

@@ -64,7 +64,7 @@ def fail(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
         raise Failed(f"job {job_id} changed meanwhile; nothing done (see `reconcile show {job_id}`)")
     _report_failed(cli, job_id, "failed")
     if job.provider_task_id:
-        click.echo(f"note: upstream task {job.provider_task_id} may still run; a late result is "
+        click.echo(f"note: upstream task {_cell(job.provider_task_id)} may still run; a late result is "
                    "ignored", err=True)
 
 

@@ -75,8 +75,8 @@ EXPORTED = {
     },
     "reconcile.idempotency": {"MAX_KEY_LENGTH", "RETENTION"},
     "reconcile.kinds": {
-        "BUILTIN_KINDS", "BUILTIN_PROVIDERS", "ClientFactory", "Kind", "all_kinds", "family_of_name",
-        "get_kind", "provider_of", "register_kind", "unregister_kind",
+        "BUILTIN_KINDS", "BUILTIN_PROVIDERS", "ClientFactory", "Kind", "all_kinds", "binding_key",
+        "family_of_name", "get_kind", "provider_of", "register_kind", "unregister_kind",
     },
     "reconcile.ledger": {
         "BuiltinLedger", "COMPLETED_AFTER_REFUND", "DEFAULT", "Ledger", "audit",
@@ -194,7 +194,7 @@ NOT_EXPORTED = {
         "poll_lease", "usable_task_id",
     },
     "reconcile.orchestrator": {"mark_node_timed_out"},
-    "reconcile.providers.base": {"unwrap_sdk"},
+    "reconcile.providers.base": {"JOB_REF_PREFIX", "unwrap_sdk"},
     "reconcile.providers.outputs": {"ANY", "MEDIA"},
     "reconcile.runtime": {"utcnow"},
     "reconcile.sweep": {
