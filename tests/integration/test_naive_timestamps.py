@@ -193,3 +193,24 @@ def test_platform_ddl_naive_changes_only_the_timestamp_type() -> None:
     tz, naive = platform_ddl(), platform_ddl(naive=True)
     assert "timestamptz" in tz and "timestamptz" not in naive
     assert naive.replace("timestamp without time zone", "timestamptz") == tz
+
+
+def test_a_session_handed_back_in_another_zone_is_put_back_in_utc(
+        zoned: dict[str, Any]) -> None:
+    """A pooled session whose zone changed under the library (a ``RESET ALL`` back to the
+    database's zone, a ``SET`` by other code, a pooler handing over another client's session) is
+    in UTC again when it next leaves the pool: the zone the server reports is checked at every
+    checkout, not only when the connection was opened."""
+    engine = make_engine(zoned["url"], pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW TimeZone")).scalar_one() == "UTC"
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            conn.exec_driver_sql("RESET ALL")  # back to the database's or the URL's zone
+            conn.commit()
+            assert conn.execute(text("SHOW TimeZone")).scalar_one() == zoned["zone"]
+        with engine.connect() as conn:  # the same pooled connection, checked out again
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
+            assert conn.execute(text("SHOW TimeZone")).scalar_one() == "UTC"
+    finally:
+        engine.dispose()
