@@ -233,6 +233,7 @@ PRIVATE = {
     "reconcile.providers.deadline", "reconcile.providers.http", "reconcile.providers.outcome",
     "reconcile.webhooks.registry",
     "reconcile.testing.counting", "reconcile.testing.platform_ledger",
+    "reconcile.testing.platform_schema",
     "reconcile.testing.processes",
     "reconcile.testing.sim_control", "reconcile.testing.sim_core", "reconcile.testing.sim_delivery",
     "reconcile.testing.sim_http", "reconcile.testing.sim_main", "reconcile.testing.sim_signing",

@@ -17,7 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,10 @@ def run(config: ChaosConfig) -> ChaosReport:
     receiver: WebhookReceiver | None = None
     engine = None
     try:
+        _shape_database(config, db_name)
         upgrade(db_url)
+        database = _database_shape(config, db_name, db_url)
+        state.say(f"database: {database}")
         sim.configure(**plan.sim_knobs)
         engine = make_engine(db_url, pool_size=12, max_overflow=8)
         sessions = make_sessionmaker(engine)
@@ -108,6 +111,7 @@ def run(config: ChaosConfig) -> ChaosReport:
         _settle(state, rt, sim)
         _stop_workers(state)
         report = _check(state, rt, sim, receiver, redis_server)
+        report.options, report.database = config.shape_options(), database
     finally:
         _stop_workers(state)
         if receiver is not None:
@@ -122,6 +126,51 @@ def run(config: ChaosConfig) -> ChaosReport:
             if config.workdir is None:
                 shutil.rmtree(workdir, ignore_errors=True)
     return report
+
+
+def _plain_url(config: ChaosConfig, db_name: str) -> str:
+    return config.pg_admin.rsplit("/", 1)[0] + "/" + db_name
+
+
+def _shape_database(config: ChaosConfig, db_name: str) -> None:
+    """Before the migrations: the database's default time zone (``--db-timezone``) and the
+    platform's own tables with naive timestamps (``--naive-timestamps``), as a platform has
+    them; the migrations then add the library's columns and tables beside them."""
+    import psycopg
+
+    from ..platform_schema import create_platform_tables, set_database_timezone
+
+    if config.db_timezone:
+        with psycopg.connect(config.pg_admin, autocommit=True, connect_timeout=10) as conn:
+            set_database_timezone(conn, db_name, config.db_timezone)
+    if config.naive_timestamps:
+        with psycopg.connect(_plain_url(config, db_name), autocommit=True,
+                             connect_timeout=10) as conn:
+            create_platform_tables(conn, naive=True)
+
+
+def _database_shape(config: ChaosConfig, db_name: str, db_url: str) -> str:
+    """What the run really got, read back: a plain session's zone (the platform's view), the
+    library's session zone, and the type of the platform's timestamp columns."""
+    import psycopg
+    from sqlalchemy import text
+
+    from ...db.session import make_engine
+
+    with psycopg.connect(_plain_url(config, db_name), connect_timeout=10) as conn:
+        zone = conn.execute("SHOW TimeZone").fetchone()
+        types = sorted({row[0] for row in conn.execute(
+            "SELECT data_type FROM information_schema.columns WHERE table_name IN "
+            "('jobs', 'usage_logs') AND column_name IN ('created_at', 'started_at', "
+            "'completed_at')")})
+    engine = make_engine(db_url, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as conn:
+            library_zone = conn.execute(text("SHOW TimeZone")).scalar_one()
+    finally:
+        engine.dispose()
+    return (f"TimeZone={zone[0] if zone else '?'} (library sessions: {library_zone}), "
+            f"platform timestamps: {', '.join(types)}")
 
 
 def _fund(rt: Any, plan: Plan) -> None:
@@ -338,16 +387,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--verbose", action="store_true", help="the library's own logs too")
     parser.add_argument("--json", action="store_true", help="also print the report as JSON")
+    # the run's shape (ChaosConfig.shape_options): each option's dest is a ChaosConfig field
+    parser.add_argument("--db-timezone", default=None, metavar="ZONE",
+                        help="the database's default TimeZone, e.g. America/New_York")
+    parser.add_argument("--naive-timestamps", action="store_true",
+                        help="the platform's jobs/usage_logs with timestamp without time zone "
+                             "columns (holding UTC)")
     args = parser.parse_args(argv)
     # the library logs every injected failure (terminated backends, a dead broker) with its
     # traceback, as it should in production: here that is expected noise around the report
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL,
                         format="%(levelname)s %(name)s %(message)s")
-    report = run(ChaosConfig(jobs=args.jobs, seed=args.seed, workers=args.workers,
-                             concurrency=args.concurrency, time_scale=args.time_scale,
-                             rate=args.rate, settle_timeout=args.settle_timeout,
-                             pg_admin=args.pg_admin, workdir=args.workdir, keep=args.keep,
-                             quiet=args.quiet))
+    config = {f.name: getattr(args, f.name) for f in fields(ChaosConfig) if hasattr(args, f.name)}
+    report = run(ChaosConfig(**config))
     print(report.text(), flush=True)
     if args.json:
         print(json.dumps(asdict(report), default=str), flush=True)
