@@ -45,10 +45,20 @@ def settlement_due(cutoff: datetime) -> Any:
     return and_(settlement_pending(), Job.next_poll_at <= cutoff)
 
 
+def must_settle(job: Job) -> bool:
+    """Whether the library must settle this row: a failed/cancelled job whose failure the library
+    persisted (``mark_failed`` writes ``next_poll_at`` with the status; only the settlement
+    clears it, with ``credits_actual``). A platform's own failed row — never failed by the
+    library: a legacy row, a platform worker's failure — has none, and its refund is the
+    platform's (README, Design notes: Refunds need evidence). ``lifecycle.settle`` checks it
+    first, so every caller (the sweep, the ``reconcile.settle`` task, a snapshot read, cancel,
+    the CLI) gets the guard; :func:`settlement_pending` is its SQL twin."""
+    return job.status in _SETTLED_STATES and job.next_poll_at is not None
+
+
 def is_settlement_pending(job: Job) -> bool:
-    """:func:`settlement_pending` on a loaded row."""
-    return (job.status in _SETTLED_STATES and job.credits_actual is None
-            and job.next_poll_at is not None)
+    """:func:`settlement_pending` on a loaded row: :func:`must_settle`, not settled yet."""
+    return must_settle(job) and job.credits_actual is None
 
 
 def is_settlement_due(job: Job, cutoff: datetime) -> bool:

@@ -1,0 +1,76 @@
+"""Issue 24: which settlements the library owes, and what went back to the user.
+
+``lifecycle.settle`` enforces its own precondition (``jobstore.must_settle``), so the Celery
+``reconcile.settle`` task and every other caller refuse a platform's own failed row; an
+observe-only kind never stops a settlement the library already owes (finding 11).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from reconcile import jobstore, lifecycle, tasks
+from reconcile.settlement import SettleOutcome
+from reconcile.testing.simulator import Simulator
+from tests.integration.test_sweep import World, assert_refunded
+
+FUNDS = 100_000
+
+
+def platform_failed_row(w: World) -> uuid.UUID:
+    """A platform's own row from before adoption that the platform itself marked failed: no
+    kind, no submission state, never failed by the library (``next_poll_at`` NULL), still
+    holding its reservation of 40."""
+    at = w.clock.now - timedelta(hours=4)
+    return w.platform_row(status="failed", created_at=at, started_at=at, completed_at=at,
+                          error_code="PLATFORM_ERROR")
+
+
+def library_failed(w: World) -> uuid.UUID:
+    """A library job whose failure was saved and whose refund never ran (a worker died
+    between the two: ``next_poll_at`` set, ``credits_actual`` NULL)."""
+    job_id = w.submit("kie-standard")
+    with w.db.begin() as s:
+        assert jobstore.mark_failed(s, job_id, now=w.clock.now, code="UPSTREAM_FAILED",
+                                    message="failed", detail=None) is not None
+    return job_id
+
+
+def assert_untouched(w: World, row: uuid.UUID) -> None:
+    job = w.job(row)
+    assert (job.status, job.credits_actual, job.next_poll_at) == ("failed", None, None)
+    assert w.log_status(row) == "reserved" and w.refunds(row) == 0
+    assert w.pools(w.user) == (FUNDS - 40, 0)
+
+
+def test_settle_refuses_a_platform_own_failed_row(db: sessionmaker[Session],
+                                                  simulator: Simulator, tmp_path: Path) -> None:
+    """``lifecycle.settle`` on a failed row the library never failed is NOT_DUE and moves no
+    credit (README, Design notes: Refunds need evidence); old code refunded it."""
+    w = World(db, simulator, tmp_path)
+    row = platform_failed_row(w)
+    assert lifecycle.settle(w.rt, row) is SettleOutcome.NOT_DUE
+    assert lifecycle.settle(w.rt, row) is SettleOutcome.NOT_DUE
+    assert_untouched(w, row)
+
+
+def test_the_celery_settle_task_refuses_it_too(db: sessionmaker[Session], simulator: Simulator,
+                                               tmp_path: Path) -> None:
+    """The ``reconcile.settle`` task function gets the guard from ``lifecycle.settle``; a
+    library failure whose refund is owed still settles through it."""
+    w = World(db, simulator, tmp_path)
+    row = platform_failed_row(w)
+    owed = library_failed(w)
+    tasks.set_runtime(w.rt)
+    try:
+        assert tasks.settle(str(row)) == SettleOutcome.NOT_DUE
+        assert tasks.settle(str(owed)) == SettleOutcome.SETTLED
+    finally:
+        tasks.reset_runtime()
+    job = w.job(owed)
+    assert job.credits_actual == 0 and w.log_status(owed) == "refunded"
+    assert_untouched(w, row)
