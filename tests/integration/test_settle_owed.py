@@ -14,9 +14,10 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle, tasks
+from reconcile.ledger import audit as library_audit
 from reconcile.settlement import SettleOutcome
 from reconcile.testing.simulator import Simulator
-from tests.integration.test_sweep import World, assert_refunded
+from tests.integration.test_sweep import World
 
 FUNDS = 100_000
 
@@ -74,3 +75,27 @@ def test_the_celery_settle_task_refuses_it_too(db: sessionmaker[Session], simula
     job = w.job(owed)
     assert job.credits_actual == 0 and w.log_status(owed) == "refunded"
     assert_untouched(w, row)
+
+
+def test_observe_only_never_stops_a_settlement_the_library_owes(db: sessionmaker[Session],
+                                                                 simulator: Simulator,
+                                                                 tmp_path: Path) -> None:
+    """Finding 11: a worker died between saving a failure and its refund, and the kind is
+    observe-only (by name and by ``*``). The sweep settles it: observe-only governs decisions
+    about the upstream, not a refund already owed. Old code left it held (the audit said
+    ``terminal_job_reserved``)."""
+    for names in (["kie-standard"], ["*"]):
+        w = World(db, simulator, tmp_path, observe_only_kinds=names)
+        owed = library_failed(w)
+        stuck = w.accept("kie-standard")  # an upstream decision: still only observed
+        w.clock.advance(hours=3)
+        report = w.tick()
+        job = w.job(owed)
+        assert (job.status, job.credits_actual, job.next_poll_at) == ("failed", 0, None)
+        assert w.log_status(owed) == "refunded" and w.refunds(owed) == 1
+        assert w.job(stuck).status == "processing" and w.log_status(stuck) == "reserved"
+        assert report.observed >= 1
+        with w.db() as s:  # the audit with the same settings: nothing held past its end
+            found = library_audit(w.rt.ledger, s, now=w.clock.now, settings=w.rt.settings)
+        assert [d for d in found if d.job_id == owed] == []
+        assert [d.kind for d in found if d.kind == "terminal_job_reserved"] == []
