@@ -79,6 +79,29 @@ def uncertain_expired(now: datetime) -> Any:
                and_(Job.submission_state == Submission.SUBMITTING, claim_expired(now)))
 
 
+def is_outcome_unknown(submission_state: str | None, *, call_started: bool,
+                       task_id: str | None) -> bool:
+    """The provider may have been called and nothing says yet what it did: a create in progress
+    or lost (``submitting``, ``uncertain``), or a platform row whose provider call started
+    (``provider_call_started_at``: ``sync_call``'s marker, or the platform's own) with no
+    upstream id and no result yet. A cancel answers 409 for it and ``reconcile fail`` refuses
+    it (``reconcile resolve`` is the operator's way); :func:`outcome_known` is its SQL twin."""
+    if submission_state is None:
+        return call_started and not task_id
+    return submission_state in _UNKNOWN_OUTCOME
+
+
+_UNKNOWN_OUTCOME = (Submission.SUBMITTING.value, Submission.UNCERTAIN.value)
+
+
+def outcome_known() -> Any:
+    """SQL: not :func:`is_outcome_unknown` (the guard of a failure that must not race a
+    submission: NULL-safe, a platform row included)."""
+    return or_(and_(Job.submission_state.is_not(None), Job.submission_state.not_in(_UNKNOWN_OUTCOME)),
+               and_(Job.submission_state.is_(None),
+                    or_(Job.provider_call_started_at.is_(None), Job.provider_task_id.is_not(None))))
+
+
 # ``reconcile_last_error`` is the text, ``reconcile_last_error_code`` its code (migration 0021):
 # an ``UPSTREAM_…`` code is an upstream verdict (not found, expired media…), which an error that
 # is no verdict (a failed read, a raising step) never overwrites.

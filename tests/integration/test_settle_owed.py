@@ -14,6 +14,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle, tasks
+from reconcile.db.models import Job
 from reconcile.ledger import audit as library_audit
 from reconcile.settlement import SettleOutcome
 from reconcile.testing.simulator import Simulator
@@ -99,3 +100,40 @@ def test_observe_only_never_stops_a_settlement_the_library_owes(db: sessionmaker
             found = library_audit(w.rt.ledger, s, now=w.clock.now, settings=w.rt.settings)
         assert [d for d in found if d.job_id == owed] == []
         assert [d.kind for d in found if d.kind == "terminal_job_reserved"] == []
+
+
+def test_reconcile_fail_refuses_a_platform_row_whose_call_is_in_flight(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """Finding 12: a platform row whose provider call ``sync_call`` started (no result yet) is
+    refused by ``reconcile fail`` as a user's cancel refuses it (409), by the same predicate;
+    the fail's own CAS guard refuses it too (a call marked between the read and the CAS). A
+    platform row with no call started is still failed + refunded. Old code refunded it."""
+    from reconcile import api
+    from tests.integration.test_cli import add_job, balance, cli, refunds
+
+    in_call = add_job(db, submission=None, kind="anthropic-sync", task_id=None,
+                      age=timedelta(seconds=5))
+    assert load_row(db, in_call).provider_call_started_at is not None
+    result = cli(db, "fail", str(in_call))
+    assert result.exit_code == 2, result.output
+    assert "provider call started" in result.stderr
+    assert load_row(db, in_call).status == "processing"
+    assert balance(db, in_call) == 960 and refunds(db, in_call) == []
+
+    w = World(db, simulator, tmp_path)
+    status, body = api.cancel(w.rt, load_row(db, in_call).user_id, in_call)
+    assert (status, body["error"]["code"]) == (409, "SUBMISSION_RECONCILIATION_REQUIRED")
+    assert lifecycle.fail_job(w.rt, in_call, "RECONCILE_NO_RECOVERY", "x", None,
+                              where=(jobstore.outcome_known(),)) is False
+
+    idle = add_job(db, submission=None, kind=None, task_id=None)  # no call ever started
+    done = cli(db, "fail", str(idle))
+    assert done.exit_code == 0, done.output
+    assert balance(db, idle) == 1000 and refunds(db, idle) == [40]
+
+
+def load_row(db: sessionmaker[Session], job_id: uuid.UUID) -> Job:
+    with db() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        return job
