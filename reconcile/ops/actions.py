@@ -21,13 +21,14 @@ _ROOT = __package__.rpartition(".")[0]  # "reconcile"
 def _report_failed(cli: Cli, job_id: uuid.UUID, verb: str) -> None:
     with cli.session() as session:
         job = _load(session, job_id)
-        refunded = cli.runtime().ledger.refunded(session, job_id)
+        returned = cli.runtime().ledger.refunded(session, job_id)  # what went back, partial too
     if job.credits_actual is None:
         click.echo(f"job {job_id} {verb}; its refund is pending (next try {_cell(job.next_poll_at)})"
                    " — the sweep settles it")
     else:
+        kept = f", kept {job.credits_actual}" if job.credits_actual else ""
         click.echo(f"job {job_id} {verb} ({job.error_code}); refunded "
-                   f"{refunded} credits")
+                   f"{returned} credits{kept}")
 
 
 @main.command()

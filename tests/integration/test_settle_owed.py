@@ -7,17 +7,22 @@ observe-only kind never stops a settlement the library already owes (finding 11)
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import jobstore, lifecycle, tasks
+from reconcile import credits, jobstore, lifecycle, tasks
 from reconcile.db.models import Job
 from reconcile.ledger import audit as library_audit
-from reconcile.settlement import SettleOutcome
+from reconcile.settlement import SettleOutcome, SettlementPolicy
 from reconcile.testing.simulator import Simulator
+from tests.integration import harness
+from tests.integration.ledgers import make_backend
 from tests.integration.test_sweep import World
 
 FUNDS = 100_000
@@ -137,3 +142,95 @@ def load_row(db: sessionmaker[Session], job_id: uuid.UUID) -> Job:
         job = s.get(Job, job_id)
         assert job is not None
         return job
+
+
+HALF = SettlementPolicy(failure_refund=Fraction(1, 2))
+
+
+def half_settled_then_completed(w: World) -> uuid.UUID:
+    """Finding 4's setup: under failures-keep-half the legacy sweep (enforce) fails a platform
+    row and settles it partly (keeps 20, returns 20); the platform's own worker then completes
+    it, as it writes its rows (status only)."""
+    w.rt.settlement_policy = HALF
+    row = w.platform_row()
+    w.clock.advance(minutes=10)
+    w.tick()
+    job = w.job(row)
+    assert (job.status, job.credits_actual, w.log_status(row)) == ("failed", 20, "committed")
+    w.set(row, status="completed")
+    return row
+
+
+def audit_of(w: World) -> list[Any]:
+    with w.db() as s:
+        return library_audit(w.rt.ledger, s, now=w.clock.now, policy=w.rt.settlement_policy)
+
+
+def test_a_completion_after_a_partial_settlement_is_flagged_and_can_be_recharged(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """Finding 4: the sweep records one ``completed_after_refund`` anomaly, the audit reports
+    it with what went back (20), and ``credits.recharge`` takes the returned part back — the
+    job then costs 40 and the audit is clean. Old code: no anomaly, a clean audit, and the
+    re-charge refused."""
+    w = World(db, simulator, tmp_path)
+    row = half_settled_then_completed(w)
+    assert w.pools(w.user) == (FUNDS - 20, 0)
+
+    report = w.tick()
+    assert report.late_completions == 1
+    assert w.anomalies(row, "completed_after_refund") == ["completed_after_refund"]
+    w.tick()
+    assert w.anomalies(row, "completed_after_refund") == ["completed_after_refund"]  # once
+    found = [(d.kind, d.job_id) for d in audit_of(w)]
+    assert found == [("completed_after_refund", row)]
+    assert "returned 20 credits" in audit_of(w)[0].detail
+    with w.db() as s:
+        assert w.rt.ledger.refunded(s, row) == 20
+
+    with w.db.begin() as s:
+        assert credits.recharge(s, row, 20, now=w.clock.now) is True
+    with w.db.begin() as s:
+        assert credits.recharge(s, row, 20, now=w.clock.now) is False  # idempotent
+        assert w.rt.ledger.refunded(s, row) == 0
+    assert w.job(row).credits_actual == 40 and w.pools(w.user) == (FUNDS - 40, 0)
+    assert audit_of(w) == []
+
+
+def test_a_platform_ledger_flags_it_too(db: sessionmaker[Session], simulator: Simulator,
+                                        tmp_path: Path) -> None:
+    """The same completion under a platform's own ledger backend: the sweep's anomaly and the
+    library's job checks read ``Ledger.refunded``, which counts a partial settlement's return."""
+    with harness.ledger_backend(make_backend("platform", db)):
+        w = World(db, simulator, tmp_path)
+        row = half_settled_then_completed(w)
+        assert w.tick().late_completions == 1
+        assert w.anomalies(row) == ["completed_after_refund"]
+        with w.db() as s:
+            assert w.rt.ledger.refunded(s, row) == 20
+        assert [(d.kind, d.job_id) for d in audit_of(w)] == [("completed_after_refund", row)]
+
+
+def test_operators_and_the_user_see_what_went_back(db: sessionmaker[Session],
+                                                   simulator: Simulator, tmp_path: Path) -> None:
+    """Under failures-keep-half, ``reconcile fail`` of a 40-credit job says 20 went back (old
+    code: "refunded 0 credits"), ``reconcile show`` and the customer snapshot give
+    ``credits_returned`` 20 beside ``credits_actual`` 20; a full refund still reads 40."""
+    from reconcile import api
+    from tests.integration.test_cli import cli_with
+
+    w = World(db, simulator, tmp_path)
+    w.rt.settlement_policy = HALF
+    half = w.accept("kie-standard")
+    result = cli_with(w.rt, "fail", str(half))
+    assert result.exit_code == 0, result.output
+    assert "refunded 20 credits, kept 20" in result.stdout
+    shown = json.loads(cli_with(w.rt, "show", str(half), "--json").stdout)["job"]
+    assert (shown["credits_actual"], shown["credits_returned"]) == (20, 20)
+    assert "credits_returned" in cli_with(w.rt, "show", str(half)).stdout
+    status, body = api.snapshot(w.rt, w.user, half)
+    assert (status, body["credits_actual"], body["credits_returned"]) == (200, 20, 20)
+
+    w.rt.settlement_policy = SettlementPolicy()
+    full = w.accept("kie-standard")
+    assert "refunded 40 credits\n" in cli_with(w.rt, "fail", str(full)).stdout
+    assert api.snapshot(w.rt, w.user, full)[1]["credits_returned"] == 40
