@@ -2,7 +2,10 @@
 
 ``lifecycle.settle`` enforces its own precondition (``jobstore.must_settle``), so the Celery
 ``reconcile.settle`` task and every other caller refuse a platform's own failed row; an
-observe-only kind never stops a settlement the library already owes (finding 11).
+observe-only kind never stops a settlement the library already owes (finding 11); ``reconcile
+fail`` refuses a platform row whose provider call is in flight, as a cancel does (finding 12); a
+completion after a partial settlement is flagged and can be re-charged (finding 4); the CLI and
+the snapshot say what went back (``Ledger.refunded``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import credits, jobstore, lifecycle, tasks
 from reconcile.db.models import Job
 from reconcile.ledger import audit as library_audit
-from reconcile.settlement import SettleOutcome, SettlementPolicy
+from reconcile.settlement import SettlementPolicy, SettleOutcome
 from reconcile.testing.simulator import Simulator
 from tests.integration import harness
 from tests.integration.ledgers import make_backend
