@@ -51,7 +51,11 @@ def fail(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
     if job.status == Status.COMPLETED:
         raise Refused(f"job {job_id} is completed: its credits were committed; nothing to fail")
     if job.status in TERMINAL:
-        pending = " (its refund is pending: the sweep settles it)" if job.credits_actual is None else ""
+        pending = ""
+        if job.credits_actual is None:
+            pending = (" (its refund is pending: the sweep settles it)" if jobstore.must_settle(job)
+                       else " by the platform, not the library: its reservation is the "
+                       "platform's to settle (`reconcile audit` reports it)")
         click.echo(f"job {job_id} is already {job.status}{pending}; nothing done", err=True)
         return
     # the rows a user's cancel answers 409 for (jobstore.is_outcome_unknown, one home)

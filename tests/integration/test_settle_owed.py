@@ -60,11 +60,21 @@ def assert_untouched(w: World, row: uuid.UUID) -> None:
 def test_settle_refuses_a_platform_own_failed_row(db: sessionmaker[Session],
                                                   simulator: Simulator, tmp_path: Path) -> None:
     """``lifecycle.settle`` on a failed row the library never failed is NOT_DUE and moves no
-    credit (README, Design notes: Refunds need evidence); old code refunded it."""
+    credit (README, Design notes: Refunds need evidence); old code refunded it. Neither the
+    sweep nor ``reconcile fail`` touches it, and the CLI says whose it is."""
+    from tests.integration.test_cli import cli_with
+
     w = World(db, simulator, tmp_path)
     row = platform_failed_row(w)
     assert lifecycle.settle(w.rt, row) is SettleOutcome.NOT_DUE
     assert lifecycle.settle(w.rt, row) is SettleOutcome.NOT_DUE
+    assert_untouched(w, row)
+    # `reconcile fail` does not promise the sweep will refund it (it will not)
+    said = cli_with(w.rt, "fail", str(row))
+    assert said.exit_code == 0 and "pending" not in said.stderr
+    assert "the platform's to settle" in said.stderr
+    w.clock.advance(hours=1)
+    w.tick()
     assert_untouched(w, row)
 
 
