@@ -129,6 +129,7 @@ def _job_facts(a: _Audit) -> Subquery:
         (c.usage_s + c.usage_t).label("usage"), commit.label("commit"),
         (c.legacy_s + c.legacy_t).label("legacy"),
         (case((status == "committed", commit), else_=0) + c.r_commit_s + c.r_commit_t).label("cost"),
+        (c.refund_s + c.refund_t + c.release_s + c.release_t).label("returned"), J.c.error_code,
         J.c.status.label("job_status"), J.c.credits_actual,
         func.coalesce(J.c.completed_at, J.c.created_at).label("ended"),
     ).select_from(jt.outerjoin(lg, lg.c.job_id == c.job_id).outerjoin(J, J.c.id == c.job_id))
@@ -158,8 +159,11 @@ def _jobs(a: _Audit) -> None:
         "failed_job_committed": and_(known, d.job_status.in_(("failed", "cancelled")),
                                      d.log_status == "committed",
                                      ~or_(_kept_by_policy(a, d), _kept_by_record(a, d))),
-        "completed_after_refund": and_(known, d.job_status == "completed",
-                                       d.log_status == "refunded", d.n_r_commit == 0),
+        # a completion after a settlement that returned credits: a refund, or a partial one
+        # (the library failed the job, kept part and released the rest: Ledger.refunded)
+        "completed_after_refund": and_(known, d.job_status == "completed", d.n_r_commit == 0, or_(
+            d.log_status == "refunded",
+            and_(d.log_status == "committed", d.returned > 0, d.error_code.is_not(None)))),
         "terminal_job_reserved": and_(known, d.job_status.in_(TERMINAL), reserved,
                                       d.ended < a.now - a.grace),
         "credits_actual_mismatch": and_(known, d.credits_actual.is_not(None),
@@ -168,7 +172,8 @@ def _jobs(a: _Audit) -> None:
     flags = [case((cond, 1), else_=0).label(kind) for kind, cond in checks.items()]
     stmt = select(d.job_id, d.user_id, d.log_status, d.lhs_s, d.lhs_t, d.rhs_s, d.rhs_t,
                   d.n_reserved, d.min_credits, d.max_credits, d.usage, d.job_status,
-                  d.credits_actual, d.cost, d.commit, d.legacy, _policy_kept(a, d).label("kept"),
+                  d.credits_actual, d.cost, d.commit, d.legacy, d.returned,
+                  _policy_kept(a, d).label("kept"),
                   d.rec_share, d.rec_kept, *flags).where(or_(*checks.values()))
     for r in a.session.execute(stmt):
         m = r._mapping
@@ -289,8 +294,9 @@ def _job_detail(kind: str, r: Any) -> str:
                                 + ("" if r.kept is None else f" {r.commit} (the settlement "
                                    f"policy keeps {r.kept} of {r.usage - r.legacy})")
                                 + _record_detail(r),
-        "completed_after_refund": "job completed and its reservation refunded (keep the refund, "
-                                  "or re-charge: credits.recharge)",
+        "completed_after_refund": f"job completed after the library's settlement returned "
+                                  f"{r.returned} credits (keep them, or re-charge: "
+                                  "credits.recharge)",
         "terminal_job_reserved": f"job {r.job_status} still holds a reserved usage log",
         "reserved_but_settled": "usage log reserved, a settlement exists",
         "settlement_missing": f"usage log {r.log_status} without its transaction",

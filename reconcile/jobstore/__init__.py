@@ -54,11 +54,14 @@ from .poll import claim_attempt, count_attempt, note_error, set_progress, start_
 from .predicates import (
     claim_expired,
     in_flight,
+    is_outcome_unknown,
     is_settlement_due,
     is_settlement_pending,
     is_verdict,
     last_error_code,
     legacy_error_code,
+    must_settle,
+    outcome_known,
     platform_row_uncalled,
     settlement_due,
     settlement_pending,
@@ -87,4 +90,5 @@ __all__ = [
     "release_rate_limited", "reschedule_claimed", "save_task_id", "set_progress", "settle_failed",
     "settled", "settlement_due", "settlement_pending", "start_new_chain", "take_poll_turn",
     "uncertain_expired",
+    "is_outcome_unknown", "must_settle", "outcome_known",
 ]
