@@ -323,7 +323,8 @@ def _in_flight(a: _Audit) -> None:
     stmt = a.scoped(
         select(J.c.id, J.c.user_id, J.c.status, J.c.submission_state, J.c.provider_kind,
                J.c.provider_call_started_at, J.c.started_at, J.c.created_at,
-               J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at)
+               J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at,
+               J.c.claim_expires_at)
         .where(J.c.status.in_(IN_FLIGHT),
                select(T.c.id).where(T.c.id == usage_id, T.c.job_id == J.c.id).exists()),
         J.c.user_id)

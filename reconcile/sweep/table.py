@@ -114,7 +114,10 @@ class _Row:
         return lease is None or lease <= self.now
 
     def fail_if_stale(self, row: str) -> Decision:
-        return Decision(row, Action.FAIL if self.past_threshold() else Action.LEAVE)
+        # a call with no upstream handle: past its threshold and its call's claim (jobstore.horizon)
+        stale = self.kind is not None and \
+            self.now >= horizon.call_deadline(self.settings, self.job, self.kind)
+        return Decision(row, Action.FAIL if stale else Action.LEAVE)
 
 
 def _legacy(r: _Row) -> Decision | None:
