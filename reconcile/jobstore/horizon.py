@@ -7,11 +7,12 @@ per ``ATTEMPT_SPACING``, and at ``MAX_ATTEMPTS`` it is exhausted (failed). A syn
 attempts: it may be failed once past its threshold and the claim its call holds. Every
 duration is scaled by ``TIME_SCALE``.
 
-Callers: the poll chain (:func:`past_threshold`, :func:`exhausted`), the sweep's table and
-executor (the same two, and :func:`call_deadline` for a call with no upstream handle), the audit's in-flight horizon and the chaos run's settle wait
-(:func:`exhaustion_deadline`), the create step's rate-limit wait (capped below the deadline),
-adoption's legacy age and the chaos cap (:func:`kind_horizon`), the explorer's quiescence.
-Pure: it reads the row and the settings, never the database.
+Callers: the poll chain (:func:`past_threshold`, :func:`exhausted`); the sweep's table and
+executor (the same two, and :func:`call_deadline` for a call with no upstream handle); the
+audit's in-flight horizon, the create step's rate-limit wait (capped below it) and the chaos
+run's settle wait (:func:`exhaustion_deadline`); adoption's legacy age and the chaos cap
+(:func:`kind_horizon`); the explorer's quiescence. Pure: it reads the row and the settings,
+never the database.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from ..kinds import Kind, get_kind
 from ..states import ATTEMPT_SPACING, MAX_ATTEMPTS, Submission
 
 __all__ = [
-    "attempts_from", "call_deadline", "exhausted", "exhaustion_deadline", "job_start", "kind_horizon",
-    "past_threshold",
+    "attempts_from", "call_deadline", "exhausted", "exhaustion_deadline", "job_start",
+    "kind_horizon", "past_threshold",
 ]
 
 
@@ -69,11 +70,10 @@ def exhausted(job: Any) -> bool:
 def exhaustion_deadline(settings: Any, job: Any) -> datetime | None:
     """The latest an in-flight job may still be in flight: its kind's stale threshold after its
     start; a sync kind has no attempts after it, only its call's claim (:func:`call_deadline`);
-    an async kind then has one attempt per spacing until
-    ``MAX_ATTEMPTS`` — counted from its last attempt, or its new poll lease when attempts
-    started over (adopted, resumed), when that is later. Attempts beyond the maximum move it
-    back, not forward. None: no such bound (an unknown kind; ``uncertain``, which waits for
-    evidence or an operator)."""
+    an async kind then has one attempt per spacing until ``MAX_ATTEMPTS`` — counted from its
+    last attempt, or its new poll lease when attempts started over (adopted, resumed), when that
+    is later. Attempts beyond the maximum move it back, not forward. None: no such bound (an
+    unknown kind; ``uncertain``, which waits for evidence or an operator)."""
     kind = get_kind(job.provider_kind)
     if kind is None or job.submission_state == Submission.UNCERTAIN:
         return None
