@@ -3,7 +3,7 @@ log and its row) and the in-flight horizon."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from fractions import Fraction
 from typing import Any
 
@@ -24,9 +24,9 @@ from sqlalchemy import (
     select,
 )
 
-from ..kinds import get_kind
+from ..jobstore.horizon import exhaustion_deadline
 from ..settlement import RECORD_KEY, kept_of
-from ..states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS, TERMINAL, Submission
+from ..states import IN_FLIGHT, MAX_ATTEMPTS, TERMINAL
 from ._base import (
     J,
     T,
@@ -329,7 +329,8 @@ def _in_flight(a: _Audit) -> None:
     stmt = a.scoped(
         select(J.c.id, J.c.user_id, J.c.status, J.c.submission_state, J.c.provider_kind,
                J.c.provider_call_started_at, J.c.started_at, J.c.created_at,
-               J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at)
+               J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at,
+               J.c.claim_expires_at)
         .where(J.c.status.in_(IN_FLIGHT),
                select(T.c.id).where(T.c.id == usage_id, T.c.job_id == J.c.id).exists()),
         J.c.user_id)
@@ -339,34 +340,11 @@ def _in_flight(a: _Audit) -> None:
             a.report("in_flight_past_horizon", row.user_id, row.id, late)
 
 
-def exhaustion_deadline(settings: Any, row: Any) -> datetime | None:
-    """The latest an in-flight job's last attempt is due (module docstring): its kind's stale
-    threshold after its provider call (a sync kind: no attempts after it), then one attempt per
-    spacing until ``MAX_ATTEMPTS`` — counted from its last attempt, or its new poll lease when
-    attempts started over (adopted, resumed), when that is later. None: no such bound (an
-    unknown kind; ``uncertain``, which waits for an operator)."""
-    kind = get_kind(row.provider_kind)
-    if kind is None or row.submission_state == Submission.UNCERTAIN:
-        return None
-    scaled = settings.scaled
-    start = row.provider_call_started_at or row.started_at or row.created_at
-    base = start + scaled(kind.stale_threshold)
-    if kind.sync:
-        return base
-    last = row.reconcile_last_attempt_at
-    if last is None and row.poll_lease_expires_at is not None:
-        last = row.poll_lease_expires_at  # adopted or resumed: attempts start over
-    if last is not None:
-        base = max(base, last)
-    # attempts beyond MAX_ATTEMPTS (hole 2: 39 of 18) move the deadline back, not forward
-    return base + scaled(ATTEMPT_SPACING) * (MAX_ATTEMPTS - (row.reconcile_attempts or 0))
-
-
 def _past_horizon(a: _Audit, row: Any) -> str | None:
     """Why an in-flight job is past its kind's exhaustion horizon, or None (module docstring)."""
     if row.provider_kind in (a.settings.observe_only_kinds or ()):
         return None
-    deadline = exhaustion_deadline(a.settings, row)
+    deadline = exhaustion_deadline(a.settings, row)  # the one rule (jobstore.horizon)
     if deadline is None:
         return None
     scaled = a.settings.scaled

@@ -25,7 +25,8 @@ through this facade, and never writing ``jobs`` themselves — the single-writer
 - :mod:`.events`: the job-event outbox and its publisher, ``follow_job``;
 - :mod:`.evidence`: which webhook delivery is evidence for which job;
 - :mod:`.retention`: pruning job events and webhook deliveries;
-- :mod:`.adoption`: the legacy-row rules (cutoff, age, observe-only names).
+- :mod:`.adoption`: the legacy-row rules (cutoff, age, observe-only names);
+- :mod:`.horizon`: a job's exhaustion horizon (threshold, attempts, deadline), a pure rule.
 """
 
 from __future__ import annotations

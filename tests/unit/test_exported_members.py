@@ -221,9 +221,9 @@ KEPT_IMPORTABLE = {
 PRIVATE = {
     "reconcile.jobstore", "reconcile.jobstore.adoption", "reconcile.jobstore.batch",
     "reconcile.jobstore.cas", "reconcile.jobstore.create", "reconcile.jobstore.events",
-    "reconcile.jobstore.evidence", "reconcile.jobstore.poll", "reconcile.jobstore.predicates",
-    "reconcile.jobstore.retention", "reconcile.jobstore.terminal", "reconcile.jobstore.turns",
-    "reconcile.lifecycle.adopt", "reconcile.lifecycle.batch", "reconcile.lifecycle.cancel",
+    "reconcile.jobstore.evidence", "reconcile.jobstore.horizon", "reconcile.jobstore.poll",
+    "reconcile.jobstore.predicates", "reconcile.jobstore.retention", "reconcile.jobstore.terminal",
+    "reconcile.jobstore.turns", "reconcile.lifecycle.adopt", "reconcile.lifecycle.batch", "reconcile.lifecycle.cancel",
     "reconcile.lifecycle.create", "reconcile.lifecycle.finalize", "reconcile.lifecycle.poll",
     "reconcile.lifecycle.settling", "reconcile.lifecycle.submit",
     "reconcile.credits.importer",

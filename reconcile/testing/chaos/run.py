@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, fields
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -289,9 +289,13 @@ def _settle(state: _Run, rt: Any, sim: Any) -> None:
     is left, and at the latest once every job left is past its horizon and the floor
     (``settle_timeout``, default 90 s + 0.06 s a job) is over. A slow host only makes the wait
     longer; a job the library loses is still reported, one horizon after it started."""
+    from ...jobstore.horizon import kind_horizon
+    from ...states import ATTEMPT_SPACING
+
     started = time.monotonic()
     floor = started + (state.config.settle_timeout or (90.0 + state.config.jobs * 0.06))
-    cap = floor + max(_liveness_span(rt, rt.kind(kind)) for kind in FAMILIES).total_seconds()
+    cap = floor + max(rt.settings.scaled(kind_horizon(rt.kind(kind)) + ATTEMPT_SPACING)
+                      for kind in FAMILIES).total_seconds()
     last = None
     while time.monotonic() < cap:  # the cap: a database that never answers again
         pending = _unsettled(rt)
@@ -321,32 +325,22 @@ def _settle(state: _Run, rt: Any, sim: Any) -> None:
 
 
 def _horizon(rt: Any, job: Any) -> datetime:
-    """The latest an in-flight job may still legitimately finish: its kind's stale threshold
-    after its provider call started (its creation, before one), then every attempt the sweep may
-    make, each one attempt spacing apart, until exhaustion fails it (README, Design notes:
-    Attempts and exhaustion), plus one spacing of slack; scaled. A job whose attempts started
-    over (adopted, resumed) gets them again: one spacing past the library's own exhaustion
-    deadline (:func:`reconcile.audit._jobs.exhaustion_deadline`, what the audit's in-flight
-    horizon reads), when that is later. A terminal job not settled yet gets the floor only (its
-    horizon is its creation)."""
-    from ...audit._jobs import exhaustion_deadline
+    """The latest an in-flight job may still legitimately finish, as the library itself bounds
+    it (:mod:`reconcile.jobstore.horizon`): the later of its kind's horizon after its start
+    (threshold, then every attempt on schedule) and its own exhaustion deadline (attempts that
+    started over: adopted, resumed), plus one attempt spacing of slack; scaled. A terminal job
+    not settled yet gets the floor only (its horizon is its creation)."""
+    from ...jobstore import horizon
     from ...states import ATTEMPT_SPACING, IN_FLIGHT
 
     kind = rt.kind(job.provider_kind)
     if job.status not in IN_FLIGHT or kind is None:
         return job.created_at
-    horizon = (job.provider_call_started_at or job.created_at) + _liveness_span(rt, kind)
-    deadline = exhaustion_deadline(rt.settings, job)
-    if deadline is None:
-        return horizon
-    return max(horizon, deadline + rt.settings.scaled(ATTEMPT_SPACING))
-
-
-def _liveness_span(rt: Any, kind: Any) -> timedelta:
-    """How long after its provider call a job of ``kind`` may still finish (:func:`_horizon`)."""
-    from ...states import ATTEMPT_SPACING, MAX_ATTEMPTS
-
-    return rt.settings.scaled(kind.stale_threshold + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1))
+    latest = horizon.job_start(job) + rt.settings.scaled(horizon.kind_horizon(kind))
+    deadline = horizon.exhaustion_deadline(rt.settings, job)
+    if deadline is not None:
+        latest = max(latest, deadline)
+    return latest + rt.settings.scaled(ATTEMPT_SPACING)
 
 
 def _unsettled(rt: Any) -> list[tuple[uuid.UUID, datetime]] | None:
