@@ -369,3 +369,81 @@ def _past_horizon(a: _Audit, row: Any) -> str | None:
         return None
     return (f"{row.provider_kind} job {row.status} ({row.submission_state}), attempts "
             f"{row.reconcile_attempts}/{MAX_ATTEMPTS}, exhausted by {deadline.isoformat()}")
+
+
+# ----------------------------------------------------------------------------- the job row
+#
+# The ledger against the job row it names, where a platform may have changed the row under it:
+# deleted it, moved its status back, or rewritten a user id. Each check is one statement.
+
+
+def _job_rows(a: _Audit) -> None:
+    """``orphaned_reservation``, ``settled_job_in_flight``, ``job_user_mismatch`` and
+    ``usage_log_user_mismatch`` (module docstring)."""
+    for check in (_orphaned_reservations, _settled_in_flight, _user_mismatches):
+        check(a)
+
+
+def _usage_row(a: _Audit, job_col: Any) -> Any:
+    """The condition "this ``T`` row is the job's own USAGE row" for the job id ``job_col``."""
+    return and_(T.c.job_id == job_col, T.c.type == "USAGE",
+                T.c.id == literal("job-usage:") + a.job_text(job_col))
+
+
+def _orphaned_reservations(a: _Audit) -> None:
+    """A reservation the ledger holds (a ``reserved`` log with its USAGE row) whose job row is
+    gone, past the grace: nothing will ever settle it (``reconcile credits release-orphan``)."""
+    stmt = a.scoped(
+        select(U.c.job_id, U.c.user_id, U.c.credits, U.c.created_at)
+        .where(U.c.status == "reserved", U.c.job_id.is_not(None),
+               U.c.created_at < a.now - a.grace,
+               ~select(J.c.id).where(J.c.id == U.c.job_id).exists(),
+               select(T.c.id).where(_usage_row(a, U.c.job_id)).exists())
+        .order_by(U.c.created_at), U.c.user_id)
+    for r in a.session.execute(stmt):
+        a.report("orphaned_reservation", r.user_id, r.job_id,
+                 f"{r.credits} credits reserved since {r.created_at.isoformat()} for a job whose "
+                 f"row was deleted (release them: reconcile credits release-orphan {r.job_id} "
+                 f"--reason ...)")
+
+
+def _settled_in_flight(a: _Audit) -> None:
+    """A job in flight whose reservation the library settled (its ``job-commit:`` or
+    ``job-refund:``) before the grace: a terminal status was moved back."""
+    jid = a.job_text(T.c.job_id)
+    settled = (select(T.c.job_id, func.max(T.c.type).label("type"),
+                      func.max(T.c.created_at).label("at"))
+               .where(T.c.job_id.is_not(None), or_(
+                   and_(T.c.type == "COMMIT", T.c.id == literal("job-commit:") + jid),
+                   and_(T.c.type == "REFUND", T.c.id == literal("job-refund:") + jid)))
+               .group_by(T.c.job_id)).subquery("st")
+    stmt = a.scoped(
+        select(J.c.id, J.c.user_id, J.c.status, settled.c.type, settled.c.at)
+        .select_from(J.join(settled, settled.c.job_id == J.c.id))
+        .where(J.c.status.in_(IN_FLIGHT), settled.c.at < a.now - a.grace), J.c.user_id)
+    for r in a.session.execute(stmt):
+        verb = "committed" if r.type == "COMMIT" else "refunded"
+        a.report("settled_job_in_flight", r.user_id, r.id,
+                 f"job {r.status} but its reservation was {verb} at {r.at.isoformat()} "
+                 f"(a terminal status moved back)")
+
+
+def _user_mismatches(a: _Audit) -> None:
+    """A job whose ``user_id`` is not the user its USAGE row charged; a usage log whose
+    ``user_id`` is neither (the USAGE row's user, else its job's): a settlement would pay it."""
+    stmt = a.scoped(
+        select(J.c.id, J.c.user_id, T.c.user_id.label("charged"))
+        .select_from(J.join(T, _usage_row(a, J.c.id)))
+        .where(J.c.user_id != T.c.user_id), T.c.user_id)
+    for r in a.session.execute(stmt):
+        a.report("job_user_mismatch", r.charged, r.id,
+                 f"job user {r.user_id} != user {r.charged} its USAGE charged")
+    owner = func.coalesce(T.c.user_id, J.c.user_id)
+    stmt = a.scoped(
+        select(U.c.id, U.c.job_id, U.c.user_id, owner.label("owner"))
+        .select_from(U.outerjoin(J, J.c.id == U.c.job_id)
+                     .outerjoin(T, _usage_row(a, U.c.job_id)))
+        .where(U.c.job_id.is_not(None), owner.is_not(None), U.c.user_id != owner), U.c.user_id)
+    for r in a.session.execute(stmt):
+        a.report("usage_log_user_mismatch", r.owner, r.job_id,
+                 f"usage log {r.id} names user {r.user_id}, its job's is {r.owner}")
