@@ -410,17 +410,13 @@ def _orphaned_reservations(a: _Audit) -> None:
 def _settled_in_flight(a: _Audit) -> None:
     """A job in flight whose reservation the library settled (its ``job-commit:`` or
     ``job-refund:``) before the grace: a terminal status was moved back."""
-    jid = a.job_text(T.c.job_id)
-    settled = (select(T.c.job_id, func.max(T.c.type).label("type"),
-                      func.max(T.c.created_at).label("at"))
-               .where(T.c.job_id.is_not(None), or_(
-                   and_(T.c.type == "COMMIT", T.c.id == literal("job-commit:") + jid),
-                   and_(T.c.type == "REFUND", T.c.id == literal("job-refund:") + jid)))
-               .group_by(T.c.job_id)).subquery("st")
+    jid = a.job_text(J.c.id)  # from the (few) jobs in flight, by the settlement's exact id
+    settles = or_(and_(T.c.id == literal("job-commit:") + jid, T.c.type == "COMMIT"),
+                  and_(T.c.id == literal("job-refund:") + jid, T.c.type == "REFUND"))
     stmt = a.scoped(
-        select(J.c.id, J.c.user_id, J.c.status, settled.c.type, settled.c.at)
-        .select_from(J.join(settled, settled.c.job_id == J.c.id))
-        .where(J.c.status.in_(IN_FLIGHT), settled.c.at < a.now - a.grace), J.c.user_id)
+        select(J.c.id, J.c.user_id, J.c.status, T.c.type, T.c.created_at.label("at"))
+        .select_from(J.join(T, and_(T.c.job_id == J.c.id, settles)))
+        .where(J.c.status.in_(IN_FLIGHT), T.c.created_at < a.now - a.grace), J.c.user_id)
     for r in a.session.execute(stmt):
         verb = "committed" if r.type == "COMMIT" else "refunded"
         a.report("settled_job_in_flight", r.user_id, r.id,
