@@ -67,8 +67,9 @@ from sqlalchemy.orm import Session
 from ..settings import Settings
 from ..settlement import DEFAULT_POLICY, SettlementPolicy
 from ._base import INCREMENTAL_MAX_USERS, Discrepancy, _Audit, touched_users, touched_users_query
-from ._jobs import _in_flight, _job_rows, _jobs
+from ._jobs import _in_flight, _jobs
 from ._ledger import _lots, _transactions, _users
+from ._rows import _job_rows
 
 __all__ = ["INCREMENTAL_MAX_USERS", "Discrepancy", "run", "touched_users", "touched_users_query"]
 
