@@ -16,6 +16,7 @@ from ..errors import (
 )
 from ._base import (
     POOLS,
+    RESERVED_PREFIXES,
     _check_amount,
     _check_funds,
     _now,
@@ -28,6 +29,7 @@ from ._base import (
 from ._core import (
     _BALANCE_ADD,
     _L,
+    _LOT_IDS_TAKEN,
     _TXN_EXISTS,
     _add_txn,
     _all_or_nothing,
@@ -48,13 +50,24 @@ from ._pools import (
 
 def grant(session: Session, user_id: uuid.UUID, pool: str, amount: int, txn_id: str, *,
           now: datetime | None = None) -> bool:
-    """Add ``amount`` credits to ``pool`` as a new lot. Idempotent on ``txn_id``."""
+    """Add ``amount`` credits to ``pool`` as a new lot. Idempotent on ``txn_id``.
+
+    Raises :class:`LedgerError` and writes nothing for an id under the library's own prefixes
+    (``grant_reserved_id``: ``job-refund:{job}:sub`` is the lot id of that job's refund) or one
+    another transaction's lot already has (``grant_id_taken``: a legacy refund ``x``'s lot
+    ``x:sub``)."""
     if pool not in POOLS:
         raise InvalidParam(f"pool must be one of {POOLS}", param="pool")
     _check_amount(amount, "amount")
+    if not isinstance(txn_id, str) or txn_id.startswith(RESERVED_PREFIXES):
+        raise LedgerError(f"grant id {txn_id!r} is under the library's own prefixes "
+                          f"{RESERVED_PREFIXES}", reason="grant_reserved_id")
     now = _now(now)
     conn = _conn(session)
     _lock(conn, user_id)
+    if conn.execute(_LOT_IDS_TAKEN, {"ids": [txn_id], "kind": "GRANT"}).first() is not None:
+        raise LedgerError(f"grant id {txn_id!r} is the lot id of another transaction",
+                          reason="grant_id_taken")
     parts = (amount, 0) if pool == "sub" else (0, amount)
     with _all_or_nothing(session):
         added = conn.execute(_insert_txn_once(conn.dialect.name).values(

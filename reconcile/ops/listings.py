@@ -172,7 +172,7 @@ def _evidence_note(cli: Cli, job: Job, delivery: WebhookDelivery) -> str:
     kind = get_kind(job.provider_kind)
     if kind is None or job.provider_task_id:
         return ""
-    judged = evidence.assess(delivery, str(job.id), kind, cli.settings)
+    judged = evidence.assess(delivery, str(job.id), kind, cli.settings())
     if not judged.usable:
         return f"operator only: {judged.reason}"
     return "adoptable once a read confirms it" if judged.needs_read else "adoptable (signed)"
