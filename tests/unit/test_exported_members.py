@@ -51,7 +51,7 @@ EXPORTED = {
     "reconcile.credits": {
         "POOLS", "Pools", "RESERVED_PREFIXES", "Reservation", "Settlement", "audit",
         "commit", "grant", "history", "import_legacy_refund", "recharge", "refund",
-        "repair_usage_metadata", "reserve", "split_pro_rata",
+        "release_orphan", "repair_usage_metadata", "reserve", "split_pro_rata",
     },
     "reconcile.db": set(),
     "reconcile.db.migrate": {"alembic_config", "downgrade", "upgrade"},
