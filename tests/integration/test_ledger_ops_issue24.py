@@ -30,8 +30,12 @@ OLD = NOW - timedelta(hours=2)
 
 
 @pytest.fixture
-def factory(pg_and_sqlite: sessionmaker[Session]) -> sessionmaker[Session]:
-    return pg_and_sqlite  # PostgreSQL, then SQLite (tests/integration/conftest.py)
+def factory(pg_and_sqlite: sessionmaker[Session]) -> Iterator[sessionmaker[Session]]:
+    yield pg_and_sqlite  # PostgreSQL, then SQLite (tests/integration/conftest.py)
+    # the varchar-keyed balance table below is this file's own shape: the PostgreSQL database
+    # is shared by the worker's later files, whose platform ledger creates a uuid-keyed one
+    with pg_and_sqlite.begin() as s:
+        s.execute(text("DROP TABLE IF EXISTS user_credits"))
 
 
 def _cli(factory: sessionmaker[Session], *args: str) -> Result:
