@@ -76,7 +76,7 @@ after the commit can write a self-consistent one, as they can rewrite the log's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any
@@ -124,8 +124,114 @@ class SettlementPolicy:
                                  "own in 64-bit SQL everywhere); use a coarser fraction")
             object.__setattr__(self, name, share)
 
+    def checked(self) -> SettlementPolicy:
+        """This policy, its shares checked again as the constructor checks them (a share set
+        past construction — ``object.__setattr__``, an unpickled copy, a subclass skipping
+        ``__post_init__`` — raises ``ValueError``): a plain :class:`SettlementPolicy`."""
+        return SettlementPolicy(**{f.name: getattr(self, f.name) for f in fields(SettlementPolicy)})
+
 
 DEFAULT_POLICY = SettlementPolicy()
+
+
+class Cause(StrEnum):
+    """Why a job ended failed or cancelled: the first input of :func:`refund_share`."""
+
+    USER_CANCEL = "user_cancel"  # the user's cancel, whichever reader wrote the terminal state
+    UPSTREAM_FAILURE = "upstream_failure"  # the provider reported the task failed (or no output)
+    REJECTED_CREATE = "rejected_create"  # the provider refused the create (or nothing was sent)
+    NOT_SUBMITTED = "not_submitted"  # an operator established nothing was created upstream
+    EXHAUSTION = "exhaustion"  # attempts spent, or the sweep found the row past its horizon
+    OPERATOR_FAIL = "operator_fail"  # ``reconcile fail``
+    SYNC_FAILURE = "sync_failure"  # a sync call that failed
+
+
+# causes that by definition never reached an accepted task
+NEVER_ACCEPTED = frozenset({Cause.REJECTED_CREATE, Cause.NOT_SUBMITTED})
+
+
+class Path(StrEnum):
+    """How the job reached its provider; "accepted" is read per path (:func:`settlement_cause`)."""
+
+    ASYNC = "async"  # a library job of an async kind: accepted = a task id saved or adopted
+    SYNC = "sync"  # a library job of a sync kind: accepted = the provider answered (2xx)
+    PLATFORM = "platform"  # a row the library did not submit: the platform's own task id
+
+
+def refund_share(cause: Cause | str, accepted: bool, policy: SettlementPolicy) -> Fraction:
+    """THE rule for the share of what a failed or cancelled job's reservation holds that goes
+    back to the user: everything for a job the provider never accepted, whatever the policy
+    (only a confirmed rejection permits compensation, and it is complete); otherwise the
+    policy's ``cancel_refund`` for the user's cancel and its ``failure_refund`` for every other
+    cause. Settlement, the audit and the reports all call this; nothing else decides a share."""
+    cause = Cause(cause)
+    if not accepted or cause in NEVER_ACCEPTED:
+        return Fraction(1)
+    return policy.cancel_refund if cause is Cause.USER_CANCEL else policy.failure_refund
+
+
+# a sync call's failures written only after the provider answered it with a result (the row
+# records no status code: the block returned, so the call got its 2xx, then the answer was
+# unusable); every other failure of a sync call is read as never accepted
+_SYNC_ANSWERED = frozenset({"UPSTREAM_EMPTY_RESULT", "UPSTREAM_OUTPUT_LIMIT",
+                            "UPSTREAM_MEDIA_EXPIRED"})
+
+
+def path_of(row: Any) -> Path:
+    """A job row's :class:`Path`: a platform row has no ``submission_state``; a library row is
+    sync when its kind is (an unknown kind reads as async: its acceptance is its task id)."""
+    from .kinds import get_kind
+
+    if getattr(row, "submission_state", None) is None:
+        return Path.PLATFORM
+    kind = get_kind(getattr(row, "provider_kind", None))
+    return Path.SYNC if kind is not None and kind.sync else Path.ASYNC
+
+
+def settlement_cause(row: Any, *, cancel_requested: bool = False) -> tuple[Cause, bool]:
+    """THE derivation of a failed/cancelled job's (cause, accepted) from its row (``status``,
+    ``error_code``, ``error_detail``, ``submission_state``, ``provider_task_id``,
+    ``provider_kind``) and whether the user asked to cancel it before its terminal state was
+    written (``cancel_requested``: its ``cancel_requested`` event,
+    :func:`reconcile.jobstore.events.cancel_requested`).
+
+    Accepted, per :class:`Path`: an async job has a task id (saved or adopted); a sync job's
+    failure was written after the provider answered (the row records no status code; a failure
+    of the call itself — a provider error, a raising block, a crash the sweep fails — reads as
+    never accepted, the user's side of the doubt); a platform row has the platform's own task
+    id, and is never accepted without one. A ``rejected`` submission was never accepted."""
+    from .states import Status, Submission
+
+    detail = row.error_detail if isinstance(getattr(row, "error_detail", None), dict) else {}
+    code = getattr(row, "error_code", None)
+    state = getattr(row, "submission_state", None)
+    path = path_of(row)
+    if row.status == Status.CANCELLED or cancel_requested:
+        cause = Cause.USER_CANCEL
+    elif detail.get("resolved") == "not_submitted":
+        cause = Cause.NOT_SUBMITTED
+    elif detail.get("by") == "operator":
+        cause = Cause.OPERATOR_FAIL
+    elif path is Path.SYNC:
+        cause = Cause.SYNC_FAILURE
+    elif state == Submission.REJECTED:
+        cause = Cause.REJECTED_CREATE
+    elif detail.get("via") == "sweep" or "attempts" in detail:
+        cause = Cause.EXHAUSTION
+    else:
+        cause = Cause.UPSTREAM_FAILURE
+    if state == Submission.REJECTED:
+        accepted = False
+    elif path is Path.SYNC:
+        accepted = code in _SYNC_ANSWERED
+    else:
+        accepted = bool(getattr(row, "provider_task_id", None))
+    return cause, accepted
+
+
+# the job event the user's cancel writes, while the job is still in flight, before it asks the
+# provider to cancel: whichever reader then writes the terminal state, the job settles as a cancel
+CANCEL_REQUESTED_EVENT = "cancel_requested"
 
 # the key of a usage log's metadata under which the ledger records a partial refund's decision
 RECORD_KEY = "settlement"
@@ -180,18 +286,24 @@ def whole_credits(value: Any) -> bool:
 
 
 def decide(finished: Finished | str, *, reserved: int | None = None, priced: Any = None,
-           policy: SettlementPolicy = DEFAULT_POLICY) -> Decision:
+           policy: SettlementPolicy = DEFAULT_POLICY, cause: Cause | str | None = None,
+           accepted: bool = True) -> Decision:
     """The settlement of a job that ended ``finished``; see the module docstring's rules.
 
     ``reserved``: what the reservation still holds, if the caller knows it (None: it does not;
     the ledger knows). ``priced``: the pricing hook's answer, completions only (None: no hook,
-    or it priced nothing). Raises :class:`LedgerError` (``commit_exceeds_held``) for a price
-    above a known ``reserved``, and ``ValueError`` for an unknown ``finished``.
+    or it priced nothing). ``cause`` / ``accepted`` (failed and cancelled jobs): what
+    :func:`settlement_cause` derives from the row; the share is :func:`refund_share`'s (without
+    a cause: the user's cancel for ``cancelled``, an upstream failure for ``failed``, accepted).
+    Raises :class:`LedgerError` (``commit_exceeds_held``) for a price above a known
+    ``reserved``, and ``ValueError`` for an unknown ``finished``.
     """
     finished = Finished(finished)
     if finished is Finished.COMPLETED:
         return _completed(reserved, priced)
-    share = policy.cancel_refund if finished is Finished.CANCELLED else policy.failure_refund
+    if cause is None:
+        cause = Cause.USER_CANCEL if finished is Finished.CANCELLED else Cause.UPSTREAM_FAILURE
+    share = refund_share(cause, accepted, policy)
     if share == 1:
         return Decision(0, reserved, f"{finished}_refunded")
     if reserved is None:
@@ -232,6 +344,7 @@ def _ceil(value: Fraction) -> int:
     return -((-value.numerator) // value.denominator)
 
 
-__all__ = ["DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "RECORD_KEY", "Decision", "Finished",
-           "SettleOutcome",
-           "SettlementPolicy", "decide", "kept_of", "share_text", "whole_credits"]
+__all__ = ["CANCEL_REQUESTED_EVENT", "DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "NEVER_ACCEPTED",
+           "RECORD_KEY", "Cause", "Decision", "Finished", "Path", "SettleOutcome",
+           "SettlementPolicy", "decide", "kept_of", "path_of", "refund_share", "settlement_cause",
+           "share_text", "whole_credits"]
