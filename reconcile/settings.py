@@ -59,7 +59,7 @@ def _share(value: object) -> Fraction:
     raise ValueError(f"a refund share is an exact fraction such as 1/2 or 0.25, not {value!r}")
 
 
-Share = Annotated[Fraction, PlainValidator(_share)]
+_Share = Annotated[Fraction, PlainValidator(_share)]
 
 
 class Settings(BaseSettings):
@@ -115,8 +115,8 @@ class Settings(BaseSettings):
     # cancelled job holds that goes back to the user, exact ("1/2", "0.25", "1"). Deployment
     # configuration: every process (worker, beat, gateway, the reconcile command, the audit)
     # reads the same one; Runtime refuses a policy that differs from it
-    failure_refund: Share = Fraction(1)
-    cancel_refund: Share = Fraction(1)
+    failure_refund: _Share = Fraction(1)
+    cancel_refund: _Share = Fraction(1)
 
     # Polling (reconcile.lifecycle.batch): "chain" — one broker message per poll (the default);
     # "batch" — the due time lives on the row (jobs.poll_due_at) and reconcile.poll_due claims

@@ -203,7 +203,8 @@ def _kept_by_rule(a: _Audit, rows: list[Any]) -> dict[Any, int | None]:
         for job in a.session.execute(select(
                 J.c.id, J.c.status, J.c.error_code, J.c.error_detail, J.c.submission_state,
                 J.c.provider_task_id, J.c.provider_kind).where(J.c.id.in_(chunk))):
-            cause, accepted = settlement_cause(job, cancel_requested=job.id in cancels)
+            cause, accepted = settlement_cause(job, kind=get_kind(job.provider_kind),
+                                               cancel_requested=job.id in cancels)
             share = refund_share(cause, accepted, a.policy)
             out[job.id] = None if share == 1 else kept_of(held[job.id], share)
     return out

@@ -92,7 +92,8 @@ def _execute_settlement(rt: Runtime, session: Session, job: Job, now: datetime) 
     from ..ledger import commit_settled
 
     policy = rt.settlement_policy
-    cause, accepted = settlement_cause(job, cancel_requested=cancel_requested(session, job.id))
+    cause, accepted = settlement_cause(job, kind=rt.kind(job.provider_kind),
+                                       cancel_requested=cancel_requested(session, job.id))
     share = refund_share(cause, accepted, policy)
     reserved = None if share == 1 else _held(session, job.id)
     decision = decide(job.status, reserved=reserved, policy=policy, cause=cause,
