@@ -92,8 +92,12 @@ def _execute_settlement(rt: Runtime, session: Session, job: Job, now: datetime) 
     from ..ledger import commit_settled
 
     policy = rt.settlement_policy
+    # the cancel request matters only where a cancel's share differs from a failure's (the
+    # default policy reads nothing extra)
+    asked = policy.cancel_refund != policy.failure_refund and job.status != Status.CANCELLED \
+        and cancel_requested(session, job.id)
     cause, accepted = settlement_cause(job, kind=rt.kind(job.provider_kind),
-                                       cancel_requested=cancel_requested(session, job.id))
+                                       cancel_requested=asked)
     share = refund_share(cause, accepted, policy)
     reserved = None if share == 1 else _held(session, job.id)
     decision = decide(job.status, reserved=reserved, policy=policy, cause=cause,

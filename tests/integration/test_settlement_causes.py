@@ -158,3 +158,38 @@ def test_a_cancel_before_the_create_is_refunded_in_full(
     assert cancel_job(rt, user, job_id).credits_actual == 0
     assert _balance(db, user) == 1000
     _clean(rt)
+
+
+def test_prune_keeps_a_cancel_request_while_its_job_is_unsettled(
+        rt: Runtime, db: sessionmaker[Session], simulator: Simulator,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settlement reads the user's cancel request: `reconcile prune` never deletes it while
+    the job's settlement is pending (the ledger refused it, say), and does once it is settled."""
+    from datetime import timedelta
+
+    from sqlalchemy import select
+
+    from reconcile.db.models import JobEvent
+    from reconcile.jobstore.retention import prune
+
+    simulator.script_default(Script(timeline=RUNNING))
+    user, job_id = _submit(rt, db)
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
+    with db.begin() as s:  # the cancel asked, then its process died; the poll failed the job
+        s.add(JobEvent(event_id=str(uuid.uuid4()), job_id=job_id, user_id=user,
+                       type="cancel_requested", payload={}, created_at=T0, published_at=T0))
+        s.execute(update(Job).where(Job.id == job_id).values(
+            status="failed", error_code="UPSTREAM_FAILED", completed_at=T0, next_poll_at=T0))
+    later = T0 + timedelta(days=30)
+
+    def types() -> list[str]:
+        with db() as s:
+            return list(s.execute(select(JobEvent.type).where(JobEvent.job_id == job_id)
+                                  .order_by(JobEvent.id)).scalars())
+
+    prune(db, now=later, events=timedelta(days=1), deliveries=None)
+    assert types() == ["cancel_requested"]
+    assert lifecycle.settle(rt, job_id).value == "settled"
+    assert _job(db, job_id).credits_actual == CANCEL_KEEPS
+    prune(db, now=later, events=timedelta(days=1), deliveries=None)
+    assert types() == []
