@@ -193,3 +193,39 @@ def test_prune_keeps_a_cancel_request_while_its_job_is_unsettled(
     assert _job(db, job_id).credits_actual == CANCEL_KEEPS
     prune(db, now=later, events=timedelta(days=1), deliveries=None)
     assert types() == []
+
+
+class _Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("outcome", "kept"), [
+    ("provider_error", 0),  # the provider refused the call (a non-2xx): never accepted
+    ("raised", 0),  # the block raised: no answer on record, the user's side of the doubt
+    ("no_result", FAILURE_KEEPS),  # the call returned with nothing usable: answered (2xx)
+])
+def test_a_sync_calls_failure_keeps_the_failure_share_only_once_the_provider_answered(
+        rt: Runtime, db: sessionmaker[Session], outcome: str, kept: int) -> None:
+    """The sync path's "accepted": only a failure written after the call returned an answer
+    keeps the failure share; a provider error or a raising block is refunded in full."""
+    from reconcile.errors import SyncCallFailed
+    from reconcile.sync import sync_call
+
+    user, job_id = _submit(rt, db, "anthropic-sync", "claude-sonnet-4-5")
+    with pytest.raises((SyncCallFailed, _Boom)) if outcome != "no_result" else _nothing():
+        with sync_call(rt, job_id) as call:
+            if outcome == "provider_error":
+                raise SyncCallFailed("upstream 500", status=500)
+            if outcome == "raised":
+                raise _Boom("the platform's own code failed")
+            call.result = None
+    job = _job(db, job_id)
+    assert job.status == "failed" and job.credits_actual == kept, job.error_code
+    assert _balance(db, user) == 1000 - kept
+    _clean(rt)
+
+
+def _nothing() -> Any:
+    from contextlib import nullcontext
+
+    return nullcontext()
