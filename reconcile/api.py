@@ -8,7 +8,8 @@ customer contract (README, Design notes: The customer contract), so tests compar
                    "message", "job_id"[, "upstream_request_id"]}}
     400 / 402 / 404 / 409 / 500 {"error": {"type", "code", "message", …}}
     409 IDEMPOTENCY_KEY_REUSED                                    a key reused for another request
-    200 {"id", "state", "outputs", "error", "credits_actual", "next_poll_at"}   a snapshot
+    200 {"id", "state", "outputs", "error", "credits_actual", "credits_returned",
+         "next_poll_at"}                                          a snapshot
 
 Choices written down here (the design is silent on them):
 
@@ -19,8 +20,10 @@ Choices written down here (the design is silent on them):
   a code reports ``INTERNAL`` (cancelled: ``CANCELED``) rather than inventing a cause.
 * Timestamps are ISO-8601 UTC to the second with a ``Z`` (``2026-12-01T10:05:00Z``).
 * A job id that is not a UUID is "not found", like another user's job.
-* An unexpected exception is a 500 with no internals in the body; it is logged with the job id
-  (when a job was already inserted, the sweep re-enqueues its create).
+* An unexpected exception is a 500 with no internals in the body, logged — but only before the
+  job is committed. After the commit (a database blip saving the task id, the broker down at the
+  first poll, a hook) a submit still names the job: 202, or 502 ``UPSTREAM_SUBMISSION_FAILED`` /
+  ``…UNCERTAIN`` as its row says (``_committed_answer``); a client retrying a 500 would pay twice.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from .errors import (
 )
 from .jobstore import events
 from .lifecycle.cancel import cancel_job, load_owned
+from .lifecycle.submit import enqueue_create_after_commit
 from .runtime import Runtime, Validator
 from .states import PUBLIC_STATE, Status, Submission
 
@@ -167,7 +171,9 @@ def submit(
     names the cause) | 502 UPSTREAM_SUBMISSION_UNCERTAIN | 400 | 402 | 409
     IDEMPOTENCY_KEY_REUSED | 500. A 429 is not waited out in the request: it answers 202 and the
     create step has re-enqueued itself. ``input`` may be the raw JSON text of the request body.
-    A broker that is down still answers 202 with the ``job_id`` (the sweep enqueues the create).
+    A broker that is down still answers 202 with the ``job_id`` (the sweep enqueues the create,
+    or resumes the poll chain of an inline create it accepted). Once the job is committed, no
+    answer is a 500: whatever raises after, the answer names the job (:func:`_committed_answer`).
 
     ``idempotency_key`` (a client's ``Idempotency-Key`` header, unique per user, kept 24 h): a
     retry with the same key and request gets the original answer and job, never a second job
@@ -188,14 +194,48 @@ def submit(
                 return replay.status, replay.body
             return _queued(job_id)
         if inline and not submitted.kind.sync:  # sync kinds run in the platform's sync helper
-            answer = _create_answer(job_id, lifecycle.create_step(rt, job_id))
+            try:
+                answer = _create_answer(job_id, lifecycle.create_step(rt, job_id))
+            except Exception as exc:
+                answer = _committed_answer(rt, job_id, exc)
         else:
             answer = _queued(job_id)
         if idempotency_key is not None:
             _remember(rt, user_id, idempotency_key, job_id, answer)
         return answer
     except Exception as exc:
-        return error_response(exc, job_id=job_id)
+        if job_id is not None:  # committed (or a replay's): the answer names the job
+            return _committed_answer(rt, job_id, exc)
+        return error_response(exc)
+
+
+def _committed_answer(rt: Runtime, job_id: uuid.UUID, exc: BaseException) -> Response:
+    """The answer once the job and its reservation are committed and something raised after
+    (a database blip saving the task id, the broker down at the first poll's enqueue, a hook).
+
+    Never a 500 without the job id: a client retries that and pays a second job. The answer
+    says what the job's row says: an upstream id saved (accepted; the sweep resumes a lost poll
+    chain) or a create never claimed (the sweep enqueues it) is 202; a confirmed rejection is
+    502 ``UPSTREAM_SUBMISSION_FAILED``; anything else — a claim held with no id saved (the
+    create may have been accepted: the claim expires into ``uncertain``), an uncertain row, or a
+    row that cannot be read — is 502 ``UPSTREAM_SUBMISSION_UNCERTAIN``: never retried blindly.
+    """
+    log.error("submit_raised_after_commit job_id=%s", job_id, exc_info=exc)
+    try:
+        with rt.sessions() as session:
+            job = jobstore.load(session, job_id)
+    except Exception:
+        log.warning("submit_answer_row_unreadable job_id=%s", job_id, exc_info=True)
+        job = None
+    if job is not None:
+        if job.provider_task_id:
+            return _queued(job_id)
+        if job.submission_state == Submission.NOT_STARTED:
+            enqueue_create_after_commit(rt, job_id)  # else the sweep's not-started row
+            return _queued(job_id)
+        if job.submission_state == Submission.REJECTED:
+            return error_response(CreateRejected(), job_id=job_id)
+    return error_response(CreateUncertain(), job_id=job_id)
 
 
 def _remember(rt: Runtime, user_id: uuid.UUID, key: str, job_id: uuid.UUID,
@@ -214,6 +254,8 @@ def _parse_input(input: Any) -> Any:
             return json.loads(input)
         except ValueError as exc:
             raise InvalidParam(f"input is not JSON: {exc}", param="input") from exc
+        except RecursionError:  # nested deeper than the parser's stack: bad input, not a 500
+            raise InvalidParam("input is not JSON: nested too deeply", param="input") from None
     return input
 
 
@@ -290,20 +332,27 @@ def follow(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str,
 
 
 def snapshot_body(rt: Runtime, job: Job) -> dict[str, Any]:
-    """The 200 body of a job read (README, Design notes: The customer contract)."""
+    """The 200 body of a job read (README, Design notes: The customer contract).
+    ``credits_returned``: what the job's settlement gave back to the user (a refund, a partial
+    one, the rest of a commit for less: ``Ledger.refunded``); None until it is settled."""
     outputs: list[dict[str, Any]] | None = None
-    if job.status == Status.COMPLETED:
+    returned: int | None = None
+    if job.status == Status.COMPLETED or job.credits_actual is not None:
         with rt.sessions() as session:
-            assets = session.execute(
-                select(Asset).where(Asset.job_id == job.id).order_by(Asset.index)).scalars().all()
-        outputs = [{"url": rt.storage.url(a.storage_key), "media_type": a.media_type}
-                   for a in assets]
+            if job.credits_actual is not None:
+                returned = rt.ledger.refunded(session, job.id)
+            if job.status == Status.COMPLETED:
+                assets = session.execute(select(Asset).where(Asset.job_id == job.id)
+                                         .order_by(Asset.index)).scalars().all()
+                outputs = [{"url": rt.storage.url(a.storage_key), "media_type": a.media_type}
+                           for a in assets]
     return {
         "id": str(job.id),
         "state": PUBLIC_STATE.get(job.status, job.status),
         "outputs": outputs,
         "error": _snapshot_error(job),
         "credits_actual": job.credits_actual,
+        "credits_returned": returned,
         "next_poll_at": iso(job.next_poll_at),
     }
 

@@ -19,7 +19,7 @@ import requests
 from sqlalchemy.orm import Session, sessionmaker
 
 from .db.session import engine_for, make_sessionmaker
-from .jobstore.adoption import check_observe_only
+from .jobstore.adoption import check_observe_only, check_required_kinds
 from .kinds import Kind, get_kind
 from .ledger import DEFAULT as DEFAULT_LEDGER
 from .ledger import Ledger
@@ -102,6 +102,10 @@ class Runtime:
     def __post_init__(self) -> None:
         # a name that protects nothing must stop the process, not be a silent no-op
         check_observe_only(self.settings.observe_only_kinds)
+        # every process registers every kind its rows may carry (README, Design notes: Legacy
+        # rows): an unknown kind is never settled by a guess, so a missing one stops the process
+        check_required_kinds(self.settings.required_kinds)
+        check_required_kinds(self.completion_hooks, "completion_hooks")
         # set through __setattr__'s check: None takes the settings' policy
         self.settlement_policy = self.settlement_policy
 

@@ -109,6 +109,8 @@ class Settings(BaseSettings):
     legacy_exclude_job_types: list[str] = Field(default_factory=list)
     # kinds the sweep only logs; "legacy" names the rows without a kind, "*" every row
     observe_only_kinds: list[str] = Field(default_factory=list)
+    # kinds every process must have registered (checked at start-up): the kinds your rows carry
+    required_kinds: list[str] = Field(default_factory=list)
     sweep_time_budget: float = 20.0  # seconds handled inline per tick
 
     # The settlement policy (reconcile.settlement): the share of what a failed / a user-

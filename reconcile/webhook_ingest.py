@@ -9,14 +9,18 @@ a delivery only makes the library read the task now. A delivery that names a job
 to the job: :mod:`reconcile.jobstore.evidence`).
 
 Bounds: a body over ``WEBHOOK_MAX_BODY_BYTES`` is refused (413) before any parsing; a delivery
-only ever reads the task of a job of its own provider; a confirmed success is handed to a worker
-(a fresh poll chain) — the request thread stores and enqueues, it never fetches media.
+only ever reads the task of a job of its own provider, and never that of a platform row of an
+``OBSERVE_ONLY_KINDS`` kind (stored only: the platform's own code runs it); a confirmed success
+is handed to a worker (a fresh poll chain) — the request thread stores and enqueues, it never
+fetches media.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +37,7 @@ from .errors import (
     WebhookError,
     WebhookPayloadError,
 )
+from .jobstore import adoption
 from .kinds import provider_of
 from .providers.base import PollResult, PollStatus
 from .runtime import Runtime
@@ -53,11 +58,18 @@ def _scheme(provider: str) -> webhooks.WebhookScheme:
     return scheme
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins the valid pairs
+
+
 def _pg_text(value: Any) -> Any:
-    """PostgreSQL ``text``/``jsonb`` cannot hold NUL: a signed delivery carrying one (in an id,
-    a status or anywhere in its body) is handled with U+FFFD in its place — never a 500."""
+    """PostgreSQL ``text``/``jsonb`` hold neither NUL nor a lone surrogate, and jsonb has no
+    ``NaN``/``Infinity``: a signed delivery carrying one (in an id, a status or anywhere in its
+    body) is stored and handled with U+FFFD for the character and the token's name as a string
+    (``"NaN"``, ``"Infinity"``, ``"-Infinity"``) for the number — never a 500, never lost."""
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
+        return _LONE_SURROGATE.sub("\ufffd", value.replace("\x00", "\ufffd"))
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
         return {_pg_text(k): _pg_text(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -121,6 +133,11 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
                     job.provider_kind)
         return 202, {"status": "stored"}
     if job is None:
+        return 202, {"status": "stored"}
+    if adoption.observe_only_platform_row(rt.settings, job):
+        # the platform's own row of an observe-only kind: its own worker runs it, the library
+        # only watches (README, Adopting on a live platform) — stored, never read or acted on
+        log.info("webhook_observe_only job_id=%s kind=%s", job.id, job.provider_kind)
         return 202, {"status": "stored"}
     if job.submission_state in (Submission.SUBMITTING, Submission.UNCERTAIN) and not job.provider_task_id:
         log.info("webhook_evidence job_id=%s upstream_id=%s", job.id, event.task_id)

@@ -35,7 +35,8 @@ but ``job-refund:{job}`` (:func:`reconcile.credits.legacy_refunded`). Platform r
 adoption without a USAGE row are outside the per-job classes until imported.
 
 **The in-flight horizon.** A job still ``pending``/``processing`` must be failed by the time its
-kind allows (README, Design notes: Attempts and exhaustion): a sync kind at its threshold; an async kind once its attempts are spent,
+kind allows (README, Design notes: Attempts and exhaustion; the rule: ``jobstore.horizon``): a
+sync kind at its threshold, or when its call's claim ends if later; an async kind once its attempts are spent,
 ``max(start + threshold, last attempt) + (MAX_ATTEMPTS − attempts) × 5 min`` (all scaled by
 ``TIME_SCALE``; attempts beyond the maximum move it back), plus the grace and one sweep interval of slack. An ``uncertain`` job (held on
 purpose), an observe-only kind and a kind this process does not know are excepted.

@@ -23,6 +23,7 @@ from ._base import (
     recharge_commit_txn_id,
     recharge_usage_txn_id,
     refund_txn_id,
+    release_txn_id,
 )
 from ._core import (
     _BALANCE_ADD,
@@ -69,14 +70,17 @@ def grant(session: Session, user_id: uuid.UUID, pool: str, amount: int, txn_id: 
 
 def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
              now: datetime | None = None) -> bool:
-    """Charge a refunded job again, deliberately (an operator's choice for a job completed after
-    its refund): a ``job-recharge:{job}:usage`` USAGE + ``job-recharge:{job}:commit`` COMMIT pair,
-    taken from the balance like a reservation (``sub`` first, FIFO). The job's ``credits_actual``
-    and ``display_cost`` become ``amount``; the audit's per-job identity counts the pair.
+    """Charge a job again, deliberately, after the library's settlement returned credits (an
+    operator's choice for a job completed after it was failed and settled): a
+    ``job-recharge:{job}:usage`` USAGE + ``job-recharge:{job}:commit`` COMMIT pair, taken from
+    the balance like a reservation (``sub`` first, FIFO). The job's ``credits_actual`` and
+    ``display_cost`` become what it now costs (what its settlement kept plus ``amount``); the
+    audit's per-job identity counts the pair.
 
     Idempotent: False when the job was re-charged already. Raises :class:`LedgerError` unless
-    the job's usage log was refunded by the library, :class:`InsufficientCredits` when the
-    balance is too low (nothing written either way).
+    the library's settlement returned credits — its refund, or the rest a commit for less
+    released (a partial refund) — and :class:`InsufficientCredits` when the balance is too low
+    (nothing written either way).
     """
     _check_amount(amount, "amount")
     now = _now(now)
@@ -86,17 +90,23 @@ def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
     if conn.execute(_TXN_EXISTS, {"id": recharge_commit_txn_id(job_id)}).first() is not None:
         return False
     session.refresh(log)
-    if log.status != "refunded" or \
-            conn.execute(_TXN_EXISTS, {"id": refund_txn_id(job_id)}).first() is None:
-        raise LedgerError(f"job {job_id} can be re-charged only after the library refunded it "
-                          f"(usage log {log.status})", reason="recharge_not_refunded")
+    returned_by = {"refunded": refund_txn_id(job_id), "committed": release_txn_id(job_id)}
+    if log.status not in returned_by or \
+            conn.execute(_TXN_EXISTS, {"id": returned_by[log.status]}).first() is None:
+        raise LedgerError(f"job {job_id} can be re-charged only after the library's settlement "
+                          f"returned credits (usage log {log.status})",
+                          reason="recharge_not_refunded")
+    kept = 0
+    if log.status == "committed":
+        commit = session.get(CreditTransaction, commit_txn_id(job_id))
+        kept = commit.amount if commit is not None else 0
     _check_funds(balance, amount)
     taken, changes = _plan_consume(conn, log.user_id, amount)
     with _all_or_nothing(session):
         _add_txn(conn, recharge_usage_txn_id(job_id), log.user_id, job_id, "USAGE", taken, now)
         _add_txn(conn, recharge_commit_txn_id(job_id), log.user_id, job_id, "COMMIT", taken, now)
         _apply_consume(conn, log.user_id, taken, changes, now)
-        jobstore.record_recharge(session, job_id, amount)
+        jobstore.record_recharge(session, job_id, kept + amount)
     _forget(session, CreditBalance, log.user_id)
     _forget(session, CreditLot, *(lot_id for lot_id, _ in changes))
     return True

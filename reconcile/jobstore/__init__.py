@@ -25,7 +25,8 @@ through this facade, and never writing ``jobs`` themselves — the single-writer
 - :mod:`.events`: the job-event outbox and its publisher, ``follow_job``;
 - :mod:`.evidence`: which webhook delivery is evidence for which job;
 - :mod:`.retention`: pruning job events and webhook deliveries;
-- :mod:`.adoption`: the legacy-row rules (cutoff, age, observe-only names).
+- :mod:`.adoption`: the legacy-row rules (cutoff, age, observe-only names);
+- :mod:`.horizon`: a job's exhaustion horizon (threshold, attempts, deadline), a pure rule.
 """
 
 from __future__ import annotations
@@ -54,11 +55,15 @@ from .poll import claim_attempt, count_attempt, note_error, set_progress, start_
 from .predicates import (
     claim_expired,
     in_flight,
+    is_outcome_unknown,
     is_settlement_due,
     is_settlement_pending,
     is_verdict,
     last_error_code,
     legacy_error_code,
+    must_settle,
+    outcome_known,
+    platform_row_uncalled,
     settlement_due,
     settlement_pending,
     uncertain_expired,
@@ -82,8 +87,9 @@ __all__ = [
     "count_attempt", "hold_claim", "hold_claims", "in_flight", "insert_job", "is_settlement_due",
     "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",
     "make_due", "make_due_at", "mark_completed", "mark_failed", "mark_platform_call",
-    "mark_uncertain", "note_error", "record_anomaly", "record_cost", "record_recharge",
+    "mark_uncertain", "note_error", "platform_row_uncalled", "record_anomaly", "record_cost", "record_recharge",
     "release_rate_limited", "reschedule_claimed", "save_task_id", "set_progress", "settle_failed",
     "settled", "settlement_due", "settlement_pending", "start_new_chain", "take_poll_turn",
     "uncertain_expired",
+    "is_outcome_unknown", "must_settle", "outcome_known",
 ]

@@ -4,7 +4,10 @@ Safe adoption on a live platform (README, Design notes: Legacy rows): which rows
 
 A row with neither ``provider_kind`` nor ``submission_state`` was never submitted through the
 library: a legacy row from before it, or another subsystem's (pipeline wrappers, jobs an old
-worker still runs). The sweep treats such a row as a *legacy candidate* only when
+worker still runs). So is a row without ``submission_state`` or task id whose ``provider_kind``
+this process has not registered: it follows the same rules (:func:`is_foreign`), plus one
+``unknown_kind`` anomaly where they fail nothing. The sweep treats such a row as a *legacy
+candidate* only when
 
 * it was created before the **legacy cutoff** — ``LEGACY_CUTOFF``, by default the adoption time
   the migration recorded in ``reconcile_meta`` (rows created later are never touched, in any
@@ -23,7 +26,8 @@ ignores it.
 ``OBSERVE_ONLY_KINDS`` names kinds the sweep only logs; :data:`LEGACY` (``legacy``, the name the
 CLI's ``stuck --kind legacy`` and the metrics use) covers the rows without a kind, :data:`ALL`
 (``*``) every row. An unknown name is a start-up error (:func:`check_observe_only`), never a
-silent no-op.
+silent no-op; so is a ``REQUIRED_KINDS`` name or a completion hook's kind that this process has
+not registered (:func:`check_required_kinds`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from sqlalchemy.orm import Session
 
 from ..db.models import Job, ReconcileMeta
 from ..kinds import Kind, all_kinds
-from ..states import ATTEMPT_SPACING, MAX_ATTEMPTS
+from .horizon import kind_horizon
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -55,16 +59,10 @@ class SettingsError(ValueError):
     """A setting names something that does not exist (raised at start-up)."""
 
 
-def exhaustion_horizon(kind: Kind) -> timedelta:
-    """How long after its start a job of ``kind`` can still be in flight legitimately."""
-    if kind.sync:
-        return kind.stale_threshold
-    return kind.stale_threshold + MAX_ATTEMPTS * ATTEMPT_SPACING
-
-
 def default_legacy_age() -> timedelta:
-    """The longest kind's exhaustion horizon in the registry (165 minutes with the built-ins)."""
-    return max(exhaustion_horizon(k) for k in all_kinds())
+    """The longest kind's exhaustion horizon in the registry (165 minutes with the built-ins;
+    :func:`reconcile.jobstore.horizon.kind_horizon`)."""
+    return max(kind_horizon(k) for k in all_kinds())
 
 
 def legacy_age(settings: Settings) -> timedelta:
@@ -81,6 +79,21 @@ def check_observe_only(names: Iterable[str]) -> None:
             f"{LEGACY!r} (rows without a provider_kind) or {ALL!r} (every row)")
 
 
+def check_required_kinds(names: Iterable[str], setting: str = "REQUIRED_KINDS") -> None:
+    """Start-up check: raise :class:`SettingsError` for a name that is no kind registered in this
+    process. Every process that may meet a row (worker, beat, gateway, the ``reconcile``
+    command) registers the same kinds: a row of a kind its sweep does not know is never settled
+    by a guess (an ``unknown_kind`` anomaly, or the adoption rules for a platform row), so a
+    kind missing from one process is caught here, not by a row that waits."""
+    known = {k.name for k in all_kinds()}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise SettingsError(
+            f"{setting} names provider kinds this process has not registered: {unknown} "
+            f"(register them — reconcile.kinds.register_kind — before building the Runtime or "
+            f"starting the worker/beat; every process must register the same kinds)")
+
+
 def observe_only(settings: Settings, job: Job) -> bool:
     """True when ``OBSERVE_ONLY_KINDS`` covers this row (its kind, ``legacy`` or ``*``)."""
     names = settings.observe_only_kinds
@@ -89,6 +102,13 @@ def observe_only(settings: Settings, job: Job) -> bool:
     if ALL in names:
         return True
     return (LEGACY in names) if job.provider_kind is None else job.provider_kind in names
+
+
+def observe_only_platform_row(settings: Settings, job: Job) -> bool:
+    """A row the library did not submit (no ``submission_state``) that ``OBSERVE_ONLY_KINDS``
+    covers: the platform's own code runs it, so nothing automatic of the library's changes it —
+    the sweep only logs it, and a webhook naming it is stored, never acted on."""
+    return job.submission_state is None and observe_only(settings, job)
 
 
 def adopted_at(session: Session) -> datetime | None:
@@ -140,13 +160,21 @@ def legacy_reason(s: Settings, cutoff: datetime | None, job: Job, now: datetime)
     return None
 
 
-def is_foreign(job: Job) -> bool:
-    """A row the library never submitted and that names no kind (legacy or another's)."""
-    return job.submission_state is None and job.provider_kind is None
+def is_foreign(job: Job, kind: Kind | None) -> bool:
+    """A row the library never submitted (no ``submission_state``) that names no kind this
+    process can act on — no kind at all (legacy or another subsystem's), or a kind it has not
+    registered and no task id (``kind``: the row's kind as the registry resolves it, None when
+    unknown). Such a row follows the adoption rules (README, Design notes: Legacy rows). A row
+    the library submitted never does, nor an unknown kind's row with a task id (an upstream job
+    only a process knowing the kind can read): both are one ``unknown_kind`` anomaly, left."""
+    if job.submission_state is not None:
+        return False
+    return job.provider_kind is None or (kind is None and not job.provider_task_id)
 
 
 __all__ = [
     "ALL", "LEGACY", "SettingsError", "adopted_at", "check_observe_only", "default_legacy_age",
-    "exhaustion_horizon", "is_foreign", "legacy_age", "legacy_candidate", "legacy_cutoff",
+    "is_foreign", "legacy_age", "legacy_candidate", "legacy_cutoff",
     "legacy_reason", "observe_only",
+    "check_required_kinds", "observe_only_platform_row",
 ]

@@ -117,12 +117,12 @@ def decide(status: str, submission_state: str | None, *, call_started: bool,
         return Verdict.NOT_CANCELABLE
     if submission_state == Submission.NOT_STARTED:
         return Verdict.NOT_STARTED
+    if jobstore.is_outcome_unknown(submission_state, call_started=call_started, task_id=task_id):
+        return Verdict.RECONCILIATION_REQUIRED  # `reconcile fail` refuses the same rows
     if submission_state is None:
         # a platform row: only the absence of any provider-call trace proves nothing ran (an
         # upstream id without the start marker still means the provider was called)
-        if not call_started and not task_id:
-            return Verdict.PLATFORM_ROW
-        return Verdict.RECONCILIATION_REQUIRED
+        return Verdict.RECONCILIATION_REQUIRED if task_id else Verdict.PLATFORM_ROW
     if submission_state == Submission.ACCEPTED and task_id:
         return Verdict.ACCEPTED
     return Verdict.RECONCILIATION_REQUIRED
@@ -143,8 +143,7 @@ def _decide(rt: Runtime, job: Job) -> tuple[tuple[Any, ...], dict[str, Any]]:
         # the create claim needs not_started too: whichever CAS lands first wins, never both
         return (Job.submission_state == Submission.NOT_STARTED,), detail
     if verdict is Verdict.PLATFORM_ROW:
-        return (Job.submission_state.is_(None), Job.provider_call_started_at.is_(None),
-                Job.provider_task_id.is_(None)), detail
+        return (jobstore.platform_row_uncalled(),), detail
     # recorded first: whichever reader then writes the terminal state, it settles as a cancel
     if not record_cancel_request(rt, job.id):
         raise Conflict(ErrorCode.JOB_NOT_CANCELABLE, "The job is no longer in flight.")

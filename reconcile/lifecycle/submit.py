@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import idempotency, jobstore
+from ..core.redact import printable
 from ..db.models import Job
 from ..errors import InvalidParam
 from ..jobstore.events import add_event, publish_events
-from ..kinds import Kind
+from ..kinds import Kind, binding_key
+from ..providers.base import JOB_REF_PREFIX
 from ..runtime import Runtime, Validator
 from ..states import Status, Submission
 
@@ -39,6 +41,11 @@ def _validate(provider_kind: str, model: str, input: Any, credits_: Any,
         raise InvalidParam("model must be a non-empty string", param="model")
     if not isinstance(input, Mapping):
         raise InvalidParam("input must be a JSON object", param="input")
+    for key in input:  # the library writes its own binding fields (README "Webhook fields ...")
+        field = binding_key(kind, key) if isinstance(key, str) else None
+        if field is not None:
+            raise InvalidParam(f"input may not set {field!r}: the library writes it for "
+                               f"{kind.name} jobs", param="input")
     try:
         json.dumps(input, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -61,11 +68,16 @@ def _check_storable(rt: Runtime, model: str, input: Mapping[str, Any], job_type:
     for param, value in (("model", model), ("job_type", job_type)):
         if not _plain_text(value):
             raise InvalidParam(f"{param} holds a NUL or an unpaired surrogate", param=param)
+        if not printable(value):  # an operator's terminal shows identifiers (reconcile show)
+            raise InvalidParam(f"{param} holds a control or format character", param=param)
     stack: list[Any] = [input]
     while stack:  # iterative: a deeply nested input cannot exhaust the stack here
         value = stack.pop()
         if isinstance(value, str) and not _plain_text(value):
             raise InvalidParam("input holds a NUL or an unpaired surrogate", param="input")
+        if isinstance(value, str) and JOB_REF_PREFIX in value.casefold():
+            raise InvalidParam(f"input may not use the library's prefix {JOB_REF_PREFIX!r}",
+                               param="input")
         if isinstance(value, Mapping):
             stack.extend(value.keys())
             stack.extend(value.values())
@@ -145,14 +157,18 @@ def submit_job(
         session.flush()  # the job row before the ledger's rows that name it
         rt.ledger.reserve(session, user_id, job_id, credits_, now=now)
         queued = add_event(session, _stub(job_id, user_id), "queued", now, rt=rt)
-    publish_events(rt, [queued])
+    # committed: nothing below may raise (a client retrying an error would pay a second job)
+    try:
+        publish_events(rt, [queued])
+    except Exception:  # the outbox row stays unpublished: the sweep republishes it
+        log.exception("event_publish_failed job_id=%s", job_id)
     if enqueue and not kind.sync:
-        _enqueue_after_commit(rt, job_id)
+        enqueue_create_after_commit(rt, job_id)
     log.info("job_submitted job_id=%s kind=%s", job_id, provider_kind)
     return Submitted(job_id, kind)
 
 
-def _enqueue_after_commit(rt: Runtime, job_id: uuid.UUID) -> bool:
+def enqueue_create_after_commit(rt: Runtime, job_id: uuid.UUID) -> bool:
     """The job and its reservation are committed: a broker that is down must not turn that
     into an error the client would retry (a second job, paid twice). The sweep's not-started
     row enqueues the create once the job is NOT_STARTED_AGE old (then ≤ one sweep interval)."""

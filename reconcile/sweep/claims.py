@@ -40,8 +40,9 @@ def decide(rt: Runtime, job: Job, now: datetime) -> Decision:
     """The decision-table action for one row (reads nothing but the row, the kind, settings and the
     adoption time, which the runtime reads from the database once): :func:`.table.decide` with
     the runtime's kind registry and legacy cutoff."""
-    cutoff = adoption.legacy_cutoff(rt) if table.needs_legacy_cutoff(rt.settings, job) else None
     kind = rt.kind(job.provider_kind) if job.status in IN_FLIGHT else None
+    needs = table.needs_legacy_cutoff(rt.settings, job, kind)
+    cutoff = adoption.legacy_cutoff(rt) if needs else None
     return table.decide(rt.settings, job, kind, now, legacy_cutoff=cutoff)
 
 
@@ -76,7 +77,11 @@ def _plan(rt: Runtime, session: Session, job: Job, now: datetime, *, dry_run: bo
 
 
 def _observed(rt: Runtime, job: Job, decision: Decision) -> bool:
-    """Only logged: a legacy FAIL under ``LEGACY_SWEEP=observe``, or an observe-only kind."""
+    """Only logged: a legacy FAIL under ``LEGACY_SWEEP=observe``, or an observe-only kind.
+    Observe-only governs decisions about the upstream, never a settlement the library already
+    owes (row 13: its failure is saved, its refund is not): that one is always carried out."""
+    if decision.action is Action.SETTLE:
+        return False
     if decision.row == "legacy" and rt.settings.legacy_sweep == "observe":
         return True
     return adoption.observe_only(rt.settings, job)

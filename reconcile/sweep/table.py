@@ -7,9 +7,9 @@ legacy cutoff its caller read (only needed where :func:`needs_legacy_cutoff` say
 are tried in order; the first that matches wins:
 
 ==  =========================  ============================================================
- 1  legacy                     a row nobody submitted through the library (bounded)
- 2  unknown_kind_stale         an unknown kind that never reached a provider: fail
- 3  unknown_kind               an unknown kind with upstream state: one anomaly
+ 1  legacy                     a row nobody submitted, no kind or one unknown here: bounded
+ 2  unknown_kind (platform)    such a row of an unknown kind that row 1 fails not: one anomaly
+ 3  unknown_kind               any other unknown kind (submitted, task id): one anomaly
  4  platform_untracked         a platform row, known kind, no upstream handle: as sync
  5  platform_task              a platform row with a task id: as accepted, past threshold
  6  not_started                the create never ran (async): re-enqueue, bounded
@@ -35,14 +35,13 @@ from enum import StrEnum
 
 from ..db.models import Job
 from ..errors import ErrorCode
-from ..jobstore import adoption
+from ..jobstore import adoption, horizon
 from ..jobstore.predicates import is_settlement_due
 from ..kinds import Kind
 from ..settings import Settings
 from ..states import (
     ATTEMPT_SPACING,
     IN_FLIGHT,
-    LEGACY_AGE,  # row 2's age (an unknown kind that never reached a provider): 5 minutes
     MAX_CREATE_REENQUEUES,
     NOT_STARTED_AGE,
     Status,
@@ -97,12 +96,9 @@ class _Row:
         return since is not None and self.now - since >= self.settings.scaled(age)
 
     def past_threshold(self) -> bool:
-        # lifecycle.past_threshold on plain values: the kind's stale threshold since the start
-        if self.kind is None:
-            return False
-        j = self.job
-        started = j.provider_call_started_at or j.started_at or j.created_at
-        return self.now - started >= self.settings.scaled(self.kind.stale_threshold)
+        # the kind's stale threshold since the start (jobstore.horizon, as the poll chain reads it)
+        return self.kind is not None and horizon.past_threshold(self.settings, self.job,
+                                                                self.kind, self.now)
 
     def attempt_due(self) -> bool:
         last = self.job.reconcile_last_attempt_at
@@ -117,45 +113,42 @@ class _Row:
         return lease is None or lease <= self.now
 
     def fail_if_stale(self, row: str) -> Decision:
-        return Decision(row, Action.FAIL if self.past_threshold() else Action.LEAVE)
+        # a call with no upstream handle: past its threshold and its call's claim (jobstore.horizon)
+        stale = self.kind is not None and \
+            self.now >= horizon.call_deadline(self.settings, self.job, self.kind)
+        return Decision(row, Action.FAIL if stale else Action.LEAVE)
 
 
 def _legacy(r: _Row) -> Decision | None:
     """1: a row nobody submitted through the library (the legacy catch-all), bounded by
     the legacy cutoff, age and job types (``adoption``; README, Design notes: Legacy rows). In ``observe`` mode
-    the FAIL is only logged and counted (``reconcile.sweep.claims._observed``)."""
+    the FAIL is only logged and counted (``reconcile.sweep.claims._observed``). A platform row
+    without a task id, of a kind this process does not know, follows the same rules (issue 24
+    finding 2: never failed merely by age); where they fail nothing it gets one ``unknown_kind``
+    anomaly (row 2)."""
     j = r.job
-    if not adoption.is_foreign(j):
+    if not adoption.is_foreign(j, r.kind):
         return None
+    unknown_kind = Decision("unknown_kind", Action.ANOMALY) if j.provider_kind is not None else None
     if r.settings.legacy_sweep == "off":
-        return Decision("legacy_off", Action.LEAVE)
+        return unknown_kind or Decision("legacy_off", Action.LEAVE)
     why_not = adoption.legacy_reason(r.settings, r.legacy_cutoff, j, r.now)
+    if why_not is None:
+        return Decision("legacy", Action.FAIL)
+    if unknown_kind is not None:
+        return unknown_kind
     if why_not == "after_cutoff":  # another subsystem's row: never touched, in any mode
         return Decision("foreign_after_cutoff", Action.LEAVE)
-    if why_not is not None:
-        return Decision("legacy", Action.LEAVE)
-    return Decision("legacy", Action.FAIL)
-
-
-def _unknown_kind_stale(r: _Row) -> Decision | None:
-    """2: an unknown kind that never reached a provider we could ask: the sync sweep."""
-    j = r.job
-    if j.provider_kind is None or r.kind is not None:
-        return None
-    if j.provider_task_id or j.submission_state is not None:
-        return None
-    if not r.aged(j.provider_call_started_at or j.started_at or j.created_at, LEGACY_AGE):
-        return None
-    return Decision("unknown_kind_stale", Action.FAIL)
+    return Decision("legacy", Action.LEAVE)
 
 
 def _unknown_kind(r: _Row) -> Decision | None:
-    """3: an unknown kind with upstream state: report once, touch nothing (another process
-    may have registered the kind)."""
+    """3: a kind this process does not know on a row the library submitted, or on a platform
+    row with a task id: report once, touch nothing, never guess (another process may have
+    registered the kind; every process should: ``REQUIRED_KINDS``). Any other platform row of an
+    unknown kind is row 1's."""
     j = r.job
     if j.provider_kind is None or r.kind is not None:
-        return None
-    if not (j.provider_task_id or j.submission_state is not None):
         return None
     return Decision("unknown_kind", Action.ANOMALY)
 
@@ -244,7 +237,7 @@ def _uncertain(r: _Row) -> Decision | None:
 
 
 _TABLE: tuple[Callable[[_Row], Decision | None], ...] = (
-    _legacy, _unknown_kind_stale, _unknown_kind, _platform_untracked, _platform_task,
+    _legacy, _unknown_kind, _platform_untracked, _platform_task,
     _not_started, _submitting, _accepted, _uncertain,
 )
 
@@ -258,10 +251,11 @@ def settle_cutoff(settings: Settings, now: datetime) -> datetime:
     return now - settings.scaled(SETTLE_GRACE)
 
 
-def needs_legacy_cutoff(settings: Settings, job: Job) -> bool:
+def needs_legacy_cutoff(settings: Settings, job: Job, kind: Kind | None) -> bool:
     """Whether :func:`decide` reads ``legacy_cutoff`` for this row (row 1 past its ``off``
-    check): the caller reads the cutoff only then, as the table did when it held the runtime."""
-    return (job.status in IN_FLIGHT and adoption.is_foreign(job)
+    check; ``kind``: the row's registered kind, None when unknown): the caller reads the cutoff
+    only then, as the table did when it held the runtime."""
+    return (job.status in IN_FLIGHT and adoption.is_foreign(job, kind)
             and settings.legacy_sweep != "off")
 
 

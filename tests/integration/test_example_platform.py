@@ -322,3 +322,43 @@ def test_example_platform_submit_stream_complete_cancel_webhook_and_errors(
 def _status(engine: Engine, job_id: str) -> Any:
     with engine.connect() as conn:
         return conn.execute(select(Job.status).where(Job.id == uuid.UUID(job_id))).scalar()
+
+
+def test_example_gateway_with_the_broker_down_answers_202_once_and_charges_once(
+        acme_db: str, acme_engine: Engine, simulator: Simulator, tmp_path: Path) -> None:
+    """Issue 24 finding 1, over HTTP: acme's gateway (inline submits) with its broker down. The
+    provider accepts the create and the task id is saved, but the first poll cannot be
+    enqueued: the answer is 202 with the job id (it was a 500 without one, and a client's retry
+    paid a second job). The retry with the same Idempotency-Key is the same answer: one job,
+    one upstream create, one charge."""
+    from reconcile.testing.processes import free_port
+
+    user = uuid.uuid4()
+    assert "granted 100 (sub)" in _grant(acme_db, user, 100)
+    simulator.script_model("m", Script(timeline=((0.0, "queued"), (600.0, "succeeded"))))
+    port = _free_port()
+    env = _base_env(
+        **simulator.env(), RECONCILE_DATABASE_URL=acme_db,
+        RECONCILE_BROKER_URL=f"redis://127.0.0.1:{free_port()}/0",  # nobody listens there
+        RECONCILE_STORAGE_URL=f"file://{tmp_path / 'media'}",
+        RECONCILE_WEBHOOK_BASE_URL=f"http://127.0.0.1:{port}", NO_PROXY="127.0.0.1,localhost")
+    gateway = Proc("gateway", [sys.executable, "-m", "uvicorn", "acme.gateway:app",
+                               "--host", "127.0.0.1", "--port", str(port)], env, tmp_path)
+    platform = Acme(f"http://127.0.0.1:{port}", [gateway])
+    try:
+        assert wait_for(lambda: _healthy(platform), 60), platform.logs()
+        first = platform.submit(user, "m", key="order-broker-down")
+        assert first.status_code == 202, (first.text, platform.logs())
+        job_id = first.json()["job_id"]
+        retried = platform.submit(user, "m", key="order-broker-down")
+        assert (retried.status_code, retried.json()) == (202, first.json()), retried.text
+        credits = platform.http.get("/api/v1/credits", headers={"X-User-Id": str(user)}).json()
+        assert credits["balance"] == {"sub": 90, "topup": 0}, credits
+    finally:
+        platform.http.close()
+        gateway.stop()
+    assert simulator.creates(job_id) == 1
+    with acme_engine.connect() as conn:
+        rows = conn.execute(select(Job.id, Job.status, Job.provider_task_id)
+                            .where(Job.user_id == user)).all()
+    assert [(str(r.id), r.status) for r in rows] == [(job_id, "processing")] and rows[0][2]

@@ -7,6 +7,7 @@ deadline below its kind's threshold, checked at start-up, and its claim lease co
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -165,6 +166,39 @@ def test_a_sync_call_still_running_at_302_s_is_not_failed_by_the_sweep(world: Wo
     assert w.log_status(job_id) == "committed" and w.audit() == []
 
 
+def test_a_platform_rows_sync_call_gets_the_same_time_as_a_library_rows(world: World) -> None:
+    """Issue 24 (suspected, confirmed): a platform row's ``sync_call`` had only its kind's
+    threshold (300 s: 60 s past ``SYNC_DEADLINE``) before the sweep failed and refunded it,
+    against the claim lease (deadline + 2 min finish: 360 s) of a library row; the call's paid
+    answer was then thrown away. Both now hold the one claim lease (``sync.claim_lease``): a
+    sweep at 302 s leaves the call alone and its result is kept; a call that dies is failed and
+    refunded once that same lease has passed, and the platform's own plumbed call (no claim:
+    ``test_anthropic_sync_processing_past_five_minutes_fails_after_one_tick``) at its threshold.
+    Fails on old code (the 302 s sweep refunds the running call)."""
+    w = world
+    client = w.rt.client(w.rt.kind("anthropic-sync"))  # type: ignore[arg-type]
+    for kind in (None, "anthropic-sync"):  # a library row, then a platform row
+        job_id = w.submit("anthropic-sync") if kind is None else w.platform_row(status="pending")
+        with sync_call(w.rt, job_id, provider_kind=kind) as call:
+            w.clock.advance(seconds=302)
+            w.tick()
+            assert w.job(job_id).status == "pending", kind
+            call.result = client.call("claude-sonnet-4-5", {"prompt": "hi"})  # type: ignore[union-attr]
+        job = w.job(job_id)
+        assert (job.status, job.credits_actual) == ("completed", 40), kind
+        assert w.log_status(job_id) == "committed"
+    dead = w.platform_row(status="pending")
+    sync._claim(w.rt, dead, "anthropic-sync")  # the platform's request then dies in its block
+    lease = sync.claim_lease(w.rt.settings, w.rt.kind("anthropic-sync"))  # type: ignore[arg-type]
+    w.clock.advance(seconds=lease.total_seconds() - 1)
+    w.tick()
+    assert w.job(dead).status == "pending"
+    w.clock.advance(seconds=2)
+    w.tick()
+    assert_refunded(w, dead)
+    assert w.audit() == []
+
+
 def test_settings_that_break_the_sync_deadline_are_refused_at_start_up(pg_url: str) -> None:
     """Hole 7: the deadline must fit every sync kind (threshold − 60 s: 240 s for the 5-minute
     kinds) and exceed the connect timeout; otherwise start-up fails with a clear error."""
@@ -191,3 +225,54 @@ def test_a_misconfigured_deadline_makes_no_sync_call(world: World) -> None:
     with pytest.raises(ValueError), sync_call(w.rt, job_id):
         pytest.fail("the block must not run")
     assert w.job(job_id).submission_state == "not_started"
+
+
+# --- issue 24 finding 8: one call per platform row --------------------------------------------
+
+
+def test_two_concurrent_sync_calls_on_a_platform_row_call_the_provider_once(world: World) -> None:
+    """The platform's request and a client's retry enter ``sync_call`` on the same platform row
+    at once (two threads, two PostgreSQL sessions). One takes the call; the other — arriving
+    while the first is inside its provider call — gets 409 SUBMISSION_RECONCILIATION_REQUIRED,
+    as a library sync job's second call does, and calls nobody: one paid call, one charge."""
+    from reconcile import api
+
+    w = world
+    job_id = w.platform_row(status="pending", job_type="writer")
+    client = w.rt.client(w.rt.kind("anthropic-sync"))  # type: ignore[arg-type]
+    start, resolved = threading.Barrier(2), threading.Event()
+    inside: list[str] = []
+    refused: list[Conflict] = []
+
+    def request(name: str) -> None:
+        start.wait(timeout=10)
+        try:
+            with sync_call(w.rt, job_id, provider_kind="anthropic-sync") as call:
+                inside.append(name)
+                resolved.wait(timeout=5)  # the provider call is under way when the retry lands
+                call.result = client.call("claude-sonnet-4-5", {"prompt": "hi"})  # type: ignore[union-attr]
+        except Conflict as exc:
+            refused.append(exc)
+            resolved.set()
+
+    threads = [threading.Thread(target=request, args=(n,)) for n in ("request", "retry")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(inside) == 1 and len(refused) == 1, (inside, refused)
+    assert api.error_response(refused[0], job_id=job_id)[0] == 409
+    assert refused[0].code == "SUBMISSION_RECONCILIATION_REQUIRED"
+    assert w.sim.attempts(provider="anthropic") == 1
+    job = w.job(job_id)
+    assert (job.status, job.provider_kind) == ("completed", "anthropic-sync")
+    assert w.refunds(job_id) == 0 and w.audit() == []
+
+    # the library's own sync job answers the same to a second call
+    library_job = w.submit("anthropic-sync")
+    with sync_call(w.rt, library_job) as call:
+        with pytest.raises(Conflict) as second, sync_call(w.rt, library_job):
+            pytest.fail("a second call must not run")
+        call.result = client.call("claude-sonnet-4-5", {"prompt": "hi"})  # type: ignore[union-attr]
+    assert second.value.code == refused[0].code
+    assert w.sim.attempts(provider="anthropic") == 2

@@ -247,26 +247,31 @@ def test_legacy_sweep_off_leaves_legacy_rows(db: sessionmaker[Session], simulato
     assert_refunded(w, own)
 
 
-# ----------------------------------------------------------------------------- rows 2-3: unknown kinds
+# ----------------------------------------------------------------------------- rows 1-3: unknown kinds
 
 
-def test_unknown_kind_without_upstream_state_is_sync_swept(world: World) -> None:
-    """Row 2: an unregistered kind, no task id, no submission state, past 5 min: fail + refund."""
+def test_unknown_kind_platform_row_follows_the_legacy_rules(world: World) -> None:
+    """Rows 1-2: a platform row of an unregistered kind without a task id is decided as a legacy
+    row (enforce here, with a 5-minute legacy age): one anomaly while it is too young, then failed
+    + refunded (tests/integration/test_unknown_kind_rows.py: the other bounds)."""
     job_id = world.platform_row(provider_kind="acme-video",
                                 provider_call_started_at=world.clock.now)
     world.clock.advance(minutes=4)
     world.tick()
     assert world.job(job_id).status == "processing"
+    assert world.anomalies(job_id) == ["unknown_provider_kind"]
     world.clock.advance(minutes=2)
     world.tick()
     assert_refunded(world, job_id)
 
 
 @pytest.mark.parametrize("columns", [{"provider_task_id": "t-1"},
+                                     {"submission_state": "accepted", "provider_task_id": "t-1"},
                                      {"submission_state": "accepted"}])
 def test_unknown_kind_with_upstream_state_gets_one_anomaly(world: World,
                                                            columns: dict[str, Any]) -> None:
-    """Row 3: an unknown kind with a task id or a submission state: one anomaly, row untouched."""
+    """Row 3: an unknown kind with a task id or a submission state: one anomaly, row untouched
+    (even enforced and 3 hours old)."""
     job_id = world.platform_row(provider_kind="acme-video", **columns)
     world.clock.advance(hours=3)
     first = world.tick()
