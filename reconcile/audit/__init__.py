@@ -79,14 +79,21 @@ def run(session: Session, *, now: datetime, grace: timedelta = timedelta(minutes
         settings: Settings | None = None, since: datetime | None = None,
         policy: SettlementPolicy | None = None) -> list[Discrepancy]:
     """The full audit, or with ``since`` the incremental one (see the module docstring).
-    ``policy``: the settlement policy failed and cancelled jobs were settled under (default:
-    :data:`~reconcile.settlement.DEFAULT_POLICY`, everything refunded). Its shares are checked
-    again as :class:`SettlementPolicy` checks them (ValueError): a share set past those checks
-    (``object.__setattr__``, an unpickled copy, a subclass skipping ``__post_init__``) would
-    overflow the audit's 64-bit SQL on PostgreSQL and flag every such settlement on SQLite."""
+    ``policy``: the settlement policy failed and cancelled jobs were settled under — the
+    deployment's, ``settings.settlement_policy`` (``RECONCILE_FAILURE_REFUND`` /
+    ``CANCEL_REFUND``), when not given; a policy that differs from the given settings' raises
+    ``ValueError`` (the audit checks what every process settles with). Without either: the
+    default, everything refunded. Its shares are checked again as :class:`SettlementPolicy`
+    checks them (:meth:`SettlementPolicy.checked`, ValueError): a share set past those checks
+    (``object.__setattr__``, an unpickled copy, a subclass skipping ``__post_init__``)."""
     if policy is not None:
-        policy = SettlementPolicy(failure_refund=policy.failure_refund,
-                                  cancel_refund=policy.cancel_refund)
+        policy = policy.checked()
+        if settings is not None and policy != settings.settlement_policy:
+            raise ValueError(f"the audit's policy {policy} differs from the settings' "
+                             f"{settings.settlement_policy}: set RECONCILE_FAILURE_REFUND / "
+                             "RECONCILE_CANCEL_REFUND, the one policy of the deployment")
+    elif settings is not None:
+        policy = settings.settlement_policy
     a = _Audit(session, now, grace, settings or Settings.model_construct(), since,
                policy or DEFAULT_POLICY)
     if not a.sqlite:

@@ -111,7 +111,7 @@ def audit(session: Session, *, now: datetime | None = None,
     """Every way the ledger is out of balance (an empty list means clean): see
     :mod:`reconcile.audit`. ``since`` runs the incremental audit (what was touched since);
     ``policy`` is the settlement policy failed and cancelled jobs were settled under (default:
-    everything refunded; pass ``rt.settlement_policy``)."""
+    ``settings.settlement_policy``, the deployment's; without settings, everything refunded)."""
     from ..audit import run
 
     return run(session, now=_now(now), grace=grace, settings=settings, since=since, policy=policy)

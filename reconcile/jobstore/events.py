@@ -55,6 +55,34 @@ def add_event(session: Session, job: Job, type_: str, now: datetime,
     return event
 
 
+def record_cancel_request(rt: Runtime, job_id: uuid.UUID) -> bool:
+    """The user's cancel, recorded before the provider is asked to cancel: a
+    ``cancel_requested`` event written only while the job is in flight, under its row lock, so
+    a terminal state written after it (a poll, a webhook or the sweep reading the upstream
+    ``canceled`` first) is settled as the user's cancel (:func:`cancel_requested`,
+    :func:`reconcile.settlement.settlement_cause`). False: the job is no longer in flight."""
+    from ..settlement import CANCEL_REQUESTED_EVENT
+    from ..states import IN_FLIGHT
+
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+        if job is None or job.status not in IN_FLIGHT:
+            return False
+        event = add_event(session, job, CANCEL_REQUESTED_EVENT, now, {}, rt=rt)
+    publish_events(rt, [event])
+    return True
+
+
+def cancel_requested(session: Session, job_id: uuid.UUID) -> bool:
+    """Whether the user asked to cancel the job while it was in flight (its
+    ``cancel_requested`` event: :func:`record_cancel_request`)."""
+    from ..settlement import CANCEL_REQUESTED_EVENT
+
+    return session.execute(select(JobEvent.id).where(
+        JobEvent.job_id == job_id, JobEvent.type == CANCEL_REQUESTED_EVENT).limit(1)).first() is not None
+
+
 def as_message(event: JobEvent) -> dict[str, Any]:
     return {"event_id": event.event_id, "job_id": str(event.job_id), "type": event.type,
             "payload": event.payload or {}, "created_at": event.created_at.isoformat()}

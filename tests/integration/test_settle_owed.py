@@ -162,10 +162,12 @@ HALF = SettlementPolicy(failure_refund=Fraction(1, 2))
 
 def half_settled_then_completed(w: World) -> uuid.UUID:
     """Finding 4's setup: under failures-keep-half the legacy sweep (enforce) fails a platform
-    row and settles it partly (keeps 20, returns 20); the platform's own worker then completes
+    row the platform had submitted (its own task id) and settles it partly (keeps 20, returns 20); the platform's own worker then completes
     it, as it writes its rows (status only)."""
-    w.rt.settlement_policy = HALF
-    row = w.platform_row()
+    w.rt.settings = w.rt.settings.model_copy(update={"failure_refund": HALF.failure_refund})
+    # the platform's own task id: accepted upstream by the platform's own marker, so the
+    # failure share applies (a row without one is never accepted: refunded in full)
+    row = w.platform_row(provider_task_id="platform-task-1")
     w.clock.advance(minutes=10)
     w.tick()
     job = w.job(row)
@@ -232,7 +234,7 @@ def test_operators_and_the_user_see_what_went_back(db: sessionmaker[Session],
     from tests.integration.test_cli import cli_with
 
     w = World(db, simulator, tmp_path)
-    w.rt.settlement_policy = HALF
+    w.rt.settings = w.rt.settings.model_copy(update={"failure_refund": HALF.failure_refund})
     half = w.accept("kie-standard")
     result = cli_with(w.rt, "fail", str(half))
     assert result.exit_code == 0, result.output
@@ -243,7 +245,7 @@ def test_operators_and_the_user_see_what_went_back(db: sessionmaker[Session],
     status, body = api.snapshot(w.rt, w.user, half)
     assert (status, body["credits_actual"], body["credits_returned"]) == (200, 20, 20)
 
-    w.rt.settlement_policy = SettlementPolicy()
+    w.rt.settings = w.rt.settings.model_copy(update={"failure_refund": Fraction(1)})
     full = w.accept("kie-standard")
     assert "refunded 40 credits\n" in cli_with(w.rt, "fail", str(full)).stdout
     assert api.snapshot(w.rt, w.user, full)[1]["credits_returned"] == 40

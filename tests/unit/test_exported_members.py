@@ -103,8 +103,10 @@ EXPORTED = {
         "document_output", "text_output",
     },
     "reconcile.settlement": {
-        "DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "RECORD_KEY", "Decision", "Finished",
-        "SettleOutcome", "SettlementPolicy", "decide", "kept_of", "share_text", "whole_credits",
+        "CANCEL_REQUESTED_EVENT", "DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "NEVER_ACCEPTED",
+        "RECORD_KEY", "Cause", "Decision", "Finished", "Path", "SettleOutcome",
+        "SettlementPolicy", "decide", "kept_of", "path_of", "refund_share", "settlement_cause",
+        "share_text", "whole_credits",
     },
     "reconcile.runtime": {
         "CompletionHook", "EventHook", "PricingHook", "Runtime", "Validator",
