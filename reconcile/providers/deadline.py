@@ -1,13 +1,18 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
 A hard total deadline for one HTTP exchange (connect + request + status line + headers +
-body), for the sync calls (README, Design notes: Sync calls and their deadline; issue 11 hole 7).
+body): the sync calls (README, Design notes: Sync calls and their deadline; issue 11 hole 7),
+and every exchange of :class:`~reconcile.providers.http.HttpClient` (polls, the sweep's and the
+batch's reads, webhook confirming reads, creates) and the fal JWKS fetch (issue 25 finding 4).
 
 Per-read timeouts give a call no worst case: a server that trickles a byte before each read
 timeout keeps it alive for ever. Inside :func:`bounded`, every socket the session's connections
 use is tracked, and a watchdog shuts them at the deadline; the blocked read then fails and the
 exchange raises :class:`DeadlineExceeded` (a ``requests.Timeout``, so the clients' timeout path
 classifies it ``UPSTREAM_TIMEOUT``). Only sessions prepared with :func:`prepare` are tracked.
+Deadlines nest: a socket opened under an inner :func:`bounded` is watched by every enclosing one
+(a sync call's deadline around its client's own per-exchange deadline), and the first to pass
+shuts it.
 """
 
 from __future__ import annotations
@@ -36,27 +41,36 @@ class DeadlineExceeded(requests.Timeout):
 class _Watch:
     """The sockets of one bounded exchange, shut together when the deadline passes."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: _Watch | None = None) -> None:
         self.lock = threading.Lock()
+        self.parent = parent  # an enclosing deadline: it watches our sockets too
         self.expired = False
         self.ended = False  # the exchange is over: a late timer shuts nothing
         self.sockets: list[Any] = []  # shut at the deadline
-        self.owned: list[socket.socket] = []  # our dups: closed when the exchange ends
+        self.owned: list[socket.socket] = []  # our dups: closed when the outermost watch ends
+
+    def passed(self) -> bool:
+        """This deadline, or an enclosing one, has passed."""
+        return self.expired or (self.parent is not None and self.parent.passed())
 
     def add(self, sock: Any, *, owned: bool = False) -> None:
         with self.lock:
             self.sockets.append(sock)
-            if owned:
+            if owned and self.parent is None:  # the outermost watch closes the dups
                 self.owned.append(sock)
             expired = self.expired
         if expired:  # joined after the deadline: never used
             _shut(sock)
+        if self.parent is not None:
+            self.parent.add(sock, owned=owned)
 
     def discard(self, *socks: Any) -> None:
         """A connection went back to the pool: the next exchange (maybe another thread's)
-        owns it now, so this watch must never shut it."""
+        owns it now, so this watch (nor an enclosing one) must never shut it."""
         with self.lock:
             self.sockets = [s for s in self.sockets if all(s is not d for d in socks)]
+        if self.parent is not None:
+            self.parent.discard(*socks)
 
     def end(self) -> None:
         with self.lock:
@@ -143,30 +157,40 @@ def sync_seconds(settings: Any) -> float:
     return float(settings.scaled(timedelta(seconds=settings.sync_deadline)).total_seconds())
 
 
-def prepare(session: requests.Session, base_url: str) -> requests.Session:
-    """Mount the tracking adapter for ``base_url`` on ``session`` (unless the caller mounted
-    an adapter of its own there, which is then left alone and not bounded)."""
-    if type(session.get_adapter(base_url)) is requests.adapters.HTTPAdapter:
-        session.mount(base_url.rstrip("/") + "/", _Adapter())
+def prepare(session: requests.Session, url: str) -> requests.Session:
+    """Make ``session``'s exchanges with ``url`` tracked: the plain ``HTTPAdapter`` that serves
+    it (requests' default, mounted on the scheme, or one the platform mounted with its own pool
+    sizes) is replaced in place by the tracking adapter, with the same pool settings. An adapter
+    of the caller's own class is left alone and not bounded. Idempotent and cheap once done."""
+    for prefix, adapter in list(session.adapters.items()):
+        if url.lower().startswith(prefix.lower()):  # requests' own match: longest prefix first
+            if type(adapter) is requests.adapters.HTTPAdapter:
+                session.adapters[prefix] = _Adapter(
+                    pool_connections=adapter._pool_connections,  # type: ignore[attr-defined]
+                    pool_maxsize=adapter._pool_maxsize,  # type: ignore[attr-defined]
+                    max_retries=adapter.max_retries,
+                    pool_block=adapter._pool_block)  # type: ignore[attr-defined]
+            break
     return session
 
 
 @contextmanager
 def bounded(seconds: float) -> Iterator[None]:
     """Run one exchange on a :func:`prepare`-d session under a total deadline of ``seconds``."""
-    watch, previous = _Watch(), _CURRENT.watch
+    previous = _CURRENT.watch
+    watch = _Watch(previous)
     _CURRENT.watch = watch
     timer = threading.Timer(max(0.0, seconds), watch.expire)
     timer.daemon = True
     timer.start()
     try:
         yield
-        if watch.expired:  # a cut in the headers can look like a short but complete answer
+        if watch.passed():  # a cut in the headers can look like a short but complete answer
             raise DeadlineExceeded(f"total deadline of {seconds:g} s exceeded")
     except DeadlineExceeded:
         raise
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        if watch.expired:
+        if watch.passed():
             raise DeadlineExceeded(f"total deadline of {seconds:g} s exceeded") from exc
         raise
     finally:
