@@ -150,6 +150,14 @@ class _Adapter(requests.adapters.HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
 
 
+def track(sock: socket.socket) -> None:
+    """Put a socket a transport of its own just connected (the media fetch's pinned one) under
+    the current :func:`bounded` deadline: a dup of it is shut at the deadline and closed when
+    the outermost deadline ends. Nothing happens outside :func:`bounded`."""
+    if _CURRENT.watch is not None:
+        _CURRENT.watch.add(sock.dup(), owned=True)  # a dup shuts the same socket, TLS or not
+
+
 def sync_seconds(settings: Any) -> float:
     """The sync call deadline of ``settings`` in (scaled) seconds."""
     from datetime import timedelta
