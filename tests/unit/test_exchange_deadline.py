@@ -28,9 +28,11 @@ GAP = 0.5
 
 
 class Trickler:
-    """A TCP server on 127.0.0.1: the status line at once, then one header line per GAP."""
+    """A TCP server on 127.0.0.1: the status line at once, then one header line per GAP (or,
+    with ``body=True``, every header at once, then one body byte per GAP)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, body: bool = False) -> None:
+        self.body = body
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.stop = threading.Event()
@@ -56,6 +58,13 @@ class Trickler:
                         return
                     data += chunk
                 conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                if self.body:
+                    conn.sendall(f"Content-Length: {LINES}\r\n\r\n".encode())
+                    for _ in range(LINES):
+                        if self.stop.wait(GAP):
+                            return
+                        conn.sendall(b"x")
+                    return
                 for i in range(LINES):
                     if self.stop.wait(GAP):
                         return
@@ -106,6 +115,25 @@ def test_the_fal_jwks_fetch_ends_at_its_timeout_against_trickled_headers(
     with pytest.raises(ReadFailed):
         cache.keys(datetime.now(UTC))
     assert time.monotonic() - started < 3.0
+
+
+def test_a_dubbing_audio_download_ends_at_media_timeout_against_a_trickled_body() -> None:
+    """The dubbing download is a streamed read: its body is under ``MEDIA_TIMEOUT`` too."""
+    from reconcile.errors import MediaFetchFailed
+    from reconcile.providers.elevenlabs.async_jobs import ElevenLabsAsyncClient
+    from reconcile.settings import Settings
+
+    server = Trickler(body=True)
+    try:
+        client = ElevenLabsAsyncClient(Settings(
+            elevenlabs_base_url=f"http://127.0.0.1:{server.port}", elevenlabs_api_key="xi",
+            media_timeout=2.0), read_retries=0)
+        started = time.monotonic()
+        with pytest.raises(MediaFetchFailed):
+            client.download_audio("dub1", "es")
+        assert time.monotonic() - started < 3.0
+    finally:
+        server.close()
 
 
 def test_an_enclosing_deadline_still_cuts_an_exchange_with_a_longer_own_deadline(
