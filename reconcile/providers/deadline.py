@@ -17,8 +17,12 @@ shuts it.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -77,8 +81,8 @@ class _Watch:
             self.ended = True
 
     def expire(self) -> None:
-        # under the lock: ``Timer.cancel()`` cannot stop a callback already running, so a late
-        # expire must not shut a socket that ``discard``/``end`` handed on meanwhile
+        # under the lock: the watchdog may fire just as the exchange ends, so a late expire
+        # must not shut a socket that ``discard``/``end`` handed on meanwhile
         with self.lock:
             if self.ended:
                 return
@@ -92,6 +96,43 @@ def _shut(sock: Any) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+class _Watchdog:
+    """ONE daemon thread per process that expires every watch at its deadline (a heap of
+    deadlines; a thread per exchange would be started and stopped for every poll). An ended
+    watch stays in the heap until its time and is then skipped. Started lazily, and again in a
+    forked child (a prefork worker does not inherit the parent's thread)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.heap: list[tuple[float, int, _Watch]] = []
+        self.order = itertools.count()
+        self.pid: int | None = None
+
+    def schedule(self, seconds: float, watch: _Watch) -> None:
+        with self.cond:
+            if self.pid != os.getpid():
+                self.pid, self.heap = os.getpid(), []
+                threading.Thread(target=self._run, name="reconcile-deadline", daemon=True).start()
+            heapq.heappush(self.heap, (time.monotonic() + max(0.0, seconds), next(self.order), watch))
+            self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while True:
+                    now = time.monotonic()
+                    if self.heap and self.heap[0][0] <= now:
+                        watch = heapq.heappop(self.heap)[2]
+                        break
+                    self.cond.wait(self.heap[0][0] - now if self.heap else None)
+            watch.expire()  # a no-op for an exchange that ended in time
+
+
+_WATCHDOG = _Watchdog()
+# a child forked while another thread held the condition's lock must not inherit it locked
+os.register_at_fork(after_in_child=_WATCHDOG.__init__)
 
 
 class _Current(threading.local):
@@ -188,9 +229,7 @@ def bounded(seconds: float) -> Iterator[None]:
     previous = _CURRENT.watch
     watch = _Watch(previous)
     _CURRENT.watch = watch
-    timer = threading.Timer(max(0.0, seconds), watch.expire)
-    timer.daemon = True
-    timer.start()
+    _WATCHDOG.schedule(seconds, watch)
     try:
         yield
         if watch.passed():  # a cut in the headers can look like a short but complete answer
@@ -202,11 +241,11 @@ def bounded(seconds: float) -> Iterator[None]:
             raise DeadlineExceeded(f"total deadline of {seconds:g} s exceeded") from exc
         raise
     finally:
-        timer.cancel()
         watch.end()
         _CURRENT.watch = previous
         for sock in watch.owned:
             sock.close()
+        watch.sockets, watch.owned = [], []  # the heap keeps the watch until its deadline
 
 
 # -- the sync call every sync client sends ------------------------------------------------

@@ -124,23 +124,28 @@ def _unparseable(_: Request, exc: RequestValidationError) -> JSONResponse:
 async def submit_job(request: Request, x_user_id: UserHeader = None,
                      idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
     """Price the job (acme's table), then reserve + insert + run the create (inline). A client's
-    ``Idempotency-Key`` header makes a retried POST return the original job (24 h)."""
+    ``Idempotency-Key`` header makes a retried POST return the original job (24 h). The body is
+    read under the cap here; parsing it and the library's call run in a worker thread."""
     user = _user(x_user_id)
     raw = await _body(request, rt.settings.max_input_bytes + ENVELOPE_BYTES,
                       code="INVALID_PARAM", what="request body")
+    return _answer(await run_in_threadpool(_submit, user, raw, idempotency_key))
+
+
+def _submit(user: uuid.UUID, raw: bytes, idempotency_key: str | None) -> api.Response:
     try:
         payload = json.loads(raw)
     except (ValueError, RecursionError):
-        raise InvalidParam("the body is not JSON", param="body") from None
+        return api.error_response(InvalidParam("the body is not JSON", param="body"))
     if not isinstance(payload, dict):
-        raise InvalidParam("the body must be a JSON object", param="body")
+        return api.error_response(InvalidParam("the body must be a JSON object", param="body"))
     kind = payload.get("provider_kind")
     if not isinstance(kind, str) or not isinstance(payload.get("model"), str):
-        raise InvalidParam("provider_kind and model are required strings", param="provider_kind")
-    return _answer(await run_in_threadpool(
-        api.submit, rt, user, kind, payload["model"], payload.get("input") or {},
-        PRICES.get(kind, DEFAULT_PRICE), job_type=str(payload.get("job_type") or "image"),
-        inline=True, idempotency_key=idempotency_key))
+        return api.error_response(InvalidParam("provider_kind and model are required strings",
+                                               param="provider_kind"))
+    return api.submit(rt, user, kind, payload["model"], payload.get("input") or {},
+                      PRICES.get(kind, DEFAULT_PRICE), job_type=str(payload.get("job_type") or "image"),
+                      inline=True, idempotency_key=idempotency_key)
 
 
 @app.get("/api/v1/jobs/{job_id}")
