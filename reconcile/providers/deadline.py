@@ -211,10 +211,13 @@ def prepare(session: requests.Session, url: str) -> requests.Session:
     it (requests' default, mounted on the scheme, or one the platform mounted with its own pool
     sizes) is replaced in place by the tracking adapter, with the same pool settings. An adapter
     of the caller's own class is left alone and not bounded. Idempotent and cheap once done."""
-    for prefix, adapter in list(session.adapters.items()):
+    adapters = getattr(session, "adapters", None)
+    if not isinstance(adapters, dict):  # not a requests.Session (a test double): left alone
+        return session
+    for prefix, adapter in list(adapters.items()):
         if url.lower().startswith(prefix.lower()):  # requests' own match: longest prefix first
             if type(adapter) is requests.adapters.HTTPAdapter:
-                session.adapters[prefix] = _Adapter(
+                adapters[prefix] = _Adapter(
                     pool_connections=adapter._pool_connections,  # type: ignore[attr-defined]
                     pool_maxsize=adapter._pool_maxsize,  # type: ignore[attr-defined]
                     max_retries=adapter.max_retries,
