@@ -57,8 +57,8 @@ from .runtime import Runtime, Validator
 from .states import PUBLIC_STATE, Status, Submission
 
 __all__ = [
-    "Response", "cancel", "credit_history", "error_response", "follow", "snapshot",
-    "snapshot_body", "submit",
+    "Response", "cancel", "credit_history", "error_response", "events_after", "follow",
+    "snapshot", "snapshot_body", "submit",
 ]
 
 log = logging.getLogger("reconcile.api")
@@ -327,8 +327,26 @@ def follow(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str,
     except JobNotFound:
         return
     for message in events.follow_job(rt, user_id, job_uuid, **options):
-        yield {"id": message["event_id"], "event": message["type"],
-               "data": json.dumps(message, separators=(",", ":"))}
+        yield _sse_fields(message)
+
+
+def events_after(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str,
+                 after: int = 0) -> tuple[list[dict[str, str]], int, bool]:
+    """One short, non-blocking step of :func:`follow`: the job's events after the cursor
+    ``after`` as SSE fields, the next cursor, and whether the stream is over (terminal, or not
+    this user's job). An async server awaits it in a worker thread and sleeps on its event loop
+    between steps, so a waiting stream holds no thread (the example gateway)."""
+    try:
+        job_uuid = _job_uuid(job_id)
+    except JobNotFound:
+        return [], after, True
+    messages, cursor, over = events.read_since(rt, user_id, job_uuid, after)
+    return [_sse_fields(m) for m in messages], cursor, over
+
+
+def _sse_fields(message: dict[str, Any]) -> dict[str, str]:
+    return {"id": message["event_id"], "event": message["type"],
+            "data": json.dumps(message, separators=(",", ":"))}
 
 
 def snapshot_body(rt: Runtime, job: Job) -> dict[str, Any]:

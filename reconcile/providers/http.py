@@ -3,9 +3,11 @@
 HTTP discipline shared by every provider client.
 
 * every request has explicit connect and read timeouts, and its body is read under a size cap
-  (:data:`MAX_BODY_BYTES`) and a TOTAL deadline (connect + read timeout for the whole request):
-  an endless chunked body or one trickled a byte per second ends as a transport error
-  (:class:`BodyTooLarge` / :class:`BodyDeadline`) instead of holding a worker;
+  (:data:`MAX_BODY_BYTES`) and a TOTAL deadline (connect + read timeout for the whole exchange,
+  status line and headers included: :mod:`.deadline`'s watchdog): an endless chunked body, or
+  headers or a body trickled a line per second, ends as a transport error
+  (:class:`BodyTooLarge` / :class:`BodyDeadline` / ``DeadlineExceeded``) instead of holding a
+  worker;
 * :meth:`HttpClient.read` retries GETs (and other reads) on 429/5xx and transport errors with
   exponential backoff, honouring ``Retry-After``;
 * :meth:`HttpClient.send_once` never retries: creates go through it, and the caller classifies
@@ -29,6 +31,7 @@ import requests
 import urllib3
 
 from ..errors import ProviderError, ReadFailed
+from .deadline import bounded, prepare
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -194,18 +197,27 @@ class HttpClient:
         return f"{self.base_url}/{path.lstrip('/')}"
 
     def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """One exchange under ONE total deadline (connect + read timeout), from connect to the
+        last byte: the watchdog of :mod:`.deadline` shuts the socket when it passes, so a
+        status line or headers trickled a line at a time cannot outlive it (issue 25 finding
+        4). A ``stream=True`` caller gets the response once its headers are in and bounds the
+        body itself."""
         headers = {**self.headers, **kwargs.pop("headers", {})}
         timeout = kwargs.pop("timeout", self.timeout)
         streamed = kwargs.pop("stream", False)  # the caller bounds a streamed download itself
-        deadline = time.monotonic() + _total_seconds(timeout)
-        response = self.session.request(method, self.url(path), headers=headers, timeout=timeout,
-                                        stream=True, **kwargs)
-        if streamed:
-            return response
-        try:
-            load_bounded(response, self.max_body_bytes, deadline)
-        finally:
-            response.close()  # the body is held (or refused): give the connection back  # the body is held; give the connection back to the pool
+        url = self.url(path)
+        total = _total_seconds(timeout)
+        deadline = time.monotonic() + total
+        prepare(self.session, url)
+        with bounded(total):
+            response = self.session.request(method, url, headers=headers, timeout=timeout,
+                                            stream=True, **kwargs)
+            if streamed:
+                return response
+            try:
+                load_bounded(response, self.max_body_bytes, deadline)
+            finally:
+                response.close()  # the body is held (or refused): give the connection back
         return response
 
     def send_once(self, method: str, path: str, **kwargs: Any) -> requests.Response:

@@ -562,3 +562,21 @@ def test_follow_yields_sse_fields_for_the_owner_only(env, db) -> None:
             (frame["id"], body["job_id"], frame["event"])
     assert list(api.follow(rt, uuid.uuid4(), body["job_id"], sleep=lambda s: None)) == []
     assert list(api.follow(rt, user, "nope", sleep=lambda s: None)) == []
+
+
+def test_events_after_is_one_step_of_follow_with_a_cursor(env, db) -> None:
+    """``api.events_after`` (what an async server awaits between sleeps): the events after the
+    cursor, the next cursor, and whether the stream is over; the same frames as ``follow``."""
+    rt, _, _ = env
+    user = uuid.uuid4()
+    fund(db, user)
+    _, body = submit_kie(rt, user, inline=False)
+    frames, cursor, over = api.events_after(rt, user, body["job_id"])
+    assert [f["event"] for f in frames] == ["queued"] and not over
+    assert api.events_after(rt, user, body["job_id"], cursor) == ([], cursor, False)
+    api.cancel(rt, user, body["job_id"])
+    later, end, over = api.events_after(rt, user, body["job_id"], cursor)
+    assert [f["event"] for f in later] == ["canceled"] and over and end > cursor
+    assert frames + later == list(api.follow(rt, user, body["job_id"], sleep=lambda s: None))
+    assert api.events_after(rt, uuid.uuid4(), body["job_id"]) == ([], 0, True)
+    assert api.events_after(rt, user, "nope") == ([], 0, True)

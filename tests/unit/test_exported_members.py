@@ -27,8 +27,8 @@ PACKAGE = ROOT / "reconcile"
 EXPORTED = {
     "reconcile": {"__version__", "install"},
     "reconcile.api": {
-        "Response", "cancel", "credit_history", "error_response", "follow", "snapshot",
-        "snapshot_body", "submit",
+        "Response", "cancel", "credit_history", "error_response", "events_after", "follow",
+        "snapshot", "snapshot_body", "submit",
     },
     "reconcile.celery_app": {"app"},
     "reconcile.celery_install": {
@@ -146,7 +146,8 @@ EXPORTED = {
         "Script", "SimSecrets", "Simulator", "SimulatorClient", "Task", "base_urls_for",
         "main",
     },
-    "reconcile.webhook_ingest": {"handle_webhook"},
+    "reconcile.webhook_ingest": {"BodyRefused", "CappedBody", "handle_webhook",
+                                 "handle_webhook_stream", "read_capped"},
     "reconcile.webhooks": {
         "Binding", "DUBBING_NAME_PREFIX", "ELEVENLABS_TOLERANCE", "FAILED",
         "FAL_CHECKED_USER", "FAL_TOLERANCE", "JWKS_FAILURE_TTL", "JWKS_MAX_AGE",
