@@ -132,11 +132,10 @@ def check_settings(**_: object) -> None:
     ``OBSERVE_ONLY_KINDS`` name that protects nothing, a ``REQUIRED_KINDS`` kind this process
     has not registered, or a database that breaks the table contract (``reconcile db check``)
     stops the process, never a silent no-op."""
-    from .jobstore.adoption import SettingsError, check_observe_only, check_required_kinds
-    from .settings import Settings
-
     from .db.contract import SchemaMismatch, require
     from .db.session import engine_for
+    from .jobstore.adoption import SettingsError, check_observe_only, check_required_kinds
+    from .settings import Settings
 
     settings = Settings()
     try:

@@ -254,3 +254,31 @@ CREATE TABLE workflow_executions (id uuid PRIMARY KEY, status text NOT NULL);"""
     for table in PLATFORM_TABLES:
         assert {c.name for c in columns(table) if c.platform} == set(PLATFORM_COLUMNS[table])
     assert _db_check(url)[0] == 0
+
+
+# ----------------------------------------------------------------------------- failing commands
+
+
+@pytest.mark.parametrize("args", [("sweep", "--dry-run"), ("sweep", "--dry-run", "--json"),
+                                  ("sweep",), ("adopt", "report"), ("adopt", "report", "--json")],
+                         ids=["sweep-dry-run", "sweep-dry-run-json", "sweep", "adopt-report",
+                              "adopt-report-json"])
+def test_a_command_whose_rows_failed_exits_1(db: Any, monkeypatch: pytest.MonkeyPatch,
+                                             args: tuple[str, ...]) -> None:
+    """A row the tick could not decide (here: every row, as a missing column made them) is a
+    failed command: exit 1 naming the errors. `sweep --dry-run` exited 0 with errors=4; `adopt
+    report` logged a traceback, then said "an enforcing tick would do nothing", and exited 0."""
+    from datetime import timedelta
+
+    from tests.integration.test_cli import add_job, cli
+
+    add_job(db, age=timedelta(hours=2))
+
+    def undecidable(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("column jobs.progress does not exist")
+
+    monkeypatch.setattr("reconcile.sweep.tick._plan", undecidable)
+    result = cli(db, *args)
+    assert result.exit_code == 1, result.output
+    assert "errors=1" in result.stderr
+    assert "would do nothing" not in result.stdout
