@@ -67,6 +67,9 @@ PLATFORM_COLUMNS: dict[str, tuple[str, ...]] = {
 # tables the library inserts rows into: a column of the platform's it does not set must be
 # nullable or have a default
 INSERTED_INTO = ("jobs", "usage_logs")
+# nullable in the mapping (a platform's rows may hold NULL) but never NULL when the library writes
+# the row: a NOT NULL column is fine
+ALWAYS_SET = frozenset({"jobs.input_data", "usage_logs.job_id", "usage_logs.metadata"})
 LIBRARY_TABLES = tuple(sorted(name for name in Base.metadata.tables if name not in PLATFORM_TABLES))
 UUID_ONLY = "the library's ids are uuids; an integer or text id is not supported yet"
 
@@ -248,7 +251,7 @@ def _column_findings(col: Column, live: _Live | None, dialect: str) -> list[Find
     if col.family == "usage log id":
         return _usage_log_id(where, live, dialect)
     out = _type_findings(col, where, live, dialect)
-    if col.nullable and not live.nullable and not live.primary:
+    if col.nullable and not live.nullable and not live.primary and where not in ALWAYS_SET:
         # the library leaves it unset or writes NULL (a job submitted without it)
         out.append(Finding(where, "NOT NULL, where the library may write NULL",
                            DIFFERS if live.default else BREAKS,

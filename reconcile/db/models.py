@@ -16,6 +16,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    FetchedValue,
     Identity,
     Index,
     Integer,
@@ -171,8 +172,10 @@ class UsageLogId(TypeDecorator[uuid.UUID | int]):
 class UsageLog(Base):
     __tablename__ = "usage_logs"
 
-    # a uuid, or the platform's integer id (the database assigns it where it has a default)
-    id: Mapped[uuid.UUID | int] = mapped_column(UsageLogId, primary_key=True)
+    # a uuid, or the platform's integer id: the database assigns it where it has a default
+    # (FetchedValue: an insert may leave it out and read it back; no DDL)
+    id: Mapped[uuid.UUID | int] = mapped_column(UsageLogId, primary_key=True,
+                                                server_default=FetchedValue())
     job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     user_id: Mapped[uuid.UUID] = mapped_column(Uuid)
     status: Mapped[str] = mapped_column(Text)  # reserved | committed | refunded

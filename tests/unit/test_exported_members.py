@@ -184,7 +184,7 @@ NOT_EXPORTED = {
         "sqlite_has_column",
     },
     "reconcile.db.contract": {
-        "Column", "Family", "INSERTED_INTO", "NAIVE_UTC", "UUID_ONLY", "columns", "family_of",
+        "ALWAYS_SET", "Column", "Family", "INSERTED_INTO", "NAIVE_UTC", "UUID_ONLY", "columns", "family_of",
         "head_revision",
     },
     "reconcile.db.models": {
