@@ -6,6 +6,7 @@ it, then migrated by the library (first to 0022, what that platform ran, then to
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,12 @@ def test_db_check_on_the_django_platform_prints_each_mismatch_and_exits_1(
                 "read and written as UTC") in out
     assert "NOTE     jobs.job_type: character varying(50): length-limited" in out
     assert "mismatch(es) with the table contract" in out
+    as_json = CliRunner().invoke(main, ["--database-url", url, "db", "check", "--json"])
+    assert as_json.exit_code == 1
+    report = json.loads(as_json.stdout)
+    assert report["fits"] is False
+    assert {f["where"] for f in report["findings"] if f["level"] == "breaks"} == {
+        *(f"jobs.{c}" for c in SEVEN), "usage_logs.created_at"}
     # every process building a runtime refuses, naming the columns, before any request
     with pytest.raises(SchemaMismatch, match="jobs.progress: missing"):
         Runtime.from_settings(Settings(database_url=url))
