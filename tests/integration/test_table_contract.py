@@ -289,3 +289,33 @@ def test_a_command_whose_rows_failed_exits_1(db: Any, monkeypatch: pytest.Monkey
     assert result.exit_code == 1, result.output
     assert "errors=1" in result.stderr
     assert "would do nothing" not in result.stdout
+
+
+def test_a_real_worker_refuses_to_start_until_the_table_fits(
+        pg_databases: PgDatabases, simulator: Simulator, tmp_path: Path, redis_url: str) -> None:
+    """`celery -A reconcile.celery_app worker` on the Django platform's database at 0022 exits
+    at start-up naming the missing column (before: it started, and the first job failed); after
+    `reconcile db upgrade` it starts."""
+    import time
+
+    from tests.integration.test_worker_crash import _env
+    from tests.integration.workers import Worker
+
+    url = _platform(pg_databases, DJANGO_PG.format(usage_id=BIGINT_IDENTITY), "0022")
+    refused = Worker(_env(url, redis_url, simulator, tmp_path), tmp_path / "refused.log")
+    try:
+        deadline = time.monotonic() + 60
+        while refused.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = refused.log_path.read_text()
+        assert not refused.alive() and refused.proc.returncode != 0, log[-3000:]
+        assert "refusing to start" in log and "jobs.progress: missing" in log, log[-3000:]
+        assert "ready." not in log
+    finally:
+        refused.stop()
+    upgrade(url)
+    started = Worker(_env(url, redis_url, simulator, tmp_path), tmp_path / "started.log")
+    try:
+        started.wait_ready(60)
+    finally:
+        started.stop()
