@@ -319,3 +319,28 @@ def test_a_real_worker_refuses_to_start_until_the_table_fits(
         started.wait_ready(60)
     finally:
         started.stop()
+
+
+def test_revision_0023_downgrade_drops_only_what_it_added(pg_databases: PgDatabases) -> None:
+    """0023 adds the seven jobs columns and usage_logs.created_at where missing; a downgrade to
+    0022 drops exactly those (a platform column of the same name that was there stays)."""
+    from reconcile.db.migrate import downgrade
+
+    ddl = DJANGO_PG.format(usage_id=BIGINT_IDENTITY).replace(
+        "provider varchar(50),", "provider varchar(50), node_id varchar(40),")
+    url = _platform(pg_databases, ddl, "0022")
+
+    def cols(table: str) -> set[str]:
+        with _psql(url) as conn:
+            return {r[0] for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s",
+                (table,))}
+
+    jobs_before, usage_before = cols("jobs"), cols("usage_logs")
+    upgrade(url)
+    assert set(SEVEN) <= cols("jobs") and "created_at" in cols("usage_logs")
+    downgrade(url, "0022")
+    assert cols("jobs") == jobs_before and "node_id" in jobs_before
+    assert cols("usage_logs") == usage_before
+    upgrade(url)
+    assert _db_check(url)[0] == 0
