@@ -8,7 +8,8 @@ customer contract (README, Design notes: The customer contract), so tests compar
                    "message", "job_id"[, "upstream_request_id"]}}
     400 / 402 / 404 / 409 / 500 {"error": {"type", "code", "message", …}}
     409 IDEMPOTENCY_KEY_REUSED                                    a key reused for another request
-    200 {"id", "state", "outputs", "error", "credits_actual", "next_poll_at"}   a snapshot
+    200 {"id", "state", "outputs", "error", "credits_actual", "credits_returned",
+         "next_poll_at"}                                          a snapshot
 
 Choices written down here (the design is silent on them):
 
@@ -253,6 +254,8 @@ def _parse_input(input: Any) -> Any:
             return json.loads(input)
         except ValueError as exc:
             raise InvalidParam(f"input is not JSON: {exc}", param="input") from exc
+        except RecursionError:  # nested deeper than the parser's stack: bad input, not a 500
+            raise InvalidParam("input is not JSON: nested too deeply", param="input") from None
     return input
 
 
@@ -329,20 +332,27 @@ def follow(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str,
 
 
 def snapshot_body(rt: Runtime, job: Job) -> dict[str, Any]:
-    """The 200 body of a job read (README, Design notes: The customer contract)."""
+    """The 200 body of a job read (README, Design notes: The customer contract).
+    ``credits_returned``: what the job's settlement gave back to the user (a refund, a partial
+    one, the rest of a commit for less: ``Ledger.refunded``); None until it is settled."""
     outputs: list[dict[str, Any]] | None = None
-    if job.status == Status.COMPLETED:
+    returned: int | None = None
+    if job.status == Status.COMPLETED or job.credits_actual is not None:
         with rt.sessions() as session:
-            assets = session.execute(
-                select(Asset).where(Asset.job_id == job.id).order_by(Asset.index)).scalars().all()
-        outputs = [{"url": rt.storage.url(a.storage_key), "media_type": a.media_type}
-                   for a in assets]
+            if job.credits_actual is not None:
+                returned = rt.ledger.refunded(session, job.id)
+            if job.status == Status.COMPLETED:
+                assets = session.execute(select(Asset).where(Asset.job_id == job.id)
+                                         .order_by(Asset.index)).scalars().all()
+                outputs = [{"url": rt.storage.url(a.storage_key), "media_type": a.media_type}
+                           for a in assets]
     return {
         "id": str(job.id),
         "state": PUBLIC_STATE.get(job.status, job.status),
         "outputs": outputs,
         "error": _snapshot_error(job),
         "credits_actual": job.credits_actual,
+        "credits_returned": returned,
         "next_poll_at": iso(job.next_poll_at),
     }
 

@@ -53,6 +53,12 @@ class Kind:
     # a read of the task echoing the planted job id (KIE, ElevenLabs). None: the provider's
     # webhook scheme decides (:attr:`reconcile.webhooks.WebhookScheme.echo_check`).
     echo_check: bool | None = None
+    # The binding fields: the create fields the library writes itself because the provider
+    # echoes them back as what ties a delivery or a read to this job (README "Webhook fields
+    # that are trusted"). An input setting one is refused at submit (:func:`binding_key`).
+    # Every built-in kind declares its row (``()``: it plants nothing); None is a platform kind
+    # that declares none.
+    binds: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.provider:
@@ -79,6 +85,16 @@ class Kind:
                 (None, self.poll_interval or timedelta(seconds=5)))
 
 
+def binding_key(kind: Kind, key: str) -> str | None:
+    """The binding field of ``kind`` an input key would set, or None.
+
+    Matched as the provider might read it: any letter case, surrounding blanks ignored, and
+    ``<field>_base64`` (which the ElevenLabs client sends as a part named ``<field>``)."""
+    name = key.strip().casefold()
+    name = name.removesuffix("_base64").strip()
+    return next((f for f in kind.binds or () if f.casefold() == name), None)
+
+
 def family_of_name(name: str | None) -> str:
     """The default provider family of a kind name: its first ``-`` segment."""
     return (name or "").split("-", 1)[0]
@@ -87,6 +103,14 @@ def family_of_name(name: str | None) -> str:
 H24 = timedelta(hours=24)
 H1 = timedelta(hours=1)
 _KIE_BACKOFF = ((2 * MIN, 15 * SEC),)
+# Each kind's binding fields (README "Webhook fields that are trusted"): KIE's record echoes the
+# body's callBackUrl; Replicate's prediction echoes ``webhook`` (and its filter); an ElevenLabs
+# dubbing echoes ``name``, a speech-to-text webhook ``webhook_metadata`` (``webhook`` turns it
+# on); fal's webhook is the ``fal_webhook`` query parameter. Sync kinds plant nothing.
+_KIE_BINDS = ("callBackUrl",)
+_REPLICATE_BINDS = ("webhook", "webhook_events_filter")
+_ELEVENLABS_BINDS = ("name", "webhook_metadata", "webhook")
+_FAL_BINDS = ("fal_webhook",)
 
 
 def _kie(name: str, threshold: int, interval: int, api: str) -> Kind:
@@ -99,6 +123,7 @@ def _kie(name: str, threshold: int, interval: int, api: str) -> Kind:
         plant="callBackUrl query",
         client=f"reconcile.providers.kie:{api}",
         backoff=_KIE_BACKOFF if interval < 15 else (),
+        binds=_KIE_BINDS,
     )
 
 
@@ -111,19 +136,20 @@ _BUILTIN: tuple[Kind, ...] = (
     _kie("kie-kling3", 25, 10, "market_client"),
     _kie("kie-runway", 25, 10, "runway_client"),
     _kie("kie-lip-sync", 75, 15, "market_client"),
-    Kind("kie-llm", True, 5 * MIN, None, None, None, "reconcile.providers.kie:llm_client"),
+    Kind("kie-llm", True, 5 * MIN, None, None, None, "reconcile.providers.kie:llm_client",
+         binds=()),
     Kind("replicate-prediction", False, 20 * MIN, 3 * SEC, H1, "webhook query",
-         "reconcile.providers.replicate:prediction_client"),
+         "reconcile.providers.replicate:prediction_client", binds=_REPLICATE_BINDS),
     Kind("replicate-training", False, 30 * MIN, 15 * SEC, H1, "webhook query",
-         "reconcile.providers.replicate:training_client"),
+         "reconcile.providers.replicate:training_client", binds=_REPLICATE_BINDS),
     Kind("elevenlabs-async", False, 15 * MIN, 10 * SEC, None, "STT webhook_metadata",
-         "reconcile.providers.elevenlabs:async_client"),
+         "reconcile.providers.elevenlabs:async_client", binds=_ELEVENLABS_BINDS),
     Kind("elevenlabs-sync", True, 5 * MIN, None, None, None,
-         "reconcile.providers.elevenlabs:sync_client"),
+         "reconcile.providers.elevenlabs:sync_client", binds=()),
     Kind("anthropic-sync", True, 5 * MIN, None, None, None,
-         "reconcile.providers.anthropic:sync_client"),
+         "reconcile.providers.anthropic:sync_client", binds=()),
     Kind("fal-queue", False, 20 * MIN, 3 * SEC, H1, "fal_webhook query",
-         "reconcile.providers.fal:queue_client"),
+         "reconcile.providers.fal:queue_client", binds=_FAL_BINDS),
 )
 
 _REGISTRY: dict[str, Kind] = {k.name: k for k in _BUILTIN}
@@ -190,6 +216,7 @@ __all__ = [
     "ClientFactory",
     "Kind",
     "all_kinds",
+    "binding_key",
     "family_of_name",
     "get_kind",
     "provider_of",

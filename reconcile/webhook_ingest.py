@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -56,11 +58,18 @@ def _scheme(provider: str) -> webhooks.WebhookScheme:
     return scheme
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins the valid pairs
+
+
 def _pg_text(value: Any) -> Any:
-    """PostgreSQL ``text``/``jsonb`` cannot hold NUL: a signed delivery carrying one (in an id,
-    a status or anywhere in its body) is handled with U+FFFD in its place — never a 500."""
+    """PostgreSQL ``text``/``jsonb`` hold neither NUL nor a lone surrogate, and jsonb has no
+    ``NaN``/``Infinity``: a signed delivery carrying one (in an id, a status or anywhere in its
+    body) is stored and handled with U+FFFD for the character and the token's name as a string
+    (``"NaN"``, ``"Infinity"``, ``"-Infinity"``) for the number — never a 500, never lost."""
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
+        return _LONE_SURROGATE.sub("\ufffd", value.replace("\x00", "\ufffd"))
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
         return {_pg_text(k): _pg_text(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -3,7 +3,7 @@ log and its row) and the in-flight horizon."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from fractions import Fraction
 from typing import Any
 
@@ -24,9 +24,9 @@ from sqlalchemy import (
     select,
 )
 
-from ..kinds import get_kind
+from ..jobstore.horizon import exhaustion_deadline
 from ..settlement import RECORD_KEY, kept_of
-from ..states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS, TERMINAL, Submission
+from ..states import IN_FLIGHT, MAX_ATTEMPTS, TERMINAL
 from ._base import (
     J,
     T,
@@ -129,6 +129,7 @@ def _job_facts(a: _Audit) -> Subquery:
         (c.usage_s + c.usage_t).label("usage"), commit.label("commit"),
         (c.legacy_s + c.legacy_t).label("legacy"),
         (case((status == "committed", commit), else_=0) + c.r_commit_s + c.r_commit_t).label("cost"),
+        (c.refund_s + c.refund_t + c.release_s + c.release_t).label("returned"), J.c.error_code,
         J.c.status.label("job_status"), J.c.credits_actual,
         func.coalesce(J.c.completed_at, J.c.created_at).label("ended"),
     ).select_from(jt.outerjoin(lg, lg.c.job_id == c.job_id).outerjoin(J, J.c.id == c.job_id))
@@ -158,8 +159,11 @@ def _jobs(a: _Audit) -> None:
         "failed_job_committed": and_(known, d.job_status.in_(("failed", "cancelled")),
                                      d.log_status == "committed",
                                      ~or_(_kept_by_policy(a, d), _kept_by_record(a, d))),
-        "completed_after_refund": and_(known, d.job_status == "completed",
-                                       d.log_status == "refunded", d.n_r_commit == 0),
+        # a completion after a settlement that returned credits: a refund, or a partial one
+        # (the library failed the job, kept part and released the rest: Ledger.refunded)
+        "completed_after_refund": and_(known, d.job_status == "completed", d.n_r_commit == 0, or_(
+            d.log_status == "refunded",
+            and_(d.log_status == "committed", d.returned > 0, d.error_code.is_not(None)))),
         "terminal_job_reserved": and_(known, d.job_status.in_(TERMINAL), reserved,
                                       d.ended < a.now - a.grace),
         "credits_actual_mismatch": and_(known, d.credits_actual.is_not(None),
@@ -168,7 +172,8 @@ def _jobs(a: _Audit) -> None:
     flags = [case((cond, 1), else_=0).label(kind) for kind, cond in checks.items()]
     stmt = select(d.job_id, d.user_id, d.log_status, d.lhs_s, d.lhs_t, d.rhs_s, d.rhs_t,
                   d.n_reserved, d.min_credits, d.max_credits, d.usage, d.job_status,
-                  d.credits_actual, d.cost, d.commit, d.legacy, _policy_kept(a, d).label("kept"),
+                  d.credits_actual, d.cost, d.commit, d.legacy, d.returned,
+                  _policy_kept(a, d).label("kept"),
                   d.rec_share, d.rec_kept, *flags).where(or_(*checks.values()))
     for r in a.session.execute(stmt):
         m = r._mapping
@@ -289,8 +294,9 @@ def _job_detail(kind: str, r: Any) -> str:
                                 + ("" if r.kept is None else f" {r.commit} (the settlement "
                                    f"policy keeps {r.kept} of {r.usage - r.legacy})")
                                 + _record_detail(r),
-        "completed_after_refund": "job completed and its reservation refunded (keep the refund, "
-                                  "or re-charge: credits.recharge)",
+        "completed_after_refund": f"job completed after the library's settlement returned "
+                                  f"{r.returned} credits (keep them, or re-charge: "
+                                  "credits.recharge)",
         "terminal_job_reserved": f"job {r.job_status} still holds a reserved usage log",
         "reserved_but_settled": "usage log reserved, a settlement exists",
         "settlement_missing": f"usage log {r.log_status} without its transaction",
@@ -323,7 +329,8 @@ def _in_flight(a: _Audit) -> None:
     stmt = a.scoped(
         select(J.c.id, J.c.user_id, J.c.status, J.c.submission_state, J.c.provider_kind,
                J.c.provider_call_started_at, J.c.started_at, J.c.created_at,
-               J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at)
+               J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at,
+               J.c.claim_expires_at)
         .where(J.c.status.in_(IN_FLIGHT),
                select(T.c.id).where(T.c.id == usage_id, T.c.job_id == J.c.id).exists()),
         J.c.user_id)
@@ -333,34 +340,11 @@ def _in_flight(a: _Audit) -> None:
             a.report("in_flight_past_horizon", row.user_id, row.id, late)
 
 
-def exhaustion_deadline(settings: Any, row: Any) -> datetime | None:
-    """The latest an in-flight job's last attempt is due (module docstring): its kind's stale
-    threshold after its provider call (a sync kind: no attempts after it), then one attempt per
-    spacing until ``MAX_ATTEMPTS`` — counted from its last attempt, or its new poll lease when
-    attempts started over (adopted, resumed), when that is later. None: no such bound (an
-    unknown kind; ``uncertain``, which waits for an operator)."""
-    kind = get_kind(row.provider_kind)
-    if kind is None or row.submission_state == Submission.UNCERTAIN:
-        return None
-    scaled = settings.scaled
-    start = row.provider_call_started_at or row.started_at or row.created_at
-    base = start + scaled(kind.stale_threshold)
-    if kind.sync:
-        return base
-    last = row.reconcile_last_attempt_at
-    if last is None and row.poll_lease_expires_at is not None:
-        last = row.poll_lease_expires_at  # adopted or resumed: attempts start over
-    if last is not None:
-        base = max(base, last)
-    # attempts beyond MAX_ATTEMPTS (hole 2: 39 of 18) move the deadline back, not forward
-    return base + scaled(ATTEMPT_SPACING) * (MAX_ATTEMPTS - (row.reconcile_attempts or 0))
-
-
 def _past_horizon(a: _Audit, row: Any) -> str | None:
     """Why an in-flight job is past its kind's exhaustion horizon, or None (module docstring)."""
     if row.provider_kind in (a.settings.observe_only_kinds or ()):
         return None
-    deadline = exhaustion_deadline(a.settings, row)
+    deadline = exhaustion_deadline(a.settings, row)  # the one rule (jobstore.horizon)
     if deadline is None:
         return None
     scaled = a.settings.scaled

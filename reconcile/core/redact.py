@@ -11,6 +11,13 @@ What operators and customers may see of an error (issue 12, part 5: what users s
 * Customers get the stable code and the library's own message; for ``UPSTREAM_INVALID_INPUT``
   and ``UPSTREAM_FAILED`` also the provider's own message with URLs, host names and IP addresses
   removed (:func:`for_customer`).
+* A database URL or libpq DSN shown to an operator has every credential masked
+  (:func:`database_url`): the ``user:password@`` form, ``password=`` / ``sslpassword=`` (and
+  other secret-looking keys) in a query string, percent-encoded or not, and in a keyword/value
+  DSN, quoted or not.
+* An operator's terminal gets customer and provider text with every non-printable character
+  (ESC, OSC, other C0/C1 controls, bidi and format characters, line separators) escaped
+  (:func:`for_terminal`); submit refuses them in identifiers (:func:`printable`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import logging
 import re
 import traceback
 from typing import Any
+from urllib.parse import unquote_plus
 
 REDACTED = "REDACTED"
 _SIGNED_PARAMS = (
@@ -88,6 +96,46 @@ def _is_ipv6(token: str) -> bool:
     return False
 
 
+# A key whose value is a credential, matched in its decoded, lower-case form: libpq's
+# ``password``/``sslpassword``, drivers' ``pwd``/``passwd``, and tokens or secrets of any kind.
+_SECRET_KEY = re.compile(r"pass|pwd|secret|token|credential|private|api_?key")
+_URL_START = re.compile(r"\s*[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+# user:password@ — the password runs to the last @ (an unencoded @, / or ? inside it included)
+_URL_USERINFO = re.compile(r"(?s)^(\s*[a-z][a-z0-9+.-]*://[^:/?#@]*:)(.*)(@)", re.IGNORECASE)
+# key=value in a URL query: the value runs to the next & or #
+_QUERY_PAIR = re.compile(r"([?&;])([^=&#?;]*)=([^&#]*)")
+# key = value in a keyword/value DSN: a single-quoted value (\' and \\ escaped) or a bare word
+_DSN_PAIR = re.compile(r"(?:(?<=\s)|^)([^\s=']+)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)")
+
+
+def _secret_key(key: str) -> bool:
+    return bool(_SECRET_KEY.search(unquote_plus(key).strip().lower()))
+
+
+def database_url(text: str) -> str:
+    """A database URL or libpq keyword/value DSN with every credential replaced by ``***``."""
+    if _URL_START.match(text):  # a keyword/value DSN never starts with scheme://
+        text = _URL_USERINFO.sub(lambda m: m.group(1) + "***" + m.group(3), text, count=1)
+        return _QUERY_PAIR.sub(lambda m: f"{m.group(1)}{m.group(2)}="
+                               f"{'***' if _secret_key(m.group(2)) else m.group(3)}", text)
+    return _DSN_PAIR.sub(lambda m: m.group(1) + m.group(2) + (
+        "***" if _secret_key(m.group(1)) else m.group(3)), text)
+
+
+def printable(text: str) -> bool:
+    """No character an operator's terminal would act on or hide (see :func:`for_terminal`)."""
+    return text.isprintable()
+
+
+def for_terminal(text: str) -> str:
+    """``text`` safe for a terminal: each non-printable character (``str.isprintable``: C0/C1
+    controls and ESC, bidi and other format characters, line and paragraph separators,
+    non-ASCII spaces) as its Python escape (``\\x1b``, ``\\u202e``); the rest unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 class _Redacting:
     """A log record factory wrapper: the message (and traceback) of every record is redacted."""
 
@@ -117,4 +165,5 @@ def install_log_redaction() -> None:
         logging.setLogRecordFactory(_Redacting(current))
 
 
-__all__ = ["REDACTED", "detail", "for_customer", "install_log_redaction", "signed"]
+__all__ = ["REDACTED", "database_url", "detail", "for_customer", "for_terminal",
+           "install_log_redaction", "printable", "signed"]

@@ -20,16 +20,22 @@ ingestion), and its status reads echo nothing.
 The rule (:func:`assess`): a delivery is used only for a job of the same provider family and
 kind; where the provider has a confirming read, the read must echo this job's id before the job
 changes state (a bound delivery whose read echoes another job is refused); where it has none,
-the signed binding alone decides. A delivery with neither (fal without a configured user id,
+the signed binding alone decides; an upstream id another job already holds is that job's
+(:func:`held_elsewhere`). A delivery with neither (fal without a configured user id,
 an ElevenLabs speech-to-text delivery planted only in the query) is shown to the operator
 (``reconcile uncertain`` / ``show``) and adopted only by ``reconcile resolve --upstream-id``.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..db.models import WebhookDelivery
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..db.models import Job, WebhookDelivery
 from ..kinds import Kind, provider_of
 from ..settings import Settings
 from ..webhooks import FAL_CHECKED_USER, PROVIDERS, Binding, get_scheme
@@ -90,6 +96,18 @@ def assess(row: WebhookDelivery, job_id: str, kind: Kind, settings: Settings) ->
     return Assessment(True, needs_read, bound, "bound" if bound else "to be confirmed")
 
 
+def held_elsewhere(session: Session, upstream_ids: Iterable[str], job_id: uuid.UUID) -> set[str]:
+    """The upstream ids another job already holds: that job's own tasks, never evidence for this
+    one, whatever a delivery's binding says. A field a customer could set before the library
+    refused it (an ElevenLabs dubbing ``name`` of ``reconcile-job:<another job>``) named the
+    customer's own task, which the customer's job holds."""
+    ids = {i for i in upstream_ids if i}
+    if not ids:
+        return set()
+    return set(session.execute(select(Job.provider_task_id).where(
+        Job.provider_task_id.in_(ids), Job.id != job_id)).scalars())
+
+
 def confirmed(assessment: Assessment, echoed: str | None, job_id: str) -> bool:
     """After the confirming read: an echo must be this job's; no echo leaves the binding."""
     if echoed is not None:
@@ -98,4 +116,4 @@ def confirmed(assessment: Assessment, echoed: str | None, job_id: str) -> bool:
 
 
 __all__ = ["BINDINGS", "FAL_CHECKED_USER", "Assessment", "Binding", "assess", "confirmed", "family",
-           "same_kind", "signed_job_id"]
+           "held_elsewhere", "same_kind", "signed_job_id"]

@@ -114,12 +114,12 @@ def decide(status: str, submission_state: str | None, *, call_started: bool,
         return Verdict.NOT_CANCELABLE
     if submission_state == Submission.NOT_STARTED:
         return Verdict.NOT_STARTED
+    if jobstore.is_outcome_unknown(submission_state, call_started=call_started, task_id=task_id):
+        return Verdict.RECONCILIATION_REQUIRED  # `reconcile fail` refuses the same rows
     if submission_state is None:
         # a platform row: only the absence of any provider-call trace proves nothing ran (an
         # upstream id without the start marker still means the provider was called)
-        if not call_started and not task_id:
-            return Verdict.PLATFORM_ROW
-        return Verdict.RECONCILIATION_REQUIRED
+        return Verdict.RECONCILIATION_REQUIRED if task_id else Verdict.PLATFORM_ROW
     if submission_state == Submission.ACCEPTED and task_id:
         return Verdict.ACCEPTED
     return Verdict.RECONCILIATION_REQUIRED

@@ -56,6 +56,11 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> SettleOutcome:
 
     Returns a :class:`~reconcile.settlement.SettleOutcome` (never test it for truthiness).
     Repeating never adds a second refund (the ledger's CAS); legacy refunds count.
+
+    Only a row the library must settle is settled (:func:`reconcile.jobstore.must_settle`: the
+    library persisted its failure); any other — a platform's own failed row, never failed by the
+    library — is ``NOT_DUE`` and untouched, whoever calls (README, Design notes: Refunds need
+    evidence).
     """
     now = rt.now()
     try:
@@ -65,6 +70,10 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> SettleOutcome:
                 return SettleOutcome.NOT_DUE
             if job.credits_actual is not None:
                 return SettleOutcome.ALREADY_SETTLED
+            if not jobstore.must_settle(job):
+                log.warning("settle_refused_not_the_librarys job_id=%s status=%s", job_id,
+                            job.status)
+                return SettleOutcome.NOT_DUE
             _execute_settlement(rt, session, job, now)
             rt.crash_point("mid_refund")
             actual = rt.ledger.settled_amount(session, job_id)

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import idempotency, jobstore
+from ..core.redact import printable
 from ..db.models import Job
 from ..errors import InvalidParam
 from ..jobstore.events import add_event, publish_events
-from ..kinds import Kind
+from ..kinds import Kind, binding_key
+from ..providers.base import JOB_REF_PREFIX
 from ..runtime import Runtime, Validator
 from ..states import Status, Submission
 
@@ -39,6 +41,11 @@ def _validate(provider_kind: str, model: str, input: Any, credits_: Any,
         raise InvalidParam("model must be a non-empty string", param="model")
     if not isinstance(input, Mapping):
         raise InvalidParam("input must be a JSON object", param="input")
+    for key in input:  # the library writes its own binding fields (README "Webhook fields ...")
+        field = binding_key(kind, key) if isinstance(key, str) else None
+        if field is not None:
+            raise InvalidParam(f"input may not set {field!r}: the library writes it for "
+                               f"{kind.name} jobs", param="input")
     try:
         json.dumps(input, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -61,11 +68,16 @@ def _check_storable(rt: Runtime, model: str, input: Mapping[str, Any], job_type:
     for param, value in (("model", model), ("job_type", job_type)):
         if not _plain_text(value):
             raise InvalidParam(f"{param} holds a NUL or an unpaired surrogate", param=param)
+        if not printable(value):  # an operator's terminal shows identifiers (reconcile show)
+            raise InvalidParam(f"{param} holds a control or format character", param=param)
     stack: list[Any] = [input]
     while stack:  # iterative: a deeply nested input cannot exhaust the stack here
         value = stack.pop()
         if isinstance(value, str) and not _plain_text(value):
             raise InvalidParam("input holds a NUL or an unpaired surrogate", param="input")
+        if isinstance(value, str) and JOB_REF_PREFIX in value.casefold():
+            raise InvalidParam(f"input may not use the library's prefix {JOB_REF_PREFIX!r}",
+                               param="input")
         if isinstance(value, Mapping):
             stack.extend(value.keys())
             stack.extend(value.values())

@@ -120,12 +120,11 @@ class Cli:
 
 
 def _redacted(url: str) -> str:
-    from sqlalchemy.engine import make_url
+    """Every credential form libpq and SQLAlchemy accept masked (the one rule:
+    :func:`reconcile.core.redact.database_url`), then escaped for the terminal."""
+    from ..core.redact import database_url, for_terminal
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy parses: say so rather than echo a secret
-        return "<unparseable URL>"
+    return for_terminal(database_url(url))
 
 
 # A resumed poll chain or a re-enqueued create goes to the workers through the broker. The

@@ -1,5 +1,9 @@
 """Output formatting of the ``reconcile`` command: aligned tables for people, one JSON value on
-stdout (``--json``) for scripts. In JSON, times are ISO 8601 (UTC) and durations seconds."""
+stdout (``--json``) for scripts. In JSON, times are ISO 8601 (UTC) and durations seconds.
+
+Every value a person reads goes through :func:`_cell`, which escapes what a terminal would act
+on (ESC/OSC sequences, other controls, bidi characters: :func:`reconcile.core.redact.for_terminal`):
+a model, job type, provider message or upstream id is customer or provider text."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from decimal import Decimal
 from typing import Any
 
 import click
+
+from ..core.redact import for_terminal
 
 
 def _as_json(value: Any) -> Any:
@@ -36,8 +42,8 @@ def _cell(value: Any) -> str:
         return _duration(value)
     if isinstance(value, dict | list):
         text = json.dumps(value, default=_as_json, separators=(",", ":"))
-        return text if len(text) <= 120 else text[:117] + "..."
-    return str(value)
+        return text if len(text) <= 120 else text[:117] + "..."  # ensure_ascii: escaped
+    return for_terminal(str(value))
 
 
 def _duration(delta: timedelta) -> str:

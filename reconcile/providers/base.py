@@ -90,6 +90,11 @@ class ListedTask:
     planted_job_id: str | None
 
 
+# The library's prefix on a text field it plants a job id in (an ElevenLabs dubbing's ``name``):
+# no customer input may use it (README "Webhook fields that are trusted").
+JOB_REF_PREFIX = "reconcile-job:"
+
+
 @dataclass(frozen=True)
 class CreateRequest:
     """What the lifecycle hands a client to create one upstream task."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -80,17 +81,23 @@ def load_bounded(response: requests.Response, max_bytes: int, deadline: float) -
 
 
 def parse_retry_after(value: str | None, *, now: Callable[[], datetime] | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date), or None."""
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date), or None.
+
+    Defensive: always a finite number of seconds ≥ 0, or None for anything else (garbage,
+    ``inf``, ``nan``, a date that does not exist). It is not bounded: a far-future date is a
+    huge number, and every caller caps the wait (a read's backoff, a create's horizon)."""
     if not value:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     if when is None:
         return None

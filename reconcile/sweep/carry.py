@@ -14,13 +14,13 @@ from sqlalchemy import select
 from .. import jobstore, lifecycle
 from ..db.models import Job, WebhookDelivery
 from ..errors import ProviderError
-from ..jobstore import evidence
+from ..jobstore import evidence, horizon
 from ..jobstore.events import publish
 from ..kinds import Kind
 from ..providers.base import AsyncProvider
 from ..runtime import Runtime
 from ..settlement import SettleOutcome
-from ..states import IN_FLIGHT, MAX_ATTEMPTS, Submission
+from ..states import IN_FLIGHT, Submission
 from .claims import _anomaly_once, _Plan
 from .table import Action
 
@@ -79,7 +79,7 @@ def _poll_once(rt: Runtime, plan: _Plan) -> str:
     job, kind = plan.job, plan.kind
     assert kind is not None
     outcome = lifecycle.observe(rt, job, kind, via="sweep")
-    if outcome in ("in_flight", "error") and job.reconcile_attempts >= MAX_ATTEMPTS:
+    if outcome in ("in_flight", "error") and horizon.exhausted(job):
         with rt.sessions() as session:
             current = jobstore.load(session, job.id)
         if current is not None and current.status in IN_FLIGHT:
@@ -98,7 +98,7 @@ def _evidence(rt: Runtime, plan: _Plan) -> str:
     if found is not None:
         task_id, source = found
         return "adopted" if lifecycle.adopt_upstream_id(rt, job.id, task_id, source=source) else "lost"
-    if job.reconcile_attempts < MAX_ATTEMPTS:
+    if not horizon.exhausted(job):
         return "not_found"
     with rt.sessions.begin() as session:
         current = jobstore.load(session, job.id, lock=True)
@@ -113,7 +113,8 @@ def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
     """(upstream id, source) from a stored webhook delivery naming this job, else a provider
     listing. A delivery counts only as :mod:`reconcile.jobstore.evidence` allows: same provider family
     and kind, bound by a provider-signed field, and — where the provider has one — confirmed
-    by a read echoing this job's planted id before anything changes."""
+    by a read echoing this job's planted id before anything changes. An upstream id another job
+    already holds is never this job's (:func:`reconcile.jobstore.evidence.held_elsewhere`)."""
     client = rt.client(kind)
     if not isinstance(client, AsyncProvider):
         return None
@@ -122,7 +123,10 @@ def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
             select(WebhookDelivery).where(
                 WebhookDelivery.job_id == job.id, WebhookDelivery.upstream_id.is_not(None))
             .order_by(WebhookDelivery.received_at)).scalars().all()
-    tried: set[str] = set()
+        taken = evidence.held_elsewhere(session, (r.upstream_id or "" for r in rows), job.id)
+    tried: set[str] = set(taken)
+    for upstream_id in taken:
+        log.warning("evidence_held_elsewhere job_id=%s upstream_id=%s", job.id, upstream_id)
     for row in rows:
         upstream_id = row.upstream_id or ""
         if upstream_id in tried or not lifecycle.usable_task_id(upstream_id):
@@ -138,6 +142,11 @@ def _find_evidence(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str] | None:
         return None
     if listed is None or not lifecycle.usable_task_id(listed.task_id):
         return None  # an id no row can hold is no evidence (the operator gets the anomaly)
+    with rt.sessions() as session:
+        if evidence.held_elsewhere(session, (listed.task_id,), job.id):
+            log.warning("evidence_held_elsewhere job_id=%s upstream_id=%s", job.id,
+                        listed.task_id)
+            return None
     return listed.task_id, "listing"
 
 

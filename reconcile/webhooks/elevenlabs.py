@@ -4,7 +4,8 @@ ElevenLabs' workspace webhooks: hex HMAC-SHA256 of ``{t}.{body}`` (``ElevenLabs-
 t=…,v0=…``); ±30 min; the body is signed.
 
 The signed body names the job: speech-to-text echoes ``data.webhook_metadata.job_id``, a dubbing
-event its project ``name`` (``reconcile-job:<id>``, which the client sets). A dubbing read
+event its project ``name`` (``reconcile-job:<id>``, which the client always writes; submit refuses
+an input setting either), each event by its own field only. A dubbing read
 (``GET /v1/dubbing/{id}``) echoes the name back; speech-to-text has no confirming read.
 """
 
@@ -18,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WebhookSignatureError
+from ..providers.base import JOB_REF_PREFIX
 from ._common import (
     FAILED,
     SUCCEEDED,
@@ -90,8 +92,7 @@ def verify_elevenlabs(headers: Headers, body: bytes, query: Headers, secret: str
         "elevenlabs",
         delivery_id=f"{raw_ts}:{payload_digest(body)}",
         task_id=task_id,
-        planted=(_metadata_job_id(inner.get("webhook_metadata"))
-                 or _dubbing_name_job_id(inner.get("name")) or _planted(query)),
+        planted=_bound_job_id(data) or _planted(query),
         status=event_type if isinstance(event_type, str) else None,
         outcome=outcome,
         error=error,
@@ -100,7 +101,7 @@ def verify_elevenlabs(headers: Headers, body: bytes, query: Headers, secret: str
     )
 
 
-DUBBING_NAME_PREFIX = "reconcile-job:"  # the ElevenLabs client names dubbings this way
+DUBBING_NAME_PREFIX = JOB_REF_PREFIX  # the ElevenLabs client names dubbings this way
 
 
 def _dubbing_name_job_id(name: Any) -> str | None:
@@ -123,12 +124,23 @@ def _metadata_job_id(metadata: Any) -> str | None:
     return None
 
 
-def signed_job_id(payload: Mapping[str, Any]) -> str | None:
-    """The job id in the signed body only (never the unsigned query)."""
+def _bound_job_id(payload: Mapping[str, Any]) -> str | None:
+    """The job id the event's own binding names: a dubbing's ``name``, a speech-to-text task's
+    ``webhook_metadata`` — never the other field, which the library does not write for that
+    task (a dubbing echoing a ``webhook_metadata`` sent with its create binds by ``name`` only)."""
     inner = payload.get("data")
     if not isinstance(inner, dict):
         return None
-    return _metadata_job_id(inner.get("webhook_metadata")) or _dubbing_name_job_id(inner.get("name"))
+    event_type = payload.get("type")
+    if isinstance(inner.get("dubbing_id"), str) or (
+            isinstance(event_type, str) and "dubbing" in event_type.lower()):
+        return _dubbing_name_job_id(inner.get("name"))
+    return _metadata_job_id(inner.get("webhook_metadata"))
+
+
+def signed_job_id(payload: Mapping[str, Any]) -> str | None:
+    """The job id in the signed body only (never the unsigned query)."""
+    return _bound_job_id(payload)
 
 
 SCHEME = WebhookScheme(

@@ -212,7 +212,8 @@ def test_two_settlers_with_different_policies_settle_once(
             credits.reserve(s, user, job_id, 41, now=T0)
         with db.begin() as s:
             s.execute(update(Job).where(Job.id == job_id)
-                      .values(status="cancelled", completed_at=T0, error_code="CANCELED"))
+                      .values(status="cancelled", completed_at=T0, error_code="CANCELED",
+                              next_poll_at=T0))  # the library's cancel: its settlement is owed
         return job_id
 
     def check(job_id: uuid.UUID, out: dict[str, Any]) -> None:

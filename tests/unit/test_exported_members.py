@@ -51,7 +51,7 @@ EXPORTED = {
     "reconcile.credits": {
         "POOLS", "Pools", "RESERVED_PREFIXES", "Reservation", "Settlement", "audit",
         "commit", "grant", "history", "import_legacy_refund", "recharge", "refund",
-        "repair_usage_metadata", "reserve", "split_pro_rata",
+        "release_orphan", "repair_usage_metadata", "reserve", "split_pro_rata",
     },
     "reconcile.db": set(),
     "reconcile.db.contract": {
@@ -80,8 +80,8 @@ EXPORTED = {
     },
     "reconcile.idempotency": {"MAX_KEY_LENGTH", "RETENTION"},
     "reconcile.kinds": {
-        "BUILTIN_KINDS", "BUILTIN_PROVIDERS", "ClientFactory", "Kind", "all_kinds", "family_of_name",
-        "get_kind", "provider_of", "register_kind", "unregister_kind",
+        "BUILTIN_KINDS", "BUILTIN_PROVIDERS", "ClientFactory", "Kind", "all_kinds", "binding_key",
+        "family_of_name", "get_kind", "provider_of", "register_kind", "unregister_kind",
     },
     "reconcile.ledger": {
         "BuiltinLedger", "COMPLETED_AFTER_REFUND", "DEFAULT", "Ledger", "audit",
@@ -203,7 +203,7 @@ NOT_EXPORTED = {
         "poll_lease", "usable_task_id",
     },
     "reconcile.orchestrator": {"mark_node_timed_out"},
-    "reconcile.providers.base": {"unwrap_sdk"},
+    "reconcile.providers.base": {"JOB_REF_PREFIX", "unwrap_sdk"},
     "reconcile.providers.outputs": {"ANY", "MEDIA"},
     "reconcile.runtime": {"utcnow"},
     "reconcile.sweep": {
@@ -230,9 +230,9 @@ KEPT_IMPORTABLE = {
 PRIVATE = {
     "reconcile.jobstore", "reconcile.jobstore.adoption", "reconcile.jobstore.batch",
     "reconcile.jobstore.cas", "reconcile.jobstore.create", "reconcile.jobstore.events",
-    "reconcile.jobstore.evidence", "reconcile.jobstore.poll", "reconcile.jobstore.predicates",
-    "reconcile.jobstore.retention", "reconcile.jobstore.terminal", "reconcile.jobstore.turns",
-    "reconcile.lifecycle.adopt", "reconcile.lifecycle.batch", "reconcile.lifecycle.cancel",
+    "reconcile.jobstore.evidence", "reconcile.jobstore.horizon", "reconcile.jobstore.poll",
+    "reconcile.jobstore.predicates", "reconcile.jobstore.retention", "reconcile.jobstore.terminal",
+    "reconcile.jobstore.turns", "reconcile.lifecycle.adopt", "reconcile.lifecycle.batch", "reconcile.lifecycle.cancel",
     "reconcile.lifecycle.create", "reconcile.lifecycle.finalize", "reconcile.lifecycle.poll",
     "reconcile.lifecycle.settling", "reconcile.lifecycle.submit",
     "reconcile.credits.importer",
@@ -242,6 +242,7 @@ PRIVATE = {
     "reconcile.providers.deadline", "reconcile.providers.http", "reconcile.providers.outcome",
     "reconcile.webhooks.registry",
     "reconcile.testing.counting", "reconcile.testing.platform_ledger",
+    "reconcile.testing.platform_schema",
     "reconcile.testing.processes",
     "reconcile.testing.sim_control", "reconcile.testing.sim_core", "reconcile.testing.sim_delivery",
     "reconcile.testing.sim_http", "reconcile.testing.sim_main", "reconcile.testing.sim_signing",

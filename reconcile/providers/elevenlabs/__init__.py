@@ -5,8 +5,8 @@ ElevenLabs: dubbing and webhook-mode STT (async), everything else sync (elevenla
 Async model strings (``CreateRequest.model``, also passed to ``poll``):
 
 * ``dubbing`` (or empty) — ``POST /v1/dubbing`` (multipart) → ``dubbing_id``; poll
-  ``GET /v1/dubbing/{id}``. Unless the input names the dubbing, ``name`` is set to
-  ``reconcile-job:<job_id>`` so the job id is visible upstream.
+  ``GET /v1/dubbing/{id}``. ``name`` is always ``reconcile-job:<job_id>`` so the job id is
+  visible upstream (an input setting it is refused at submit).
 * ``speech-to-text[:<model_id>]`` / ``stt[:<model_id>]`` — ``POST /v1/speech-to-text`` with
   ``webhook=true`` and ``webhook_metadata={"job_id": …}`` (the planted id the webhook echoes).
   The answer is ``{message, request_id, transcription_id?}``; the task id is

@@ -14,10 +14,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ...errors import InvalidParam
 from ...settings import Settings
+from ..base import JOB_REF_PREFIX
 from ..http import HttpClient, provider_http
 from ..outcome import make_to_error
 
-JOB_NAME_PREFIX = "reconcile-job:"
+JOB_NAME_PREFIX = JOB_REF_PREFIX  # a dubbing is named reconcile-job:<job id>
 _QUERY_KEYS = ("output_format", "enable_logging", "optimize_streaming_latency")
 _REQUEST_ID_HEADERS = ("request-id", "x-request-id")
 FormParts = list[tuple[str, tuple[str | None, bytes | str]]]

@@ -1,8 +1,8 @@
 """ElevenLabs' async families: dubbing and webhook-mode speech-to-text (an AsyncProvider).
 
 * ``dubbing`` (or empty) — ``POST /v1/dubbing`` (multipart) → ``dubbing_id``; poll
-  ``GET /v1/dubbing/{id}``. Unless the input names the dubbing, ``name`` is set to
-  ``reconcile-job:<job_id>`` so the job id is visible upstream.
+  ``GET /v1/dubbing/{id}``. ``name`` is always ``reconcile-job:<job_id>`` (the binding the
+  webhook and the read echo; submit refuses an input that sets it).
 * ``speech-to-text[:<model_id>]`` / ``stt[:<model_id>]`` — ``POST /v1/speech-to-text`` with
   ``webhook=true`` and ``webhook_metadata={"job_id": …}`` (the planted id the webhook echoes).
 """
@@ -84,7 +84,7 @@ def build_create(request: CreateRequest) -> tuple[str, FormParts]:
     operation, model_id = async_operation(request.model)
     fields = dict(request.input)
     if operation == "dubbing":
-        fields.setdefault("name", f"{JOB_NAME_PREFIX}{request.job_id}")
+        fields["name"] = f"{JOB_NAME_PREFIX}{request.job_id}"  # ours, never the input's
         return "/v1/dubbing", form_parts(fields)
     metadata = fields.get("webhook_metadata") or {}
     if isinstance(metadata, str):
