@@ -1,5 +1,6 @@
-"""The table contract (issue 26 §1): ``reconcile db check`` on the platform shapes a Django
-platform had, the start-up refusal, and a real submit on every shape the library supports.
+"""The table contract (README "The table contract"): ``reconcile db check`` on the platform
+shapes a Django platform had, the start-up refusal, and a real submit on every shape the library
+supports; and the commands whose rows failed exit 1.
 
 Each platform schema is built with plain SQL, as the platform's own migrations would have made
 it, then migrated by the library (first to 0022, what that platform ran, then to head)."""
