@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,9 +149,11 @@ class Finding:
     level: str  # BREAKS | DIFFERS | NOTE
     fix: str = ""
 
-    def line(self) -> str:
-        fix = f"\n    fix: {self.fix}" if self.fix else ""
-        return f"{self.level.upper():8} {self.where}: {self.found}{fix}"
+    def line(self, escape: Callable[[str], str] = str) -> str:
+        """``LEVEL    where: found`` and the fix on a second line (``escape``: each part, e.g.
+        for a terminal: a column name is the platform's text)."""
+        fix = f"\n    fix: {escape(self.fix)}" if self.fix else ""
+        return f"{self.level.upper():8} {escape(self.where)}: {escape(self.found)}{fix}"
 
 
 class SchemaMismatch(RuntimeError):

@@ -45,7 +45,7 @@ def db_check(cli: Cli, as_json: bool) -> None:
 
     from ..db.contract import NOTE, check
     from ..db.session import make_engine
-    from .output import _dump
+    from .output import _cell, _dump
 
     engine = make_engine(cli.url())
     try:
@@ -57,7 +57,7 @@ def db_check(cli: Cli, as_json: bool) -> None:
         _dump({"fits": not mismatches, "findings": [asdict(f) for f in findings]})
     else:
         for finding in findings:
-            click.echo(finding.line())
+            click.echo(finding.line(_cell))
     if mismatches:
         raise Failed(f"{len(mismatches)} mismatch(es) with the table contract (README: "
                      "\"The table contract\")")

@@ -345,3 +345,13 @@ def test_revision_0023_downgrade_drops_only_what_it_added(pg_databases: PgDataba
     assert cols("usage_logs") == usage_before
     upgrade(url)
     assert _db_check(url)[0] == 0
+
+
+def test_db_check_escapes_the_platforms_names_for_the_terminal(pg_databases: PgDatabases) -> None:
+    """A platform column name is the platform's text: printed escaped, never as a terminal
+    control sequence."""
+    url = _platform(pg_databases, DJANGO_PG.format(usage_id=BIGINT_IDENTITY).replace(
+        "metadata jsonb NOT NULL);", 'metadata jsonb NOT NULL, "x\x1b]0;pwned\x07" text NOT NULL);'))
+    code, out = _db_check(url)
+    assert code == 1 and "\x1b" not in out and "\x07" not in out, out
+    assert "pwned" in out
