@@ -108,7 +108,9 @@ class Cli:
                 self.rt = Runtime.from_settings(settings, enqueue_create=_enqueue_create,
                                                 enqueue_poll=_enqueue_poll)
             except SchemaMismatch as exc:
-                raise Failed(str(exc)) from exc
+                from ..core.redact import for_terminal
+
+                raise Failed(for_terminal(str(exc))) from exc
         else:
             self.url()
         return self.rt

@@ -355,3 +355,6 @@ def test_db_check_escapes_the_platforms_names_for_the_terminal(pg_databases: PgD
     code, out = _db_check(url)
     assert code == 1 and "\x1b" not in out and "\x07" not in out, out
     assert "pwned" in out
+    refused = CliRunner().invoke(main, ["--database-url", url, "stuck"])  # the start-up refusal
+    assert refused.exit_code == 1 and "pwned" in refused.stderr, refused.output
+    assert "\x1b" not in refused.output and "\x07" not in refused.output
