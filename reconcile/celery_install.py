@@ -129,8 +129,11 @@ def send(task_name: str, args: list[Any], countdown: float | None = None) -> Non
 
 def check_settings(**_: object) -> None:
     """``worker_init`` / ``beat_init`` (the platform's kinds are registered by then): an
-    ``OBSERVE_ONLY_KINDS`` name that protects nothing, or a ``REQUIRED_KINDS`` kind this process
-    has not registered, stops the process, never a silent no-op."""
+    ``OBSERVE_ONLY_KINDS`` name that protects nothing, a ``REQUIRED_KINDS`` kind this process
+    has not registered, or a database that breaks the table contract (``reconcile db check``)
+    stops the process, never a silent no-op."""
+    from .db.contract import SchemaMismatch, require
+    from .db.session import engine_for
     from .jobstore.adoption import SettingsError, check_observe_only, check_required_kinds
     from .settings import Settings
 
@@ -138,7 +141,8 @@ def check_settings(**_: object) -> None:
     try:
         check_observe_only(settings.observe_only_kinds)
         check_required_kinds(settings.required_kinds)
-    except SettingsError as exc:
+        require(engine_for(settings.database_url))  # the table contract (reconcile db check)
+    except (SettingsError, SchemaMismatch) as exc:
         # Celery logs and swallows an Exception raised by a signal receiver: SystemExit is not one
         log.critical("reconcile_refuses_to_start %s", exc)
         raise SystemExit(f"reconcile: refusing to start: {exc}") from exc

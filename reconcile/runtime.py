@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 from sqlalchemy.orm import Session, sessionmaker
 
+from .db.contract import require as require_contract
 from .db.session import engine_for, make_sessionmaker
 from .jobstore.adoption import check_observe_only, check_required_kinds
 from .kinds import Kind, get_kind
@@ -125,7 +126,10 @@ class Runtime:
         from .sync import check_sync_deadline
 
         check_sync_deadline(settings)  # start-up: a sync call's deadline fits its kind
-        sessions = make_sessionmaker(engine_for(settings.database_url))
+        engine = engine_for(settings.database_url)
+        # start-up: a table that breaks the contract refuses here, not at a customer's submit
+        require_contract(engine)
+        sessions = make_sessionmaker(engine)
         return cls(settings=settings, sessions=sessions,
                    storage=kwargs.pop("storage", None) or storage_from_settings(settings), **kwargs)
 

@@ -70,7 +70,7 @@ def recharge_commit_txn_id(job_id: uuid.UUID) -> str:
 
 @dataclass(frozen=True)
 class Reservation:
-    usage_log_id: uuid.UUID
+    usage_log_id: uuid.UUID | int  # the platform's usage_logs.id: a uuid, or an integer
     job_id: uuid.UUID
     user_id: uuid.UUID
     amount: int

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
+from ..db.contract import usage_log_ids_assigned
 from ..db.models import CreditBalance, CreditLot
 from ..errors import (
     LedgerError,
@@ -100,13 +101,17 @@ bal AS (
   UPDATE {_B.name} b SET sub = b.sub - ins.from_sub, topup = b.topup - ins.from_topup,
          updated_at = %(now)s FROM ins WHERE b.user_id = %(u)s RETURNING 1),
 log AS (
-  INSERT INTO {_U.name} (id, job_id, user_id, status, credits, metadata, created_at)
-  SELECT %(log_id)s, %(j)s, %(u)s, 'reserved', %(amount)s::bigint,
+  INSERT INTO {_U.name} (/*id*/job_id, user_id, status, credits, metadata, created_at)
+  SELECT /*log_id*/%(j)s, %(u)s, 'reserved', %(amount)s::bigint,
          jsonb_build_object('from_sub', from_sub, 'from_topup', from_topup), %(now)s FROM ins
-  RETURNING 1)
+  RETURNING id)
 SELECT tot.s, tot.tp, (SELECT count(*) FROM ins), (SELECT array_agg(id) FROM lots),
-       (SELECT count(*) FROM bal) + (SELECT count(*) FROM log) FROM tot
+       (SELECT count(*) FROM bal) + (SELECT count(*) FROM log), (SELECT id FROM log) FROM tot
 """
+# usage_logs.id: given by the library (a uuid column without a default), or left to the
+# database (an identity, a serial, a default: the table contract, reconcile.db.contract)
+_PG_RESERVE_GIVEN_ID = _PG_RESERVE.replace("/*id*/", "id, ").replace("/*log_id*/", "%(log_id)s, ")
+_PG_RESERVE = _PG_RESERVE.replace("/*id*/", "").replace("/*log_id*/", "")
 
 # the job's reserved log with its user's balance row locked (the balance only: lock order)
 _PG_LOCK_LOG = f"""
@@ -215,10 +220,11 @@ def _pg_reserve(session: Session, conn: Connection, user_id: uuid.UUID, job_id: 
         if conn.execute(_TXN_EXISTS, {"id": usage_id}).first() is not None:
             return _replayed(session, user_id, job_id)
         _check_funds(balance, amount)
-    log_id = uuid.uuid4()
-    sub, topup, inserted, lots, _ = conn.exec_driver_sql(_PG_RESERVE, {
-        "u": user_id, "j": job_id, "amount": amount, "usage_id": usage_id, "log_id": log_id,
-        "now": now}).one()
+    params = {"u": user_id, "j": job_id, "amount": amount, "usage_id": usage_id, "now": now}
+    statement = _PG_RESERVE
+    if not usage_log_ids_assigned(conn):
+        statement, params["log_id"] = _PG_RESERVE_GIVEN_ID, uuid.uuid4()
+    sub, topup, inserted, lots, _, log_id = conn.exec_driver_sql(statement, params).one()
     if not inserted:  # nothing written: a replay, or lots that do not cover the balance
         if sub + topup == amount or conn.execute(_TXN_EXISTS, {"id": usage_id}).first():
             return _replayed(session, user_id, job_id)

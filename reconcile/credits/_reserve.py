@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
+from ..db.contract import usage_log_ids_assigned
 from ..db.models import CreditBalance, CreditLot
 from ..errors import (
     InsufficientCredits,
@@ -69,10 +70,11 @@ def reserve(session: Session, user_id: uuid.UUID, job_id: uuid.UUID, amount: int
         if added is None:  # reserved before: nothing written, the first reservation
             return _replayed(session, user_id, job_id)
         _apply_consume(conn, user_id, taken, changes, now)
-        log_id = uuid.uuid4()
-        conn.execute(insert(_U).values(id=log_id, job_id=job_id, user_id=user_id, status="reserved",
-                                       credits=amount, created_at=now,
-                                       metadata={"from_sub": taken[0], "from_topup": taken[1]}))
+        log = {"job_id": job_id, "user_id": user_id, "status": "reserved", "credits": amount,
+               "created_at": now, "metadata": {"from_sub": taken[0], "from_topup": taken[1]}}
+        if not usage_log_ids_assigned(conn):  # a uuid column without a default
+            log["id"] = uuid.uuid4()
+        log_id = conn.execute(insert(_U).values(**log).returning(_U.c.id)).scalar_one()
     _forget(session, CreditBalance, user_id)
     _forget(session, CreditLot, *(lot_id for lot_id, _ in changes))
     return Reservation(log_id, job_id, user_id, amount, taken[0], taken[1])

@@ -16,6 +16,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    FetchedValue,
     Identity,
     Index,
     Integer,
@@ -27,7 +28,9 @@ from sqlalchemy import (
     func,
     text,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from .types import JSONType, UTCDateTime
 
@@ -133,10 +136,46 @@ class Job(Base):
     )
 
 
+class _AnyId(TypeEngine[Any]):
+    """A uuid in DDL (``UUID``; ``CHAR(32)`` on SQLite) that binds a value as it is: no cast, so
+    an integer id binds as an integer."""
+
+    __visit_name__ = "uuid"
+    native_uuid = True
+    as_uuid = True
+    length = 32
+    collation = None
+
+
+class UsageLogId(TypeDecorator[uuid.UUID | int]):
+    """``usage_logs.id``: the platform's uuid, or its integer (a ``bigint`` identity, a serial:
+    Django's ``BigAutoField``). Created as a uuid column; reads and binds either (the table
+    contract, :mod:`reconcile.db.contract`)."""
+
+    impl = Uuid
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        return _AnyId()
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if isinstance(value, uuid.UUID) and dialect.name != "postgresql":
+            return value.hex  # SQLite: Uuid's CHAR(32) storage
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> uuid.UUID | int | None:
+        if isinstance(value, str):
+            return uuid.UUID(value)
+        return value
+
+
 class UsageLog(Base):
     __tablename__ = "usage_logs"
 
-    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    # a uuid, or the platform's integer id: the database assigns it where it has a default
+    # (FetchedValue: an insert may leave it out and read it back; no DDL)
+    id: Mapped[uuid.UUID | int] = mapped_column(UsageLogId, primary_key=True,
+                                                server_default=FetchedValue())
     job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     user_id: Mapped[uuid.UUID] = mapped_column(Uuid)
     status: Mapped[str] = mapped_column(Text)  # reserved | committed | refunded

@@ -9,7 +9,8 @@ failed without it would leave its credits reserved), ``resolve`` settles an unce
 
 In JSON, times are ISO 8601 (UTC) and durations (``age``, ``threshold``, ``due_in``) seconds.
 
-Exit codes: 0 done (or nothing to do), 1 an error or — for ``audit`` — discrepancies found,
+Exit codes: 0 done (or nothing to do), 1 an error — for ``audit`` discrepancies found, for
+``sweep`` and ``adopt report`` a row not handled (``errors=N``), for ``db check`` a mismatch —,
 2 a bad argument or a refused change (unknown job, an uncertain job given to ``fail``, …).
 
 A platform can run the command with its own :class:`~reconcile.runtime.Runtime` (its hooks,
@@ -19,7 +20,7 @@ The command lives in this package, one module a concern: :mod:`.app` (the root g
 shared :class:`Cli` state, exit codes, options), :mod:`.output` (tables and JSON),
 :mod:`.listings` (the read-only queries: ``stuck``, ``uncertain``, ``unsettled``, ``show``,
 ``audit``), :mod:`.actions` (``fail``, ``resolve``, ``sweep``, ``repair-usage-metadata``),
-:mod:`.database` (``db upgrade|downgrade``), :mod:`.adopt` (``adopt report``, ``credits
+:mod:`.database` (``db upgrade|downgrade|check``), :mod:`.adopt` (``adopt report``, ``credits
 import``, ``credits release-orphan``, ``prune``) and :mod:`.tools` (``simulator``, ``demo``,
 ``metrics``). Importing the package registers every command on :func:`main`; ``reconcile.cli``
 re-exports it (the console script's entry point).

@@ -139,10 +139,12 @@ def sweep(cli: Cli, dry_run: bool, as_json: bool) -> None:
     report = run(rt, dry_run=dry_run)
     if as_json:
         _dump({**asdict(report), "line": report.line()})
-        return
-    click.echo(report.line())
-    if dry_run:
-        _list_by_action(rt, report)
+    else:
+        click.echo(report.line())
+        if dry_run:
+            _list_by_action(rt, report)
+    if report.errors:
+        raise Failed(f"errors={report.errors}: the tick could not handle every row (see the log)")
 
 
 def _list_by_action(rt: Runtime, report: Any) -> None:

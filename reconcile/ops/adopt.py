@@ -15,7 +15,7 @@ import uuid
 import click
 
 from ..runtime import Runtime
-from .app import JOB_ID, Cli, Refused, json_option, main, pass_cli
+from .app import JOB_ID, Cli, Failed, Refused, json_option, main, pass_cli
 from .output import _dump, _table
 
 
@@ -37,11 +37,13 @@ def adopt_report(cli: Cli, show_rows: bool, as_json: bool) -> None:
     report = build(cli.runtime())
     if as_json:
         _dump(report_json(report))
+        _failed_rows(report.errors)
         return
     click.echo(f"legacy sweep: {report.mode} (this report: enforce); cutoff "
                f"{report.cutoff.isoformat() if report.cutoff else 'unknown: no legacy candidates'}; "
                f"legacy age {report.legacy_age}; scanned {report.scanned}")
     if not report.groups:
+        _failed_rows(report.errors)
         click.echo("an enforcing tick would do nothing")
         return
     click.echo(_table([g.__dict__ for g in report.groups],
@@ -53,6 +55,14 @@ def adopt_report(cli: Cli, show_rows: bool, as_json: bool) -> None:
         click.echo(_table([r.__dict__ for r in report.rows],
                           ("job_id", "action", "row", "job_type", "kind", "status", "age",
                            "credits")))
+    _failed_rows(report.errors)
+
+
+def _failed_rows(errors: int) -> None:
+    """A dry run that could not decide some rows is no answer: exit 1 (the log has the why)."""
+    if errors:
+        raise Failed(f"errors={errors}: the dry run could not decide every row (see the log "
+                     "above); this report is incomplete")
 
 
 @main.group("credits")

@@ -73,6 +73,7 @@ class AdoptionReport:
     scanned: int
     rows: tuple[Row, ...]
     groups: tuple[Group, ...]
+    errors: int = 0  # rows (or batches) the dry run could not decide: the report is incomplete
 
     def totals(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -128,13 +129,13 @@ def build(rt: Runtime, *, now: datetime | None = None) -> AdoptionReport:
     rows = rows_of(rt, report.actions, now)
     return AdoptionReport(mode=rt.settings.legacy_sweep, cutoff=legacy_cutoff(rt),
                           legacy_age=legacy_age(rt.settings), scanned=report.scanned,
-                          rows=tuple(rows), groups=tuple(group(rows)))
+                          rows=tuple(rows), groups=tuple(group(rows)), errors=report.errors)
 
 
 def as_json(report: AdoptionReport) -> dict[str, Any]:
     return {
         "mode": report.mode, "cutoff": report.cutoff, "legacy_age": report.legacy_age,
-        "scanned": report.scanned, "totals": report.totals(),
+        "scanned": report.scanned, "errors": report.errors, "totals": report.totals(),
         "groups": [dataclasses.asdict(g) for g in report.groups],
         "rows": [dataclasses.asdict(r) for r in report.rows],
     }

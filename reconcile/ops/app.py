@@ -100,10 +100,17 @@ class Cli:
 
     def runtime(self) -> Runtime:
         if self.rt is None:
+            from ..db.contract import SchemaMismatch
+
             settings = self.settings()
             self.url()
-            self.rt = Runtime.from_settings(settings, enqueue_create=_enqueue_create,
-                                            enqueue_poll=_enqueue_poll)
+            try:
+                self.rt = Runtime.from_settings(settings, enqueue_create=_enqueue_create,
+                                                enqueue_poll=_enqueue_poll)
+            except SchemaMismatch as exc:
+                from ..core.redact import for_terminal
+
+                raise Failed(for_terminal(str(exc))) from exc
         else:
             self.url()
         return self.rt
@@ -155,9 +162,25 @@ class _Group(click.Group):
             hint = ""
             if "FATAL" in first and "database" in first and "does not exist" in first:
                 hint = " (the database itself is missing: create it, or fix the URL above)"
-            elif "does not exist" in first or "no such table" in first:
-                hint = " (is the schema migrated? run `reconcile db upgrade`)"
+            elif "does not exist" in first or "no such" in first:
+                hint = _schema_hint(ctx)
             raise Failed(f"database error: {first}{hint}") from exc
+
+
+def _schema_hint(ctx: click.Context) -> str:
+    """A missing relation or column: migrate, or — the migrations at head already — find what
+    the platform's table lacks (``reconcile db check``)."""
+    from ..db.contract import at_head
+
+    cli = ctx.find_object(Cli)
+    try:
+        migrated = cli is not None and at_head(cli.url())
+    except Exception:  # the hint must not hide the error itself
+        migrated = False
+    if migrated:
+        return (" (the library's migrations are at head: run `reconcile db check` for what "
+                "the tables lack, and the fix)")
+    return " (is the schema migrated? run `reconcile db upgrade`)"
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine output: JSON on stdout.")

@@ -1,15 +1,15 @@
-"""``reconcile db upgrade|downgrade``: the library's migrations."""
+"""``reconcile db upgrade|downgrade|check``: the library's migrations and the table contract."""
 
 from __future__ import annotations
 
 import click
 
-from .app import Cli, main, pass_cli
+from .app import Cli, Failed, json_option, main, pass_cli
 
 
 @main.group()
 def db() -> None:
-    """Apply or roll back the library's migrations."""
+    """Apply or roll back the library's migrations; check the table contract."""
 
 
 @db.command("upgrade")
@@ -33,3 +33,33 @@ def db_downgrade(cli: Cli, revision: str) -> None:
 
     downgrade(cli.url(), revision)
     click.echo(f"database downgraded to {revision}")
+
+
+@db.command("check")
+@json_option
+@pass_cli
+def db_check(cli: Cli, as_json: bool) -> None:
+    """Compare the database with the library's table contract: every mismatch with its fix
+    (exit 1 on any; notes are types accepted as they are)."""
+    from dataclasses import asdict
+
+    from ..db.contract import NOTE, check
+    from ..db.session import make_engine
+    from .output import _cell, _dump
+
+    engine = make_engine(cli.url())
+    try:
+        findings = check(engine)
+    finally:
+        engine.dispose()
+    mismatches = [f for f in findings if f.level != NOTE]
+    if as_json:
+        _dump({"fits": not mismatches, "findings": [asdict(f) for f in findings]})
+    else:
+        for finding in findings:
+            click.echo(finding.line(_cell))
+    if mismatches:
+        raise Failed(f"{len(mismatches)} mismatch(es) with the table contract (README: "
+                     "\"The table contract\")")
+    if not as_json:
+        click.echo("the database fits the table contract")

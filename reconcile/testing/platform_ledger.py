@@ -29,6 +29,7 @@ from sqlalchemy import BigInteger, Column, MetaData, Table, Uuid, select, update
 from sqlalchemy.orm import Session
 
 from ..credits import Discrepancy, Reservation
+from ..db.contract import usage_log_ids_assigned
 from ..db.models import UsageLog
 from ..errors import InsufficientCredits, InvalidParam, LedgerError
 
@@ -121,12 +122,13 @@ class PlatformLedger:
             sub = min(balance["sub"], amount)
             topup = amount - sub
             self._add(session, user_id, -sub, -topup)
-            log_id = uuid.uuid4()
-            session.add(UsageLog(id=log_id, job_id=job_id, user_id=user_id, status="reserved",
-                                 credits=amount, created_at=_now(now),
-                                 metadata_={"from_sub": sub, "from_topup": topup}))
+            log = UsageLog(job_id=job_id, user_id=user_id, status="reserved", credits=amount,
+                           created_at=_now(now), metadata_={"from_sub": sub, "from_topup": topup})
+            if not usage_log_ids_assigned(session.connection()):  # a uuid id without a default
+                log.id = uuid.uuid4()
+            session.add(log)
             session.flush()
-            return Reservation(log_id, job_id, user_id, amount, sub, topup)
+            return Reservation(log.id, job_id, user_id, amount, sub, topup)
 
     def commit(self, session: Session, job_id: uuid.UUID, amount: int | None = None, *,
                now: datetime | None = None) -> bool:

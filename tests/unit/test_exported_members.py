@@ -54,6 +54,11 @@ EXPORTED = {
         "release_orphan", "repair_usage_metadata", "reserve", "split_pro_rata",
     },
     "reconcile.db": set(),
+    "reconcile.db.contract": {
+        "BREAKS", "DIFFERS", "FAMILIES", "LIBRARY_TABLES", "NOTE", "PLATFORM_COLUMNS",
+        "PLATFORM_TABLES", "Finding", "SchemaMismatch", "at_head", "check", "contract_markdown",
+        "require", "usage_log_ids_assigned",
+    },
     "reconcile.db.migrate": {"alembic_config", "downgrade", "upgrade"},
     "reconcile.db.models": {
         "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
@@ -181,9 +186,13 @@ NOT_EXPORTED = {
         "drop_recorded", "is_pg", "record", "record_missing_columns", "set_lock_timeout",
         "sqlite_has_column",
     },
+    "reconcile.db.contract": {
+        "ALWAYS_SET", "Column", "Family", "INSERTED_INTO", "NAIVE_UTC", "UUID_ONLY", "columns", "family_of",
+        "head_revision",
+    },
     "reconcile.db.models": {
         "BIGID", "COMPLETED_AFTER_FAILURE", "IN_FLIGHT", "IdempotencyKey", "NAMING",
-        "POLL_DUE",
+        "POLL_DUE", "UsageLogId",
     },
     "reconcile.db.session": {"SQLITE_BUSY_TIMEOUT_MS"},
     "reconcile.idempotency": {

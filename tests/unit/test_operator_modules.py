@@ -27,6 +27,7 @@ COMMANDS = {'': ['--database-url', '--version'],
                                '--topup-column', '--user-column'],
             'credits release-orphan': ['--reason', 'JOB_ID'],  # issue 24
             'db': [],
+            'db check': ['--json'],  # issue 26: the table contract
             'db downgrade': ['--revision', '--yes'],
             'db upgrade': ['--revision'],
             'demo': ['ARGS'],
