@@ -31,6 +31,7 @@ from reconcile.errors import InvalidParam
 from reconcile.webhook_ingest import handle_webhook
 
 from . import celery_app  # noqa: F401 - installs the library into acme's Celery app
+from .catalog import allowed_model
 from .runtime import build
 from .settings import DEFAULT_PRICE, PRICES
 
@@ -77,7 +78,7 @@ def submit_job(payload: Annotated[dict[str, Any], Body()],
     return _answer(api.submit(
         rt, user, kind, payload["model"], payload.get("input") or {},
         PRICES.get(kind, DEFAULT_PRICE), job_type=str(payload.get("job_type") or "image"),
-        inline=True, idempotency_key=idempotency_key))
+        inline=True, idempotency_key=idempotency_key, validator=allowed_model))
 
 
 @app.get("/api/v1/jobs/{job_id}")
