@@ -67,11 +67,13 @@ _AUTH_SCHEME = re.compile(r"(?i)^\s*(bearer|basic|key|token|digest|aws4-hmac-sha
 _SIGV4_FIELD = re.compile(r"(?i)(?<![\w-])((?:credential|signature)=)[^,\s&\"'<>]+")
 _SIGNATURE_LINE = re.compile(r"(?i)(?<![\w-])(signature:\s*)[0-9a-f]{16,}")
 _BEARER = re.compile(r"(?i)(?<![\w-])(bearer\s+)(?!REDACTED)[A-Za-z0-9._~+/=-]{8,}")
-_AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA|AIDA|AROA|AGPA|ANPA|ANVA|AIPA|ABIA|ACCA)"
-                         r"[A-Z0-9]{16}(?![A-Z0-9])")
+_AWS_KEY_PREFIXES = ("AKIA", "ASIA", "AIDA", "AROA", "AGPA", "ANPA", "ANVA", "AIPA", "ABIA", "ACCA")
+_AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(?:" + "|".join(_AWS_KEY_PREFIXES) + r")[A-Z0-9]{16}"
+                         r"(?![A-Z0-9])")
 _USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/:@\"'<>]*:)[^\s/@\"'<>]+(@)")
 _MIN_SECRET = 8  # a shorter configured value is too likely to be ordinary text
-_secrets: set[str] = set()
+_MAX_SECRETS = 64
+_secrets: dict[str, None] = {}  # insertion-ordered: the oldest goes first
 _secrets_pattern: re.Pattern[str] | None = None
 _URL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s\"'<>]+")
 # No \b: an address glued to a word character (``%2F10.0.0.5`` in an encoded URL, ``ip_10.0.0.5``)
@@ -91,13 +93,19 @@ _MAX_DEPTH = 32
 
 def remember_secrets(*values: str | None) -> None:
     """Redact these configured secret values wherever they appear (API keys, webhook secrets);
-    values shorter than 8 characters are ignored."""
+    values shorter than 8 characters are ignored, and only the latest 64 are kept (a process
+    has one configuration; a test session builds many)."""
     global _secrets_pattern
-    new = {v for v in values if isinstance(v, str) and len(v.strip()) >= _MIN_SECRET} - _secrets
-    if new:
-        _secrets.update(new)
-        _secrets_pattern = re.compile("|".join(
-            re.escape(v) for v in sorted(_secrets, key=len, reverse=True)))
+    new = [v for v in values if isinstance(v, str) and len(v.strip()) >= _MIN_SECRET]
+    if all(v in _secrets for v in new):
+        return
+    for v in new:
+        _secrets.pop(v, None)
+        _secrets[v] = None
+    while len(_secrets) > _MAX_SECRETS:
+        del _secrets[next(iter(_secrets))]
+    _secrets_pattern = re.compile("|".join(
+        re.escape(v) for v in sorted(_secrets, key=len, reverse=True)))
 
 
 def _header_value(match: re.Match[str], value_group: int) -> str:
@@ -110,17 +118,28 @@ def text(value: str) -> str:
     one redaction of every sink — logs, stored errors and payloads, anomalies, CLI output."""
     if _secrets_pattern is not None:
         value = _secrets_pattern.sub(REDACTED, value)
+    lower = value.lower()  # cheap substring tests first: every log record comes through here
+    named = any(name in lower for name in _SECRET_NAMES)
+    sigv4 = "credential" in lower or "signature" in lower
     if "=" in value:
         value = _SIGNED.sub(lambda m: m.group(1) + REDACTED, value)
-        value = _SIGV4_FIELD.sub(lambda m: m.group(1) + REDACTED, value)
-        value = _KEY_VALUE.sub(lambda m: m.group(1) + REDACTED, value)
+        if sigv4:
+            value = _SIGV4_FIELD.sub(lambda m: m.group(1) + REDACTED, value)
+        if named:
+            value = _KEY_VALUE.sub(lambda m: m.group(1) + REDACTED, value)
     if ":" in value:
-        value = _QUOTED_ENTRY.sub(lambda m: _header_value(m, 4) + m.group(5), value)
-        value = _HEADER_LINE.sub(lambda m: _header_value(m, 2), value)
-        value = _SIGNATURE_LINE.sub(lambda m: m.group(1) + REDACTED, value)
-        value = _USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(2), value)
-    value = _BEARER.sub(lambda m: m.group(1) + REDACTED, value)
-    return _AWS_KEY_ID.sub(REDACTED, value)
+        if named:
+            value = _QUOTED_ENTRY.sub(lambda m: _header_value(m, 4) + m.group(5), value)
+            value = _HEADER_LINE.sub(lambda m: _header_value(m, 2), value)
+        if sigv4:
+            value = _SIGNATURE_LINE.sub(lambda m: m.group(1) + REDACTED, value)
+        if "@" in value and "://" in value:
+            value = _USERINFO.sub(lambda m: m.group(1) + REDACTED + m.group(2), value)
+    if "bearer" in lower:
+        value = _BEARER.sub(lambda m: m.group(1) + REDACTED, value)
+    if any(prefix in value for prefix in _AWS_KEY_PREFIXES):
+        value = _AWS_KEY_ID.sub(REDACTED, value)
+    return value
 
 
 def value(obj: Any, _depth: int = 0) -> Any:
