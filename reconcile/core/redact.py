@@ -46,6 +46,10 @@ _SIGNED_PARAMS = (
 )
 _SIGNED = re.compile(
     r"(?i)([?&;](?:" + "|".join(re.escape(p) for p in _SIGNED_PARAMS) + r")=)[^&#\s\"'<>]*")
+# the same inside a percent-encoded URL (a URL passed as another URL's query value)
+_SIGNED_ENCODED = re.compile(
+    r"(?i)((?:%3F|%26)(?:" + "|".join(re.escape(p) for p in _SIGNED_PARAMS) + r")%3D)"
+    r"(?:(?!%26)[^&#\s\"'<>])*")
 # The names whose value is a credential: request headers (each provider's key header included:
 # ``Authorization`` for KIE, Replicate and fal, ``xi-api-key`` for ElevenLabs, ``x-api-key`` for
 # Anthropic) and the keys of configuration and connection strings.
@@ -57,7 +61,7 @@ _SECRET_NAMES = (
 )
 _NAME = r"(?<![\w-])(?:" + "|".join(re.escape(n) for n in _SECRET_NAMES) + r")"
 # 'Authorization': b'…' (a headers dict's repr), "x-api-key": "…" (JSON)
-_QUOTED_ENTRY = re.compile(r"(?i)(" + _NAME + r"(['\"])\s*:\s*b?(['\"]))(.*?)(\3)")
+_QUOTED_ENTRY = re.compile(r"(?i)(" + _NAME + r"(\\?['\"])\s*:\s*b?(\\?['\"]))(.*?)(\3)")
 # Authorization: … / x-amz-security-token:… (a header line, a canonical request): to the line's end
 _HEADER_LINE = re.compile(r"(?im)(" + _NAME + r"[ \t]*:[ \t]*)([^\r\n]+)")
 # password=… (a DSN, a log's key=value)
@@ -123,6 +127,9 @@ def text(value: str) -> str:
     sigv4 = "credential" in lower or "signature" in lower
     if "=" in value:
         value = _SIGNED.sub(lambda m: m.group(1) + REDACTED, value)
+    if "%3d" in lower:
+        value = _SIGNED_ENCODED.sub(lambda m: m.group(1) + REDACTED, value)
+    if "=" in value:
         if sigv4:
             value = _SIGV4_FIELD.sub(lambda m: m.group(1) + REDACTED, value)
         if named:

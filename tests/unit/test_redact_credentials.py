@@ -69,6 +69,12 @@ CORPUS = [
     (f"aws_secret_access_key={'wJalrXUtnFEMI/K7MDENG'} aws_session_token={TOKEN}",
      ["wJalrXUtnFEMI", TOKEN], "aws_secret_access_key="),
     (f"creds {AKID} in prose", [AKID], "in prose"),
+    # a provider body quoting a request (escaped JSON), a presigned URL inside another URL
+    ('{"detail": "{\\"x-api-key\\": \\"sk-ant-api03-zyxwvut\\", \\"n\\": 1}"}',
+     ["sk-ant-api03-zyxwvut"], "detail"),
+    (f"https://proxy.example/fetch?url=https%3A%2F%2Fb.s3.amazonaws.com%2Fk%3FX-Amz-Signature%3D"
+     f"{SIG}%26X-Amz-Security-Token%3DFwoG%252Fabc%26X-Amz-Expires%3D60", [SIG, "FwoG%252Fabc"],
+     "X-Amz-Expires%3D60"),
 ]
 
 
