@@ -250,6 +250,8 @@ class _Redacting:
             trace = "".join(traceback.format_exception(*record.exc_info))
             if text(trace) != trace:
                 record.exc_text = text(trace)
+        if record.stack_info:
+            record.stack_info = text(record.stack_info)
         return record
 
 

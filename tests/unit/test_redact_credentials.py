@@ -121,6 +121,11 @@ def test_the_sinks_go_through_the_one_function(caplog: pytest.LogCaptureFixture)
     with caplog.at_level(logging.DEBUG, logger="botocore.auth"):
         logging.getLogger("botocore.auth").debug("CanonicalRequest:\n%s", f"x-amz-security-token:{TOKEN}")
     assert TOKEN not in caplog.text and TOKEN not in caplog.records[-1].getMessage()
+    try:
+        raise ValueError(f"boto said x-amz-security-token:{TOKEN}")
+    except ValueError:
+        logging.getLogger("thirdparty").warning("failed %s", "put", exc_info=True, stack_info=True)
+    assert TOKEN not in caplog.text and "failed put" in caplog.text
     error = ProviderError(f"upstream said Authorization: Bearer {TOKEN}")
     assert TOKEN not in str(error) and TOKEN not in error.message
     assert TOKEN not in _cell(f"x-amz-security-token:{TOKEN}")
