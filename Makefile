@@ -43,8 +43,12 @@ demo: setup
 	$(BIN)/python -m reconcile.demo
 
 # a seeded chaos run (a fresh seed each time; replay one with SEED=…): make chaos N=5000
+# [DB_TZ=America/New_York] (the database's default TimeZone; not TZ, which the environment
+# often sets) [NAIVE=1] (the platform's timestamps as timestamp without time zone)
+CHAOS_ARGS = --jobs $(or $(N),300) $(if $(SEED),--seed $(SEED)) \
+	$(if $(DB_TZ),--db-timezone $(DB_TZ)) $(if $(filter-out 0,$(NAIVE)),--naive-timestamps)
 chaos: setup services
-	$(BIN)/python -m reconcile.testing.chaos --jobs $(or $(N),300) $(if $(SEED),--seed $(SEED))
+	$(BIN)/python -m reconcile.testing.chaos $(CHAOS_ARGS)
 
 # the systematic interleaving explorer at full size (every scenario; `make test` runs a bounded
 # set): make explore [SCENARIO=new:create/resolve_upstream] [PREEMPTIONS=2] [JUMPS=1]

@@ -8,7 +8,8 @@ customer contract (README, Design notes: The customer contract), so tests compar
                    "message", "job_id"[, "upstream_request_id"]}}
     400 / 402 / 404 / 409 / 500 {"error": {"type", "code", "message", …}}
     409 IDEMPOTENCY_KEY_REUSED                                    a key reused for another request
-    200 {"id", "state", "outputs", "error", "credits_actual", "next_poll_at"}   a snapshot
+    200 {"id", "state", "outputs", "error", "credits_actual", "credits_returned",
+         "next_poll_at"}                                          a snapshot
 
 Choices written down here (the design is silent on them):
 
@@ -56,8 +57,8 @@ from .runtime import Runtime, Validator
 from .states import PUBLIC_STATE, Status, Submission
 
 __all__ = [
-    "Response", "cancel", "credit_history", "error_response", "follow", "snapshot",
-    "snapshot_body", "submit",
+    "Response", "cancel", "credit_history", "error_response", "events_after", "follow",
+    "snapshot", "snapshot_body", "submit",
 ]
 
 log = logging.getLogger("reconcile.api")
@@ -326,25 +327,50 @@ def follow(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str,
     except JobNotFound:
         return
     for message in events.follow_job(rt, user_id, job_uuid, **options):
-        yield {"id": message["event_id"], "event": message["type"],
-               "data": json.dumps(message, separators=(",", ":"))}
+        yield _sse_fields(message)
+
+
+def events_after(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID | str,
+                 after: int = 0) -> tuple[list[dict[str, str]], int, bool]:
+    """One short, non-blocking step of :func:`follow`: the job's events after the cursor
+    ``after`` as SSE fields, the next cursor, and whether the stream is over (terminal, or not
+    this user's job). An async server awaits it in a worker thread and sleeps on its event loop
+    between steps, so a waiting stream holds no thread (the example gateway)."""
+    try:
+        job_uuid = _job_uuid(job_id)
+    except JobNotFound:
+        return [], after, True
+    messages, cursor, over = events.read_since(rt, user_id, job_uuid, after)
+    return [_sse_fields(m) for m in messages], cursor, over
+
+
+def _sse_fields(message: dict[str, Any]) -> dict[str, str]:
+    return {"id": message["event_id"], "event": message["type"],
+            "data": json.dumps(message, separators=(",", ":"))}
 
 
 def snapshot_body(rt: Runtime, job: Job) -> dict[str, Any]:
-    """The 200 body of a job read (README, Design notes: The customer contract)."""
+    """The 200 body of a job read (README, Design notes: The customer contract).
+    ``credits_returned``: what the job's settlement gave back to the user (a refund, a partial
+    one, the rest of a commit for less: ``Ledger.refunded``); None until it is settled."""
     outputs: list[dict[str, Any]] | None = None
-    if job.status == Status.COMPLETED:
+    returned: int | None = None
+    if job.status == Status.COMPLETED or job.credits_actual is not None:
         with rt.sessions() as session:
-            assets = session.execute(
-                select(Asset).where(Asset.job_id == job.id).order_by(Asset.index)).scalars().all()
-        outputs = [{"url": rt.storage.url(a.storage_key), "media_type": a.media_type}
-                   for a in assets]
+            if job.credits_actual is not None:
+                returned = rt.ledger.refunded(session, job.id)
+            if job.status == Status.COMPLETED:
+                assets = session.execute(select(Asset).where(Asset.job_id == job.id)
+                                         .order_by(Asset.index)).scalars().all()
+                outputs = [{"url": rt.storage.url(a.storage_key), "media_type": a.media_type}
+                           for a in assets]
     return {
         "id": str(job.id),
         "state": PUBLIC_STATE.get(job.status, job.status),
         "outputs": outputs,
         "error": _snapshot_error(job),
         "credits_actual": job.credits_actual,
+        "credits_returned": returned,
         "next_poll_at": iso(job.next_poll_at),
     }
 

@@ -168,6 +168,8 @@ class LegacyRefundRefused(LedgerError):
     ``legacy_refund_after_commit`` (the job's reservation was committed),
     ``legacy_refund_exceeds_held`` (more than the reservation still holds),
     ``legacy_refund_reserved_id`` (an id under the library's own ``job-…:`` prefixes),
+    ``legacy_refund_lot_id_taken`` (another transaction, a grant ``x:sub``, has the lot id
+    ``x:sub`` or ``x:topup`` this refund ``x`` would write),
     ``legacy_refund_not_in_ledger`` (the job has no USAGE row: import its reservation first).
     """
 

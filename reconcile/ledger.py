@@ -97,8 +97,11 @@ class Ledger(Protocol):
         ...
 
     def refunded(self, session: Session, job_id: uuid.UUID) -> int:
-        """What the library's own refund of ``job_id`` gave back and the user still keeps (0:
-        none, or taken back by an operator's re-charge)."""
+        """What the library's own settlement of ``job_id`` gave back and the user still keeps:
+        its refund, or the rest a commit for less released (a partial refund: what was held
+        minus what was kept). 0: none, or taken back by an operator's re-charge. The one
+        answer to "what went back to the user": the CLI, the snapshot and the late-completion
+        checks read it."""
         ...
 
     def audit(self, session: Session, *, now: datetime | None = None,
@@ -158,14 +161,17 @@ class BuiltinLedger:
         return credits.settled_amount(session, job_id)
 
     def refunded(self, session: Session, job_id: uuid.UUID) -> int:
-        txn = session.get(CreditTransaction, credits.refund_txn_id(job_id))
-        if txn is None:
+        # what went back: the REFUND, or the RELEASE of a commit for less (a partial refund)
+        back = [session.get(CreditTransaction, txn_id(job_id))
+                for txn_id in (credits.refund_txn_id, credits.release_txn_id)]
+        given = sum(txn.amount for txn in back if txn is not None)
+        if given == 0:
             return 0
         # an operator's re-charge (credits.recharge: a job-recharge:{job} USAGE + COMMIT pair)
-        # takes the refund back: what is left refunded is the difference
+        # takes it back: what is left returned is the difference
         recharge_id = getattr(credits, "recharge_commit_txn_id", None)
         recharged = session.get(CreditTransaction, recharge_id(job_id)) if recharge_id else None
-        return max(0, txn.amount - (recharged.amount if recharged is not None else 0))
+        return max(0, given - (recharged.amount if recharged is not None else 0))
 
     def audit(self, session: Session, *, now: datetime | None = None,
               grace: timedelta = timedelta(minutes=10), **options: Any) -> list[Discrepancy]:
@@ -233,7 +239,8 @@ def audit(ledger: Ledger, session: Session, *, now: datetime | None = None,
 def job_checks(ledger: Ledger, session: Session, *, now: datetime,
                grace: timedelta) -> list[Discrepancy]:
     """Checks on jobs, whatever the backend: no terminal job holds a ``reserved`` usage log
-    past ``grace``; no job is ``completed`` while holding the library's refund."""
+    past ``grace``; no job is ``completed`` while holding what the library's settlement
+    returned (a refund, or a partial one)."""
     found: list[Discrepancy] = []
     stuck = session.execute(
         select(Job.id, Job.user_id, Job.status).join(UsageLog, UsageLog.job_id == Job.id).where(
@@ -246,8 +253,8 @@ def job_checks(ledger: Ledger, session: Session, *, now: datetime,
         refunded = ledger.refunded(session, job_id)
         if refunded > 0:
             found.append(Discrepancy(COMPLETED_AFTER_REFUND, user_id, job_id,
-                                     f"completed with its output after the library refunded "
-                                     f"{refunded} credits"))
+                                     f"completed with its output after the library's "
+                                     f"settlement returned {refunded} credits"))
     return found
 
 

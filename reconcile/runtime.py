@@ -24,7 +24,7 @@ from .kinds import Kind, get_kind
 from .ledger import DEFAULT as DEFAULT_LEDGER
 from .ledger import Ledger
 from .settings import Settings
-from .settlement import DEFAULT_POLICY, SettlementPolicy
+from .settlement import SettlementPolicy
 
 if TYPE_CHECKING:
     from .db.models import Job
@@ -49,6 +49,20 @@ CompletionHook = Callable[[Session, "Job", "PollResult | None"], None]
 # (provider_kind, model, input) -> None or raise InvalidParam
 Validator = Callable[[str, str, Mapping[str, Any]], None]
 EventHook = Callable[[dict[str, Any]], None]
+
+
+def _settings_policy(settings: Settings, given: SettlementPolicy | None) -> SettlementPolicy:
+    """The settings' settlement policy; ``given`` must be it (or None). Money rules must not
+    depend on which process got there first: a Runtime never settles under a policy other
+    than its deployment's (``RECONCILE_FAILURE_REFUND`` / ``RECONCILE_CANCEL_REFUND``)."""
+    policy = settings.settlement_policy
+    if given is not None and given.checked() != policy:
+        raise ValueError(
+            f"settlement policy {given} differs from the settings' {policy}: the policy is "
+            "deployment configuration, set RECONCILE_FAILURE_REFUND and RECONCILE_CANCEL_REFUND "
+            "(or Settings(failure_refund=..., cancel_refund=...)) so that every process "
+            "settles and audits alike")
+    return policy
 
 
 def _noop_create(job_id: uuid.UUID, countdown: float = 0.0) -> None:
@@ -76,8 +90,10 @@ class Runtime:
     crash_hook: Callable[[str], None] | None = None
     # the credit backend (the ledger seam); the library's own ledger by default
     ledger: Ledger = field(default_factory=lambda: DEFAULT_LEDGER)
-    # what a finished job commits and refunds (reconcile.settlement); the ledger executes it
-    settlement_policy: SettlementPolicy = DEFAULT_POLICY
+    # what a finished job commits and refunds (reconcile.settlement); the ledger executes it.
+    # Always the settings' (RECONCILE_FAILURE_REFUND / CANCEL_REFUND): a different one given
+    # here, or assigned later, is refused (ValueError) — every process settles alike
+    settlement_policy: SettlementPolicy | None = None
     # values read once from the database and never changed (the adoption time)
     adoption_cache: dict[str, Any] = field(default_factory=dict, repr=False)
     _clients: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -90,6 +106,18 @@ class Runtime:
         # rows): an unknown kind is never settled by a guess, so a missing one stops the process
         check_required_kinds(self.settings.required_kinds)
         check_required_kinds(self.completion_hooks, "completion_hooks")
+        # set through __setattr__'s check: None takes the settings' policy
+        self.settlement_policy = self.settlement_policy
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "settlement_policy":
+            value = _settings_policy(self.settings, value)
+        elif name == "settings" and "settlement_policy" in self.__dict__:
+            # new settings bring their own policy (the one every process reads from them)
+            super().__setattr__("settings", value)
+            super().__setattr__("settlement_policy", _settings_policy(value, None))
+            return
+        super().__setattr__(name, value)
 
     @classmethod
     def from_settings(cls, settings: Settings, **kwargs: Any) -> Runtime:

@@ -8,13 +8,16 @@ multiplied by ``TIME_SCALE`` (demo and tests only) through :meth:`Settings.scale
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, PlainValidator, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .core.redact import remember_secrets
+from .settlement import SettlementPolicy
 
 __all__ = [
     "DEFAULT_SQLITE_URL", "LegacySweep", "PollMode", "Settings", "get_settings",
@@ -23,6 +26,41 @@ __all__ = [
 DEFAULT_SQLITE_URL = "sqlite:///reconcile.db"
 LegacySweep = Literal["observe", "enforce", "off"]
 PollMode = Literal["chain", "batch"]
+
+
+def _share(value: object) -> Fraction:
+    """A refund share as an exact fraction: ``"1/2"``, ``"1"``, ``"0"``, ``"0.25"`` (an exact
+    decimal), an int, a Fraction or a Decimal — never a float (its binary value is not the
+    decimal written) nor NaN or infinity. The range and the denominator bound are
+    :class:`~reconcile.settlement.SettlementPolicy`'s own checks, applied by
+    :attr:`Settings.settlement_policy` and at construction (:meth:`Settings._policy`)."""
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ValueError(f"a refund share is an exact fraction such as 1/2 or 0.25, not {value!r}")
+    if isinstance(value, (int, Fraction)):
+        return Fraction(value.numerator, value.denominator)
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise ValueError(f"a refund share is a fraction between 0 and 1, not {value}")
+        return Fraction(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            if "/" in text:
+                num, _, den = text.partition("/")
+                if not (num.strip().isdigit() and den.strip().isdigit()):
+                    raise ValueError(text)
+                return Fraction(int(num), int(den))
+            number = Decimal(text)
+        except (ValueError, ZeroDivisionError, InvalidOperation):
+            raise ValueError(f"a refund share is an exact fraction such as 1/2, 1, 0 or 0.25, "
+                             f"not {value!r}") from None
+        if not number.is_finite() or not -18 <= int(number.as_tuple().exponent) <= 18:
+            raise ValueError(f"a refund share is a fraction between 0 and 1, not {value!r}")
+        return Fraction(number)
+    raise ValueError(f"a refund share is an exact fraction such as 1/2 or 0.25, not {value!r}")
+
+
+_Share = Annotated[Fraction, PlainValidator(_share)]
 
 
 class Settings(BaseSettings):
@@ -75,6 +113,13 @@ class Settings(BaseSettings):
     # kinds every process must have registered (checked at start-up): the kinds your rows carry
     required_kinds: list[str] = Field(default_factory=list)
     sweep_time_budget: float = 20.0  # seconds handled inline per tick
+
+    # The settlement policy (reconcile.settlement): the share of what a failed / a user-
+    # cancelled job holds that goes back to the user, exact ("1/2", "0.25", "1"). Deployment
+    # configuration: every process (worker, beat, gateway, the reconcile command, the audit)
+    # reads the same one; Runtime refuses a policy that differs from it
+    failure_refund: _Share = Fraction(1)
+    cancel_refund: _Share = Fraction(1)
 
     # Polling (reconcile.lifecycle.batch): "chain" — one broker message per poll (the default);
     # "batch" — the due time lives on the row (jobs.poll_due_at) and reconcile.poll_due claims
@@ -159,6 +204,20 @@ class Settings(BaseSettings):
         remember_secrets(self.kie_api_key, self.replicate_api_key, self.elevenlabs_api_key,
                          self.fal_api_key, self.anthropic_api_key, self.replicate_webhook_secret,
                          self.kie_webhook_hmac_key, self.elevenlabs_webhook_secret)
+
+    @field_validator("failure_refund", "cancel_refund", mode="after")
+    @classmethod
+    def _policy_share(cls, value: Fraction, info: object) -> Fraction:
+        # SettlementPolicy's own checks (range, denominator bound), for this one share
+        name = getattr(info, "field_name", "failure_refund")
+        return getattr(SettlementPolicy(**{name: value}), name)  # type: ignore[arg-type]
+
+    @property
+    def settlement_policy(self) -> SettlementPolicy:
+        """THE settlement policy of this deployment (``FAILURE_REFUND``, ``CANCEL_REFUND``):
+        every Runtime built on these settings settles with it, and the audit checks with it."""
+        return SettlementPolicy(failure_refund=self.failure_refund,
+                                cancel_refund=self.cancel_refund)
 
     def scaled(self, duration: timedelta) -> timedelta:
         """``duration`` multiplied by ``TIME_SCALE`` (1.0 in production)."""

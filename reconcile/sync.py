@@ -9,10 +9,12 @@
 A crash inside the block leaves the row ``submitting`` with ``provider_call_started_at`` set;
 the sweep fails and refunds it past the kind's threshold (there is nothing to look up later).
 On a platform row with no ``submission_state`` the helper only marks ``provider_kind`` and
-``provider_call_started_at`` (status untouched), as a platform's own sync routes mark a call —
-and only while the row is in flight with no call started (``jobstore.platform_row_uncalled``,
-the claim a user cancel needs too): otherwise — a second call, a client's retry while the first
-runs — it raises ``Conflict`` (409, as a library sync job's second call) and makes no call.
+``provider_call_started_at`` (status untouched), as a platform's own sync routes mark a call, plus
+the call's claim lease (``claim_expires_at``, :func:`claim_lease`, as a library row's: the sweep
+fails neither before it ends) — and only while the row is in flight with no call started
+(``jobstore.platform_row_uncalled``, the claim a user cancel needs too): otherwise — a second
+call, a client's retry while the first runs — it raises ``Conflict`` (409, as a library sync
+job's second call) and makes no call.
 """
 
 from __future__ import annotations
@@ -89,12 +91,14 @@ def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCal
             raise JobNotFound()
         if job.submission_state is None:  # a platform row (README, Design notes: Platform rows)
             kind_name = provider_kind or job.provider_kind
-            if rt.kind(kind_name) is None:
+            platform_kind = rt.kind(kind_name)
+            if platform_kind is None:
                 raise InvalidParam(f"unknown provider_kind {kind_name!r}", param="provider_kind")
             # guarded (issue 11 hole 6): a job cancelled (and refunded) or finished meanwhile
             # must not be called for; the user cancel's CAS needs the call start NULL, so the
-            # two never both win
-            if not jobstore.mark_platform_call(session, job_id, kind_name, now):
+            # two never both win. The call holds the same claim lease as a library row's
+            if not jobstore.mark_platform_call(session, job_id, kind_name, now,
+                                               claim_lease(rt.settings, platform_kind)):
                 raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED,
                                f"the job is {job.status}, not in flight: no call"
                                if job.status not in IN_FLIGHT else

@@ -8,11 +8,16 @@ a delivery only makes the library read the task now. A delivery that names a job
 ``submitting``/``uncertain`` is kept as evidence for the sweep, never dropped (what may bind it
 to the job: :mod:`reconcile.jobstore.evidence`).
 
-Bounds: a body over ``WEBHOOK_MAX_BODY_BYTES`` is refused (413) before any parsing; a delivery
+Bounds: a body over ``WEBHOOK_MAX_BODY_BYTES`` is refused (413) before any parsing — and before
+it is read, by :func:`handle_webhook_stream`: a ``Content-Length`` over the cap is refused at once,
+and a body without one is read through :class:`CappedBody` and cut at the cap + 1 byte; a delivery
 only ever reads the task of a job of its own provider, and never that of a platform row of an
 ``OBSERVE_ONLY_KINDS`` kind (stored only: the platform's own code runs it); a confirmed success
 is handed to a worker (a fresh poll chain) — the request thread stores and enqueues, it never
-fetches media.
+fetches media. The confirming read itself (a provider read, retried on 429/5xx with
+``Retry-After``) can be moved off the request path too: pass ``defer`` and the delivery is
+verified and stored, answered 202 ``confirming``, and the read runs wherever ``defer`` sends it
+(the example gateway: after the answer, in a small pool of its own).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import select
@@ -45,8 +50,14 @@ from .runtime import Runtime
 from .states import IN_FLIGHT, Submission
 
 __all__ = [
+    "BodyRefused",
+    "CappedBody",
     "handle_webhook",
+    "handle_webhook_stream",
+    "read_capped",
 ]
+
+_Answer = tuple[int, dict[str, Any]]
 
 log = logging.getLogger("reconcile.webhooks")
 
@@ -93,13 +104,93 @@ def _as_uuid(value: str | None) -> uuid.UUID | None:
         return None
 
 
+class BodyRefused(Exception):
+    """A request body refused before it was read whole; ``response`` is the answer (413, or 400
+    for an unreadable ``Content-Length``)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.response: _Answer = (status, {"error": {"type": "invalid_request_error",
+                                                      "code": code, "message": message}})
+
+
+class CappedBody:
+    """A request body read under a byte cap (issue 25 finding 3): the one home of the rule.
+
+    A declared ``Content-Length`` over ``limit`` is refused at construction, before a byte is
+    read; then each chunk is :meth:`feed`-ed as it arrives and the body is refused as soon as it
+    passes ``limit`` (a chunked body is cut at the cap + 1 byte). Raises :class:`BodyRefused`;
+    ``code`` names the error (``WEBHOOK_INVALID`` for a delivery).
+    """
+
+    def __init__(self, limit: int, headers: Mapping[str, str], *, code: str = "WEBHOOK_INVALID",
+                 what: str = "webhook body") -> None:
+        self.limit, self.code, self.what = limit, code, what
+        self.size = 0
+        self.parts: list[bytes] = []
+        declared = next((str(v) for k, v in headers.items() if str(k).lower() == "content-length"),
+                        None)
+        if declared is not None:
+            if not declared.strip().isdigit():
+                raise BodyRefused(400, code, "Content-Length is not a byte count")
+            if int(declared) > limit:
+                raise self._over()
+
+    def _over(self) -> BodyRefused:
+        return BodyRefused(413, self.code, f"{self.what} over {self.limit} bytes")
+
+    def feed(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            self.parts.clear()
+            raise self._over()
+        self.parts.append(chunk)
+
+    def body(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def read_capped(chunks: Iterable[bytes], headers: Mapping[str, str], limit: int, *,
+                code: str = "WEBHOOK_INVALID", what: str = "webhook body") -> bytes:
+    """The body of ``chunks`` read through :class:`CappedBody` (raises :class:`BodyRefused`):
+    nothing past the cap + 1 byte is ever pulled from the iterator."""
+    capped = CappedBody(limit, headers, code=code, what=what)
+    for chunk in chunks:
+        capped.feed(chunk)
+    return capped.body()
+
+
+def handle_webhook_stream(rt: Runtime, provider: str, headers: Mapping[str, str],
+                          chunks: Iterable[bytes], query: Mapping[str, str], *,
+                          defer: Callable[[Callable[[], _Answer]], None] | None = None,
+                          ) -> _Answer:
+    """:func:`handle_webhook` for a body still arriving (a WSGI input, a framework's chunk
+    iterator): a ``Content-Length`` over ``WEBHOOK_MAX_BODY_BYTES`` is answered 413 before a
+    byte is read, and a longer body is cut at the cap + 1 byte (413). Prefer it to reading the
+    body yourself."""
+    try:
+        body = read_capped(chunks, headers, rt.settings.webhook_max_body_bytes)
+    except BodyRefused as exc:
+        return exc.response
+    return handle_webhook(rt, provider, headers, body, query, defer=defer)
+
+
 def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body: bytes,
-                   query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+                   query: Mapping[str, str], *,
+                   defer: Callable[[Callable[[], _Answer]], None] | None = None) -> _Answer:
+    """Verify, store and act on one delivery; ``(http_status, body)``.
+
+    With ``defer``, the confirming read of an in-flight job (and the CAS path after it) is not
+    run here: it is handed to ``defer`` as a callable (returning what this function would have
+    answered) once the delivery is stored, and the answer is 202 ``confirming``. A verified
+    delivery is stored before anything is deferred, so it is never lost; polling stays
+    authoritative if the deferred read never runs.
+    """
     now = rt.now()
-    limit = rt.settings.webhook_max_body_bytes
-    if len(body) > limit:  # before any parsing: KIE's body is parsed before its HMAC is checked
-        return 413, {"error": {"type": "invalid_request_error", "code": "WEBHOOK_INVALID",
-                               "message": f"webhook body over {limit} bytes"}}
+    try:  # before any parsing: KIE's body is parsed before its HMAC is checked
+        CappedBody(rt.settings.webhook_max_body_bytes, {}).feed(body)
+    except BodyRefused as exc:
+        return exc.response
     try:
         scheme = _scheme(provider)
         event = scheme.verify(headers, body, query, scheme.secret(rt), now,
@@ -156,7 +247,15 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
     kind = rt.kind(job.provider_kind)
     if kind is None or kind.sync:
         return 200, {"status": "ignored"}
+    if defer is not None:
+        defer(lambda: _confirm(rt, job, kind, event))
+        return 202, {"status": "confirming"}
+    return _confirm(rt, job, kind, event)
 
+
+def _confirm(rt: Runtime, job: Job, kind: Any, event: Any) -> _Answer:
+    """The confirming read of a stored delivery's in-flight job, then the same CAS path as a
+    poll (or, for a signed failure the provider cannot confirm, the failure)."""
     result = lifecycle.read_status(rt, job, kind)
     unreadable = isinstance(result, ProviderError) and getattr(result, "status", None) in (401, 403, 404)
     not_found = isinstance(result, PollResult) and result.status is PollStatus.NOT_FOUND

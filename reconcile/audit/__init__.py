@@ -21,6 +21,13 @@ knows) and never writes. What it proves:
   ``credits_actual_mismatch``, ``terminal_job_reserved`` past the grace,
   ``in_flight_past_horizon``). A COMMIT/RELEASE/REFUND for a job with no USAGE row is
   ``refund_without_reservation`` / ``settlement_without_reservation``.
+* **Per job row** (what a platform may change under the ledger): a reservation held past the
+  grace whose job row was deleted (``orphaned_reservation``: ``reconcile credits
+  release-orphan`` releases it); a job ``pending``/``processing`` whose reservation the library
+  committed or refunded before the grace (``settled_job_in_flight``: a terminal status moved
+  back); a job whose ``user_id`` is not the user its USAGE row charged (``job_user_mismatch``);
+  a usage log whose ``user_id`` is not that user, or without a USAGE row its job's
+  (``usage_log_user_mismatch``: a settlement would pay the log's user).
 * **Per lot**: ``0 ≤ remaining ≤ amount`` (``negative_lot``, ``lot_out_of_range``); every GRANT,
   RELEASE and REFUND transaction has exactly the lots it says, per pool
   (``grant_lot_mismatch``, ``release_lot_mismatch``, ``refund_lot_mismatch``), and no lot lacks
@@ -35,7 +42,8 @@ but ``job-refund:{job}`` (:func:`reconcile.credits.legacy_refunded`). Platform r
 adoption without a USAGE row are outside the per-job classes until imported.
 
 **The in-flight horizon.** A job still ``pending``/``processing`` must be failed by the time its
-kind allows (README, Design notes: Attempts and exhaustion): a sync kind at its threshold; an async kind once its attempts are spent,
+kind allows (README, Design notes: Attempts and exhaustion; the rule: ``jobstore.horizon``): a
+sync kind at its threshold, or when its call's claim ends if later; an async kind once its attempts are spent,
 ``max(start + threshold, last attempt) + (MAX_ATTEMPTS − attempts) × 5 min`` (all scaled by
 ``TIME_SCALE``; attempts beyond the maximum move it back), plus the grace and one sweep interval of slack. An ``uncertain`` job (held on
 purpose), an observe-only kind and a kind this process does not know are excepted.
@@ -62,6 +70,7 @@ from ..settlement import DEFAULT_POLICY, SettlementPolicy
 from ._base import INCREMENTAL_MAX_USERS, Discrepancy, _Audit, touched_users, touched_users_query
 from ._jobs import _in_flight, _jobs
 from ._ledger import _lots, _transactions, _users
+from ._rows import _job_rows
 
 __all__ = ["INCREMENTAL_MAX_USERS", "Discrepancy", "run", "touched_users", "touched_users_query"]
 
@@ -70,20 +79,27 @@ def run(session: Session, *, now: datetime, grace: timedelta = timedelta(minutes
         settings: Settings | None = None, since: datetime | None = None,
         policy: SettlementPolicy | None = None) -> list[Discrepancy]:
     """The full audit, or with ``since`` the incremental one (see the module docstring).
-    ``policy``: the settlement policy failed and cancelled jobs were settled under (default:
-    :data:`~reconcile.settlement.DEFAULT_POLICY`, everything refunded). Its shares are checked
-    again as :class:`SettlementPolicy` checks them (ValueError): a share set past those checks
-    (``object.__setattr__``, an unpickled copy, a subclass skipping ``__post_init__``) would
-    overflow the audit's 64-bit SQL on PostgreSQL and flag every such settlement on SQLite."""
+    ``policy``: the settlement policy failed and cancelled jobs were settled under — the
+    deployment's, ``settings.settlement_policy`` (``RECONCILE_FAILURE_REFUND`` /
+    ``CANCEL_REFUND``), when not given; a policy that differs from the given settings' raises
+    ``ValueError`` (the audit checks what every process settles with). Without either: the
+    default, everything refunded. Its shares are checked again as :class:`SettlementPolicy`
+    checks them (:meth:`SettlementPolicy.checked`, ValueError): a share set past those checks
+    (``object.__setattr__``, an unpickled copy, a subclass skipping ``__post_init__``)."""
     if policy is not None:
-        policy = SettlementPolicy(failure_refund=policy.failure_refund,
-                                  cancel_refund=policy.cancel_refund)
+        policy = policy.checked()
+        if settings is not None and policy != settings.settlement_policy:
+            raise ValueError(f"the audit's policy {policy} differs from the settings' "
+                             f"{settings.settlement_policy}: set RECONCILE_FAILURE_REFUND / "
+                             "RECONCILE_CANCEL_REFUND, the one policy of the deployment")
+    elif settings is not None:
+        policy = settings.settlement_policy
     a = _Audit(session, now, grace, settings or Settings.model_construct(), since,
                policy or DEFAULT_POLICY)
     if not a.sqlite:
         # PostgreSQL's JIT compiles these wide aggregates for tens of seconds before the first
         # row (measured: 25 s of a 26 s audit on 100k rows); off for this transaction only
         session.execute(text("SET LOCAL jit = off"))
-    for check in (_transactions, _lots, _users, _jobs, _in_flight):
+    for check in (_transactions, _lots, _users, _jobs, _in_flight, _job_rows):
         check(a)
     return a.found

@@ -3,7 +3,7 @@ log and its row) and the in-flight horizon."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from fractions import Fraction
 from typing import Any
 
@@ -24,9 +24,11 @@ from sqlalchemy import (
     select,
 )
 
+from ..db.models import JobEvent
+from ..jobstore.horizon import exhaustion_deadline
 from ..kinds import get_kind
-from ..settlement import RECORD_KEY, kept_of
-from ..states import ATTEMPT_SPACING, IN_FLIGHT, MAX_ATTEMPTS, TERMINAL, Submission
+from ..settlement import CANCEL_REQUESTED_EVENT, RECORD_KEY, kept_of, refund_share, settlement_cause
+from ..states import IN_FLIGHT, MAX_ATTEMPTS, TERMINAL
 from ._base import (
     J,
     T,
@@ -34,6 +36,8 @@ from ._base import (
     _Audit,
     _count,
 )
+
+E = JobEvent.__table__
 
 _CLASSES = ("usage", "r_usage", "commit", "r_commit", "release", "refund", "legacy")
 
@@ -129,6 +133,7 @@ def _job_facts(a: _Audit) -> Subquery:
         (c.usage_s + c.usage_t).label("usage"), commit.label("commit"),
         (c.legacy_s + c.legacy_t).label("legacy"),
         (case((status == "committed", commit), else_=0) + c.r_commit_s + c.r_commit_t).label("cost"),
+        (c.refund_s + c.refund_t + c.release_s + c.release_t).label("returned"), J.c.error_code,
         J.c.status.label("job_status"), J.c.credits_actual,
         func.coalesce(J.c.completed_at, J.c.created_at).label("ended"),
     ).select_from(jt.outerjoin(lg, lg.c.job_id == c.job_id).outerjoin(J, J.c.id == c.job_id))
@@ -155,11 +160,14 @@ def _jobs(a: _Audit) -> None:
         "reserved_but_settled": and_(known, reserved, d.n_commit + d.n_refund > 0),
         "settlement_missing": and_(known, or_(and_(d.log_status == "committed", d.n_commit == 0),
                                               and_(d.log_status == "refunded", d.n_refund == 0))),
+        # a candidate: the share rule decides in Python (_kept_by_rule), never a copy in SQL
         "failed_job_committed": and_(known, d.job_status.in_(("failed", "cancelled")),
-                                     d.log_status == "committed",
-                                     ~or_(_kept_by_policy(a, d), _kept_by_record(a, d))),
-        "completed_after_refund": and_(known, d.job_status == "completed",
-                                       d.log_status == "refunded", d.n_r_commit == 0),
+                                     d.log_status == "committed", ~_kept_by_record(a, d)),
+        # a completion after a settlement that returned credits: a refund, or a partial one
+        # (the library failed the job, kept part and released the rest: Ledger.refunded)
+        "completed_after_refund": and_(known, d.job_status == "completed", d.n_r_commit == 0, or_(
+            d.log_status == "refunded",
+            and_(d.log_status == "committed", d.returned > 0, d.error_code.is_not(None)))),
         "terminal_job_reserved": and_(known, d.job_status.in_(TERMINAL), reserved,
                                       d.ended < a.now - a.grace),
         "credits_actual_mismatch": and_(known, d.credits_actual.is_not(None),
@@ -168,22 +176,43 @@ def _jobs(a: _Audit) -> None:
     flags = [case((cond, 1), else_=0).label(kind) for kind, cond in checks.items()]
     stmt = select(d.job_id, d.user_id, d.log_status, d.lhs_s, d.lhs_t, d.rhs_s, d.rhs_t,
                   d.n_reserved, d.min_credits, d.max_credits, d.usage, d.job_status,
-                  d.credits_actual, d.cost, d.commit, d.legacy, _policy_kept(a, d).label("kept"),
+                  d.credits_actual, d.cost, d.commit, d.legacy, d.returned,
                   d.rec_share, d.rec_kept, *flags).where(or_(*checks.values()))
-    for r in a.session.execute(stmt):
+    rows = list(a.session.execute(stmt))
+    kept = _kept_by_rule(a, [r for r in rows if r._mapping["failed_job_committed"]])
+    for r in rows:
         m = r._mapping
         for kind in checks:
-            if m[kind]:
-                a.report(kind, r.user_id, r.job_id, _job_detail(kind, r))
+            if not m[kind]:
+                continue
+            if kind == "failed_job_committed" and kept.get(r.job_id) == r.commit:
+                continue  # exactly what the share rule keeps
+            a.report(kind, r.user_id, r.job_id, _job_detail(kind, r, kept.get(r.job_id)))
 
 
-def _kept_share(share: Fraction, held: Any) -> Any:
-    """What the settlement policy keeps of ``held`` when it refunds ``share``:
-    ``held − ⌈held × share⌉ = ⌊held × (1 − share)⌋`` (:func:`reconcile.settlement.decide`), in
-    integer SQL that cannot overflow for any held amount: ``(h div d) × n + (h mod d) × n div d``
-    with ``1 − share = n / d``."""
-    rest = 1 - share
-    return _floor_part(held, literal(rest.numerator), literal(rest.denominator), BigInteger)
+def _kept_by_rule(a: _Audit, rows: list[Any]) -> dict[Any, int | None]:
+    """Per failed/cancelled job whose commit carries no agreeing record: what the settlement
+    rule keeps of what its reservation held (USAGE net of legacy refunds) — the share of
+    :func:`reconcile.settlement.refund_share` for the (cause, accepted) that
+    :func:`reconcile.settlement.settlement_cause` derives from its row, under the audit's
+    policy; None where that share is 1 (a full refund: any commit is a finding)."""
+    if not rows:
+        return {}
+    held = {r.job_id: max(0, int(r.usage - r.legacy)) for r in rows}
+    ids = list(held)
+    out: dict[Any, int | None] = {}
+    for start in range(0, len(ids), 1000):
+        chunk = ids[start:start + 1000]
+        cancels = set(a.session.execute(select(E.c.job_id).where(
+            E.c.job_id.in_(chunk), E.c.type == CANCEL_REQUESTED_EVENT)).scalars())
+        for job in a.session.execute(select(
+                J.c.id, J.c.status, J.c.error_code, J.c.error_detail, J.c.submission_state,
+                J.c.provider_task_id, J.c.provider_kind).where(J.c.id.in_(chunk))):
+            cause, accepted = settlement_cause(job, kind=get_kind(job.provider_kind),
+                                               cancel_requested=job.id in cancels)
+            share = refund_share(cause, accepted, a.policy)
+            out[job.id] = None if share == 1 else kept_of(held[job.id], share)
+    return out
 
 
 def _floor_part(held: Any, n: Any, den: Any, type_: Any) -> Any:
@@ -254,30 +283,7 @@ def _kept_by_record(a: _Audit, d: Any) -> Any:
                               else_=false()), false())
 
 
-def _shares(a: _Audit) -> dict[str, Fraction]:
-    """The refund share per terminal status the policy does not refund in full (a full refund
-    is executed as the ledger's refund: any commit is a finding)."""
-    shares = {"failed": a.policy.failure_refund, "cancelled": a.policy.cancel_refund}
-    return {status: share for status, share in shares.items() if share != 1}
-
-
-def _policy_kept(a: _Audit, d: Any) -> Any:
-    """Per job, what the policy keeps of a failed/cancelled job's reservation (what it held:
-    USAGE net of legacy refunds), or NULL where the policy refunds everything."""
-    whens = [(d.job_status == status, _kept_share(share, d.usage - d.legacy))
-             for status, share in _shares(a).items()]
-    return case(*whens, else_=null()) if whens else null()
-
-
-def _kept_by_policy(a: _Audit, d: Any) -> Any:
-    """A failed/cancelled job's commit is exactly what the settlement policy keeps (never true
-    under a full-refund policy)."""
-    ok = [and_(d.job_status == status, d.commit == _kept_share(share, d.usage - d.legacy))
-          for status, share in _shares(a).items()]
-    return or_(*ok) if ok else false()
-
-
-def _job_detail(kind: str, r: Any) -> str:
+def _job_detail(kind: str, r: Any, kept: int | None = None) -> str:
     pools = (f"USAGE {(r.lhs_s, r.lhs_t)} vs COMMIT + RELEASE + REFUND + legacy + held "
              f"{(r.rhs_s, r.rhs_t)} (sub, topup)")
     return {
@@ -286,11 +292,12 @@ def _job_detail(kind: str, r: Any) -> str:
         "credits_actual_mismatch": f"credits_actual {r.credits_actual} != ledger "
                                    f"{'(still reserved)' if r.log_status == 'reserved' else r.cost}",
         "failed_job_committed": f"job {r.job_status}, reservation committed"
-                                + ("" if r.kept is None else f" {r.commit} (the settlement "
-                                   f"policy keeps {r.kept} of {r.usage - r.legacy})")
+                                + ("" if kept is None else f" {r.commit} (the settlement "
+                                   f"policy keeps {kept} of {r.usage - r.legacy})")
                                 + _record_detail(r),
-        "completed_after_refund": "job completed and its reservation refunded (keep the refund, "
-                                  "or re-charge: credits.recharge)",
+        "completed_after_refund": f"job completed after the library's settlement returned "
+                                  f"{r.returned} credits (keep them, or re-charge: "
+                                  "credits.recharge)",
         "terminal_job_reserved": f"job {r.job_status} still holds a reserved usage log",
         "reserved_but_settled": "usage log reserved, a settlement exists",
         "settlement_missing": f"usage log {r.log_status} without its transaction",
@@ -323,7 +330,8 @@ def _in_flight(a: _Audit) -> None:
     stmt = a.scoped(
         select(J.c.id, J.c.user_id, J.c.status, J.c.submission_state, J.c.provider_kind,
                J.c.provider_call_started_at, J.c.started_at, J.c.created_at,
-               J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at)
+               J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at,
+               J.c.claim_expires_at)
         .where(J.c.status.in_(IN_FLIGHT),
                select(T.c.id).where(T.c.id == usage_id, T.c.job_id == J.c.id).exists()),
         J.c.user_id)
@@ -333,34 +341,11 @@ def _in_flight(a: _Audit) -> None:
             a.report("in_flight_past_horizon", row.user_id, row.id, late)
 
 
-def exhaustion_deadline(settings: Any, row: Any) -> datetime | None:
-    """The latest an in-flight job's last attempt is due (module docstring): its kind's stale
-    threshold after its provider call (a sync kind: no attempts after it), then one attempt per
-    spacing until ``MAX_ATTEMPTS`` — counted from its last attempt, or its new poll lease when
-    attempts started over (adopted, resumed), when that is later. None: no such bound (an
-    unknown kind; ``uncertain``, which waits for an operator)."""
-    kind = get_kind(row.provider_kind)
-    if kind is None or row.submission_state == Submission.UNCERTAIN:
-        return None
-    scaled = settings.scaled
-    start = row.provider_call_started_at or row.started_at or row.created_at
-    base = start + scaled(kind.stale_threshold)
-    if kind.sync:
-        return base
-    last = row.reconcile_last_attempt_at
-    if last is None and row.poll_lease_expires_at is not None:
-        last = row.poll_lease_expires_at  # adopted or resumed: attempts start over
-    if last is not None:
-        base = max(base, last)
-    # attempts beyond MAX_ATTEMPTS (hole 2: 39 of 18) move the deadline back, not forward
-    return base + scaled(ATTEMPT_SPACING) * (MAX_ATTEMPTS - (row.reconcile_attempts or 0))
-
-
 def _past_horizon(a: _Audit, row: Any) -> str | None:
     """Why an in-flight job is past its kind's exhaustion horizon, or None (module docstring)."""
     if row.provider_kind in (a.settings.observe_only_kinds or ()):
         return None
-    deadline = exhaustion_deadline(a.settings, row)
+    deadline = exhaustion_deadline(a.settings, row)  # the one rule (jobstore.horizon)
     if deadline is None:
         return None
     scaled = a.settings.scaled

@@ -18,7 +18,8 @@
   ``job-commit:{job}``, ``job-release:{job}``, ``job-refund:{job}``, and a deliberate re-charge
   after a refund ``job-recharge:{job}:usage`` + ``job-recharge:{job}:commit``; grants carry the
   caller's id. Repeating an operation is a no-op that returns False. The ``job-…:`` prefixes
-  are the library's own: an imported legacy refund may not use them.
+  are the library's own: an imported legacy refund or a grant may not use them, nor the lot id
+  of another transaction (a RELEASE/REFUND ``x`` writes the lots ``x:sub``/``x:topup``).
 * Pools are conserved one by one (README, Design notes: Pools). A commit takes from the pools in the order the
   reservation consumed them (``sub`` first); each pool's release is what it reserved minus what
   it committed; a refund restores exactly each pool's unsettled remainder. Every COMMIT,
@@ -87,7 +88,7 @@ from ._pools import (  # noqa: F401
     reservation_pools,
 )
 from ._reserve import reserve
-from ._settle import commit, refund, settle_commit  # noqa: F401
+from ._settle import commit, refund, release_orphan, settle_commit  # noqa: F401
 
 if TYPE_CHECKING:
     from ..audit import Discrepancy
@@ -96,8 +97,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "POOLS", "Pools", "RESERVED_PREFIXES", "Reservation", "Settlement", "audit", "commit",
-    "grant", "history", "import_legacy_refund", "recharge", "refund", "repair_usage_metadata",
-    "reserve", "split_pro_rata",
+    "grant", "history", "import_legacy_refund", "recharge", "refund", "release_orphan",
+    "repair_usage_metadata", "reserve", "split_pro_rata",
 ]
 
 # ----------------------------------------------------------------------------- audit
@@ -110,7 +111,7 @@ def audit(session: Session, *, now: datetime | None = None,
     """Every way the ledger is out of balance (an empty list means clean): see
     :mod:`reconcile.audit`. ``since`` runs the incremental audit (what was touched since);
     ``policy`` is the settlement policy failed and cancelled jobs were settled under (default:
-    everything refunded; pass ``rt.settlement_policy``)."""
+    ``settings.settlement_policy``, the deployment's; without settings, everything refunded)."""
     from ..audit import run
 
     return run(session, now=_now(now), grace=grace, settings=settings, since=since, policy=policy)

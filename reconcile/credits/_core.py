@@ -79,6 +79,11 @@ def _insert_txn_once(dialect: str) -> Any:
 
 _LOCK = (select(_B.c.sub, _B.c.topup).where(_B.c.user_id == bindparam("u")).with_for_update())
 _TXN_EXISTS = select(_T.c.id).where(_T.c.id == bindparam("id"))
+# lots whose source id is one of ``ids`` and not of kind ``kind`` (lot ids are unique: a GRANT's
+# lot is its transaction id, a RELEASE/REFUND's ``{txn}:{pool}``, so a grant ``x:sub`` and a
+# refund ``x`` could claim the same one)
+_LOT_IDS_TAKEN = select(_L.c.source_txn_id).where(
+    _L.c.source_txn_id.in_(bindparam("ids", expanding=True)), _L.c.kind != bindparam("kind"))
 _JOB_TXNS = select(_T.c.id, _T.c.type, _T.c.from_sub, _T.c.from_topup).where(
     _T.c.job_id == bindparam("j"))
 _LOG_STATUS = select(_U.c.status).where(_U.c.id == bindparam("id"))

@@ -16,6 +16,7 @@ from ..errors import (
 )
 from ._base import (
     POOLS,
+    RESERVED_PREFIXES,
     _check_amount,
     _check_funds,
     _now,
@@ -23,10 +24,12 @@ from ._base import (
     recharge_commit_txn_id,
     recharge_usage_txn_id,
     refund_txn_id,
+    release_txn_id,
 )
 from ._core import (
     _BALANCE_ADD,
     _L,
+    _LOT_IDS_TAKEN,
     _TXN_EXISTS,
     _add_txn,
     _all_or_nothing,
@@ -47,13 +50,24 @@ from ._pools import (
 
 def grant(session: Session, user_id: uuid.UUID, pool: str, amount: int, txn_id: str, *,
           now: datetime | None = None) -> bool:
-    """Add ``amount`` credits to ``pool`` as a new lot. Idempotent on ``txn_id``."""
+    """Add ``amount`` credits to ``pool`` as a new lot. Idempotent on ``txn_id``.
+
+    Raises :class:`LedgerError` and writes nothing for an id under the library's own prefixes
+    (``grant_reserved_id``: ``job-refund:{job}:sub`` is the lot id of that job's refund) or one
+    another transaction's lot already has (``grant_id_taken``: a legacy refund ``x``'s lot
+    ``x:sub``)."""
     if pool not in POOLS:
         raise InvalidParam(f"pool must be one of {POOLS}", param="pool")
     _check_amount(amount, "amount")
+    if not isinstance(txn_id, str) or txn_id.startswith(RESERVED_PREFIXES):
+        raise LedgerError(f"grant id {txn_id!r} is under the library's own prefixes "
+                          f"{RESERVED_PREFIXES}", reason="grant_reserved_id")
     now = _now(now)
     conn = _conn(session)
     _lock(conn, user_id)
+    if conn.execute(_LOT_IDS_TAKEN, {"ids": [txn_id], "kind": "GRANT"}).first() is not None:
+        raise LedgerError(f"grant id {txn_id!r} is the lot id of another transaction",
+                          reason="grant_id_taken")
     parts = (amount, 0) if pool == "sub" else (0, amount)
     with _all_or_nothing(session):
         added = conn.execute(_insert_txn_once(conn.dialect.name).values(
@@ -69,14 +83,17 @@ def grant(session: Session, user_id: uuid.UUID, pool: str, amount: int, txn_id: 
 
 def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
              now: datetime | None = None) -> bool:
-    """Charge a refunded job again, deliberately (an operator's choice for a job completed after
-    its refund): a ``job-recharge:{job}:usage`` USAGE + ``job-recharge:{job}:commit`` COMMIT pair,
-    taken from the balance like a reservation (``sub`` first, FIFO). The job's ``credits_actual``
-    and ``display_cost`` become ``amount``; the audit's per-job identity counts the pair.
+    """Charge a job again, deliberately, after the library's settlement returned credits (an
+    operator's choice for a job completed after it was failed and settled): a
+    ``job-recharge:{job}:usage`` USAGE + ``job-recharge:{job}:commit`` COMMIT pair, taken from
+    the balance like a reservation (``sub`` first, FIFO). The job's ``credits_actual`` and
+    ``display_cost`` become what it now costs (what its settlement kept plus ``amount``); the
+    audit's per-job identity counts the pair.
 
     Idempotent: False when the job was re-charged already. Raises :class:`LedgerError` unless
-    the job's usage log was refunded by the library, :class:`InsufficientCredits` when the
-    balance is too low (nothing written either way).
+    the library's settlement returned credits — its refund, or the rest a commit for less
+    released (a partial refund) — and :class:`InsufficientCredits` when the balance is too low
+    (nothing written either way).
     """
     _check_amount(amount, "amount")
     now = _now(now)
@@ -86,17 +103,23 @@ def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
     if conn.execute(_TXN_EXISTS, {"id": recharge_commit_txn_id(job_id)}).first() is not None:
         return False
     session.refresh(log)
-    if log.status != "refunded" or \
-            conn.execute(_TXN_EXISTS, {"id": refund_txn_id(job_id)}).first() is None:
-        raise LedgerError(f"job {job_id} can be re-charged only after the library refunded it "
-                          f"(usage log {log.status})", reason="recharge_not_refunded")
+    returned_by = {"refunded": refund_txn_id(job_id), "committed": release_txn_id(job_id)}
+    if log.status not in returned_by or \
+            conn.execute(_TXN_EXISTS, {"id": returned_by[log.status]}).first() is None:
+        raise LedgerError(f"job {job_id} can be re-charged only after the library's settlement "
+                          f"returned credits (usage log {log.status})",
+                          reason="recharge_not_refunded")
+    kept = 0
+    if log.status == "committed":
+        commit = session.get(CreditTransaction, commit_txn_id(job_id))
+        kept = commit.amount if commit is not None else 0
     _check_funds(balance, amount)
     taken, changes = _plan_consume(conn, log.user_id, amount)
     with _all_or_nothing(session):
         _add_txn(conn, recharge_usage_txn_id(job_id), log.user_id, job_id, "USAGE", taken, now)
         _add_txn(conn, recharge_commit_txn_id(job_id), log.user_id, job_id, "COMMIT", taken, now)
         _apply_consume(conn, log.user_id, taken, changes, now)
-        jobstore.record_recharge(session, job_id, amount)
+        jobstore.record_recharge(session, job_id, kept + amount)
     _forget(session, CreditBalance, log.user_id)
     _forget(session, CreditLot, *(lot_id for lot_id, _ in changes))
     return True

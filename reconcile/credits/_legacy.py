@@ -13,6 +13,7 @@ from ..errors import (
     LegacyRefundRefused,
 )
 from ._base import (
+    POOLS,
     RESERVED_PREFIXES,
     _check_amount,
     _now,
@@ -20,6 +21,7 @@ from ._base import (
     usage_txn_id,
 )
 from ._core import (
+    _LOT_IDS_TAKEN,
     _TXN_EXISTS,
     _all_or_nothing,
     _conn,
@@ -64,6 +66,10 @@ def import_legacy_refund(session: Session, job_id: uuid.UUID, amount: int, txn_i
             return False
         raise _refuse_legacy(job_id, "legacy_refund_reserved_id",
                              f"{txn_id!r} already names another transaction")
+    lot_ids = [f"{txn_id}:{pool}" for pool in POOLS]
+    if conn.execute(_LOT_IDS_TAKEN, {"ids": lot_ids, "kind": ""}).first() is not None:
+        raise _refuse_legacy(job_id, "legacy_refund_lot_id_taken",
+                             f"another transaction's lot is named {' or '.join(lot_ids)}")
     log = _reserved_log(session, job_id)  # re-read under the balance lock
     if log is None:
         statuses = set(session.execute(select(UsageLog.status)

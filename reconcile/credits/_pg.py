@@ -57,26 +57,29 @@ _PG_MAX = 2**62  # amounts beyond this take the Core path (bigint arithmetic sta
 _PG_LOCK = f"SELECT sub, topup FROM {_B.name} WHERE user_id = %(u)s FOR UPDATE"
 
 # the FIFO walk: open lots one at a time along reconcile_credit_lots_open_idx, ``sub`` first,
-# until the running sum covers the amount (a user with thousands of open lots costs nothing)
+# until the running sum covers the amount (a user with thousands of open lots costs nothing).
+# Each step picks the next ``sub`` lot and the next ``topup`` lot (one row each at most) and
+# keeps the first by pool rank ``p``: ORDER BY p, never the UNION ALL's output order, which
+# PostgreSQL does not promise (tests/integration/test_ledger_ops_issue24.py swaps the branches)
 _PG_WALK = f"""
 walk(p, id, rem, cum) AS (
   SELECT * FROM (
     (SELECT 0 AS p, l.id, l.remaining_amount AS rem, l.remaining_amount AS cum FROM {_L.name} l
      WHERE l.user_id = %(u)s AND l.pool = 'sub' AND l.remaining_amount > 0 ORDER BY l.id LIMIT 1)
     UNION ALL
-    (SELECT 1, l.id, l.remaining_amount, l.remaining_amount FROM {_L.name} l
+    (SELECT 1 AS p, l.id, l.remaining_amount AS rem, l.remaining_amount AS cum FROM {_L.name} l
      WHERE l.user_id = %(u)s AND l.pool = 'topup' AND l.remaining_amount > 0 ORDER BY l.id LIMIT 1)
-    LIMIT 1) AS first_lot
+    ORDER BY p LIMIT 1) AS first_lot
   UNION ALL
   SELECT n.p, n.id, n.rem, w.cum + n.rem FROM walk w CROSS JOIN LATERAL (
     (SELECT 0 AS p, l.id, l.remaining_amount AS rem FROM {_L.name} l
      WHERE w.p = 0 AND l.user_id = %(u)s AND l.pool = 'sub' AND l.remaining_amount > 0
        AND l.id > w.id ORDER BY l.id LIMIT 1)
     UNION ALL
-    (SELECT 1, l.id, l.remaining_amount FROM {_L.name} l
+    (SELECT 1 AS p, l.id, l.remaining_amount AS rem FROM {_L.name} l
      WHERE l.user_id = %(u)s AND l.pool = 'topup' AND l.remaining_amount > 0
        AND l.id > (CASE WHEN w.p = 1 THEN w.id ELSE 0 END) ORDER BY l.id LIMIT 1)
-    LIMIT 1) n
+    ORDER BY p LIMIT 1) n
   WHERE w.cum < %(amount)s::bigint
 )"""
 

@@ -1,5 +1,5 @@
-"""Internal: settling a reservation: :func:`commit` (for less: the rest released) and
-:func:`refund`."""
+"""Internal: settling a reservation: :func:`commit` (for less: the rest released),
+:func:`refund`, and :func:`release_orphan` (a reservation whose job row was deleted)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import uuid
 from collections.abc import Mapping
 from datetime import datetime
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
-from ..db.models import UsageLog
+from .. import jobstore
+from ..db.models import Job, UsageLog
 from ..errors import (
     LedgerError,
 )
@@ -23,12 +24,14 @@ from ._base import (
     refund_txn_id,
     release_txn_id,
     take_in_order,
+    usage_txn_id,
 )
 from ._core import (
     _CAS,
     _CAS_COMMIT,
     _CAS_RECORD,
     _LOG_STATUS,
+    _TXN_EXISTS,
     _add_txn,
     _all_or_nothing,
     _conn,
@@ -165,4 +168,39 @@ def refund(session: Session, job_id: uuid.UUID, *, now: datetime | None = None) 
         if note:
             _note_anomaly_once(conn, job_id, log.user_id, log.metadata_, note)
     _forget_settled(session, log.user_id, log.id)
+    return True
+
+
+def release_orphan(session: Session, job_id: uuid.UUID, reason: str, *,
+                   now: datetime | None = None) -> bool:
+    """Release a reservation whose job row the platform deleted (the audit's
+    ``orphaned_reservation``): the library's own refund ``job-refund:{job}`` of what it still
+    holds, with an ``orphan_released`` anomaly holding the operator's ``reason`` in the same
+    transaction (the ledger's record of why).
+
+    Idempotent: False when nothing is held any more (released before, or settled). Raises
+    :class:`LedgerError` and writes nothing when the job row exists (``orphan_job_exists``: settle
+    it through its lifecycle, e.g. ``reconcile fail``), when the ledger has no USAGE row for it
+    (``orphan_not_in_ledger``: its credits never left the ledger's balance), or for a blank
+    ``reason`` (``orphan_reason_missing``).
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise LedgerError(f"releasing job {job_id}: give the reason", reason="orphan_reason_missing")
+    now = _now(now)
+    if session.get(Job, job_id, populate_existing=True) is not None:
+        raise LedgerError(f"job {job_id} exists: settle it through its lifecycle "
+                          f"(reconcile fail), not as an orphan", reason="orphan_job_exists")
+    conn = _conn(session)
+    if _reserved_log(session, job_id) is None:
+        return False
+    if conn.execute(_TXN_EXISTS, {"id": usage_txn_id(job_id)}).first() is None:
+        raise LedgerError(f"job {job_id}: the ledger has no USAGE row for its reservation",
+                          reason="orphan_not_in_ledger")
+    with _all_or_nothing(session):
+        if not refund(session, job_id, now=now):
+            return False
+        user_id = session.execute(select(UsageLog.user_id).where(
+            UsageLog.job_id == job_id)).scalars().first()
+        jobstore.record_anomaly(conn, job_id=job_id, user_id=user_id, kind="orphan_released",
+                                detail={"reason": reason.strip(), "by": "operator"}, now=now)
     return True

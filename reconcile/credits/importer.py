@@ -5,11 +5,14 @@ Bring a platform's balances and in-flight reservations into the built-in ledger
 
 Run it at cut-over, once the platform's billing code stops writing its own balance table. It is
 idempotent and re-runnable (every write has a deterministic id; a second run adds only what is
-new) and never writes a platform row:
+new) and never writes a platform row. Each part runs alone with ``only`` (``--only balances`` /
+``--only reservations``), both by default:
 
 * **Balances.** Each row of the platform's balance table (default ``user_credits(user_id, sub,
   topup)``) is *available* credit. Each non-zero pool becomes one grant ``import:{user}:{pool}``.
-  A user already imported is skipped (balances are not re-synced: import once, at cut-over).
+  A user already imported is skipped (balances are not re-synced: import once, at cut-over), and
+  so is a user the ledger already holds a balance for: any grant under other ids (the
+  platform granted it itself, ``credits.grant``) is the user's balance, never granted twice.
 * **Reservations.** Each ``usage_logs`` row still ``reserved`` without the library's
   ``job-usage:{job}`` becomes a library reservation: its credits are granted into the pools it
   came from (``import-hold:{job}:{pool}``), that lot is consumed at once, and the USAGE
@@ -20,6 +23,11 @@ new) and never writes a platform row:
   it is the pool the library's own refund uses for a log without a split); when the two fields
   are present but do not add up, they are scaled to the log's credits pro rata (remainder to
   ``sub``), as the library's refund would split it. Every row decided by a rule is reported.
+  A log created after its user's balance entered the ledger (the user's first grant before this
+  run, ``import-hold:`` aside) is **not** imported: billing code outside the library reserved
+  it from the platform's own table after cut-over, so the ledger's balance still holds those
+  credits and a fresh grant would fund them twice. It is reported; settle it on the platform's
+  side.
 * A log without a ``job_id`` (the ledger's transactions name a job), a job with more than one
   reserved log, or a negative balance is reported and skipped: fix it on the platform's side
   and re-run.
@@ -32,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import column, select, table
+from sqlalchemy import column, func, select, table
 from sqlalchemy.orm import Session
 
 from .. import credits
@@ -44,6 +52,7 @@ class ImportSummary:
     dry_run: bool
     users: int = 0
     users_skipped: int = 0  # already imported
+    users_granted_already: int = 0  # the ledger held their balance (granted under other ids)
     granted: dict[str, int] = field(default_factory=lambda: {"sub": 0, "topup": 0})
     reservations: int = 0
     reservations_skipped: int = 0  # already the library's
@@ -57,7 +66,8 @@ class ImportSummary:
                 f"sub={self.granted['sub']} topup={self.granted['topup']} "
                 f"reservations={self.reservations} reserved_sub={self.reserved['sub']} "
                 f"reserved_topup={self.reserved['topup']} skipped_users={self.users_skipped} "
-                f"skipped_reservations={self.reservations_skipped} assumed={len(self.assumed)} "
+                f"skipped_reservations={self.reservations_skipped} "
+                f"granted_already={self.users_granted_already} assumed={len(self.assumed)} "
                 f"problems={len(self.problems)}")
 
 
@@ -88,14 +98,33 @@ def _balances(session: Session, source: str, user_col: str, sub_col: str,
             for u, s, p in rows]
 
 
+_BALANCE_IDS = "import:"  # import:{user}:{pool}
+_HOLD_IDS = "import-hold:"  # import-hold:{job}:{pool}: a reservation's credits, not a balance
+
+
+def _balance_grants(session: Session) -> dict[uuid.UUID, datetime]:
+    """Per user with a balance in the ledger, when its first grant was made (``import-hold:``
+    aside: a reservation's credits, not a balance)."""
+    t = CreditTransaction
+    rows = session.execute(
+        select(t.user_id, func.min(t.created_at))
+        .where(t.type == "GRANT", ~t.id.startswith(_HOLD_IDS, autoescape=True))
+        .group_by(t.user_id))
+    return {user: first for user, first in rows}
+
+
 def _import_balance(session: Session, summary: ImportSummary, user: uuid.UUID, sub: int,
-                    topup: int, now: datetime) -> None:
+                    topup: int, now: datetime, granted: dict[uuid.UUID, datetime]
+                    ) -> None:
     if sub < 0 or topup < 0:
         summary.problems.append(f"user {user}: negative balance sub={sub} topup={topup}; skipped")
         return
-    ids = {pool: f"import:{user}:{pool}" for pool in credits.POOLS}
+    ids = {pool: f"{_BALANCE_IDS}{user}:{pool}" for pool in credits.POOLS}
     if any(session.get(CreditTransaction, i) is not None for i in ids.values()):
         summary.users_skipped += 1
+        return
+    if user in granted:  # granted under other ids (the platform's): the ledger holds its balance
+        summary.users_granted_already += 1
         return
     summary.users += 1
     for pool, amount in (("sub", sub), ("topup", topup)):
@@ -117,12 +146,21 @@ def _hold(session: Session, user: uuid.UUID, pool: str, amount: int, txn_id: str
 
 
 def _import_reservation(session: Session, summary: ImportSummary, log: UsageLog,
-                        now: datetime) -> None:
+                        now: datetime, granted: dict[uuid.UUID, datetime]) -> None:
     assert log.job_id is not None
     key = str(log.job_id)
     usage_id = credits.usage_txn_id(log.job_id)
     if session.get(CreditTransaction, usage_id) is not None:
         summary.reservations_skipped += 1
+        return
+    cut_over = granted.get(log.user_id)
+    if cut_over is not None and log.created_at is not None and log.created_at > cut_over:
+        summary.problems.append(
+            f"usage log {log.id} (job {log.job_id}, {log.credits} credits) was reserved at "
+            f"{log.created_at.isoformat()}, after user {log.user_id}'s balance entered the ledger "
+            f"({cut_over.isoformat()}): billing code outside the library reserved it from the "
+            f"platform's own table, and the ledger's balance still holds those credits; not "
+            f"imported (settle it on the platform's side)")
         return
     sub, topup, rule = split_of(log)
     if rule is not None:
@@ -143,13 +181,29 @@ def _import_reservation(session: Session, summary: ImportSummary, log: UsageLog,
     session.flush()
 
 
+PARTS = ("balances", "reservations")
+
+
 def import_credits(session: Session, *, now: datetime, dry_run: bool = False,
                    source: str = "user_credits", user_column: str = "user_id",
-                   sub_column: str = "sub", topup_column: str = "topup") -> ImportSummary:
-    """Import in the caller's transaction (the caller commits; a dry run writes nothing)."""
+                   sub_column: str = "sub", topup_column: str = "topup",
+                   only: str | None = None) -> ImportSummary:
+    """Import in the caller's transaction (the caller commits; a dry run writes nothing).
+    ``only``: ``"balances"`` or ``"reservations"`` (default: both)."""
+    if only is not None and only not in PARTS:
+        raise ValueError(f"only must be one of {PARTS}, not {only!r}")
     summary = ImportSummary(dry_run=dry_run)
-    for user, sub, topup in _balances(session, source, user_column, sub_column, topup_column):
-        _import_balance(session, summary, user, sub, topup, now)
+    granted = _balance_grants(session)  # before this run: its own grants are not a cut-over
+    if only != "reservations":
+        for user, sub, topup in _balances(session, source, user_column, sub_column, topup_column):
+            _import_balance(session, summary, user, sub, topup, now, granted)
+    if only != "balances":
+        _import_reservations(session, summary, now, granted)
+    return summary
+
+
+def _import_reservations(session: Session, summary: ImportSummary, now: datetime,
+                         granted: dict[uuid.UUID, datetime]) -> None:
     logs = list(session.execute(select(UsageLog).where(UsageLog.status == "reserved")
                                 .order_by(UsageLog.created_at, UsageLog.id)).scalars())
     per_job: dict[uuid.UUID, int] = {}
@@ -164,5 +218,4 @@ def import_credits(session: Session, *, now: datetime, dry_run: bool = False,
             summary.problems.append(f"job {log.job_id}: {per_job[log.job_id]} reserved usage "
                                     f"logs; log {log.id} skipped")
             continue
-        _import_reservation(session, summary, log, now)
-    return summary
+        _import_reservation(session, summary, log, now, granted)

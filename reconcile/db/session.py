@@ -4,6 +4,12 @@ SQLite (the embedded default) is opened in WAL mode with a busy timeout, and eve
 transaction starts with ``BEGIN IMMEDIATE`` so several worker processes can share the file
 without "database is locked" upgrades mid-transaction. On SQLite the write lock taken by
 ``BEGIN IMMEDIATE`` is what ``SELECT … FOR UPDATE`` gives on PostgreSQL.
+
+On PostgreSQL every connection's session runs in UTC (:func:`_session_in_utc`), whatever the
+server's, the database's, the role's or the URL's ``TimeZone``: PostgreSQL converts between
+``timestamptz`` and ``timestamp without time zone`` (a platform's naive columns holding UTC, as
+Rails keeps them) in the session's zone, so only a UTC session makes every read and write of
+either column type, and every comparison of one with a bound instant, mean UTC.
 """
 
 from __future__ import annotations
@@ -40,7 +46,36 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 5)
     kwargs.setdefault("max_overflow", 5)
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    if engine.dialect.name == "postgresql":
+        event.listen(engine, "connect", lambda dbapi_conn, _record: _session_in_utc(dbapi_conn))
+        event.listen(engine, "checkout",
+                     lambda dbapi_conn, _record, _proxy: _session_in_utc(dbapi_conn))
+    return engine
+
+
+def _session_in_utc(dbapi_conn: Any) -> None:
+    """Put a PostgreSQL session in UTC unless the server already reports it there.
+
+    A session-level ``SET TIME ZONE 'UTC'``, committed at once, on each new connection; and at
+    each checkout the zone the server last reported (``ParameterStatus``, read locally: no round
+    trip) is checked again, so a ``RESET ALL`` or a pooler that handed over a session in another
+    zone is corrected before the library's next transaction. Chosen over a startup
+    ``options=-c timezone=UTC``: that would replace an ``options`` the platform's URL carries,
+    and PgBouncer refuses the ``options`` startup parameter or, with
+    ``ignore_startup_parameters = options``, drops it silently, while it tracks a ``SET`` of
+    ``TimeZone`` per client and replays it on whichever server connection serves the next
+    transaction (in every pool mode)."""
+    info = getattr(dbapi_conn, "info", None)
+    status = getattr(info, "parameter_status", None)
+    if status is not None and status("TimeZone") == "UTC":
+        return
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute("SET TIME ZONE 'UTC'")
+    finally:
+        cursor.close()
+    dbapi_conn.commit()
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -25,7 +25,8 @@ through this facade, and never writing ``jobs`` themselves — the single-writer
 - :mod:`.events`: the job-event outbox and its publisher, ``follow_job``;
 - :mod:`.evidence`: which webhook delivery is evidence for which job;
 - :mod:`.retention`: pruning job events and webhook deliveries;
-- :mod:`.adoption`: the legacy-row rules (cutoff, age, observe-only names).
+- :mod:`.adoption`: the legacy-row rules (cutoff, age, observe-only names);
+- :mod:`.horizon`: a job's exhaustion horizon (threshold, attempts, deadline), a pure rule.
 """
 
 from __future__ import annotations
@@ -54,11 +55,14 @@ from .poll import claim_attempt, count_attempt, note_error, set_progress, start_
 from .predicates import (
     claim_expired,
     in_flight,
+    is_outcome_unknown,
     is_settlement_due,
     is_settlement_pending,
     is_verdict,
     last_error_code,
     legacy_error_code,
+    must_settle,
+    outcome_known,
     platform_row_uncalled,
     settlement_due,
     settlement_pending,
@@ -87,4 +91,5 @@ __all__ = [
     "release_rate_limited", "reschedule_claimed", "save_task_id", "set_progress", "settle_failed",
     "settled", "settlement_due", "settlement_pending", "start_new_chain", "take_poll_turn",
     "uncertain_expired",
+    "is_outcome_unknown", "must_settle", "outcome_known",
 ]

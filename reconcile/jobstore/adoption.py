@@ -43,7 +43,7 @@ from sqlalchemy.orm import Session
 
 from ..db.models import Job, ReconcileMeta
 from ..kinds import Kind, all_kinds
-from ..states import ATTEMPT_SPACING, MAX_ATTEMPTS
+from .horizon import kind_horizon
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -59,16 +59,10 @@ class SettingsError(ValueError):
     """A setting names something that does not exist (raised at start-up)."""
 
 
-def exhaustion_horizon(kind: Kind) -> timedelta:
-    """How long after its start a job of ``kind`` can still be in flight legitimately."""
-    if kind.sync:
-        return kind.stale_threshold
-    return kind.stale_threshold + MAX_ATTEMPTS * ATTEMPT_SPACING
-
-
 def default_legacy_age() -> timedelta:
-    """The longest kind's exhaustion horizon in the registry (165 minutes with the built-ins)."""
-    return max(exhaustion_horizon(k) for k in all_kinds())
+    """The longest kind's exhaustion horizon in the registry (165 minutes with the built-ins;
+    :func:`reconcile.jobstore.horizon.kind_horizon`)."""
+    return max(kind_horizon(k) for k in all_kinds())
 
 
 def legacy_age(settings: Settings) -> timedelta:
@@ -180,7 +174,7 @@ def is_foreign(job: Job, kind: Kind | None) -> bool:
 
 __all__ = [
     "ALL", "LEGACY", "SettingsError", "adopted_at", "check_observe_only", "default_legacy_age",
-    "exhaustion_horizon", "is_foreign", "legacy_age", "legacy_candidate", "legacy_cutoff",
+    "is_foreign", "legacy_age", "legacy_candidate", "legacy_cutoff",
     "legacy_reason", "observe_only",
     "check_required_kinds", "observe_only_platform_row",
 ]

@@ -26,15 +26,17 @@ def insert_job(session: Session, **values: Any) -> Job:
     return job
 
 
-def mark_platform_call(session: Session, job_id: uuid.UUID, kind_name: str, now: datetime) -> bool:
-    """A platform row (no ``submission_state``) still in flight takes its kind and the call's
-    start (issue 11 hole 6): a job cancelled (and refunded) or finished meanwhile must not be
-    called for, nor one whose call already started (issue 24 finding 8: a client's retry while
-    the first call runs would pay a second call) — :func:`platform_row_uncalled`, which the
-    user cancel's CAS needs too, so the two never both win."""
+def mark_platform_call(session: Session, job_id: uuid.UUID, kind_name: str, now: datetime,
+                       lease: timedelta) -> bool:
+    """A platform row (no ``submission_state``) still in flight takes its kind, the call's
+    start (issue 11 hole 6) and the call's claim lease, as a library row's claim (the sweep
+    leaves the call alone until it ends): a job cancelled (and refunded) or finished meanwhile
+    must not be called for, nor one whose call already started (issue 24 finding 8: a client's
+    retry while the first call runs would pay a second call) — :func:`platform_row_uncalled`,
+    which the user cancel's CAS needs too, so the two never both win."""
     result = session.execute(update(Job).where(
         Job.id == job_id, platform_row_uncalled(), Job.status.in_(IN_FLIGHT),
-    ).values(provider_kind=kind_name, provider_call_started_at=now))
+    ).values(provider_kind=kind_name, provider_call_started_at=now, claim_expires_at=now + lease))
     return result.rowcount == 1  # type: ignore[attr-defined]
 
 

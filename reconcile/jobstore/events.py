@@ -55,6 +55,34 @@ def add_event(session: Session, job: Job, type_: str, now: datetime,
     return event
 
 
+def record_cancel_request(rt: Runtime, job_id: uuid.UUID) -> bool:
+    """The user's cancel, recorded before the provider is asked to cancel: a
+    ``cancel_requested`` event written only while the job is in flight, under its row lock, so
+    a terminal state written after it (a poll, a webhook or the sweep reading the upstream
+    ``canceled`` first) is settled as the user's cancel (:func:`cancel_requested`,
+    :func:`reconcile.settlement.settlement_cause`). False: the job is no longer in flight."""
+    from ..settlement import CANCEL_REQUESTED_EVENT
+    from ..states import IN_FLIGHT
+
+    now = rt.now()
+    with rt.sessions.begin() as session:
+        job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+        if job is None or job.status not in IN_FLIGHT:
+            return False
+        event = add_event(session, job, CANCEL_REQUESTED_EVENT, now, {}, rt=rt)
+    publish_events(rt, [event])
+    return True
+
+
+def cancel_requested(session: Session, job_id: uuid.UUID) -> bool:
+    """Whether the user asked to cancel the job while it was in flight (its
+    ``cancel_requested`` event: :func:`record_cancel_request`)."""
+    from ..settlement import CANCEL_REQUESTED_EVENT
+
+    return session.execute(select(JobEvent.id).where(
+        JobEvent.job_id == job_id, JobEvent.type == CANCEL_REQUESTED_EVENT).limit(1)).first() is not None
+
+
 def as_message(event: JobEvent) -> dict[str, Any]:
     return {"event_id": event.event_id, "job_id": str(event.job_id), "type": event.type,
             "payload": event.payload or {}, "created_at": event.created_at.isoformat()}
@@ -123,33 +151,43 @@ def _deliver(rt: Runtime, events: Sequence[JobEvent]) -> int:
     return len(taken)
 
 
+def read_since(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID,
+               after: int = 0) -> tuple[list[dict[str, Any]], int, bool]:
+    """One short read of a job's event stream: its events after the cursor ``after`` (as
+    messages, in order), the cursor to pass next, and whether the stream is over (the job is
+    terminal, or it is not this user's job: nothing is shown). One home of what a follower
+    sees; :func:`follow_job` loops over it, an async server awaits it in a thread between
+    sleeps (the example gateway: it never holds a thread while it waits)."""
+    from ..states import TERMINAL
+
+    with rt.sessions() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.user_id != user_id:
+            return [], after, True
+        rows = list(session.execute(
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after)
+            .order_by(JobEvent.id)).scalars())
+        terminal = job.status in TERMINAL
+    return [as_message(row) for row in rows], (rows[-1].id if rows else after), terminal
+
+
 def follow_job(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID, *, interval: float = 1.0,
                timeout: float | None = None, sleep: Any = None) -> Iterator[dict[str, Any]]:
     """Yield a job's events in order (for an SSE endpoint) until the job is terminal.
 
     Reads the outbox, so it works on every database and needs no broker; another user's job
-    yields nothing.
+    yields nothing. It sleeps between reads in the calling thread: a server streaming many
+    followers should await :func:`read_since` instead (README, The example platform).
     """
     import time
 
-    from ..states import TERMINAL
-
     sleep = sleep or time.sleep
-    last_id = 0
+    cursor = 0
     waited = 0.0
     while True:
-        with rt.sessions() as session:
-            job = session.get(Job, job_id)
-            if job is None or job.user_id != user_id:
-                return
-            events = list(session.execute(
-                select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > last_id)
-                .order_by(JobEvent.id)).scalars())
-            terminal = job.status in TERMINAL
-        for event in events:
-            last_id = event.id
-            yield as_message(event)
-        if terminal or (timeout is not None and waited >= timeout):
+        messages, cursor, over = read_since(rt, user_id, job_id, cursor)
+        yield from messages
+        if over or (timeout is not None and waited >= timeout):
             return
         sleep(interval)
         waited += interval

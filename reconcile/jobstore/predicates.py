@@ -45,10 +45,20 @@ def settlement_due(cutoff: datetime) -> Any:
     return and_(settlement_pending(), Job.next_poll_at <= cutoff)
 
 
+def must_settle(job: Job) -> bool:
+    """Whether the library must settle this row: a failed/cancelled job whose failure the library
+    persisted (``mark_failed`` writes ``next_poll_at`` with the status; only the settlement
+    clears it, with ``credits_actual``). A platform's own failed row — never failed by the
+    library: a legacy row, a platform worker's failure — has none, and its refund is the
+    platform's (README, Design notes: Refunds need evidence). ``lifecycle.settle`` checks it
+    first, so every caller (the sweep, the ``reconcile.settle`` task, a snapshot read, cancel,
+    the CLI) gets the guard; :func:`settlement_pending` is its SQL twin."""
+    return job.status in _SETTLED_STATES and job.next_poll_at is not None
+
+
 def is_settlement_pending(job: Job) -> bool:
-    """:func:`settlement_pending` on a loaded row."""
-    return (job.status in _SETTLED_STATES and job.credits_actual is None
-            and job.next_poll_at is not None)
+    """:func:`settlement_pending` on a loaded row: :func:`must_settle`, not settled yet."""
+    return must_settle(job) and job.credits_actual is None
 
 
 def is_settlement_due(job: Job, cutoff: datetime) -> bool:
@@ -76,6 +86,29 @@ def uncertain_expired(now: datetime) -> Any:
     claim gone (nobody is creating it now). Evidence adopts it; an operator resolves it."""
     return or_(Job.submission_state == Submission.UNCERTAIN,
                and_(Job.submission_state == Submission.SUBMITTING, claim_expired(now)))
+
+
+def is_outcome_unknown(submission_state: str | None, *, call_started: bool,
+                       task_id: str | None) -> bool:
+    """The provider may have been called and nothing says yet what it did: a create in progress
+    or lost (``submitting``, ``uncertain``), or a platform row whose provider call started
+    (``provider_call_started_at``: ``sync_call``'s marker, or the platform's own) with no
+    upstream id and no result yet. A cancel answers 409 for it and ``reconcile fail`` refuses
+    it (``reconcile resolve`` is the operator's way); :func:`outcome_known` is its SQL twin."""
+    if submission_state is None:
+        return call_started and not task_id
+    return submission_state in _UNKNOWN_OUTCOME
+
+
+_UNKNOWN_OUTCOME = (Submission.SUBMITTING.value, Submission.UNCERTAIN.value)
+
+
+def outcome_known() -> Any:
+    """SQL: not :func:`is_outcome_unknown` (the guard of a failure that must not race a
+    submission: NULL-safe, a platform row included)."""
+    return or_(and_(Job.submission_state.is_not(None), Job.submission_state.not_in(_UNKNOWN_OUTCOME)),
+               and_(Job.submission_state.is_(None),
+                    or_(Job.provider_call_started_at.is_(None), Job.provider_task_id.is_not(None))))
 
 
 # ``reconcile_last_error`` is the text, ``reconcile_last_error_code`` its code (migration 0021):

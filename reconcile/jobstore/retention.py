@@ -21,10 +21,11 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, exists, func, select
+from sqlalchemy import and_, delete, exists, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..db.models import Job, JobEvent, WebhookDelivery
+from ..settlement import CANCEL_REQUESTED_EVENT
 from ..states import IN_FLIGHT
 
 log = logging.getLogger("reconcile.retention")
@@ -50,8 +51,12 @@ def _check(retention: timedelta | None) -> None:
 
 
 def _events(cutoff: datetime):  # type: ignore[no-untyped-def]
+    # a user's cancel request stays while its job is unsettled: its settlement reads it
+    # (reconcile.settlement.settlement_cause: the job settles as the user's cancel)
+    unsettled = exists().where(Job.id == JobEvent.job_id, Job.credits_actual.is_(None))
     return select(JobEvent.id).where(JobEvent.published_at.is_not(None),
-                                     JobEvent.created_at < cutoff)
+                                     JobEvent.created_at < cutoff,
+                                     ~and_(JobEvent.type == CANCEL_REQUESTED_EVENT, unsettled))
 
 
 def _deliveries(cutoff: datetime):  # type: ignore[no-untyped-def]

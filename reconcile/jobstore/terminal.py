@@ -27,7 +27,8 @@ def claim_settlement(session: Session, job_id: uuid.UUID, cutoff: datetime,
 
 
 def record_recharge(session: Session, job_id: uuid.UUID, amount: int) -> bool:
-    """An operator's re-charge of a refunded job: its final cost is ``amount``."""
+    """An operator's re-charge of a job its settlement returned credits to: its final cost is
+    ``amount`` (what the settlement kept plus the re-charge)."""
     result = session.execute(update(Job).where(Job.id == job_id)
                              .values(credits_actual=amount, display_cost=amount))
     return result.rowcount == 1  # type: ignore[attr-defined]

@@ -11,9 +11,11 @@ User cancel (README, Design notes: Cancel): cancel + refund only where the upstr
   ``SUBMISSION_RECONCILIATION_REQUIRED``;
 * ``accepted`` with its task id → the provider's cancel where it has one (Replicate, fal; its
   errors are only logged), then cancelled + refund; elsewhere (KIE, ElevenLabs) cancelled +
-  refund locally. A poll or webhook that reads our own upstream cancel before the local CAS
-  fails the job ``UPSTREAM_FAILED`` (refunded); the cancel then rewrites that row to
-  cancelled (same refund, :func:`jobstore.cancelled_over_failure`) and answers 200, not 409;
+  refund locally. The request is recorded first (a ``cancel_requested`` job event, while the
+  job is in flight), so a poll, webhook or sweep that reads our own upstream cancel before the
+  local CAS and fails the job ``UPSTREAM_FAILED`` settles it as the user's cancel
+  (``cancel_refund``: :func:`reconcile.settlement.settlement_cause`); the cancel then rewrites
+  that row to cancelled (:func:`jobstore.cancelled_over_failure`) and answers 200, not 409;
 * ``submitting``, ``uncertain``, ``accepted`` without its id → 409
   ``SUBMISSION_RECONCILIATION_REQUIRED``.
 
@@ -32,6 +34,7 @@ from typing import Any
 from .. import jobstore, lifecycle
 from ..db.models import Job
 from ..errors import Conflict, ErrorCode, JobNotFound
+from ..jobstore.events import record_cancel_request
 from ..runtime import Runtime
 from ..states import TERMINAL, Status, Submission
 
@@ -114,12 +117,12 @@ def decide(status: str, submission_state: str | None, *, call_started: bool,
         return Verdict.NOT_CANCELABLE
     if submission_state == Submission.NOT_STARTED:
         return Verdict.NOT_STARTED
+    if jobstore.is_outcome_unknown(submission_state, call_started=call_started, task_id=task_id):
+        return Verdict.RECONCILIATION_REQUIRED  # `reconcile fail` refuses the same rows
     if submission_state is None:
         # a platform row: only the absence of any provider-call trace proves nothing ran (an
         # upstream id without the start marker still means the provider was called)
-        if not call_started and not task_id:
-            return Verdict.PLATFORM_ROW
-        return Verdict.RECONCILIATION_REQUIRED
+        return Verdict.RECONCILIATION_REQUIRED if task_id else Verdict.PLATFORM_ROW
     if submission_state == Submission.ACCEPTED and task_id:
         return Verdict.ACCEPTED
     return Verdict.RECONCILIATION_REQUIRED
@@ -141,6 +144,9 @@ def _decide(rt: Runtime, job: Job) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (Job.submission_state == Submission.NOT_STARTED,), detail
     if verdict is Verdict.PLATFORM_ROW:
         return (jobstore.platform_row_uncalled(),), detail
+    # recorded first: whichever reader then writes the terminal state, it settles as a cancel
+    if not record_cancel_request(rt, job.id):
+        raise Conflict(ErrorCode.JOB_NOT_CANCELABLE, "The job is no longer in flight.")
     detail["upstream_cancel"] = _cancel_upstream(rt, job)
     return (Job.submission_state == Submission.ACCEPTED,
             Job.provider_task_id == job.provider_task_id), detail

@@ -5,6 +5,7 @@ late answer may do), the create's rate-limit release.
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,11 +24,19 @@ from ..errors import (
     ProviderError,
     ReconcileError,
 )
+from ..jobstore import horizon
 from ..jobstore.events import add_event, publish_events
 from ..kinds import Kind, all_kinds
 from ..providers.base import AsyncProvider, CreateRequest
 from ..runtime import Runtime
-from ..states import CREATE_CLAIM_LEASE, MAX_RATE_LIMITED_CREATES, TERMINAL, Status, Submission
+from ..states import (
+    ATTEMPT_SPACING,
+    CREATE_CLAIM_LEASE,
+    MAX_RATE_LIMITED_CREATES,
+    TERMINAL,
+    Status,
+    Submission,
+)
 from .poll import _batch_mode, poll_countdown, poll_lease, resume_chain
 from .settling import fail_job
 
@@ -243,20 +252,44 @@ def _late_answer(session: Session, job: Job, task_id: str, now: datetime) -> str
 
 
 def _rate_limited(rt: Runtime, job: Job, token: str, exc: CreateRateLimited) -> CreateOutcome:
+    """A 429 (documented as not created): the claim is released with a not-before time, or,
+    after ``MAX_RATE_LIMITED_CREATES`` tries or with no room left before the job's horizon, the
+    job is rejected (refunded). Never uncertain: whatever ``Retry-After`` said."""
     now = rt.now()
     count = job.create_rate_limit_count + 1
-    if count >= MAX_RATE_LIMITED_CREATES:
+    wait = exc.retry_after if exc.retry_after is not None and math.isfinite(exc.retry_after) \
+        else 2.0 * (2 ** count)
+    not_before = _retry_not_before(rt, job, now, wait)
+    if count >= MAX_RATE_LIMITED_CREATES or not_before is None:
+        extra = {} if not_before is not None else {"reason": "retry_after_past_horizon"}
         fail_job(rt, job.id, ErrorCode.UPSTREAM_RATE_LIMITED, exc.message,
-                 _detail(exc, submission="rejected", tries=count),
+                 _detail(exc, submission="rejected", tries=count, retry_after=wait, **extra),
                  submission_state=Submission.REJECTED, where=_owner_where(token))
         return CreateOutcome("rejected", job.id, exc)
-    wait = exc.retry_after if exc.retry_after is not None else 2.0 * (2 ** count)
-    wait_td = rt.settings.scaled(timedelta(seconds=max(wait, 1.0)))
+    wait_td = not_before - now
     with rt.sessions.begin() as session:
-        released = jobstore.release_rate_limited(session, job.id, token, now + wait_td,
-                                                 _detail(exc, tries=count))
+        released = jobstore.release_rate_limited(session, job.id, token, not_before,
+                                                 _detail(exc, tries=count, retry_after=wait))
     # a wait past the broker's countdown bound is no message: create_not_before holds it and
     # the sweep's not-started row enqueues the create once it has passed
     if released is not None and wait_td.total_seconds() <= rt.settings.max_countdown:
         rt.enqueue_create(job.id, wait_td.total_seconds())
     return CreateOutcome("rate_limited", job.id, exc)
+
+
+def _retry_not_before(rt: Runtime, job: Job, now: datetime, wait: float) -> datetime | None:
+    """When a rate-limited create may run again: ``wait`` seconds (at least 1, scaled), but no
+    later than one attempt spacing before the job's exhaustion deadline
+    (:func:`reconcile.jobstore.horizon.exhaustion_deadline`), so the sweep's not-started row
+    enqueues it while the job is still within its horizon; a wait too long for a date (1e12 s,
+    a far-future HTTP date) is that bound. None: no room is left before the horizon."""
+    deadline = horizon.exhaustion_deadline(rt.settings, job)
+    if deadline is None:
+        return None
+    latest = deadline - rt.settings.scaled(ATTEMPT_SPACING)
+    if latest <= now:
+        return None
+    try:
+        return min(now + rt.settings.scaled(timedelta(seconds=max(wait, 1.0))), latest)
+    except OverflowError:
+        return latest

@@ -20,13 +20,13 @@ from ..errors import (
     ReconcileError,
     UnsafeMediaURL,
 )
+from ..jobstore import horizon
 from ..kinds import Kind, all_kinds
 from ..providers.base import PollResult, PollStatus
 from ..runtime import Runtime
 from ..states import (
     ATTEMPT_SPACING,
     IN_FLIGHT,
-    MAX_ATTEMPTS,
     POLL_LEASE_SLACK,
     POLL_READ_ATTEMPTS,
     POLL_READ_BACKOFF_MAX,
@@ -231,8 +231,7 @@ def _poll_detail(result: PollResult, via: str) -> dict[str, Any]:
 
 
 def past_threshold(rt: Runtime, job: Job, kind: Kind, now: datetime) -> bool:
-    started = job.provider_call_started_at or job.started_at or job.created_at
-    return now - started >= rt.settings.scaled(kind.stale_threshold)
+    return horizon.past_threshold(rt.settings, job, kind, now)
 
 
 def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: str | None, *,
@@ -258,7 +257,7 @@ def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: st
         if last_error:
             _note_error(rt, job, last_error, verdict, error_code)
         return "in_flight"
-    if counted.reconcile_attempts < MAX_ATTEMPTS:
+    if not horizon.exhausted(counted):
         return "in_flight"
     return exhaust(rt, counted)
 

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session
 
 from .. import jobstore
 from ..db.models import Job
-from ..jobstore.events import add_event, publish_events
+from ..jobstore.events import add_event, cancel_requested, publish_events
 from ..runtime import Runtime
-from ..settlement import SettleOutcome, decide
+from ..settlement import SettleOutcome, decide, refund_share, settlement_cause
 from ..states import Status, settle_backoff
 
 log = logging.getLogger("reconcile.lifecycle")
@@ -56,6 +56,11 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> SettleOutcome:
 
     Returns a :class:`~reconcile.settlement.SettleOutcome` (never test it for truthiness).
     Repeating never adds a second refund (the ledger's CAS); legacy refunds count.
+
+    Only a row the library must settle is settled (:func:`reconcile.jobstore.must_settle`: the
+    library persisted its failure); any other — a platform's own failed row, never failed by the
+    library — is ``NOT_DUE`` and untouched, whoever calls (README, Design notes: Refunds need
+    evidence).
     """
     now = rt.now()
     try:
@@ -65,6 +70,10 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> SettleOutcome:
                 return SettleOutcome.NOT_DUE
             if job.credits_actual is not None:
                 return SettleOutcome.ALREADY_SETTLED
+            if not jobstore.must_settle(job):
+                log.warning("settle_refused_not_the_librarys job_id=%s status=%s", job_id,
+                            job.status)
+                return SettleOutcome.NOT_DUE
             _execute_settlement(rt, session, job, now)
             rt.crash_point("mid_refund")
             actual = rt.ledger.settled_amount(session, job_id)
@@ -83,16 +92,25 @@ def settle(rt: Runtime, job_id: uuid.UUID) -> SettleOutcome:
 
 
 def _execute_settlement(rt: Runtime, session: Session, job: Job, now: datetime) -> None:
-    """The ledger executes the policy's decision for a failed/cancelled job: a full refund is
-    the ledger's ``refund`` (nothing read first); a partial one needs what is held (one read)
-    and is a commit of the kept part, the ledger releasing the rest to its pools and recording
-    the decision (the refund share, the kept amount) with that commit."""
+    """The ledger executes the policy's decision for a failed/cancelled job: the share is
+    :func:`~reconcile.settlement.refund_share` of the row's (cause, accepted)
+    (:func:`~reconcile.settlement.settlement_cause`). A full refund is the ledger's ``refund``
+    (nothing read first); a partial one is a commit of the kept part of what is held, read
+    under the user's balance lock (:func:`_held`), the ledger releasing the rest to its pools
+    and recording the decision (the refund share, the kept amount) with that commit."""
     from ..ledger import commit_settled
 
     policy = rt.settlement_policy
-    share = policy.cancel_refund if job.status == Status.CANCELLED else policy.failure_refund
+    # the cancel request matters only where a cancel's share differs from a failure's (the
+    # default policy reads nothing extra)
+    asked = policy.cancel_refund != policy.failure_refund and job.status != Status.CANCELLED \
+        and cancel_requested(session, job.id)
+    cause, accepted = settlement_cause(job, kind=rt.kind(job.provider_kind),
+                                       cancel_requested=asked)
+    share = refund_share(cause, accepted, policy)
     reserved = None if share == 1 else _held(session, job.id)
-    decision = decide(job.status, reserved=reserved, policy=policy)
+    decision = decide(job.status, reserved=reserved, policy=policy, cause=cause,
+                      accepted=accepted)
     if decision.full_refund:
         rt.ledger.refund(session, job.id, now=now)
     else:
@@ -104,10 +122,23 @@ def _execute_settlement(rt: Runtime, session: Session, job: Job, now: datetime) 
 
 def _held(session: Session, job_id: uuid.UUID) -> int:
     """What the job's reservation still holds: its reserved usage log net of legacy refunds
-    (0: nothing reserved any more)."""
+    (0: nothing reserved any more) — read under its user's balance lock, which the ledger's
+    commit and a legacy refund's import (``credits.import_legacy_refund``) both take, so what
+    is held cannot change between this read and the commit of the kept part (finding 6: an
+    import in between made it keep a share of the credits already given back)."""
     from .. import credits
-    from ..db.models import UsageLog
+    from ..db.models import CreditBalance, UsageLog
 
+    found = session.execute(
+        select(UsageLog.credits, UsageLog.user_id)
+        .where(UsageLog.job_id == job_id, UsageLog.status == "reserved")
+        .order_by(UsageLog.created_at).limit(1)).first()
+    if found is None:
+        return 0
+    # the ledger's lock (its balance row, FOR UPDATE), never created here: a platform's own
+    # ledger leaves the built-in tables untouched
+    session.execute(select(CreditBalance.user_id).where(CreditBalance.user_id == found.user_id)
+                    .with_for_update()).first()
     reserved = session.execute(
         select(UsageLog.credits).where(UsageLog.job_id == job_id, UsageLog.status == "reserved")
         .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()

@@ -41,6 +41,7 @@ import urllib3.connection
 import urllib3.util.connection
 
 from ..errors import MediaExpired, MediaFetchFailed, MediaTooLarge
+from ..providers.deadline import DeadlineExceeded, bounded, track
 from .guard import (  # noqa: F401  (DEFAULT_PORTS, _normalise_host: read by the tests)
     DEFAULT_PORTS,
     Resolver,
@@ -68,10 +69,9 @@ class FetchedMedia:
 
 
 class _Hop(threading.local):
-    """The hop being fetched on this thread: its approved target and the sockets it opened."""
+    """The hop being fetched on this thread: its approved target."""
 
     target: Target | None = None
-    sockets: list[socket.socket] | None = None
 
 
 _HOP = _Hop()
@@ -91,8 +91,7 @@ def _pinned_socket(conn: Any) -> socket.socket:
         raise urllib3.exceptions.ConnectTimeoutError(conn, f"connect timed out: {exc}") from exc
     except OSError as exc:
         raise urllib3.exceptions.NewConnectionError(conn, f"connect failed: {exc}") from exc
-    if _HOP.sockets is not None:
-        _HOP.sockets.append(sock.dup())  # a dup shuts down the same socket, TLS-wrapped or not
+    track(sock)  # the hop's total deadline shuts it (providers.deadline's watchdog)
     return sock
 
 
@@ -130,29 +129,19 @@ def _media_session() -> requests.Session:
 
 
 @contextmanager
-def _bounded_hop(target: Target, deadline: float) -> Iterator[None]:
-    """Pin the hop to ``target``; at ``deadline`` shut every socket it opened (a watchdog), so
-    a status line or headers trickled a byte at a time cannot outlive the bound."""
-    sockets: list[socket.socket] = []
-    _HOP.target, _HOP.sockets = target, sockets
-    watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut, (sockets,))
-    watchdog.daemon = True
-    watchdog.start()
+def _bounded_hop(target: Target, deadline_at: float) -> Iterator[None]:
+    """Pin the hop to ``target``; at ``deadline_at`` the watchdog of
+    :mod:`reconcile.providers.deadline` (the one every outbound exchange uses) shuts every
+    socket it opened, so a status line or headers trickled a byte at a time cannot outlive the
+    bound."""
+    _HOP.target = target
     try:
-        yield
+        with bounded(max(0.0, deadline_at - time.monotonic())):
+            yield
+    except DeadlineExceeded as exc:
+        raise MediaFetchFailed("media fetch exceeded its time bound") from exc
     finally:
-        watchdog.cancel()
-        _HOP.target, _HOP.sockets = None, None
-        for sock in sockets:
-            sock.close()
-
-
-def _shut(sockets: list[socket.socket]) -> None:
-    for sock in list(sockets):
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        _HOP.target = None
 
 
 def safe_fetch(

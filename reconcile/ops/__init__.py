@@ -20,9 +20,9 @@ shared :class:`Cli` state, exit codes, options), :mod:`.output` (tables and JSON
 :mod:`.listings` (the read-only queries: ``stuck``, ``uncertain``, ``unsettled``, ``show``,
 ``audit``), :mod:`.actions` (``fail``, ``resolve``, ``sweep``, ``repair-usage-metadata``),
 :mod:`.database` (``db upgrade|downgrade``), :mod:`.adopt` (``adopt report``, ``credits
-import``, ``prune``) and :mod:`.tools` (``simulator``, ``demo``, ``metrics``). Importing the
-package registers every command on :func:`main`; ``reconcile.cli`` re-exports it (the console
-script's entry point).
+import``, ``credits release-orphan``, ``prune``) and :mod:`.tools` (``simulator``, ``demo``,
+``metrics``). Importing the package registers every command on :func:`main`; ``reconcile.cli``
+re-exports it (the console script's entry point).
 """
 
 from __future__ import annotations

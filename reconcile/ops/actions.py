@@ -9,9 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 import click
-from sqlalchemy import or_
 
-from ..db.models import Job
 from ..runtime import Runtime
 from ..states import IN_FLIGHT, TERMINAL, Status, Submission
 from .app import JOB_ID, UNCLEAR, Cli, Failed, Refused, _load, json_option, main, pass_cli
@@ -23,13 +21,14 @@ _ROOT = __package__.rpartition(".")[0]  # "reconcile"
 def _report_failed(cli: Cli, job_id: uuid.UUID, verb: str) -> None:
     with cli.session() as session:
         job = _load(session, job_id)
-        refunded = cli.runtime().ledger.refunded(session, job_id)
+        returned = cli.runtime().ledger.refunded(session, job_id)  # what went back, partial too
     if job.credits_actual is None:
         click.echo(f"job {job_id} {verb}; its refund is pending (next try {_cell(job.next_poll_at)})"
                    " — the sweep settles it")
     else:
+        kept = f", kept {job.credits_actual}" if job.credits_actual else ""
         click.echo(f"job {job_id} {verb} ({job.error_code}); refunded "
-                   f"{refunded} credits")
+                   f"{returned} credits{kept}")
 
 
 @main.command()
@@ -40,9 +39,10 @@ def fail(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
     """Fail an in-flight job and refund its credits (RECONCILE_NO_RECOVERY).
 
     Uncertain or submitting jobs are refused: the provider may have created them, so they need
-    `reconcile resolve`. Failing a job again does nothing.
+    `reconcile resolve`. A platform row whose provider call is in flight (started, no result)
+    is refused too, as a user's cancel is. Failing a job again does nothing.
     """
-    from .. import lifecycle
+    from .. import jobstore, lifecycle
     from ..errors import ErrorCode
 
     rt = cli.runtime()
@@ -51,15 +51,27 @@ def fail(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
     if job.status == Status.COMPLETED:
         raise Refused(f"job {job_id} is completed: its credits were committed; nothing to fail")
     if job.status in TERMINAL:
-        pending = " (its refund is pending: the sweep settles it)" if job.credits_actual is None else ""
+        pending = ""
+        if job.credits_actual is None:
+            pending = (" (its refund is pending: the sweep settles it)" if jobstore.must_settle(job)
+                       else " by the platform, not the library: its reservation is the "
+                       "platform's to settle (`reconcile audit` reports it)")
         click.echo(f"job {job_id} is already {job.status}{pending}; nothing done", err=True)
         return
-    if job.submission_state in UNCLEAR:
+    # the rows a user's cancel answers 409 for (jobstore.is_outcome_unknown, one home)
+    if jobstore.is_outcome_unknown(job.submission_state,
+                                   call_started=job.provider_call_started_at is not None,
+                                   task_id=job.provider_task_id):
+        if job.submission_state is None:
+            raise Refused(f"job {job_id} is a platform row whose provider call started at "
+                          f"{_cell(job.provider_call_started_at)} and has no result yet: failing "
+                          "it would throw a paid answer away. Wait for the call (the sweep fails "
+                          "it past its kind's threshold)")
         raise Refused(f"job {job_id} is {job.submission_state}: the provider may have created it. "
                       f"Use `reconcile resolve {job_id} --upstream-id ID` or `--not-submitted`")
-    clear = or_(Job.submission_state.is_(None), Job.submission_state.not_in(UNCLEAR))
     done = lifecycle.fail_job(rt, job_id, ErrorCode.RECONCILE_NO_RECOVERY, "reconcile_no_recovery",
-                              {"by": "operator", "reason": reason}, where=(clear,))
+                              {"by": "operator", "reason": reason},
+                              where=(jobstore.outcome_known(),))
     if not done:
         raise Failed(f"job {job_id} changed meanwhile; nothing done (see `reconcile show {job_id}`)")
     _report_failed(cli, job_id, "failed")

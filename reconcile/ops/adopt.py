@@ -3,15 +3,19 @@
 * ``adopt report`` — what the first enforcing tick would do, grouped by action, job type, kind,
   status and age, with the credits each action moves;
 * ``credits import`` — the platform's balances and in-flight reservations into the built-in
-  ledger (``--dry-run`` first);
+  ledger (``--dry-run`` first; ``--only balances|reservations``);
+* ``credits release-orphan`` — release a reservation whose job row was deleted;
 * ``prune`` — retention for ``job_events`` and ``webhook_deliveries``.
 """
 
 from __future__ import annotations
 
+import uuid
+
 import click
 
-from .app import Cli, Refused, json_option, main, pass_cli
+from ..runtime import Runtime
+from .app import JOB_ID, Cli, Refused, json_option, main, pass_cli
 from .output import _dump, _table
 
 
@@ -63,23 +67,25 @@ def credits_group() -> None:
 @click.option("--user-column", default="user_id", show_default=True)
 @click.option("--sub-column", default="sub", show_default=True)
 @click.option("--topup-column", default="topup", show_default=True)
+@click.option("--only", type=click.Choice(["balances", "reservations"]),
+              help="Import this part alone (default: both).")
 @json_option
 @pass_cli
 def credits_import(cli: Cli, dry_run: bool, source: str, user_column: str, sub_column: str,
-                   topup_column: str, as_json: bool) -> None:
-    """Import balances per pool and in-flight reservations (idempotent, re-runnable)."""
+                   topup_column: str, only: str | None, as_json: bool) -> None:
+    """Import balances per pool and in-flight reservations (idempotent, re-runnable).
+
+    A user the ledger already holds a balance for (granted under other ids) is not granted
+    again; a reserved log made after its user's balance entered the ledger is not imported."""
     from dataclasses import asdict
 
     from ..credits.importer import import_credits
-    from ..ledger import BuiltinLedger
 
-    rt = cli.runtime()
-    if not isinstance(rt.ledger, BuiltinLedger):
-        raise Refused(f"this runtime uses the {rt.ledger.name!r} ledger: nothing to import")
+    rt = _builtin(cli, "nothing to import")
     with rt.sessions.begin() as session:
         summary = import_credits(session, now=rt.now(), dry_run=dry_run, source=source,
                                  user_column=user_column, sub_column=sub_column,
-                                 topup_column=topup_column)
+                                 topup_column=topup_column, only=only)
         if dry_run:
             session.rollback()
     if as_json:
@@ -92,6 +98,39 @@ def credits_import(cli: Cli, dry_run: bool, source: str, user_column: str, sub_c
                    f"{row['from_topup']}: {row['rule']}")
     for problem in summary.problems:
         click.echo(f"problem: {problem}", err=True)
+
+
+def _builtin(cli: Cli, why: str) -> Runtime:
+    from ..ledger import BuiltinLedger
+
+    rt = cli.runtime()
+    if not isinstance(rt.ledger, BuiltinLedger):
+        raise Refused(f"this runtime uses the {rt.ledger.name!r} ledger: {why}")
+    return rt
+
+
+@credits_group.command("release-orphan")
+@click.argument("job_id", type=JOB_ID)
+@click.option("--reason", required=True, help="Why (recorded with the release in the ledger).")
+@pass_cli
+def credits_release_orphan(cli: Cli, job_id: uuid.UUID, reason: str) -> None:
+    """Release the credits a job still holds after its job row was deleted (the audit's
+    orphaned_reservation): the library's refund, with the reason recorded. Refused while the
+    job row exists; releasing again does nothing."""
+    from ..credits import release_orphan
+    from ..errors import LedgerError
+
+    rt = _builtin(cli, "its own ledger settles orphans")
+    try:
+        with rt.sessions.begin() as session:
+            done = release_orphan(session, job_id, reason, now=rt.now())
+            after = rt.ledger.refunded(session, job_id)
+    except LedgerError as exc:
+        raise Refused(str(exc)) from exc
+    if not done:
+        click.echo(f"job {job_id}: no reservation held; nothing done", err=True)
+        return
+    click.echo(f"job {job_id}: orphaned reservation released; refunded {after} credits")
 
 
 @main.command()
@@ -130,4 +169,4 @@ def prune(cli: Cli, dry_run: bool, events_days: float | None, webhooks_days: flo
         click.echo(report.line())
 
 
-__all__ = ["adopt", "credits_group", "prune"]
+__all__ = ["adopt", "credits_group", "credits_release_orphan", "prune"]

@@ -172,7 +172,7 @@ def _evidence_note(cli: Cli, job: Job, delivery: WebhookDelivery) -> str:
     kind = get_kind(job.provider_kind)
     if kind is None or job.provider_task_id:
         return ""
-    judged = evidence.assess(delivery, str(job.id), kind, cli.settings)
+    judged = evidence.assess(delivery, str(job.id), kind, cli.settings())
     if not judged.usable:
         return f"operator only: {judged.reason}"
     return "adoptable once a read confirms it" if judged.needs_read else "adoptable (signed)"
@@ -183,14 +183,17 @@ def _evidence_note(cli: Cli, job: Job, delivery: WebhookDelivery) -> str:
 @json_option
 @pass_cli
 def show(cli: Cli, job_id: uuid.UUID, as_json: bool) -> None:
-    """One job: its row, usage logs, ledger transactions, anomalies, webhooks and assets."""
+    """One job: its row (with ``credits_returned``: what its settlement gave back, a partial
+    refund included), usage logs, ledger transactions, anomalies, webhooks and assets."""
     with cli.session() as session:
         job = _load(session, job_id)
+        settled = job.credits_actual is not None
+        returned = cli.runtime().ledger.refunded(session, job_id) if settled else None
         delivery_match = WebhookDelivery.job_id == job_id
         if job.provider_task_id:
             delivery_match = delivery_match | (WebhookDelivery.upstream_id == job.provider_task_id)
         out: dict[str, Any] = {
-            "job": _row(job, SHOW_FIELDS),
+            "job": {**_row(job, SHOW_FIELDS), "credits_returned": returned},
             "usage_logs": [
                 {**_row(u, ("id", "status", "credits", "created_at")), "metadata": u.metadata_}
                 for u in session.execute(select(UsageLog).where(UsageLog.job_id == job_id)

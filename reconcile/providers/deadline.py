@@ -1,19 +1,28 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
 A hard total deadline for one HTTP exchange (connect + request + status line + headers +
-body), for the sync calls (README, Design notes: Sync calls and their deadline; issue 11 hole 7).
+body): the sync calls (README, Design notes: Sync calls and their deadline; issue 11 hole 7),
+and every exchange of :class:`~reconcile.providers.http.HttpClient` (polls, the sweep's and the
+batch's reads, webhook confirming reads, creates) and the fal JWKS fetch (issue 25 finding 4).
 
 Per-read timeouts give a call no worst case: a server that trickles a byte before each read
 timeout keeps it alive for ever. Inside :func:`bounded`, every socket the session's connections
 use is tracked, and a watchdog shuts them at the deadline; the blocked read then fails and the
 exchange raises :class:`DeadlineExceeded` (a ``requests.Timeout``, so the clients' timeout path
 classifies it ``UPSTREAM_TIMEOUT``). Only sessions prepared with :func:`prepare` are tracked.
+Deadlines nest: a socket opened under an inner :func:`bounded` is watched by every enclosing one
+(a sync call's deadline around its client's own per-exchange deadline), and the first to pass
+shuts it.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -36,35 +45,44 @@ class DeadlineExceeded(requests.Timeout):
 class _Watch:
     """The sockets of one bounded exchange, shut together when the deadline passes."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: _Watch | None = None) -> None:
         self.lock = threading.Lock()
+        self.parent = parent  # an enclosing deadline: it watches our sockets too
         self.expired = False
         self.ended = False  # the exchange is over: a late timer shuts nothing
         self.sockets: list[Any] = []  # shut at the deadline
-        self.owned: list[socket.socket] = []  # our dups: closed when the exchange ends
+        self.owned: list[socket.socket] = []  # our dups: closed when the outermost watch ends
+
+    def passed(self) -> bool:
+        """This deadline, or an enclosing one, has passed."""
+        return self.expired or (self.parent is not None and self.parent.passed())
 
     def add(self, sock: Any, *, owned: bool = False) -> None:
         with self.lock:
             self.sockets.append(sock)
-            if owned:
+            if owned and self.parent is None:  # the outermost watch closes the dups
                 self.owned.append(sock)
             expired = self.expired
         if expired:  # joined after the deadline: never used
             _shut(sock)
+        if self.parent is not None:
+            self.parent.add(sock, owned=owned)
 
     def discard(self, *socks: Any) -> None:
         """A connection went back to the pool: the next exchange (maybe another thread's)
-        owns it now, so this watch must never shut it."""
+        owns it now, so this watch (nor an enclosing one) must never shut it."""
         with self.lock:
             self.sockets = [s for s in self.sockets if all(s is not d for d in socks)]
+        if self.parent is not None:
+            self.parent.discard(*socks)
 
     def end(self) -> None:
         with self.lock:
             self.ended = True
 
     def expire(self) -> None:
-        # under the lock: ``Timer.cancel()`` cannot stop a callback already running, so a late
-        # expire must not shut a socket that ``discard``/``end`` handed on meanwhile
+        # under the lock: the watchdog may fire just as the exchange ends, so a late expire
+        # must not shut a socket that ``discard``/``end`` handed on meanwhile
         with self.lock:
             if self.ended:
                 return
@@ -78,6 +96,43 @@ def _shut(sock: Any) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+class _Watchdog:
+    """ONE daemon thread per process that expires every watch at its deadline (a heap of
+    deadlines; a thread per exchange would be started and stopped for every poll). An ended
+    watch stays in the heap until its time and is then skipped. Started lazily, and again in a
+    forked child (a prefork worker does not inherit the parent's thread)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.heap: list[tuple[float, int, _Watch]] = []
+        self.order = itertools.count()
+        self.pid: int | None = None
+
+    def schedule(self, seconds: float, watch: _Watch) -> None:
+        with self.cond:
+            if self.pid != os.getpid():
+                self.pid, self.heap = os.getpid(), []
+                threading.Thread(target=self._run, name="reconcile-deadline", daemon=True).start()
+            heapq.heappush(self.heap, (time.monotonic() + max(0.0, seconds), next(self.order), watch))
+            self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while True:
+                    now = time.monotonic()
+                    if self.heap and self.heap[0][0] <= now:
+                        watch = heapq.heappop(self.heap)[2]
+                        break
+                    self.cond.wait(self.heap[0][0] - now if self.heap else None)
+            watch.expire()  # a no-op for an exchange that ended in time
+
+
+_WATCHDOG = _Watchdog()
+# a child forked while another thread held the condition's lock must not inherit it locked
+os.register_at_fork(after_in_child=_WATCHDOG.__init__)
 
 
 class _Current(threading.local):
@@ -136,6 +191,14 @@ class _Adapter(requests.adapters.HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
 
 
+def track(sock: socket.socket) -> None:
+    """Put a socket a transport of its own just connected (the media fetch's pinned one) under
+    the current :func:`bounded` deadline: a dup of it is shut at the deadline and closed when
+    the outermost deadline ends. Nothing happens outside :func:`bounded`."""
+    if _CURRENT.watch is not None:
+        _CURRENT.watch.add(sock.dup(), owned=True)  # a dup shuts the same socket, TLS or not
+
+
 def sync_seconds(settings: Any) -> float:
     """The sync call deadline of ``settings`` in (scaled) seconds."""
     from datetime import timedelta
@@ -143,38 +206,49 @@ def sync_seconds(settings: Any) -> float:
     return float(settings.scaled(timedelta(seconds=settings.sync_deadline)).total_seconds())
 
 
-def prepare(session: requests.Session, base_url: str) -> requests.Session:
-    """Mount the tracking adapter for ``base_url`` on ``session`` (unless the caller mounted
-    an adapter of its own there, which is then left alone and not bounded)."""
-    if type(session.get_adapter(base_url)) is requests.adapters.HTTPAdapter:
-        session.mount(base_url.rstrip("/") + "/", _Adapter())
+def prepare(session: requests.Session, url: str) -> requests.Session:
+    """Make ``session``'s exchanges with ``url`` tracked: the plain ``HTTPAdapter`` that serves
+    it (requests' default, mounted on the scheme, or one the platform mounted with its own pool
+    sizes) is replaced in place by the tracking adapter, with the same pool settings. An adapter
+    of the caller's own class is left alone and not bounded. Idempotent and cheap once done."""
+    adapters = getattr(session, "adapters", None)
+    if not isinstance(adapters, dict):  # not a requests.Session (a test double): left alone
+        return session
+    for prefix, adapter in list(adapters.items()):
+        if url.lower().startswith(prefix.lower()):  # requests' own match: longest prefix first
+            if type(adapter) is requests.adapters.HTTPAdapter:
+                adapters[prefix] = _Adapter(
+                    pool_connections=adapter._pool_connections,  # type: ignore[attr-defined]
+                    pool_maxsize=adapter._pool_maxsize,  # type: ignore[attr-defined]
+                    max_retries=adapter.max_retries,
+                    pool_block=adapter._pool_block)  # type: ignore[attr-defined]
+            break
     return session
 
 
 @contextmanager
 def bounded(seconds: float) -> Iterator[None]:
     """Run one exchange on a :func:`prepare`-d session under a total deadline of ``seconds``."""
-    watch, previous = _Watch(), _CURRENT.watch
+    previous = _CURRENT.watch
+    watch = _Watch(previous)
     _CURRENT.watch = watch
-    timer = threading.Timer(max(0.0, seconds), watch.expire)
-    timer.daemon = True
-    timer.start()
+    _WATCHDOG.schedule(seconds, watch)
     try:
         yield
-        if watch.expired:  # a cut in the headers can look like a short but complete answer
+        if watch.passed():  # a cut in the headers can look like a short but complete answer
             raise DeadlineExceeded(f"total deadline of {seconds:g} s exceeded")
     except DeadlineExceeded:
         raise
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        if watch.expired:
+        if watch.passed():
             raise DeadlineExceeded(f"total deadline of {seconds:g} s exceeded") from exc
         raise
     finally:
-        timer.cancel()
         watch.end()
         _CURRENT.watch = previous
         for sock in watch.owned:
             sock.close()
+        watch.sockets, watch.owned = [], []  # the heap keeps the watch until its deadline
 
 
 # -- the sync call every sync client sends ------------------------------------------------

@@ -3,9 +3,11 @@
 HTTP discipline shared by every provider client.
 
 * every request has explicit connect and read timeouts, and its body is read under a size cap
-  (:data:`MAX_BODY_BYTES`) and a TOTAL deadline (connect + read timeout for the whole request):
-  an endless chunked body or one trickled a byte per second ends as a transport error
-  (:class:`BodyTooLarge` / :class:`BodyDeadline`) instead of holding a worker;
+  (:data:`MAX_BODY_BYTES`) and a TOTAL deadline (connect + read timeout for the whole exchange,
+  status line and headers included: :mod:`.deadline`'s watchdog): an endless chunked body, or
+  headers or a body trickled a line per second, ends as a transport error
+  (:class:`BodyTooLarge` / :class:`BodyDeadline` / ``DeadlineExceeded``) instead of holding a
+  worker;
 * :meth:`HttpClient.read` retries GETs (and other reads) on 429/5xx and transport errors with
   exponential backoff, honouring ``Retry-After``;
 * :meth:`HttpClient.send_once` never retries: creates go through it, and the caller classifies
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -28,6 +31,7 @@ import requests
 import urllib3
 
 from ..errors import ProviderError, ReadFailed
+from .deadline import bounded, prepare
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -80,17 +84,23 @@ def load_bounded(response: requests.Response, max_bytes: int, deadline: float) -
 
 
 def parse_retry_after(value: str | None, *, now: Callable[[], datetime] | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date), or None."""
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date), or None.
+
+    Defensive: always a finite number of seconds ≥ 0, or None for anything else (garbage,
+    ``inf``, ``nan``, a date that does not exist). It is not bounded: a far-future date is a
+    huge number, and every caller caps the wait (a read's backoff, a create's horizon)."""
     if not value:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     if when is None:
         return None
@@ -187,18 +197,27 @@ class HttpClient:
         return f"{self.base_url}/{path.lstrip('/')}"
 
     def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """One exchange under ONE total deadline (connect + read timeout), from connect to the
+        last byte: the watchdog of :mod:`.deadline` shuts the socket when it passes, so a
+        status line or headers trickled a line at a time cannot outlive it (issue 25 finding
+        4). A ``stream=True`` caller gets the response once its headers are in and bounds the
+        body itself."""
         headers = {**self.headers, **kwargs.pop("headers", {})}
         timeout = kwargs.pop("timeout", self.timeout)
         streamed = kwargs.pop("stream", False)  # the caller bounds a streamed download itself
-        deadline = time.monotonic() + _total_seconds(timeout)
-        response = self.session.request(method, self.url(path), headers=headers, timeout=timeout,
-                                        stream=True, **kwargs)
-        if streamed:
-            return response
-        try:
-            load_bounded(response, self.max_body_bytes, deadline)
-        finally:
-            response.close()  # the body is held (or refused): give the connection back  # the body is held; give the connection back to the pool
+        url = self.url(path)
+        total = _total_seconds(timeout)
+        deadline = time.monotonic() + total
+        prepare(self.session, url)
+        with bounded(total):
+            response = self.session.request(method, url, headers=headers, timeout=timeout,
+                                            stream=True, **kwargs)
+            if streamed:
+                return response
+            try:
+                load_bounded(response, self.max_body_bytes, deadline)
+            finally:
+                response.close()  # the body is held (or refused): give the connection back
         return response
 
     def send_once(self, method: str, path: str, **kwargs: Any) -> requests.Response:

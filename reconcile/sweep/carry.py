@@ -14,13 +14,13 @@ from sqlalchemy import select
 from .. import jobstore, lifecycle
 from ..db.models import Job, WebhookDelivery
 from ..errors import ProviderError
-from ..jobstore import evidence
+from ..jobstore import evidence, horizon
 from ..jobstore.events import publish
 from ..kinds import Kind
 from ..providers.base import AsyncProvider
 from ..runtime import Runtime
 from ..settlement import SettleOutcome
-from ..states import IN_FLIGHT, MAX_ATTEMPTS, Submission
+from ..states import IN_FLIGHT, Submission
 from .claims import _anomaly_once, _Plan
 from .table import Action
 
@@ -79,7 +79,7 @@ def _poll_once(rt: Runtime, plan: _Plan) -> str:
     job, kind = plan.job, plan.kind
     assert kind is not None
     outcome = lifecycle.observe(rt, job, kind, via="sweep")
-    if outcome in ("in_flight", "error") and job.reconcile_attempts >= MAX_ATTEMPTS:
+    if outcome in ("in_flight", "error") and horizon.exhausted(job):
         with rt.sessions() as session:
             current = jobstore.load(session, job.id)
         if current is not None and current.status in IN_FLIGHT:
@@ -98,7 +98,7 @@ def _evidence(rt: Runtime, plan: _Plan) -> str:
     if found is not None:
         task_id, source = found
         return "adopted" if lifecycle.adopt_upstream_id(rt, job.id, task_id, source=source) else "lost"
-    if job.reconcile_attempts < MAX_ATTEMPTS:
+    if not horizon.exhausted(job):
         return "not_found"
     with rt.sessions.begin() as session:
         current = jobstore.load(session, job.id, lock=True)

@@ -77,7 +77,11 @@ def _plan(rt: Runtime, session: Session, job: Job, now: datetime, *, dry_run: bo
 
 
 def _observed(rt: Runtime, job: Job, decision: Decision) -> bool:
-    """Only logged: a legacy FAIL under ``LEGACY_SWEEP=observe``, or an observe-only kind."""
+    """Only logged: a legacy FAIL under ``LEGACY_SWEEP=observe``, or an observe-only kind.
+    Observe-only governs decisions about the upstream, never a settlement the library already
+    owes (row 13: its failure is saved, its refund is not): that one is always carried out."""
+    if decision.action is Action.SETTLE:
+        return False
     if decision.row == "legacy" and rt.settings.legacy_sweep == "observe":
         return True
     return adoption.observe_only(rt.settings, job)

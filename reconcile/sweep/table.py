@@ -35,7 +35,7 @@ from enum import StrEnum
 
 from ..db.models import Job
 from ..errors import ErrorCode
-from ..jobstore import adoption
+from ..jobstore import adoption, horizon
 from ..jobstore.predicates import is_settlement_due
 from ..kinds import Kind
 from ..settings import Settings
@@ -96,12 +96,9 @@ class _Row:
         return since is not None and self.now - since >= self.settings.scaled(age)
 
     def past_threshold(self) -> bool:
-        # lifecycle.past_threshold on plain values: the kind's stale threshold since the start
-        if self.kind is None:
-            return False
-        j = self.job
-        started = j.provider_call_started_at or j.started_at or j.created_at
-        return self.now - started >= self.settings.scaled(self.kind.stale_threshold)
+        # the kind's stale threshold since the start (jobstore.horizon, as the poll chain reads it)
+        return self.kind is not None and horizon.past_threshold(self.settings, self.job,
+                                                                self.kind, self.now)
 
     def attempt_due(self) -> bool:
         last = self.job.reconcile_last_attempt_at
@@ -116,7 +113,10 @@ class _Row:
         return lease is None or lease <= self.now
 
     def fail_if_stale(self, row: str) -> Decision:
-        return Decision(row, Action.FAIL if self.past_threshold() else Action.LEAVE)
+        # a call with no upstream handle: past its threshold and its call's claim (jobstore.horizon)
+        stale = self.kind is not None and \
+            self.now >= horizon.call_deadline(self.settings, self.job, self.kind)
+        return Decision(row, Action.FAIL if stale else Action.LEAVE)
 
 
 def _legacy(r: _Row) -> Decision | None:

@@ -133,7 +133,8 @@ def sweep(rt: Runtime, *, dry_run: bool = False, now: datetime | None = None,
 
 
 def _late_completions(rt: Runtime, *, dry_run: bool) -> int:
-    """A job the library failed and refunded that something else then completed (an old
+    """A job the library failed and settled, returning credits (a refund, or the released rest
+    of a partial one: ``Ledger.refunded``), that something else then completed (an old
     worker finishing a legacy row): one ``completed_after_refund`` anomaly, so the operator
     decides — keep the refund, or re-charge it (README: "Adopting on a live platform"). The
     candidates come from a partial index holding only such completions, so the cost follows

@@ -174,9 +174,14 @@ class PlatformLedger:
         return _int(meta, "committed") if "committed" in meta else sum(unsettled(log))
 
     def refunded(self, session: Session, job_id: uuid.UUID) -> int:
+        """The refund, or what a commit for less released (held minus committed)."""
         log = self._first_log(session, job_id)
         meta = log.metadata_ if log is not None and isinstance(log.metadata_, dict) else {}
-        return _int(meta, "refund") if log is not None and log.status == "refunded" else 0
+        if log is not None and log.status == "refunded":
+            return _int(meta, "refund")
+        if log is not None and log.status == "committed" and "committed" in meta:
+            return max(0, sum(unsettled(log)) - _int(meta, "committed"))
+        return 0
 
     def audit(self, session: Session, *, now: datetime | None = None,
               grace: timedelta = timedelta(minutes=10), **options: Any) -> list[Discrepancy]:

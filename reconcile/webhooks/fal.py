@@ -135,13 +135,16 @@ class JwksCache:
         return self._fetched_at is None or now - self._fetched_at >= JWKS_MIN_REFRESH
 
     def _fetch(self) -> tuple[Ed25519PublicKey, ...]:
+        from ..providers.deadline import bounded, prepare
         from ..providers.http import load_bounded
 
         deadline = time.monotonic() + self.timeout
         try:
-            response = self.session.get(self.url, timeout=self.timeout, stream=True)
-            with response:
-                load_bounded(response, JWKS_MAX_BYTES, deadline)
+            prepare(self.session, self.url)
+            with bounded(self.timeout):  # connect to last byte, headers included
+                response = self.session.get(self.url, timeout=self.timeout, stream=True)
+                with response:
+                    load_bounded(response, JWKS_MAX_BYTES, deadline)
             response.raise_for_status()
             keys = parse_jwks(response.json())
         except (requests.RequestException, ValueError, OSError) as exc:

@@ -142,3 +142,12 @@ def balance(db: sessionmaker[Session], user: uuid.UUID) -> tuple[int, int]:
     with db() as s:
         b = s.get(CreditBalance, user)
         return (b.sub, b.topup) if b else (0, 0)
+
+
+def use_policy(rt: Runtime, policy: Any) -> Runtime:
+    """Deploy ``policy`` (a ``SettlementPolicy``) to ``rt`` the only way a Runtime takes one:
+    through its settings (``RECONCILE_FAILURE_REFUND`` / ``CANCEL_REFUND``), as a restart
+    with a new configuration would."""
+    rt.settings = rt.settings.model_copy(update={"failure_refund": policy.failure_refund,
+                                                 "cancel_refund": policy.cancel_refund})
+    return rt

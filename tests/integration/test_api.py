@@ -143,7 +143,8 @@ def test_inline_422_is_submission_failed_and_the_job_names_the_cause(env, db, si
     assert as_json(api.snapshot(rt, user, job_id)) == (200, {
         "id": job_id, "state": "failed", "outputs": None,
         "error": {"code": "UPSTREAM_INVALID_INPUT", "message": TEXT, "submissionOutcome": "rejected"},
-        "credits_actual": 0, "next_poll_at": None})
+        "credits_actual": 0, "credits_returned": 40,
+        "next_poll_at": None})
 
 
 def test_inline_401_is_submission_failed_with_the_upstream_request_id(env, db, simulator) -> None:
@@ -201,7 +202,8 @@ def test_inline_unknown_outcome_is_uncertain(env, db, simulator, mode: str,
         "id": job_id, "state": "queued", "outputs": None,
         "error": {"code": "UPSTREAM_SUBMISSION_UNCERTAIN", "message": TEXT,
                   "submissionOutcome": "uncertain"},
-        "credits_actual": None, "next_poll_at": None})
+        "credits_actual": None, "credits_returned": None,
+        "next_poll_at": None})
 
 
 def test_inline_429_answers_202_and_leaves_the_retry_to_the_worker(env, db, simulator) -> None:
@@ -334,7 +336,8 @@ def test_snapshot_of_an_empty_result(env, db, simulator) -> None:
     assert as_json(api.snapshot(rt, user, job_id)) == (200, {
         "id": job_id, "state": "failed", "outputs": None,
         "error": {"code": "UPSTREAM_EMPTY_RESULT", "message": TEXT, "upstreamRequestId": task_id},
-        "credits_actual": 0, "next_poll_at": None})
+        "credits_actual": 0, "credits_returned": 25,
+        "next_poll_at": None})
     assert balance(db, user) == 1000
 
 
@@ -356,7 +359,8 @@ def test_snapshot_of_a_completed_job(env, db, simulator, tmp_path: Path) -> None
         "id": job_id, "state": "completed",
         "outputs": [{"url": f"https://cdn.example/m/image/{job_id}/{i}.png",
                      "media_type": "image/png"} for i in range(2)],
-        "error": None, "credits_actual": 40, "next_poll_at": None})
+        "error": None, "credits_actual": 40, "credits_returned": 0,
+        "next_poll_at": None})
 
 
 def test_snapshot_of_a_running_job(env, db, simulator) -> None:
@@ -368,7 +372,8 @@ def test_snapshot_of_a_running_job(env, db, simulator) -> None:
     _, body = submit_kie(rt, user)
     assert as_json(api.snapshot(rt, user, body["job_id"])) == (200, {
         "id": body["job_id"], "state": "running", "outputs": None, "error": None,
-        "credits_actual": None, "next_poll_at": None})
+        "credits_actual": None, "credits_returned": None,
+        "next_poll_at": None})
 
 
 def _refund_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -397,7 +402,8 @@ def test_unsettled_rejection_then_a_read_settles_it_exactly_once(env, db, simula
         "id": job_id, "state": "failed", "outputs": None,
         "error": {"code": "UPSTREAM_SUBMISSION_FAILED", "message": TEXT,
                   "submissionOutcome": "rejected"},
-        "credits_actual": None, "next_poll_at": "2026-12-01T10:05:00Z"})
+        "credits_actual": None, "credits_returned": None,
+        "next_poll_at": "2026-12-01T10:05:00Z"})
     assert as_json(api.snapshot(rt, user, job_id)) == unsettled
     assert balance(db, user) == 960
 
@@ -411,7 +417,8 @@ def test_unsettled_rejection_then_a_read_settles_it_exactly_once(env, db, simula
 
     monkeypatch.setattr(lifecycle, "settle", counting_settle)
     clock.advance(minutes=1)
-    settled = (200, {**unsettled[1], "credits_actual": 0, "next_poll_at": None})
+    settled = (200, {**unsettled[1], "credits_actual": 0, "credits_returned": 40,
+                     "next_poll_at": None})
     assert as_json(api.snapshot(rt, user, job_id)) == settled
     assert as_json(api.snapshot(rt, user, job_id)) == settled
     assert calls == [uuid.UUID(job_id)]
@@ -439,7 +446,8 @@ def test_a_platform_rows_old_failure_is_not_settled_by_a_read(env, db, monkeypat
     assert as_json(api.snapshot(rt, user, job_id)) == (200, {
         "id": str(job_id), "state": "failed", "outputs": None,
         "error": {"code": "INTERNAL", "message": "worker crashed"},
-        "credits_actual": None, "next_poll_at": None})
+        "credits_actual": None, "credits_returned": None,
+        "next_poll_at": None})
     assert balance(db, user) == 970
 
 
@@ -455,7 +463,8 @@ def test_cancel_answers_200_with_the_snapshot(env, db) -> None:
     assert as_json(api.cancel(rt, user, body["job_id"])) == (200, {
         "id": body["job_id"], "state": "canceled", "outputs": None,
         "error": {"code": "CANCELED", "message": TEXT},
-        "credits_actual": 0, "next_poll_at": None})
+        "credits_actual": 0, "credits_returned": 40,
+        "next_poll_at": None})
     assert balance(db, user) == 1000
 
 
@@ -553,3 +562,21 @@ def test_follow_yields_sse_fields_for_the_owner_only(env, db) -> None:
             (frame["id"], body["job_id"], frame["event"])
     assert list(api.follow(rt, uuid.uuid4(), body["job_id"], sleep=lambda s: None)) == []
     assert list(api.follow(rt, user, "nope", sleep=lambda s: None)) == []
+
+
+def test_events_after_is_one_step_of_follow_with_a_cursor(env, db) -> None:
+    """``api.events_after`` (what an async server awaits between sleeps): the events after the
+    cursor, the next cursor, and whether the stream is over; the same frames as ``follow``."""
+    rt, _, _ = env
+    user = uuid.uuid4()
+    fund(db, user)
+    _, body = submit_kie(rt, user, inline=False)
+    frames, cursor, over = api.events_after(rt, user, body["job_id"])
+    assert [f["event"] for f in frames] == ["queued"] and not over
+    assert api.events_after(rt, user, body["job_id"], cursor) == ([], cursor, False)
+    api.cancel(rt, user, body["job_id"])
+    later, end, over = api.events_after(rt, user, body["job_id"], cursor)
+    assert [f["event"] for f in later] == ["canceled"] and over and end > cursor
+    assert frames + later == list(api.follow(rt, user, body["job_id"], sleep=lambda s: None))
+    assert api.events_after(rt, uuid.uuid4(), body["job_id"]) == ([], 0, True)
+    assert api.events_after(rt, user, "nope") == ([], 0, True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -135,41 +136,22 @@ MESSAGE = (b'{"id": "msg_1", "type": "message", "model": "claude-x", "stop_reaso
            b'"content": [{"type": "text", "text": "hello"}]}')
 
 
-class LateTimer:
-    """``threading.Timer`` as the watchdog uses it, with the race it can lose made explicit:
-    the real ``Timer.cancel()`` cannot stop a callback whose wait already ran out (``run`` has
-    passed its ``finished`` check), so that callback runs whenever its thread is scheduled —
-    possibly after ``bounded()`` returned. Here ``cancel()`` always arrives too late and the
-    test decides when the callback runs."""
-
-    made: list[LateTimer] = []
-
-    def __init__(self, interval: float, function: object) -> None:
-        self.function = function
-        self.daemon = False
-        LateTimer.made.append(self)
-
-    def start(self) -> None:
-        pass
-
-    def cancel(self) -> None:
-        pass
-
-
 def test_reproducer_a_late_watchdog_shuts_the_pooled_connection_of_the_next_call(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """REPRODUCER (atk11 finding 3, hole 7's watchdog). Call A reuses a kept-alive connection,
     so its watch holds that connection's socket itself (not a dup it closes at the end). A's
-    deadline timer fires just as A finishes: ``cancel()`` comes too late, and ``expire()``
-    runs after A returned, while call B (the next request on the same client, here another
+    deadline fires just as A finishes, and ``expire()`` runs after A returned, while call B (the next request on the same client, here another
     job) is using the same pooled connection. On main it shuts B's socket: B's answer never
     arrives although the provider received the request (billed), and B is failed + refunded.
     Expected: a watch whose exchange ended shuts nothing."""
     from reconcile.providers import deadline
 
-    LateTimer.made.clear()
-    monkeypatch.setattr(deadline.threading, "Timer", LateTimer)
+    # the watchdog as it can lose the race: a deadline that passes just as its exchange ends
+    # fires whenever the watchdog thread runs — possibly after ``bounded()`` returned. Here the
+    # watchdog never fires by itself and the test decides when each watch expires.
+    scheduled: list[Any] = []
+    monkeypatch.setattr(deadline._WATCHDOG, "schedule", lambda seconds, watch: scheduled.append(watch))
     requests_seen: list[int] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -178,8 +160,9 @@ def test_reproducer_a_late_watchdog_shuts_the_pooled_connection_of_the_next_call
         def do_POST(self) -> None:  # noqa: N802
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             requests_seen.append(1)
-            if len(requests_seen) == 3:  # call B is on the wire: A's late watchdog fires now
-                LateTimer.made[1].function()  # type: ignore[operator]
+            if len(requests_seen) == 3:  # call B is on the wire: A's (and the warm call's)
+                for watch in scheduled[:-2]:  # late deadlines fire now; B's own two are the last
+                    watch.expire()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(MESSAGE)))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle
@@ -32,6 +32,7 @@ from tests.integration.harness import (
     fund,
     ledger_backend,
     make_runtime,
+    use_policy,
 )
 from tests.integration.ledgers import (
     BACKENDS,
@@ -352,10 +353,13 @@ def test_a_half_cancel_refund_policy_is_executed_by_the_ledger(env, db) -> None:
     from reconcile.settlement import SettlementPolicy, SettleOutcome
 
     rt, _, _ = env
-    rt.settlement_policy = SettlementPolicy(cancel_refund=Fraction(1, 2))
+    use_policy(rt, SettlementPolicy(cancel_refund=Fraction(1, 2)))
     user = uuid.uuid4()
     fund(db, user)
     job_id = submit(rt, user)
+    # accepted upstream (a task id): the policy's share applies (a job the provider never
+    # accepted is refunded in full, whatever the policy)
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
     cancelled = cancel_job(rt, user, job_id)
     assert (cancelled.status, cancelled.credits_actual, cancelled.next_poll_at) == \
         ("cancelled", 20, None)
@@ -384,10 +388,13 @@ def test_the_audit_flags_a_cancelled_commit_the_policy_does_not_keep(env, db) ->
     rt, _, _ = env
     quarter = SettlementPolicy(cancel_refund=Fraction(1, 4))
     half = SettlementPolicy(cancel_refund=Fraction(1, 2))
-    rt.settlement_policy = quarter
+    use_policy(rt, quarter)
     user = uuid.uuid4()
     fund(db, user)
     job_id = submit(rt, user)
+    # accepted upstream (a task id): the policy's share applies (a job the provider never
+    # accepted is refunded in full, whatever the policy)
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
     assert cancel_job(rt, user, job_id).credits_actual == 30
     assert balance(db, user) == 1000 - 30
 
@@ -412,8 +419,12 @@ def test_the_audit_flags_a_cancelled_commit_the_policy_does_not_keep(env, db) ->
     flagged = [("failed_job_committed", job_id, "job cancelled, reservation committed")]
     assert findings(DEFAULT_POLICY) == (flagged if builtin else [])
     assert findings(None) == (flagged if builtin else [])
-    # the same commit on a failed job: the policy refunds failures in full
+    # the same commit on a failed job the user never asked to cancel: the policy refunds
+    # failures in full (with its cancel request, a failure settles as the user's cancel)
     with db.begin() as s:
-        s.execute(update(Job).where(Job.id == job_id).values(status="failed"))
+        s.execute(update(Job).where(Job.id == job_id).values(status="failed",
+                                                              error_code="UPSTREAM_FAILED"))
+        s.execute(delete(JobEvent).where(JobEvent.job_id == job_id,
+                                         JobEvent.type == "cancel_requested"))
     assert findings(quarter) == ([("failed_job_committed", job_id,
                                    "job failed, reservation committed")] if builtin else [])

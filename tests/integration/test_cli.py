@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits
 from reconcile.cli import main
-from reconcile.db.models import CreditBalance, CreditTransaction, Job
+from reconcile.db.models import CreditBalance, CreditTransaction, Job, WebhookDelivery
 from reconcile.runtime import Runtime
 from reconcile.testing.simulator import Simulator
 from tests.integration.harness import make_runtime
@@ -174,6 +174,24 @@ def test_show_prints_the_job_and_its_ledger_rows(db: sessionmaker[Session]) -> N
     table = cli(db, "show", str(job_id)).stdout
     assert f"job-refund:{job_id}" in table and "RECONCILE_NO_RECOVERY" in table
     assert "transactions (2)" in table
+
+
+def test_show_an_uncertain_fal_job_with_a_stored_delivery(db: sessionmaker[Session]) -> None:
+    """Issue 24 finding 15: `show` judges a stored delivery with the settings (it passed the
+    settings method itself and crashed with AttributeError on fal's signed-job-id check)."""
+    job_id = add_job(db, kind="fal-queue", submission="uncertain", task_id=None)
+    with db.begin() as s:
+        s.add(WebhookDelivery(provider="fal", delivery_id=f"d-{job_id}", job_id=job_id,
+                              upstream_id="req-1", received_at=datetime.now(UTC),
+                              payload_digest="x", status="OK", payload={"request_id": "req-1"}))
+
+    result = cli(db, "show", str(job_id), "--json")
+    assert result.exit_code == 0, result.output
+    deliveries = json.loads(result.stdout)["webhook_deliveries"]
+    assert [d["delivery_id"] for d in deliveries] == [f"d-{job_id}"]
+    assert deliveries[0]["evidence"].startswith(("operator only:", "adoptable"))
+    table = cli(db, "show", str(job_id))
+    assert table.exit_code == 0 and "webhook deliveries (1)" in table.stdout
 
 
 # ----------------------------------------------------------------------------- changes

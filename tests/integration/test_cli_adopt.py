@@ -130,6 +130,9 @@ def _platform_balances(db: sessionmaker[Session], rows: list[tuple[uuid.UUID, in
 def _log(s: Session, user: uuid.UUID, job_id: uuid.UUID | None, amount: int,
          meta: dict[str, Any] | None) -> uuid.UUID:
     log_id = uuid.uuid4()
+    if job_id is not None and s.get(Job, job_id) is None:  # its job row (else: an orphan)
+        s.add(Job(id=job_id, user_id=user, job_type="image", status="processing", created_at=OLD))
+        s.flush()
     s.add(UsageLog(id=log_id, job_id=job_id, user_id=user, status="reserved", credits=amount,
                    metadata_=meta, created_at=OLD))
     return log_id

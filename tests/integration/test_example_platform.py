@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ import redis
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, select, text
+from sqlalchemy.orm import Session
 
 from reconcile.db.models import Job, WebhookDelivery
 from reconcile.db.session import make_engine
@@ -367,3 +369,196 @@ def test_example_gateway_with_the_broker_down_answers_202_once_and_charges_once(
         rows = conn.execute(select(Job.id, Job.status, Job.provider_task_id)
                             .where(Job.user_id == user)).all()
     assert [(str(r.id), r.status) for r in rows] == [(job_id, "processing")] and rows[0][2]
+
+
+# ------------------------------------------------------- issue 25 findings 2 and 3, over HTTP
+
+
+def _gateway_only(acme_db: str, simulator: Simulator, tmp_path: Path) -> Acme:
+    """acme's gateway alone (no worker, no broker): what the request routes do by themselves."""
+    from reconcile.testing.processes import free_port
+
+    port = _free_port()
+    env = _base_env(
+        **simulator.env(), RECONCILE_DATABASE_URL=acme_db,
+        RECONCILE_BROKER_URL=f"redis://127.0.0.1:{free_port()}/0",
+        RECONCILE_STORAGE_URL=f"file://{tmp_path / 'media'}",
+        RECONCILE_WEBHOOK_BASE_URL=f"http://127.0.0.1:{port}", NO_PROXY="127.0.0.1,localhost")
+    gateway = Proc("gateway", [sys.executable, "-m", "uvicorn", "acme.gateway:app",
+                               "--host", "127.0.0.1", "--port", str(port)], env, tmp_path)
+    platform = Acme(f"http://127.0.0.1:{port}", [gateway])
+    assert wait_for(lambda: _healthy(platform), 60), platform.logs()
+    return platform
+
+
+def _running_jobs(engine: Engine, users: list[uuid.UUID]) -> list[str]:
+    """One in-flight job per user, written straight into the table (nothing runs them: their
+    event streams stay open until the client hangs up)."""
+    ids = [uuid.uuid4() for _ in users]
+    with Session(engine) as session, session.begin():
+        session.add_all(Job(id=job_id, user_id=user, job_type="image", status="processing",
+                            provider_kind="kie-standard", provider_model="m",
+                            provider_task_id=f"task-{job_id}", submission_state="accepted")
+                        for job_id, user in zip(ids, users, strict=True))
+    return [str(i) for i in ids]
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_event_streams_hold_no_thread_are_capped_per_user_and_let_go_when_abandoned(
+        acme_db: str, acme_engine: Engine, simulator: Simulator, tmp_path: Path) -> None:
+    """Issue 25 finding 2 (the acceptance load). 200 users each hold an event stream on their
+    own running job, half of them then hang up, and one more user is at the per-user cap:
+    ``/healthz`` and another user's snapshot still answer within 5 s, the 6th stream of the
+    capped user is 429 TOO_MANY_STREAMS, and the streams the capped user abandons give their
+    slots back. Before the fix each stream held one of AnyIO's 40 worker threads in
+    ``follow_job``'s sleep loop until the job ended (client gone or not): /healthz timed out and
+    no stream was ever refused."""
+    import asyncio
+    import statistics
+    import time
+
+    users = [uuid.uuid4() for _ in range(200)]
+    capped, other = uuid.uuid4(), uuid.uuid4()
+    jobs = _running_jobs(acme_engine, [*users, capped, other])
+    capped_job, other_job = jobs[200], jobs[201]
+    platform = _gateway_only(acme_db, simulator, tmp_path)
+    pid = platform.procs[0].proc.pid
+    figures: dict[str, Any] = {}
+
+    async def load() -> None:
+        limits = httpx.Limits(max_connections=400, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=platform.url, timeout=20, limits=limits) as streams, \
+                httpx.AsyncClient(base_url=platform.url, timeout=5) as probe:
+
+            async def open_stream(user: uuid.UUID, job_id: str) -> httpx.Response:
+                request = streams.build_request("GET", f"/api/v1/jobs/{job_id}/events",
+                                                headers={"X-User-Id": str(user)})
+                return await streams.send(request, stream=True)
+
+            held = await asyncio.gather(*(open_stream(u, j) for u, j in zip(users, jobs, strict=False)))
+            assert all(r.status_code == 200 for r in held), {r.status_code for r in held}
+            at_cap = [await open_stream(capped, capped_job) for _ in range(5)]
+            assert all(r.status_code == 200 for r in at_cap)
+            sixth = await open_stream(capped, capped_job)
+            assert sixth.status_code == 429, sixth.status_code
+            assert json.loads(await sixth.aread())["error"]["code"] == "TOO_MANY_STREAMS"
+            figures["threads_with_205_streams"] = _threads(pid)
+
+            for response in held[:100]:  # half of them hang up
+                await response.aclose()
+            latencies = []
+            for _ in range(20):
+                started = time.monotonic()
+                assert (await probe.get("/healthz")).status_code == 200
+                latencies.append(time.monotonic() - started)
+                await asyncio.sleep(0.05)
+            started = time.monotonic()
+            snap = await probe.get(f"/api/v1/jobs/{other_job}", headers={"X-User-Id": str(other)})
+            figures["other_user_snapshot_s"] = time.monotonic() - started
+            assert snap.status_code == 200 and snap.json()["state"] == "running", snap.text
+            figures["healthz_median_s"] = statistics.median(latencies)
+            figures["healthz_max_s"] = max(latencies)
+            assert max(latencies) < 5.0 and figures["other_user_snapshot_s"] < 5.0, figures
+
+            # the capped user hangs up: its slots come back (within a read interval or two)
+            for response in at_cap:
+                await response.aclose()
+
+            async def reopen() -> list[httpx.Response]:
+                deadline = time.monotonic() + 10
+                while True:
+                    again = [await open_stream(capped, capped_job) for _ in range(5)]
+                    if all(r.status_code == 200 for r in again) or time.monotonic() > deadline:
+                        return again
+                    for response in again:
+                        await response.aclose()
+                    await asyncio.sleep(0.5)
+
+            again = await reopen()
+            assert [r.status_code for r in again] == [200] * 5
+            for response in [*again, *held[100:]]:
+                await response.aclose()
+            figures["threads_after"] = _threads(pid)
+
+    try:
+        started = time.monotonic()
+        asyncio.run(load())
+        figures["total_s"] = time.monotonic() - started
+    finally:
+        platform.http.close()
+        platform.procs[0].stop()
+    print(f"\nevent-stream load figures: {figures}")
+    # a thread per stream would be 200+; the streams' reads share a pool of 8
+    assert figures["threads_with_205_streams"] < 80, figures
+
+
+def test_oversized_bodies_are_refused_before_they_are_read(
+        acme_db: str, simulator: Simulator, tmp_path: Path) -> None:
+    """Issue 25 finding 3. A request claiming 256 MiB (webhook) or 128 MiB (submit) is answered
+    413 from its Content-Length while only a few bytes were sent; a chunked body with no
+    Content-Length is cut at the cap + 1 byte and answered 413 while the client is still
+    sending. Before the fix the gateway read every body whole first: the first two waited for
+    bytes that never came, the chunked ones for their end."""
+    platform = _gateway_only(acme_db, simulator, tmp_path)
+    host, port = platform.url.removeprefix("http://").split(":")
+    user = str(uuid.uuid4())
+
+    def answer(head: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """Send ``head`` and the start of a body (never its end, from a thread: the server may
+        stop reading); the answer within 5 s."""
+        import threading
+
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            def send() -> None:
+                try:
+                    sock.sendall(head.encode() + body)
+                except OSError:
+                    pass  # refused mid-body: the answer is what counts
+
+            sender = threading.Thread(target=send, daemon=True)
+            sender.start()
+            data = b""
+            try:
+                while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < int(
+                        re.search(rb"(?i)content-length: *(\d+)", data).group(1)):  # type: ignore[union-attr]
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            except TimeoutError:
+                raise AssertionError(f"no answer within 5 s: {data!r}") from None
+            sender.join(5)
+        status = int(data.split(b" ", 2)[1])
+        return status, json.loads(data.split(b"\r\n\r\n", 1)[1] or b"{}")
+
+    def head(path: str, length: str) -> str:
+        return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nX-User-Id: {user}\r\n"
+                f"Content-Type: application/json\r\n{length}\r\n")
+
+    def chunked(total: int) -> bytes:
+        piece = b"x" * 65536
+        return b"".join(b"%x\r\n%b\r\n" % (len(piece), piece) for _ in range(total // len(piece)))
+
+    try:
+        status, body = answer(head("/webhooks/kie", f"Content-Length: {256 << 20}\r\n"), b"{\"a\"")
+        assert (status, body["error"]["code"]) == (413, "WEBHOOK_INVALID"), body
+        status, body = answer(head("/api/v1/jobs", f"Content-Length: {128 << 20}\r\n"), b"{\"a\"")
+        assert (status, body["error"]["code"]) == (413, "INVALID_PARAM"), body
+        # chunked: 2 MiB sent (over both caps), the terminating chunk never
+        status, body = answer(head("/webhooks/kie", "Transfer-Encoding: chunked\r\n"),
+                              chunked(2 << 20))
+        assert (status, body["error"]["code"]) == (413, "WEBHOOK_INVALID"), body
+        status, body = answer(head("/api/v1/jobs", "Transfer-Encoding: chunked\r\n"),
+                              chunked(2 << 20))
+        assert (status, body["error"]["code"]) == (413, "INVALID_PARAM"), body
+        # within the caps the routes answer as before
+        ok = platform.http.post("/api/v1/jobs", headers={"X-User-Id": user},
+                                content=b"{not json")
+        assert ok.status_code == 400 and ok.json()["error"]["code"] == "INVALID_PARAM"
+        assert _healthy(platform)
+    finally:
+        platform.http.close()
+        platform.procs[0].stop()

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits
-from reconcile.db.models import CreditBalance, UsageLog
+from reconcile.db.models import CreditBalance, Job, UsageLog
 from reconcile.ledger import BuiltinLedger, commit_settled
 from tests.integration.harness import balance
 from tests.integration.ledgers import make_backend
@@ -74,6 +74,8 @@ def test_reserve_is_two_statements_without_savepoint_or_existence_check(
     log); the result is the reservation, sub first, and the rows are written."""
     user = _funded(db, 30, 100)
     job = uuid.uuid4()
+    with db.begin() as s:  # its job row (a reservation without one is orphaned_reservation)
+        s.add(Job(id=job, user_id=user, job_type="image", status="processing", created_at=NOW))
     r, seen = _statements(db, lambda s: LEDGER.reserve(s, user, job, 50, now=NOW))
     assert len(seen) == 2, seen
     assert seen[0].endswith("FOR UPDATE") and "ON CONFLICT (id) DO NOTHING" in seen[1]

@@ -38,7 +38,8 @@ def _count(db):
 def _setup(db, status="reserved"):
     user, job = uuid.uuid4(), uuid.uuid4()
     with db.begin() as s:
-        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending",
+                      provider_task_id=f"t-{job}"))  # accepted: the policy's share applies
         credits.grant(s, user, "sub", 100, f"g-{user}", now=T0)
         credits.reserve(s, user, job, 40, now=T0)
     return user, job
@@ -112,7 +113,8 @@ def test_the_policys_own_share_is_exact_at_the_bound_and_the_largest_amounts(pg_
         user, job = uuid.uuid4(), uuid.uuid4()
         h = held
         with db.begin() as s:
-            s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+            s.add(Job(id=job, user_id=user, job_type="t", status="pending",
+                      provider_task_id=f"t-{job}"))  # accepted: the policy's share applies
             if topup is None:
                 h = 2**63 - 1
                 credits.grant(s, user, "sub", 2**62, f"g-{user}", now=T0)
@@ -144,7 +146,8 @@ def test_a_policy_share_set_past_its_checks_is_refused_by_the_audit(pg_and_sqlit
     held = 2**62 + 12345
     user, job = uuid.uuid4(), uuid.uuid4()
     with db.begin() as s:
-        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending",
+                      provider_task_id=f"t-{job}"))  # accepted: the policy's share applies
         credits.grant(s, user, "sub", held, f"g-{user}", now=T0)
         credits.reserve(s, user, job, held, now=T0)
     kept = kept_of(held, policy.cancel_refund)

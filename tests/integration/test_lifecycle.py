@@ -393,6 +393,64 @@ def test_webhook_completes_when_the_provider_confirms(db, simulator, tmp_path) -
     assert _job(db, job_id).status == "completed"
 
 
+def test_a_deferred_confirming_read_runs_off_the_request_and_answers_as_inline(  # type: ignore[no-untyped-def]
+        db, simulator, tmp_path, monkeypatch) -> None:
+    """Issue 25 finding 2: with ``defer``, the request stores the verified delivery and answers
+    202 ``confirming`` without reading the provider (a read retried with Retry-After held a
+    gateway thread up to ~90 s); the deferred callable does the read and acts as the inline
+    path would. Fails on old code: handle_webhook took no ``defer``."""
+    from reconcile.db.models import WebhookDelivery
+
+    rt, q = make_runtime(db, simulator, tmp_path)
+    job_id = _submit(rt, db)
+    simulator.script(str(job_id), Script(timeline=FOREVER))
+    lifecycle.create_step(rt, q.creates.popleft())
+    task_id = _job(db, job_id).provider_task_id
+    client = rt.client(rt.kind("kie-standard"))
+    reads: list[str] = []
+    real = client.poll
+    monkeypatch.setattr(client, "poll", lambda t, **kw: reads.append(t) or real(t, **kw))
+    headers, body, query = _kie_delivery(simulator, task_id, job_id, "success")
+    deferred: list = []
+    assert handle_webhook(rt, "kie", headers, body, query, defer=deferred.append) == \
+        (202, {"status": "confirming"})
+    assert reads == [] and len(deferred) == 1
+    with db() as s:  # stored before anything was deferred: never lost
+        assert s.execute(select(WebhookDelivery.upstream_id)).scalar_one() == task_id
+    status, answer = deferred[0]()
+    assert reads == [task_id]
+    assert status == 200 and answer["job_status"] == "processing"
+
+
+def test_webhook_stream_refuses_a_declared_length_unread_and_cuts_a_chunked_body() -> None:
+    """Issue 25 finding 3, the library's helper: a ``Content-Length`` over the cap is refused
+    (413) before one chunk is pulled; a body without one is pulled only to the cap + 1 byte.
+    Fails on old code: the helpers did not exist (handle_webhook took the whole body)."""
+    from reconcile.settings import Settings
+    from reconcile.webhook_ingest import BodyRefused, handle_webhook_stream, read_capped
+
+    pulled: list[int] = []
+
+    def endless():  # type: ignore[no-untyped-def]
+        while True:
+            pulled.append(64 * 1024)
+            yield b"x" * (64 * 1024)
+
+    class Rt:
+        settings = Settings(webhook_max_body_bytes=1024 * 1024)
+
+    status, answer = handle_webhook_stream(Rt(), "kie", {"Content-Length": str(256 << 20)},  # type: ignore[arg-type]
+                                           endless(), {})
+    assert (status, answer["error"]["code"]) == (413, "WEBHOOK_INVALID") and pulled == []
+    status, answer = handle_webhook_stream(Rt(), "kie", {}, endless(), {})  # type: ignore[arg-type]
+    assert (status, answer["error"]["code"]) == (413, "WEBHOOK_INVALID")
+    assert sum(pulled) == 1024 * 1024 + 64 * 1024  # the chunk that crossed the cap, no more
+    with pytest.raises(BodyRefused) as refused:
+        read_capped([b"1"], {"content-length": "1e9"}, 10)
+    assert refused.value.response[0] == 400
+    assert read_capped([b"ab", b"cd"], {"Content-Length": "4"}, 4) == b"abcd"
+
+
 def test_bad_webhook_signature_is_rejected_and_stores_nothing(db, simulator, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A wrong signature answers 401 and writes nothing."""
     rt, _ = make_runtime(db, simulator, tmp_path)

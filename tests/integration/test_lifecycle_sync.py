@@ -166,6 +166,39 @@ def test_a_sync_call_still_running_at_302_s_is_not_failed_by_the_sweep(world: Wo
     assert w.log_status(job_id) == "committed" and w.audit() == []
 
 
+def test_a_platform_rows_sync_call_gets_the_same_time_as_a_library_rows(world: World) -> None:
+    """Issue 24 (suspected, confirmed): a platform row's ``sync_call`` had only its kind's
+    threshold (300 s: 60 s past ``SYNC_DEADLINE``) before the sweep failed and refunded it,
+    against the claim lease (deadline + 2 min finish: 360 s) of a library row; the call's paid
+    answer was then thrown away. Both now hold the one claim lease (``sync.claim_lease``): a
+    sweep at 302 s leaves the call alone and its result is kept; a call that dies is failed and
+    refunded once that same lease has passed, and the platform's own plumbed call (no claim:
+    ``test_anthropic_sync_processing_past_five_minutes_fails_after_one_tick``) at its threshold.
+    Fails on old code (the 302 s sweep refunds the running call)."""
+    w = world
+    client = w.rt.client(w.rt.kind("anthropic-sync"))  # type: ignore[arg-type]
+    for kind in (None, "anthropic-sync"):  # a library row, then a platform row
+        job_id = w.submit("anthropic-sync") if kind is None else w.platform_row(status="pending")
+        with sync_call(w.rt, job_id, provider_kind=kind) as call:
+            w.clock.advance(seconds=302)
+            w.tick()
+            assert w.job(job_id).status == "pending", kind
+            call.result = client.call("claude-sonnet-4-5", {"prompt": "hi"})  # type: ignore[union-attr]
+        job = w.job(job_id)
+        assert (job.status, job.credits_actual) == ("completed", 40), kind
+        assert w.log_status(job_id) == "committed"
+    dead = w.platform_row(status="pending")
+    sync._claim(w.rt, dead, "anthropic-sync")  # the platform's request then dies in its block
+    lease = sync.claim_lease(w.rt.settings, w.rt.kind("anthropic-sync"))  # type: ignore[arg-type]
+    w.clock.advance(seconds=lease.total_seconds() - 1)
+    w.tick()
+    assert w.job(dead).status == "pending"
+    w.clock.advance(seconds=2)
+    w.tick()
+    assert_refunded(w, dead)
+    assert w.audit() == []
+
+
 def test_settings_that_break_the_sync_deadline_are_refused_at_start_up(pg_url: str) -> None:
     """Hole 7: the deadline must fit every sync kind (threshold − 60 s: 240 s for the 5-minute
     kinds) and exceed the connect timeout; otherwise start-up fails with a clear error."""

@@ -28,7 +28,7 @@ from reconcile.lifecycle.cancel import cancel_job
 from reconcile.runtime import Runtime
 from reconcile.settlement import DEFAULT_POLICY, SettlementPolicy, SettleOutcome
 from reconcile.testing.simulator import Simulator
-from tests.integration.harness import Clock, fund, make_runtime
+from tests.integration.harness import Clock, fund, make_runtime, use_policy
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 FULL = DEFAULT_POLICY  # policy A: every failure and cancel refunded in full
@@ -62,8 +62,11 @@ def rt(db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> Runti
 
 
 def _submit(rt: Runtime, user: uuid.UUID, credits_: int) -> uuid.UUID:
-    return lifecycle.submit_job(rt, user, "kie-standard", "seedream/4.5-edit",
-                                {"prompt": "a cat"}, credits_, job_type="image").job_id
+    """A job the provider accepted (its task id saved): the policy's shares apply to it."""
+    job_id = lifecycle.submit_job(rt, user, "kie-standard", "seedream/4.5-edit",
+                                  {"prompt": "a cat"}, credits_, job_type="image").job_id
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
+    return job_id
 
 
 def _submitted_under_half(rt: Runtime, db: sessionmaker[Session],
@@ -71,7 +74,7 @@ def _submitted_under_half(rt: Runtime, db: sessionmaker[Session],
     """A funded user's 40-credit job submitted through ``ledger`` under policy B (half of a
     cancel kept): (user, job)."""
     rt.ledger = ledger
-    rt.settlement_policy = HALF
+    use_policy(rt, HALF)
     user = uuid.uuid4()
     fund(db, user)
     return user, _submit(rt, user, 40)
@@ -90,15 +93,15 @@ def test_jobs_settled_under_two_policies_audit_clean_under_either(
     user = uuid.uuid4()
     fund(db, user, 50, "sub")
     fund(db, user, 950, "topup")
-    rt.settlement_policy = FULL
+    use_policy(rt, FULL)
     refunded = [_submit(rt, user, n) for n in (40, 41)]
     for job_id in refunded:
         assert cancel_job(rt, user, job_id).credits_actual == 0
-    rt.settlement_policy = HALF
+    use_policy(rt, HALF)
     halved = {_submit(rt, user, n): kept for n, kept in ((40, 20), (41, 20), (1, 0), (77, 38))}
     for job_id, kept in halved.items():
         assert cancel_job(rt, user, job_id).credits_actual == kept
-    rt.settlement_policy = THIRD_FAIL
+    use_policy(rt, THIRD_FAIL)
     thirds = {_submit(rt, user, n): kept for n, kept in ((10, 6), (40, 26))}
     for job_id, kept in thirds.items():
         _fail(rt, job_id)
@@ -123,7 +126,7 @@ def test_a_crash_inside_the_settlement_leaves_neither_commit_nor_record(
     records once, and the audit under the default policy is clean."""
     user = uuid.uuid4()
     fund(db, user)
-    rt.settlement_policy = HALF
+    use_policy(rt, HALF)
     job_id = _submit(rt, user, 40)
 
     def crash(point: str) -> None:
@@ -139,7 +142,7 @@ def test_a_crash_inside_the_settlement_leaves_neither_commit_nor_record(
         log = s.execute(select(UsageLog).where(UsageLog.job_id == job_id)).scalar_one()
         assert log.status == "reserved" and "settlement" not in log.metadata_
     rt.crash_hook = None
-    rt.settlement_policy = FULL  # the retry decides under the policy of its own time
+    use_policy(rt, FULL)  # the retry decides under the policy of its own time
     assert lifecycle.settle(rt, job_id) is SettleOutcome.SETTLED
     assert "settlement" not in _meta(db, job_id)
     with db() as s:
@@ -162,11 +165,13 @@ def factory(pg_and_sqlite: sessionmaker[Session]) -> sessionmaker[Session]:
 
 def _settled(factory: sessionmaker[Session], status: str, amount: int, commit: int,
              record: dict[str, str] | None, *, sub: int = 1000, topup: int = 0) -> uuid.UUID:
-    """A job that ended ``status`` and whose reservation of ``amount`` was committed for
-    ``commit`` with ``record`` (None: no record), as the ledger writes it."""
+    """A job the provider accepted (its task id) that ended ``status`` and whose reservation
+    of ``amount`` was committed for ``commit`` with ``record`` (None: no record), as the
+    ledger writes it."""
     user, job = uuid.uuid4(), uuid.uuid4()
     with factory.begin() as s:
-        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending",
+                  provider_task_id=f"t-{job}"))
         if sub:
             credits.grant(s, user, "sub", sub, f"g-sub-{user}", now=T0)
         if topup:
@@ -268,7 +273,8 @@ def test_a_record_on_metadata_that_is_not_an_object_is_not_written(
     by today's policy (flagged under A, clean under B, whose share it kept)."""
     user, job = uuid.uuid4(), uuid.uuid4()
     with factory.begin() as s:
-        s.add(Job(id=job, user_id=user, job_type="t", status="pending"))
+        s.add(Job(id=job, user_id=user, job_type="t", status="pending",
+                  provider_task_id=f"t-{job}"))  # accepted: the policy's share applies
         credits.grant(s, user, "sub", 100, f"g-{user}", now=T0)
         credits.reserve(s, user, job, 40, now=T0)
     _set_meta(factory, job, ["platform", "list"])
@@ -494,7 +500,8 @@ def test_a_platform_ledger_is_never_handed_the_record(
 
     backend = make_backend("platform", db)
     rt, _ = make_runtime(db, simulator, tmp_path, clock=Clock(T0))
-    rt.ledger, rt.settlement_policy = backend.ledger, HALF
+    rt.ledger = backend.ledger
+    use_policy(rt, HALF)
     user = uuid.uuid4()
     backend.fund(user, 100)
     job_id = _submit(rt, user, 40)

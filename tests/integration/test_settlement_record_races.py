@@ -28,7 +28,7 @@ from reconcile.lifecycle.cancel import cancel_job
 from reconcile.runtime import Runtime
 from reconcile.settlement import DEFAULT_POLICY, SettlementPolicy
 from reconcile.testing.simulator import Simulator
-from tests.integration.harness import Clock, fund, make_runtime
+from tests.integration.harness import Clock, fund, make_runtime, use_policy
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 FULL = DEFAULT_POLICY
@@ -164,7 +164,8 @@ def _runtimes(db: sessionmaker[Session], simulator: Simulator,
               tmp_path: Path) -> tuple[Runtime, Runtime]:
     full, _ = make_runtime(db, simulator, tmp_path / "a", clock=Clock(T0))
     half, _ = make_runtime(db, simulator, tmp_path / "b", clock=Clock(T0))
-    full.settlement_policy, half.settlement_policy = FULL, HALF
+    use_policy(full, FULL)
+    use_policy(half, HALF)
     return full, half
 
 
@@ -186,8 +187,11 @@ def _truncate(db: sessionmaker[Session]) -> None:
 
 
 def _submit(rt: Runtime, user: uuid.UUID, amount: int) -> uuid.UUID:
-    return lifecycle.submit_job(rt, user, "kie-standard", "seedream/4.5-edit",
-                                {"prompt": "a cat"}, amount, job_type="image").job_id
+    """A job the provider accepted (its task id saved): the policy's shares apply to it."""
+    job_id = lifecycle.submit_job(rt, user, "kie-standard", "seedream/4.5-edit",
+                                  {"prompt": "a cat"}, amount, job_type="image").job_id
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
+    return job_id
 
 
 @pytest.mark.parametrize("first", ["full", "half"])
@@ -206,13 +210,15 @@ def test_two_settlers_with_different_policies_settle_once(
         user, job_id = uuid.uuid4(), uuid.uuid4()
         with db.begin() as s:
             s.add(Job(id=job_id, user_id=user, job_type="image", status="pending",
-                      created_at=T0))
+                      created_at=T0, provider_kind="kie-standard", submission_state="accepted",
+                      provider_task_id=f"t-{job_id}"))  # accepted: the policy's share applies
             credits.grant(s, user, "sub", 30, f"g-sub-{user}", now=T0)
             credits.grant(s, user, "topup", 100, f"g-topup-{user}", now=T0)
             credits.reserve(s, user, job_id, 41, now=T0)
         with db.begin() as s:
             s.execute(update(Job).where(Job.id == job_id)
-                      .values(status="cancelled", completed_at=T0, error_code="CANCELED"))
+                      .values(status="cancelled", completed_at=T0, error_code="CANCELED",
+                              next_poll_at=T0))  # the library's cancel: its settlement is owed
         return job_id
 
     def check(job_id: uuid.UUID, out: dict[str, Any]) -> None:

@@ -5,7 +5,7 @@ An inline submit whose create the provider accepted, then a database blip while 
 saved, the broker down at the first poll's enqueue, or a raising hook: the answer used to be
 ``500 INTERNAL`` without a ``job_id``, and the client's retry created and paid a second job.
 Now it is 202 with the job id, or 502 ``UPSTREAM_SUBMISSION_UNCERTAIN`` with it (README: The
-gateway; DESIGN §4: an unknown outcome is never retried blindly), and a retry with the same
+gateway; an unknown outcome is never retried blindly), and a retry with the same
 idempotency key makes no second job, reservation or upstream create.
 """
 

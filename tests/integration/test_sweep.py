@@ -252,7 +252,7 @@ def test_legacy_sweep_off_leaves_legacy_rows(db: sessionmaker[Session], simulato
 
 def test_unknown_kind_platform_row_follows_the_legacy_rules(world: World) -> None:
     """Rows 1-2: a platform row of an unregistered kind without a task id is decided as a legacy
-    row (seed phase 2 here: enforce, 5 minutes): one anomaly while it is too young, then failed
+    row (enforce here, with a 5-minute legacy age): one anomaly while it is too young, then failed
     + refunded (tests/integration/test_unknown_kind_rows.py: the other bounds)."""
     job_id = world.platform_row(provider_kind="acme-video",
                                 provider_call_started_at=world.clock.now)

@@ -163,3 +163,22 @@ def test_a_job_attempted_on_schedule_keeps_the_horizon_from_its_provider_call() 
         poll_lease_expires_at=None)
     assert chaos_run._horizon(rt, job) == started + scaled(
         veo.stale_threshold + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1))
+
+
+def test_a_sync_job_is_waited_for_until_the_librarys_own_sync_horizon() -> None:
+    """The settle wait's horizon is the library's one rule (``jobstore.horizon``): a sync kind
+    has no attempts, so its job is late one spacing after its threshold (or its call's claim).
+    The chaos copy gave every kind ``MAX_ATTEMPTS + 1`` spacings after its threshold, a sync
+    call too (a 100-minute wait for a job the sweep fails after 5); the two copies disagreed
+    and the library's bound is kept. Fails on main (threshold + 19 spacings)."""
+    rt = _rt(_Clock())
+    llm = get_kind("anthropic-sync")
+    assert llm is not None and llm.sync
+    scaled = rt.settings.scaled
+    started = NOW - timedelta(seconds=10)
+    job = SimpleNamespace(
+        provider_kind="anthropic-sync", status="pending", provider_call_started_at=started,
+        started_at=started, created_at=started, submission_state="submitting",
+        reconcile_attempts=0, reconcile_last_attempt_at=None, poll_lease_expires_at=None,
+        claim_expires_at=None)
+    assert chaos_run._horizon(rt, job) == started + scaled(llm.stale_threshold + ATTEMPT_SPACING)

@@ -27,8 +27,8 @@ PACKAGE = ROOT / "reconcile"
 EXPORTED = {
     "reconcile": {"__version__", "install"},
     "reconcile.api": {
-        "Response", "cancel", "credit_history", "error_response", "follow", "snapshot",
-        "snapshot_body", "submit",
+        "Response", "cancel", "credit_history", "error_response", "events_after", "follow",
+        "snapshot", "snapshot_body", "submit",
     },
     "reconcile.celery_app": {"app"},
     "reconcile.celery_install": {
@@ -51,7 +51,7 @@ EXPORTED = {
     "reconcile.credits": {
         "POOLS", "Pools", "RESERVED_PREFIXES", "Reservation", "Settlement", "audit",
         "commit", "grant", "history", "import_legacy_refund", "recharge", "refund",
-        "repair_usage_metadata", "reserve", "split_pro_rata",
+        "release_orphan", "repair_usage_metadata", "reserve", "split_pro_rata",
     },
     "reconcile.db": set(),
     "reconcile.db.migrate": {"alembic_config", "downgrade", "upgrade"},
@@ -103,8 +103,10 @@ EXPORTED = {
         "document_output", "text_output",
     },
     "reconcile.settlement": {
-        "DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "RECORD_KEY", "Decision", "Finished",
-        "SettleOutcome", "SettlementPolicy", "decide", "kept_of", "share_text", "whole_credits",
+        "CANCEL_REQUESTED_EVENT", "DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "NEVER_ACCEPTED",
+        "RECORD_KEY", "Cause", "Decision", "Finished", "Path", "SettleOutcome",
+        "SettlementPolicy", "decide", "kept_of", "path_of", "refund_share", "settlement_cause",
+        "share_text", "whole_credits",
     },
     "reconcile.runtime": {
         "CompletionHook", "EventHook", "PricingHook", "Runtime", "Validator",
@@ -144,7 +146,8 @@ EXPORTED = {
         "Script", "SimSecrets", "Simulator", "SimulatorClient", "Task", "base_urls_for",
         "main",
     },
-    "reconcile.webhook_ingest": {"handle_webhook"},
+    "reconcile.webhook_ingest": {"BodyRefused", "CappedBody", "handle_webhook",
+                                 "handle_webhook_stream", "read_capped"},
     "reconcile.webhooks": {
         "Binding", "DUBBING_NAME_PREFIX", "ELEVENLABS_TOLERANCE", "FAILED",
         "FAL_CHECKED_USER", "FAL_TOLERANCE", "JWKS_FAILURE_TTL", "JWKS_MAX_AGE",
@@ -221,9 +224,9 @@ KEPT_IMPORTABLE = {
 PRIVATE = {
     "reconcile.jobstore", "reconcile.jobstore.adoption", "reconcile.jobstore.batch",
     "reconcile.jobstore.cas", "reconcile.jobstore.create", "reconcile.jobstore.events",
-    "reconcile.jobstore.evidence", "reconcile.jobstore.poll", "reconcile.jobstore.predicates",
-    "reconcile.jobstore.retention", "reconcile.jobstore.terminal", "reconcile.jobstore.turns",
-    "reconcile.lifecycle.adopt", "reconcile.lifecycle.batch", "reconcile.lifecycle.cancel",
+    "reconcile.jobstore.evidence", "reconcile.jobstore.horizon", "reconcile.jobstore.poll",
+    "reconcile.jobstore.predicates", "reconcile.jobstore.retention", "reconcile.jobstore.terminal",
+    "reconcile.jobstore.turns", "reconcile.lifecycle.adopt", "reconcile.lifecycle.batch", "reconcile.lifecycle.cancel",
     "reconcile.lifecycle.create", "reconcile.lifecycle.finalize", "reconcile.lifecycle.poll",
     "reconcile.lifecycle.settling", "reconcile.lifecycle.submit",
     "reconcile.credits.importer",
@@ -233,6 +236,7 @@ PRIVATE = {
     "reconcile.providers.deadline", "reconcile.providers.http", "reconcile.providers.outcome",
     "reconcile.webhooks.registry",
     "reconcile.testing.counting", "reconcile.testing.platform_ledger",
+    "reconcile.testing.platform_schema",
     "reconcile.testing.processes",
     "reconcile.testing.sim_control", "reconcile.testing.sim_core", "reconcile.testing.sim_delivery",
     "reconcile.testing.sim_http", "reconcile.testing.sim_main", "reconcile.testing.sim_signing",

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ...errors import InvalidParam, MediaExpired, MediaFetchFailed, MediaTooLarge, ReadFailed
 from ...settings import Settings
 from ..base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
+from ..deadline import bounded
 from ..http import body_json as _json
 from ..http import header_value as _header
 from ..http import send_create
@@ -212,6 +213,7 @@ class ElevenLabsAsyncClient:
     ) -> None:
         self.api_key = settings.elevenlabs_api_key
         self.max_bytes = settings.media_max_bytes
+        self.media_timeout = float(settings.media_timeout)
         self.http = http_client(settings, session, settings.read_timeout, sleep, read_retries)
 
     def create(self, request: CreateRequest) -> Created:
@@ -255,12 +257,21 @@ class ElevenLabsAsyncClient:
         return {"xi-api-key": self.api_key}
 
     def download_audio(self, dubbing_id: str, language: str) -> bytes:
-        """The dubbed media of one language.
+        """The dubbed media of one language, within ``MEDIA_TIMEOUT`` from connect to the last
+        byte (:mod:`..deadline`'s watchdog: a trickled body cannot stretch it).
 
         Raises MediaFetchFailed (retryable) on 425 Too Early — the dubbing is not finished yet,
-        so retrying later is right — and MediaExpired on 403/404 (gone, or no such language).
+        so retrying later is right — on a broken body or the deadline, and MediaExpired on
+        403/404 (gone, or no such language).
         """
         url = audio_url(self.http.base_url, dubbing_id, language)
+        try:
+            with bounded(self.media_timeout):
+                return self._download(url)
+        except requests.RequestException as exc:  # the total deadline passed, or the body broke
+            raise MediaFetchFailed(f"dubbing audio download failed: {exc}") from exc
+
+    def _download(self, url: str) -> bytes:
         try:
             response = self.http.read("GET", url, stream=True)
         except ReadFailed as exc:

@@ -139,7 +139,7 @@ def _retry_after(headers: Mapping[str, str] | None, message: str | None) -> floa
     if seconds is None and message:
         # Replicate's 429 body says "Your rate limit resets in ~30s." when the header is absent.
         match = _THROTTLE_HINT.search(message)
-        seconds = float(match.group(1)) if match else None
+        seconds = parse_retry_after(match.group(1)) if match else None
     return seconds
 
 

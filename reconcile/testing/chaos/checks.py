@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from ..processes import ScratchRedis, WebhookReceiver
@@ -131,6 +131,7 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
     named = {a.storage_key for rows in assets.values() for a in rows}
     orphans = [key for key in rt.storage.keys() if key not in named]
     violations += [f"audit {p.kind} job={p.job_id} user={p.user_id}: {p.detail}" for p in problems]
+    violations += _times_outside_run(rt, jobs.values(), rt.now(), time.monotonic() - state.started)
     if unpublished:
         violations.append(f"events_unpublished {unpublished}")
     terminal = sum(1 for j in jobs.values() if j.status not in ("pending", "processing"))
@@ -156,6 +157,37 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
         outcomes=dict(outcomes), settle_seconds=state.settle_seconds,
         sweep_resumes=state.counts["sweep_resumes"],
         extra_generations=sum(max((j.poll_generation or 0) - 1, 0) for j in jobs.values()))
+
+
+# the run's window on the wall clock, widened by this much each side (clock steps, rounding)
+TIME_SLACK = timedelta(minutes=2)
+
+
+def _times_outside_run(rt: Any, jobs: Any, now: datetime, elapsed: float) -> list[str]:
+    """Every time the library wrote on the platform's tables (``jobs.created_at``,
+    ``started_at``, ``completed_at``, ``usage_logs.created_at``) read back inside the run's own
+    window: a value shifted by a session time zone (a naive column written in local wall time,
+    read as UTC; README: Timestamps mean UTC) lands hours outside it."""
+    from sqlalchemy import func, select
+
+    from ...db.models import UsageLog
+
+    low, high = now - timedelta(seconds=elapsed) - TIME_SLACK, now + TIME_SLACK
+    found: list[str] = []
+    for job in jobs:
+        for column in ("created_at", "started_at", "completed_at"):
+            at = getattr(job, column)
+            if at is not None and not low <= at <= high:
+                found.append(f"time_outside_run {job.id} jobs.{column}={at.isoformat()} "
+                             f"(run: {low.isoformat()} .. {high.isoformat()})")
+    with rt.sessions() as session:
+        first, last = session.execute(select(func.min(UsageLog.created_at),
+                                             func.max(UsageLog.created_at))).one()
+    for at in dict.fromkeys((first, last)):  # the earliest and the latest, once each
+        if at is not None and not low <= at <= high:
+            found.append(f"time_outside_run usage_logs.created_at={at.isoformat()} "
+                         f"(run: {low.isoformat()} .. {high.isoformat()})")
+    return found
 
 
 def _refund_evidence(job: Any, creates: int, upstream: list[Any], sim: Any) -> str | None:

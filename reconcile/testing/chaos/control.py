@@ -39,6 +39,18 @@ class ChaosConfig:
     workdir: str | None = None
     keep: bool = False
     quiet: bool = False
+    # the database's default TimeZone (ALTER DATABASE … SET timezone; None: the server's): the
+    # library's sessions must still read and write UTC (README: Timestamps mean UTC)
+    db_timezone: str | None = None
+    # the platform's jobs/usage_logs created before the migrations with timestamp without time
+    # zone columns (holding UTC, as Rails keeps them) instead of the baseline's timestamptz
+    naive_timestamps: bool = False
+
+    def shape_options(self) -> list[str]:
+        """The command-line options that shape the run beyond its seed and size (the report's
+        replay line repeats them)."""
+        options = ["--db-timezone", self.db_timezone] if self.db_timezone else []
+        return options + (["--naive-timestamps"] if self.naive_timestamps else [])
 
 
 class _Run:

@@ -38,6 +38,9 @@ class ChaosReport:
     # job's first (chains that had polled, then were resumed)
     sweep_resumes: int = 0
     extra_generations: int = 0
+    # the options that shaped the run (ChaosConfig.shape_options): repeated in the replay line
+    options: list[str] = field(default_factory=list)
+    database: str = ""  # the database's shape: its TimeZone, the platform's timestamp type
 
     def ok(self) -> bool:
         return not self.violations
@@ -65,6 +68,7 @@ class ChaosReport:
             f"recovered={self.recovered} refunded={self.refunded} "
             f"uncertain={len(self.uncertain)} orphans={self.orphans}",
             f"  by code: {dict(sorted(self.outcomes.items()))}",
+            *([f"  database: {self.database}"] if self.database else []),
             f"  uncertain (never refunded automatically; reservation kept for an operator): "
             f"{len(self.uncertain)}{':' if self.uncertain else ''}",
             *[f"    {group}: {', '.join(ids)}" for group, ids in self._uncertain_groups()],
@@ -76,5 +80,5 @@ class ChaosReport:
         if len(self.violations) > 50:
             lines.append(f"    … and {len(self.violations) - 50} more")
         lines.append(f"  replay: python -m reconcile.testing.chaos --jobs {self.jobs} "
-                     f"--seed {self.seed}")
+                     f"--seed {self.seed}" + "".join(f" {o}" for o in self.options))
         return "\n".join(lines)

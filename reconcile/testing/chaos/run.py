@@ -17,8 +17,8 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
-from datetime import datetime, timedelta
+from dataclasses import asdict, fields
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,10 @@ def run(config: ChaosConfig) -> ChaosReport:
     receiver: WebhookReceiver | None = None
     engine = None
     try:
+        _shape_database(config, db_name)
         upgrade(db_url)
+        database = _database_shape(config, db_name, db_url)
+        state.say(f"database: {database}")
         sim.configure(**plan.sim_knobs)
         engine = make_engine(db_url, pool_size=12, max_overflow=8)
         sessions = make_sessionmaker(engine)
@@ -108,6 +111,7 @@ def run(config: ChaosConfig) -> ChaosReport:
         _settle(state, rt, sim)
         _stop_workers(state)
         report = _check(state, rt, sim, receiver, redis_server)
+        report.options, report.database = config.shape_options(), database
     finally:
         _stop_workers(state)
         if receiver is not None:
@@ -122,6 +126,51 @@ def run(config: ChaosConfig) -> ChaosReport:
             if config.workdir is None:
                 shutil.rmtree(workdir, ignore_errors=True)
     return report
+
+
+def _plain_url(config: ChaosConfig, db_name: str) -> str:
+    return config.pg_admin.rsplit("/", 1)[0] + "/" + db_name
+
+
+def _shape_database(config: ChaosConfig, db_name: str) -> None:
+    """Before the migrations: the database's default time zone (``--db-timezone``) and the
+    platform's own tables with naive timestamps (``--naive-timestamps``), as a platform has
+    them; the migrations then add the library's columns and tables beside them."""
+    import psycopg
+
+    from ..platform_schema import create_platform_tables, set_database_timezone
+
+    if config.db_timezone:
+        with psycopg.connect(config.pg_admin, autocommit=True, connect_timeout=10) as conn:
+            set_database_timezone(conn, db_name, config.db_timezone)
+    if config.naive_timestamps:
+        with psycopg.connect(_plain_url(config, db_name), autocommit=True,
+                             connect_timeout=10) as conn:
+            create_platform_tables(conn, naive=True)
+
+
+def _database_shape(config: ChaosConfig, db_name: str, db_url: str) -> str:
+    """What the run really got, read back: a plain session's zone (the platform's view), the
+    library's session zone, and the type of the platform's timestamp columns."""
+    import psycopg
+    from sqlalchemy import text
+
+    from ...db.session import make_engine
+
+    with psycopg.connect(_plain_url(config, db_name), connect_timeout=10) as conn:
+        zone = conn.execute("SHOW TimeZone").fetchone()
+        types = sorted({row[0] for row in conn.execute(
+            "SELECT data_type FROM information_schema.columns WHERE table_name IN "
+            "('jobs', 'usage_logs') AND column_name IN ('created_at', 'started_at', "
+            "'completed_at')")})
+    engine = make_engine(db_url, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as conn:
+            library_zone = conn.execute(text("SHOW TimeZone")).scalar_one()
+    finally:
+        engine.dispose()
+    return (f"TimeZone={zone[0] if zone else '?'} (library sessions: {library_zone}), "
+            f"platform timestamps: {', '.join(types)}")
 
 
 def _fund(rt: Any, plan: Plan) -> None:
@@ -240,9 +289,13 @@ def _settle(state: _Run, rt: Any, sim: Any) -> None:
     is left, and at the latest once every job left is past its horizon and the floor
     (``settle_timeout``, default 90 s + 0.06 s a job) is over. A slow host only makes the wait
     longer; a job the library loses is still reported, one horizon after it started."""
+    from ...jobstore.horizon import kind_horizon
+    from ...states import ATTEMPT_SPACING
+
     started = time.monotonic()
     floor = started + (state.config.settle_timeout or (90.0 + state.config.jobs * 0.06))
-    cap = floor + max(_liveness_span(rt, rt.kind(kind)) for kind in FAMILIES).total_seconds()
+    cap = floor + max(rt.settings.scaled(kind_horizon(rt.kind(kind)) + ATTEMPT_SPACING)
+                      for kind in FAMILIES).total_seconds()
     last = None
     while time.monotonic() < cap:  # the cap: a database that never answers again
         pending = _unsettled(rt)
@@ -272,32 +325,22 @@ def _settle(state: _Run, rt: Any, sim: Any) -> None:
 
 
 def _horizon(rt: Any, job: Any) -> datetime:
-    """The latest an in-flight job may still legitimately finish: its kind's stale threshold
-    after its provider call started (its creation, before one), then every attempt the sweep may
-    make, each one attempt spacing apart, until exhaustion fails it (README, Design notes:
-    Attempts and exhaustion), plus one spacing of slack; scaled. A job whose attempts started
-    over (adopted, resumed) gets them again: one spacing past the library's own exhaustion
-    deadline (:func:`reconcile.audit._jobs.exhaustion_deadline`, what the audit's in-flight
-    horizon reads), when that is later. A terminal job not settled yet gets the floor only (its
-    horizon is its creation)."""
-    from ...audit._jobs import exhaustion_deadline
+    """The latest an in-flight job may still legitimately finish, as the library itself bounds
+    it (:mod:`reconcile.jobstore.horizon`): the later of its kind's horizon after its start
+    (threshold, then every attempt on schedule) and its own exhaustion deadline (attempts that
+    started over: adopted, resumed), plus one attempt spacing of slack; scaled. A terminal job
+    not settled yet gets the floor only (its horizon is its creation)."""
+    from ...jobstore import horizon
     from ...states import ATTEMPT_SPACING, IN_FLIGHT
 
     kind = rt.kind(job.provider_kind)
     if job.status not in IN_FLIGHT or kind is None:
         return job.created_at
-    horizon = (job.provider_call_started_at or job.created_at) + _liveness_span(rt, kind)
-    deadline = exhaustion_deadline(rt.settings, job)
-    if deadline is None:
-        return horizon
-    return max(horizon, deadline + rt.settings.scaled(ATTEMPT_SPACING))
-
-
-def _liveness_span(rt: Any, kind: Any) -> timedelta:
-    """How long after its provider call a job of ``kind`` may still finish (:func:`_horizon`)."""
-    from ...states import ATTEMPT_SPACING, MAX_ATTEMPTS
-
-    return rt.settings.scaled(kind.stale_threshold + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1))
+    latest = horizon.job_start(job) + rt.settings.scaled(horizon.kind_horizon(kind))
+    deadline = horizon.exhaustion_deadline(rt.settings, job)
+    if deadline is not None:
+        latest = max(latest, deadline)
+    return latest + rt.settings.scaled(ATTEMPT_SPACING)
 
 
 def _unsettled(rt: Any) -> list[tuple[uuid.UUID, datetime]] | None:
@@ -338,16 +381,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--verbose", action="store_true", help="the library's own logs too")
     parser.add_argument("--json", action="store_true", help="also print the report as JSON")
+    # the run's shape (ChaosConfig.shape_options): each option's dest is a ChaosConfig field
+    parser.add_argument("--db-timezone", default=None, metavar="ZONE",
+                        help="the database's default TimeZone, e.g. America/New_York")
+    parser.add_argument("--naive-timestamps", action="store_true",
+                        help="the platform's jobs/usage_logs with timestamp without time zone "
+                             "columns (holding UTC)")
     args = parser.parse_args(argv)
     # the library logs every injected failure (terminated backends, a dead broker) with its
     # traceback, as it should in production: here that is expected noise around the report
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL,
                         format="%(levelname)s %(name)s %(message)s")
-    report = run(ChaosConfig(jobs=args.jobs, seed=args.seed, workers=args.workers,
-                             concurrency=args.concurrency, time_scale=args.time_scale,
-                             rate=args.rate, settle_timeout=args.settle_timeout,
-                             pg_admin=args.pg_admin, workdir=args.workdir, keep=args.keep,
-                             quiet=args.quiet))
+    config = {f.name: getattr(args, f.name) for f in fields(ChaosConfig) if hasattr(args, f.name)}
+    report = run(ChaosConfig(**config))
     print(report.text(), flush=True)
     if args.json:
         print(json.dumps(asdict(report), default=str), flush=True)

@@ -20,11 +20,11 @@ from sqlalchemy import func, select
 
 from ... import credits, jobstore, lifecycle
 from ...db.models import CreditTransaction, Job, JobEvent, WorkflowExecution
+from ...jobstore import horizon
 from ...lifecycle import batch as batch_poll
 from ...states import (
     ATTEMPT_SPACING,
     IN_FLIGHT,
-    MAX_ATTEMPTS,
     NOT_STARTED_AGE,
     TERMINAL,
     Status,
@@ -139,13 +139,12 @@ def _drain(rt: Any, ctx: Context) -> None:
 def _next_deadline(rt: Any, job: Job, now: Any) -> Any:
     """The earliest lease, threshold, spacing or grace of the row still ahead (+1 s)."""
     kind = rt.kind(job.provider_kind)
-    started = job.provider_call_started_at or job.started_at or job.created_at
     candidates = [
         job.claim_expires_at, job.poll_lease_expires_at, job.create_not_before, job.poll_due_at,
         job.created_at + NOT_STARTED_AGE if job.created_at else None,
         job.create_enqueued_at + NOT_STARTED_AGE if job.create_enqueued_at else None,
         job.reconcile_last_attempt_at + ATTEMPT_SPACING if job.reconcile_last_attempt_at else None,
-        started + kind.stale_threshold if kind is not None and started else None,
+        horizon.attempts_from(rt.settings, job, kind) if kind is not None else None,
         job.next_poll_at + SETTLE_GRACE if job.next_poll_at else None,
     ]
     ahead = [c for c in candidates if c is not None and c > now]
@@ -167,7 +166,7 @@ def quiesce_and_check(rt: Any, ctx: Context, scenario: Scenario, rounds: int = 4
         if job.status in TERMINAL and job.credits_actual is not None:
             break
         if job.submission_state == Submission.UNCERTAIN and job.status in IN_FLIGHT \
-                and job.reconcile_attempts >= MAX_ATTEMPTS:
+                and horizon.exhausted(job):
             break
         clock.now = max(clock.now, _next_deadline(rt, job, clock.now))
         sweep(rt)

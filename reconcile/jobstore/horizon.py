@@ -1,0 +1,88 @@
+"""Internal: a job's exhaustion horizon — the one home of the rule (README, Design notes:
+Attempts and exhaustion).
+
+A job in flight starts counting attempts once its kind's stale threshold has passed since its
+start (its provider call, else its start, else its creation); an attempt counts at most once
+per ``ATTEMPT_SPACING``, and at ``MAX_ATTEMPTS`` it is exhausted (failed). A sync kind has no
+attempts: it may be failed once past its threshold and the claim its call holds. Every
+duration is scaled by ``TIME_SCALE``.
+
+Callers: the poll chain (:func:`past_threshold`, :func:`exhausted`); the sweep's table and
+executor (the same two, and :func:`call_deadline` for a call with no upstream handle); the
+audit's in-flight horizon, the create step's rate-limit wait (capped below it) and the chaos
+run's settle wait (:func:`exhaustion_deadline`); adoption's legacy age and the chaos cap
+(:func:`kind_horizon`); the explorer's quiescence. Pure: it reads the row and the settings,
+never the database.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from ..kinds import Kind, get_kind
+from ..states import ATTEMPT_SPACING, MAX_ATTEMPTS, Submission
+
+__all__ = [
+    "attempts_from", "call_deadline", "exhausted", "exhaustion_deadline", "job_start",
+    "kind_horizon", "past_threshold",
+]
+
+
+def kind_horizon(kind: Kind) -> timedelta:
+    """How long after its start a job of ``kind`` can still be in flight legitimately when its
+    attempts run on schedule (unscaled): a sync kind its threshold; an async kind its threshold
+    then ``MAX_ATTEMPTS`` spacings."""
+    if kind.sync:
+        return kind.stale_threshold
+    return kind.stale_threshold + MAX_ATTEMPTS * ATTEMPT_SPACING
+
+
+def job_start(job: Any) -> datetime:
+    """Where a job's threshold counts from: its provider call, else its start, else its creation."""
+    return job.provider_call_started_at or job.started_at or job.created_at
+
+
+def attempts_from(settings: Any, job: Any, kind: Kind) -> datetime:
+    """When the job's kind's stale threshold has passed (scaled): attempts count from then."""
+    return job_start(job) + settings.scaled(kind.stale_threshold)
+
+
+def past_threshold(settings: Any, job: Any, kind: Kind, now: datetime) -> bool:
+    return now >= attempts_from(settings, job, kind)
+
+
+def call_deadline(settings: Any, job: Any, kind: Kind) -> datetime:
+    """When a call with no upstream handle (a sync kind's call, a platform row's call) may be
+    failed: past its kind's threshold and past the claim the call holds, whichever is later
+    (``sync.claim_lease``: the call's whole deadline plus the finish; a library row and a
+    platform row through ``sync_call`` alike). A row with no claim: its threshold."""
+    base = attempts_from(settings, job, kind)
+    claim = job.claim_expires_at
+    return base if claim is None else max(base, claim)
+
+
+def exhausted(job: Any) -> bool:
+    """Every attempt spent: the job is to be failed (an async kind)."""
+    return (job.reconcile_attempts or 0) >= MAX_ATTEMPTS
+
+
+def exhaustion_deadline(settings: Any, job: Any) -> datetime | None:
+    """The latest an in-flight job may still be in flight: its kind's stale threshold after its
+    start; a sync kind has no attempts after it, only its call's claim (:func:`call_deadline`);
+    an async kind then has one attempt per spacing until ``MAX_ATTEMPTS`` — counted from its
+    last attempt, or its new poll lease when attempts started over (adopted, resumed), when that
+    is later. Attempts beyond the maximum move it back, not forward. None: no such bound (an
+    unknown kind; ``uncertain``, which waits for evidence or an operator)."""
+    kind = get_kind(job.provider_kind)
+    if kind is None or job.submission_state == Submission.UNCERTAIN:
+        return None
+    if kind.sync:
+        return call_deadline(settings, job, kind)
+    base = attempts_from(settings, job, kind)
+    last = job.reconcile_last_attempt_at
+    if last is None and job.poll_lease_expires_at is not None:
+        last = job.poll_lease_expires_at  # adopted or resumed: attempts start over
+    if last is not None:
+        base = max(base, last)
+    return base + settings.scaled(ATTEMPT_SPACING) * (MAX_ATTEMPTS - (job.reconcile_attempts or 0))
