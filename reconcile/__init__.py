@@ -8,7 +8,7 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-_install_log_redaction()  # signed query strings never reach a log, whoever logs them
+_install_log_redaction()  # no credential reaches a log, whoever logs it (redact.text)
 
 
 def install(app, *, beat=True):  # type: ignore[no-untyped-def]

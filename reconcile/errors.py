@@ -55,7 +55,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from .core.redact import signed as _signed
+from .core.redact import text as _redacted
 
 __all__ = [
     "RAW_BODY_LIMIT", "BadUsageMetadata", "Conflict", "CreateRateLimited", "CreateRejected",
@@ -101,7 +101,7 @@ def bounded(text: str | bytes | None, limit: int = RAW_BODY_LIMIT) -> str | None
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     text = text if len(text) <= limit else text[:limit] + "…[truncated]"
-    return _signed(text)  # a result body may carry presigned URLs: never store their signatures
+    return _redacted(text)  # a result body may carry presigned URLs: never store their signatures
 
 
 class ReconcileError(Exception):
@@ -115,7 +115,7 @@ class ReconcileError(Exception):
 
     def __init__(self, message: str | None = None) -> None:
         # messages are stored and logged: a presigned URL in one loses its signature here
-        super().__init__(_signed(message) if message else
+        super().__init__(_redacted(message) if message else
                          (self.__doc__ or self.code).strip().splitlines()[0])
 
     @property

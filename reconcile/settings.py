@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PlainValidator, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .core.redact import remember_secrets
 from .settlement import SettlementPolicy
 
 __all__ = [
@@ -196,6 +197,13 @@ class Settings(BaseSettings):
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
         return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+    def model_post_init(self, context: object) -> None:
+        """The configured secrets' values are redacted wherever the library logs or stores text
+        (:func:`reconcile.core.redact.text`)."""
+        remember_secrets(self.kie_api_key, self.replicate_api_key, self.elevenlabs_api_key,
+                         self.fal_api_key, self.anthropic_api_key, self.replicate_webhook_secret,
+                         self.kie_webhook_hmac_key, self.elevenlabs_webhook_secret)
 
     @field_validator("failure_refund", "cancel_refund", mode="after")
     @classmethod

@@ -34,6 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from . import jobstore, lifecycle, webhooks
+from .core import redact
 from .db.models import Job, WebhookDelivery
 from .errors import (
     ErrorCode,
@@ -86,6 +87,14 @@ def _pg_text(value: Any) -> Any:
     if isinstance(value, list):
         return [_pg_text(v) for v in value]
     return value
+
+
+def _stored(payload: Any) -> dict[str, Any] | None:
+    """The payload as the row keeps it: credentials redacted (a presigned output URL's
+    ``X-Amz-Signature``/``X-Amz-Security-Token``: :func:`reconcile.core.redact.value`). Nothing
+    fetches from a stored payload: outputs come from a fresh read of the task, and the binding
+    fields (ids, callback URLs, names) hold no credential shape."""
+    return redact.value(payload) if isinstance(payload, dict) else None
 
 
 def _as_uuid(value: str | None) -> uuid.UUID | None:
@@ -205,7 +214,7 @@ def handle_webhook(rt: Runtime, provider: str, headers: Mapping[str, str], body:
             session.add(WebhookDelivery(
                 provider=provider, delivery_id=event.delivery_id, upstream_id=event.task_id,
                 job_id=planted, received_at=now, payload_digest=webhooks.payload_digest(body),
-                status=event.status, payload=event.payload if isinstance(event.payload, dict) else None,
+                status=event.status, payload=_stored(event.payload),
             ))
     except IntegrityError:
         return 200, {"status": "duplicate"}

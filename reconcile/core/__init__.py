@@ -1,6 +1,7 @@
 """Internal: pure helpers below everything else (layer: core), beside the public core modules
 ``reconcile.settings``, ``reconcile.states``, ``reconcile.errors`` and ``reconcile.settlement``.
 
-* :mod:`reconcile.core.redact` — what never reaches a customer or a log (signed query strings,
-  tokens, internal addresses).
+* :mod:`reconcile.core.redact` — what never reaches a customer, a log, a row or a terminal
+  (every credential shape: ``redact.text`` / ``redact.value``, the one redaction of every sink;
+  internal addresses; terminal controls).
 """

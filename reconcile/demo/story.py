@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from ..core.redact import database_url
 from .checks import _is_sync, _provider
 from .plan import (
     CRASH_POINT,
@@ -216,10 +216,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
-    return url
+    return database_url(url)  # every credential form, as the CLI's database line
 
 
 def _count(values: Iterable[Any]) -> str:

@@ -142,7 +142,7 @@ def release_rate_limited(session: Session, job_id: uuid.UUID, token: str, not_be
         claim_expires_at=None,
         create_not_before=not_before,
         create_rate_limit_count=Job.create_rate_limit_count + 1,
-        error_detail=redact.detail(detail),
+        error_detail=redact.value(detail),
     )
 
 
@@ -157,4 +157,4 @@ def mark_uncertain(session: Session, job_id: uuid.UUID, *, token: str | None, no
     else:  # the sweep: only once the owner's lease is gone
         where.append(or_(Job.claim_expires_at.is_(None), Job.claim_expires_at < now))
     return _cas(session, *where, submission_state=Submission.UNCERTAIN, error_code=code,
-                error_detail=redact.detail(detail), reconcile_attempts=0, reconcile_last_attempt_at=now)
+                error_detail=redact.value(detail), reconcile_attempts=0, reconcile_last_attempt_at=now)

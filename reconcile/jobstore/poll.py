@@ -61,7 +61,7 @@ def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: t
     """One attempt, at most once per ``spacing`` per job, whoever observes it, recording what
     it observed and its ``code`` (``verdict=False``: an error that is no verdict keeps an
     upstream one)."""
-    last_error = redact.signed(last_error) if last_error else last_error
+    last_error = redact.text(last_error) if last_error else last_error
     return _attempt(session, job_id, now, spacing, **_last_error(last_error, code, verdict))
 
 
@@ -76,7 +76,7 @@ def note_error(session: Session, job_id: uuid.UUID, last_error: str, *,
                verdict: bool = True, code: str | None = None) -> bool:
     """Record an in-flight job's last error (text and ``code``) with no attempt counted.
     False: the job is no longer in flight."""
-    last_error = redact.signed(last_error)
+    last_error = redact.text(last_error)
     result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
                              .values(**_last_error(last_error, code, verdict)))
     return result.rowcount == 1  # type: ignore[attr-defined]

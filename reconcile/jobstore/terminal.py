@@ -40,7 +40,8 @@ def record_anomaly(session: Session | Connection, *, job_id: uuid.UUID | None,
     """The one writer of ``credit_anomalies``. ``once``: only if the job has no anomaly of
     ``kind`` yet (one SELECT first; the caller holds what serialises it, usually the job's row
     lock). A Session adds the row (its flush writes it, as before); a Connection inserts it.
-    False: ``once`` and the anomaly exists."""
+    False: ``once`` and the anomaly exists. Its detail is redacted (:func:`redact.value`)."""
+    detail = redact.value(detail)
     if once:
         seen = session.execute(select(CreditAnomaly.id).where(
             CreditAnomaly.job_id == job_id, CreditAnomaly.kind == kind).limit(1)).first()
@@ -61,8 +62,8 @@ def mark_failed(session: Session, job_id: uuid.UUID, *, now: datetime, code: str
     """In flight → failed (or cancelled), with ``next_poll_at = now`` so the refund is settled
     even if this process dies before it."""
     values: dict[str, Any] = dict(
-        status=status, error_code=code, error_message=redact.signed(message),
-        error_detail=redact.detail(detail),
+        status=status, error_code=code, error_message=redact.text(message),
+        error_detail=redact.value(detail),
         next_poll_at=now, completed_at=now, claim_expires_at=None, poll_lease_expires_at=None,
         credits_actual=None,
     )
@@ -80,8 +81,8 @@ def cancelled_over_failure(session: Session, job_id: uuid.UUID, task_id: str, *,
     so a completion, an exhaustion or another task's failure is never rewritten."""
     return _cas(session, Job.id == job_id, Job.status == Status.FAILED,
                 Job.error_code == "UPSTREAM_FAILED", Job.provider_task_id == task_id,
-                status=Status.CANCELLED, error_code=code, error_message=redact.signed(message),
-                error_detail=redact.detail(detail))
+                status=Status.CANCELLED, error_code=code, error_message=redact.text(message),
+                error_detail=redact.value(detail))
 
 
 def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | None:

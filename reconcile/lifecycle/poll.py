@@ -268,7 +268,7 @@ def _note_error(rt: Runtime, job: Job, last_error: str, verdict: bool,
     step's own fresh row, kept in step with what it writes)."""
     from ..core import redact
 
-    current, new = job.reconcile_last_error, redact.signed(last_error)
+    current, new = job.reconcile_last_error, redact.text(last_error)
     if not verdict and jobstore.is_verdict(jobstore.last_error_code(job)):
         return  # an error that is no verdict keeps the upstream one
     if current == new:

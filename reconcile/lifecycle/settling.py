@@ -30,7 +30,7 @@ def fail_job(rt: Runtime, job_id: uuid.UUID, code: str, message: str,
     """Persist the failure (and ``next_poll_at = now``) first, then settle the refund."""
     from ..core import redact
 
-    detail = redact.detail(detail)  # the anomaly below stores it too
+    detail = redact.value(detail)  # the anomaly below stores it too
     now = rt.now()
     with rt.sessions.begin() as session:
         failed = jobstore.mark_failed(session, job_id, now=now, code=str(code), message=message,

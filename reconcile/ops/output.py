@@ -3,7 +3,9 @@ stdout (``--json``) for scripts. In JSON, times are ISO 8601 (UTC) and durations
 
 Every value a person reads goes through :func:`_cell`, which escapes what a terminal would act
 on (ESC/OSC sequences, other controls, bidi characters: :func:`reconcile.core.redact.for_terminal`):
-a model, job type, provider message or upstream id is customer or provider text."""
+a model, job type, provider message or upstream id is customer or provider text. Every value,
+``--json`` included, first goes through the one redaction (:func:`reconcile.core.redact.text`):
+a row written before a credential shape was known may still hold one."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 
 import click
 
+from ..core import redact
 from ..core.redact import for_terminal
 
 
@@ -30,7 +33,7 @@ def _as_json(value: Any) -> Any:
 
 
 def _dump(value: Any) -> None:
-    click.echo(json.dumps(value, default=_as_json, indent=2))
+    click.echo(json.dumps(redact.value(value), default=_as_json, indent=2))
 
 
 def _cell(value: Any) -> str:
@@ -41,9 +44,9 @@ def _cell(value: Any) -> str:
     if isinstance(value, timedelta):
         return _duration(value)
     if isinstance(value, dict | list):
-        text = json.dumps(value, default=_as_json, separators=(",", ":"))
+        text = json.dumps(redact.value(value), default=_as_json, separators=(",", ":"))
         return text if len(text) <= 120 else text[:117] + "..."  # ensure_ascii: escaped
-    return for_terminal(str(value))
+    return for_terminal(redact.text(str(value)))
 
 
 def _duration(delta: timedelta) -> str:

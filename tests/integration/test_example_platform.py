@@ -40,6 +40,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "platform"
 BIN = Path(sys.executable).parent
+# acme's catalogue (acme.catalog) for these runs: the simulator's scripted models
+SCRIPTED_MODELS = "kie-standard=m,kie-standard=slow,kie-standard=refused,kie-standard=flaky"
 
 
 def _run(argv: list[str], env: dict[str, str]) -> str:
@@ -50,7 +52,7 @@ def _run(argv: list[str], env: dict[str, str]) -> str:
 
 def _base_env(**extra: str) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("RECONCILE_", "ACME_"))}
-    return {**clean, **extra}
+    return {**clean, "ACME_MODELS": SCRIPTED_MODELS, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -290,6 +292,9 @@ def test_example_platform_submit_stream_complete_cancel_webhook_and_errors(
     invalid = acme.http.post("/api/v1/jobs", headers={"X-User-Id": str(user)},
                              json={"model": "m", "input": {}})
     assert invalid.status_code == 400 and invalid.json()["error"]["code"] == "INVALID_PARAM"
+    own_model = acme.submit(user, "attacker/own-model:0123abcd", kind="replicate-prediction")
+    assert own_model.status_code == 400, own_model.text  # not in acme's catalogue
+    assert own_model.json()["error"]["param"] == "model"
     unparseable = acme.http.post("/api/v1/jobs", headers={"X-User-Id": str(user),
                                                           "Content-Type": "application/json"},
                                  content=b"{not json")

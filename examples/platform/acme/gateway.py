@@ -55,6 +55,7 @@ from reconcile.errors import InvalidParam
 from reconcile.webhook_ingest import BodyRefused, CappedBody, handle_webhook
 
 from . import celery_app  # noqa: F401 - installs the library into acme's Celery app
+from .catalog import allowed_model
 from .runtime import build
 from .settings import DEFAULT_PRICE, PRICES
 
@@ -145,7 +146,8 @@ def _submit(user: uuid.UUID, raw: bytes, idempotency_key: str | None) -> api.Res
                                                param="provider_kind"))
     return api.submit(rt, user, kind, payload["model"], payload.get("input") or {},
                       PRICES.get(kind, DEFAULT_PRICE), job_type=str(payload.get("job_type") or "image"),
-                      inline=True, idempotency_key=idempotency_key)
+                      inline=True, idempotency_key=idempotency_key,
+                      validator=allowed_model)
 
 
 @app.get("/api/v1/jobs/{job_id}")
