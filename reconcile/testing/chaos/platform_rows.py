@@ -62,8 +62,9 @@ def check_platform_rows(rt: Any, specs: Iterable[JobSpec], jobs: Mapping[uuid.UU
 
     ids = [uuid.UUID(s.job_id) for s in specs if s.platform]
     with rt.sessions() as session:
-        logs = dict(session.execute(select(UsageLog.job_id, UsageLog.status).where(
-            UsageLog.job_id.in_(ids))).tuples().all()) if ids else {}
+        logs = {job_id: status for job_id, status in session.execute(
+            select(UsageLog.job_id, UsageLog.status).where(UsageLog.job_id.in_(ids)))} \
+            if ids else {}
     found = []
     for job_id in ids:
         job = jobs.get(job_id)
