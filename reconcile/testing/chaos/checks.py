@@ -69,8 +69,8 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
             UsageLog.status == "refunded")).scalar_one()
         unpublished = session.execute(select(func.count()).select_from(JobEvent).where(
             JobEvent.published_at.is_(None))).scalar_one()
-        problems = credits.audit(session, now=rt.now(), grace=timedelta(0), settings=rt.settings,
-                                 policy=rt.settlement_policy)
+        # the audit reads the deployment's policy from the settings, as `reconcile audit` does
+        problems = credits.audit(session, now=rt.now(), grace=timedelta(0), settings=rt.settings)
         evidenced = set(session.execute(_evidenced_uncertain()).scalars())
 
     for job_id, spec in specs.items():
