@@ -45,8 +45,10 @@ demo: setup
 # a seeded chaos run (a fresh seed each time; replay one with SEED=…): make chaos N=5000
 # [DB_TZ=America/New_York] (the database's default TimeZone; not TZ, which the environment
 # often sets) [NAIVE=1] (the platform's timestamps as timestamp without time zone)
+# [POLICY=1/2,1/3] (the settlement policy's failure,cancel refund shares; drawn from the seed)
 CHAOS_ARGS = --jobs $(or $(N),300) $(if $(SEED),--seed $(SEED)) \
-	$(if $(DB_TZ),--db-timezone $(DB_TZ)) $(if $(filter-out 0,$(NAIVE)),--naive-timestamps)
+	$(if $(DB_TZ),--db-timezone $(DB_TZ)) $(if $(filter-out 0,$(NAIVE)),--naive-timestamps) \
+	$(if $(POLICY),--policy $(POLICY))
 chaos: setup services
 	$(BIN)/python -m reconcile.testing.chaos $(CHAOS_ARGS)
 

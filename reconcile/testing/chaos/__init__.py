@@ -22,6 +22,10 @@ given time to settle, the invariants are checked:
 * every job is terminal and settled, except ``uncertain`` ones (listed: never auto-refunded);
 * every asset row's object exists; a completed job has exactly one asset row per output (and only
   after its upstream task succeeded); every outbox event was published;
+* every settled job kept exactly the one share rule's part of what it reserved
+  (:mod:`.policy`: ``--policy FAILURE,CANCEL``, drawn from the seed when not given, set in every
+  process), and the platform's own rows mixed in — of an unregistered kind and of the run's
+  observe-only kind — were left alone (:mod:`.platform_rows`);
 * storage objects no asset row names (orphans) are counted and reported, not a violation.
 
 The report goes to stdout; the exit status is 1 on any violation. The processes it drives come
@@ -29,8 +33,10 @@ from :mod:`reconcile.testing.processes`.
 
 The package, one module a concern: :mod:`.plan` (the seeded plan: jobs and the fault
 schedule), :mod:`.control` (process control: the workers, the faults firing, the watchdog),
-:mod:`.run` (the run: submit, sweep, settle; ``main``), :mod:`.checks` (the invariants over the
-quiescent end state) and :mod:`.report` (:class:`ChaosReport` and its text).
+:mod:`.run` (the run: submit, sweep, settle; ``main``), :mod:`.shape` (the database's time zone
+and naive platform tables), :mod:`.policy` (the settlement policy and its check),
+:mod:`.platform_rows` (the platform's own rows and their check), :mod:`.checks` (the invariants
+over the quiescent end state) and :mod:`.report` (:class:`ChaosReport` and its text).
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ from typing import Any
 
 from ..processes import ScratchRedis, WebhookReceiver
 from .control import _Run
-from .plan import SYNC_KINDS
+from .plan import OBSERVED_KIND, SYNC_KINDS
+from .platform_rows import check_platform_rows
+from .policy import check_kept, parse_policy
 from .report import ChaosReport
 
 
@@ -67,13 +69,20 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
             UsageLog.status == "refunded")).scalar_one()
         unpublished = session.execute(select(func.count()).select_from(JobEvent).where(
             JobEvent.published_at.is_(None))).scalar_one()
-        problems = credits.audit(session, now=rt.now(), grace=timedelta(0), settings=rt.settings,
-                                 policy=rt.settlement_policy)
+        # the audit reads the deployment's policy from the settings, as `reconcile audit` does
+        problems = credits.audit(session, now=rt.now(), grace=timedelta(0), settings=rt.settings)
         evidenced = set(session.execute(_evidenced_uncertain()).scalars())
 
     for job_id, spec in specs.items():
         if job_id not in jobs and job_id not in state.failed_submits:
             violations.append(f"missing_job {job_id} ({spec.kind})")
+    platform = {job_id for job_id, spec in specs.items() if spec.platform}
+    violations += check_platform_rows(rt, specs.values(), jobs, settlements)
+    policy = parse_policy(state.config.policy or "1")
+    kept, partly_kept = check_kept(rt, policy, (j for i, j in jobs.items() if i not in platform),
+                                   {i: s.credits for i, s in specs.items() if not s.platform})
+    violations += kept
+    observed: list[str] = []  # library jobs of the observe-only kind the sweep left in flight
     uncertain: list[str] = []
     outcomes: Counter[str] = Counter()
     tasks_by_job: dict[str, list[Any]] = {}
@@ -81,6 +90,9 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
         tasks_by_job.setdefault(task.job_id or "", []).append(task)
     for job_id, job in jobs.items():
         kind = job.provider_kind or "?"
+        if job_id in platform:
+            outcomes[f"platform:{kind}:{job.status}"] += 1
+            continue
         outcomes[f"{job.status}:{job.error_code or 'ok'}"] += 1
         creates = sim.creates(str(job_id))
         if kind not in SYNC_KINDS and creates > 1:
@@ -94,6 +106,8 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
                 if job_id in evidenced:
                     violations.append(f"evidence_ignored {job_id} ({kind}): a stored webhook "
                                       f"names its upstream id, still uncertain")
+            elif kind == OBSERVED_KIND:  # nothing resumes it (an operator's choice): reported
+                observed.append(f"{job_id} status={job.status} submission={job.submission_state}")
             else:
                 violations.append(f"not_terminal {job_id} ({kind}) status={job.status} "
                                   f"submission={job.submission_state} "
@@ -140,7 +154,8 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
                     if jid in jobs and jobs[jid].status not in ("pending", "processing"))
     return ChaosReport(
         seed=state.plan.seed, plan_digest=state.plan.digest(), jobs=len(state.plan.jobs),
-        by_kind=dict(Counter(s.kind for s in state.plan.jobs)), kills=state.counts["kills"],
+        by_kind=dict(Counter(("platform:" if s.platform else "") + s.kind
+                             for s in state.plan.jobs)), kills=state.counts["kills"],
         worker_restarts=state.counts["worker_restarts"],
         unplanned_worker_exits=state.counts["unplanned_worker_exits"],
         redis_restarts=redis_server.restarts,
@@ -148,15 +163,20 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
         submit_failed=state.counts["submit_failed"], pg_backends_terminated=state.counts["pg_backends_terminated"],
         sweeps=state.counts["sweeps"], sweep_errors=state.counts["sweep_errors"],
         recovered=recovered,
-        completed=sum(1 for j in jobs.values() if j.status == "completed"),
-        failed=sum(1 for j in jobs.values() if j.status in ("failed", "cancelled")),
+        completed=sum(1 for i, j in jobs.items() if j.status == "completed" and i not in platform),
+        failed=sum(1 for i, j in jobs.items()
+                   if j.status in ("failed", "cancelled") and i not in platform),
         refunded=int(refunded), uncertain=sorted(uncertain), orphans=len(orphans),
         lost_publishes=state.counts["lost_publishes"],
         webhook_answers={str(k): v for k, v in sorted(receiver.answers.items())},
         violations=violations, seconds=elapsed, throughput=terminal / elapsed if elapsed else 0.0,
         outcomes=dict(outcomes), settle_seconds=state.settle_seconds,
         sweep_resumes=state.counts["sweep_resumes"],
-        extra_generations=sum(max((j.poll_generation or 0) - 1, 0) for j in jobs.values()))
+        extra_generations=sum(max((j.poll_generation or 0) - 1, 0) for j in jobs.values()),
+        policy=state.config.policy or "", partly_kept=partly_kept, observed_in_flight=observed,
+        observed_settled=sum(1 for i, j in jobs.items() if i not in platform
+                             and j.provider_kind == OBSERVED_KIND and j.credits_actual is not None),
+        platform_rows=len(platform))
 
 
 # the run's window on the wall clock, widened by this much each side (clock steps, rounding)

@@ -45,11 +45,15 @@ class ChaosConfig:
     # the platform's jobs/usage_logs created before the migrations with timestamp without time
     # zone columns (holding UTC, as Rails keeps them) instead of the baseline's timestamptz
     naive_timestamps: bool = False
+    # the settlement policy, "FAILURE,CANCEL" refund shares ("1/2,1/3"; chaos.policy), set in
+    # every process's settings and environment (None: drawn from the seed)
+    policy: str | None = None
 
     def shape_options(self) -> list[str]:
         """The command-line options that shape the run beyond its seed and size (the report's
         replay line repeats them)."""
         options = ["--db-timezone", self.db_timezone] if self.db_timezone else []
+        options += ["--policy", self.policy] if self.policy else []
         return options + (["--naive-timestamps"] if self.naive_timestamps else [])
 
 

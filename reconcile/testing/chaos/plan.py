@@ -26,6 +26,14 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 SYNC_KINDS = ("anthropic-sync", "kie-llm", "elevenlabs-sync")
 ASYNC_WEIGHTS = {"kie-standard": 3, "kie-veo": 2, "replicate-prediction": 3,
                  "elevenlabs-async": 1, "fal-queue": 3}
+# the kind every process of the run lists in OBSERVE_ONLY_KINDS: its library jobs still complete
+# and settle (observe-only governs decisions about the upstream, never a settlement owed)
+OBSERVED_KIND = "elevenlabs-async"
+# a provider kind no process registers: the platform's own rows of it are left alone
+UNKNOWN_KIND = "acme-video"
+# the fractions of the plan that are platform rows (no submission_state): of the unknown kind,
+# and of the observe-only kind
+PLATFORM_SHARES = {UNKNOWN_KIND: 0.03, OBSERVED_KIND: 0.02}
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class JobSpec:
     credits: int
     submit_at: float  # seconds after the start
     script: dict[str, Any]  # Script fields (sync kinds: create mode only)
+    platform: bool = False  # the platform's own row (chaos.platform_rows), not submitted
 
 
 @dataclass(frozen=True)
@@ -98,12 +107,19 @@ def make_plan(seed: int, jobs: int, *, rate: float = 12.0, workers: int = 2) -> 
     kinds = list(ASYNC_WEIGHTS) + list(SYNC_KINDS)
     weights = list(ASYNC_WEIGHTS.values()) + [1] * len(SYNC_KINDS)
     specs = []
+    platform_kinds = list(PLATFORM_SHARES)
+    platform_cumulative = [sum(list(PLATFORM_SHARES.values())[:i + 1])
+                           for i in range(len(platform_kinds))]
     for index in range(jobs):
-        kind = rng.choices(kinds, weights)[0]
+        draw = rng.random()
+        platform = next((k for k, c in zip(platform_kinds, platform_cumulative, strict=True)
+                         if draw < c), None)
+        kind = platform or rng.choices(kinds, weights)[0]
         specs.append(JobSpec(
             index=index, job_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)), kind=kind,
             user=rng.randrange(users), credits=rng.randint(1, 60),
-            submit_at=round(rng.uniform(0.0, window), 3), script=_script(rng, kind)))
+            submit_at=round(rng.uniform(0.0, window), 3),
+            script={} if platform else _script(rng, kind), platform=platform is not None))
     specs.sort(key=lambda s: (s.submit_at, s.index))
     faults: list[Fault] = []
     kills = max(2, round(jobs / 150))

@@ -41,6 +41,12 @@ class ChaosReport:
     # the options that shaped the run (ChaosConfig.shape_options): repeated in the replay line
     options: list[str] = field(default_factory=list)
     database: str = ""  # the database's shape: its TimeZone, the platform's timestamp type
+    policy: str = ""  # the settlement policy, "FAILURE,CANCEL" refund shares
+    partly_kept: int = 0  # failed/cancelled jobs that kept a part of their reservation
+    # library jobs of the observe-only kind left in flight (nothing resumes them: not a violation)
+    observed_in_flight: list[str] = field(default_factory=list)
+    observed_settled: int = 0  # library jobs of the observe-only kind settled (terminal)
+    platform_rows: int = 0  # the platform's own rows mixed in (unknown and observe-only kinds)
 
     def ok(self) -> bool:
         return not self.violations
@@ -69,6 +75,10 @@ class ChaosReport:
             f"uncertain={len(self.uncertain)} orphans={self.orphans}",
             f"  by code: {dict(sorted(self.outcomes.items()))}",
             *([f"  database: {self.database}"] if self.database else []),
+            f"  policy (failure,cancel refund): {self.policy or '?'} partly_kept={self.partly_kept} "
+            f"platform_rows={self.platform_rows} (left alone) observe-only jobs settled="
+            f"{self.observed_settled} left in flight={len(self.observed_in_flight)}",
+            *[f"    {entry}" for entry in self.observed_in_flight[:20]],
             f"  uncertain (never refunded automatically; reservation kept for an operator): "
             f"{len(self.uncertain)}{':' if self.uncertain else ''}",
             *[f"    {group}: {', '.join(ids)}" for group, ids in self._uncertain_groups()],

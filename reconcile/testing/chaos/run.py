@@ -17,7 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,11 @@ from .control import (
     _watchdog,
     log,
 )
-from .plan import FAMILIES, SYNC_KINDS, JobSpec, Plan, make_plan
+from .plan import FAMILIES, OBSERVED_KIND, SYNC_KINDS, JobSpec, Plan, make_plan
+from .platform_rows import PLATFORM_JOB_TYPE, insert_platform_row
+from .policy import choose_policy, parse_policy, policy_env, policy_text
 from .report import ChaosReport
+from .shape import _database_shape, _shape_database
 
 
 def run(config: ChaosConfig) -> ChaosReport:
@@ -53,12 +56,14 @@ def run(config: ChaosConfig) -> ChaosReport:
 
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
     plan = make_plan(seed, config.jobs, rate=config.rate, workers=config.workers)
+    policy = choose_policy(seed, config.policy)
+    config = replace(config, policy=policy_text(policy))  # the replay line repeats it
     workdir = Path(config.workdir or tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
     workdir.mkdir(parents=True, exist_ok=True)
     state = _Run(config, plan, workdir)
     state.say(f"seed={seed} plan={plan.digest()} jobs={config.jobs} window={plan.window:.1f}s "
               f"faults={Counter(f.action for f in plan.faults)} knobs={plan.sim_knobs} "
-              f"workdir={workdir}")
+              f"workdir={workdir} policy={config.policy} observe_only={OBSERVED_KIND}")
     for fault in plan.faults:
         state.say(f"  scheduled {fault.action} at {fault.at:.2f}s"
                   + (f" worker={fault.target}" if fault.action == "kill_worker" else "")
@@ -88,7 +93,9 @@ def run(config: ChaosConfig) -> ChaosReport:
             database_url=db_url, broker_url=redis_server.url(0),
             storage_url=f"file://{workdir / 'media'}", time_scale=config.time_scale,
             webhook_base_url=receiver.base_url, events_redis_url=redis_server.url(1),
-            broker_visibility_timeout=60, max_countdown=20, task_time_limit=30)
+            broker_visibility_timeout=60, max_countdown=20, task_time_limit=30,
+            failure_refund=policy.failure_refund, cancel_refund=policy.cancel_refund,
+            observe_only_kinds=[OBSERVED_KIND])
         rt = Runtime(settings=settings, sessions=sessions,
                      storage=LocalStorage(workdir / "media"),
                      enqueue_create=_counting(state, "lost_publishes", create),
@@ -104,7 +111,8 @@ def run(config: ChaosConfig) -> ChaosReport:
                "RECONCILE_STORAGE_URL": f"file://{workdir / 'media'}",
                "RECONCILE_TIME_SCALE": str(config.time_scale),
                "RECONCILE_WEBHOOK_BASE_URL": receiver.base_url,
-               "RECONCILE_EVENTS_REDIS_URL": redis_server.url(1)}
+               "RECONCILE_EVENTS_REDIS_URL": redis_server.url(1), **policy_env(policy),
+               "RECONCILE_OBSERVE_ONLY_KINDS": json.dumps([OBSERVED_KIND])}
         _start_workers(state, env)
         _fund(rt, plan)
         _chaos_window(state, rt, sim, redis_server, env, db_name)
@@ -126,51 +134,6 @@ def run(config: ChaosConfig) -> ChaosReport:
             if config.workdir is None:
                 shutil.rmtree(workdir, ignore_errors=True)
     return report
-
-
-def _plain_url(config: ChaosConfig, db_name: str) -> str:
-    return config.pg_admin.rsplit("/", 1)[0] + "/" + db_name
-
-
-def _shape_database(config: ChaosConfig, db_name: str) -> None:
-    """Before the migrations: the database's default time zone (``--db-timezone``) and the
-    platform's own tables with naive timestamps (``--naive-timestamps``), as a platform has
-    them; the migrations then add the library's columns and tables beside them."""
-    import psycopg
-
-    from ..platform_schema import create_platform_tables, set_database_timezone
-
-    if config.db_timezone:
-        with psycopg.connect(config.pg_admin, autocommit=True, connect_timeout=10) as conn:
-            set_database_timezone(conn, db_name, config.db_timezone)
-    if config.naive_timestamps:
-        with psycopg.connect(_plain_url(config, db_name), autocommit=True,
-                             connect_timeout=10) as conn:
-            create_platform_tables(conn, naive=True)
-
-
-def _database_shape(config: ChaosConfig, db_name: str, db_url: str) -> str:
-    """What the run really got, read back: a plain session's zone (the platform's view), the
-    library's session zone, and the type of the platform's timestamp columns."""
-    import psycopg
-    from sqlalchemy import text
-
-    from ...db.session import make_engine
-
-    with psycopg.connect(_plain_url(config, db_name), connect_timeout=10) as conn:
-        zone = conn.execute("SHOW TimeZone").fetchone()
-        types = sorted({row[0] for row in conn.execute(
-            "SELECT data_type FROM information_schema.columns WHERE table_name IN "
-            "('jobs', 'usage_logs') AND column_name IN ('created_at', 'started_at', "
-            "'completed_at')")})
-    engine = make_engine(db_url, pool_size=1, max_overflow=0)
-    try:
-        with engine.connect() as conn:
-            library_zone = conn.execute(text("SHOW TimeZone")).scalar_one()
-    finally:
-        engine.dispose()
-    return (f"TimeZone={zone[0] if zone else '?'} (library sessions: {library_zone}), "
-            f"platform timestamps: {', '.join(types)}")
 
 
 def _fund(rt: Any, plan: Plan) -> None:
@@ -207,6 +170,9 @@ def _chaos_window(state: _Run, rt: Any, sim: Any, redis_server: ScratchRedis,
             delay = state.started + spec.submit_at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
+            if spec.platform:
+                insert_platform_row(state, rt, spec, _user(state.plan, spec.user))
+                continue
             _script_job(sim, spec)
             if _submit(state, rt, spec) and spec.kind in SYNC_KINDS:
                 requests_pool.submit(_sync_request, state, rt, spec)
@@ -329,12 +295,14 @@ def _horizon(rt: Any, job: Any) -> datetime:
     it (:mod:`reconcile.jobstore.horizon`): the later of its kind's horizon after its start
     (threshold, then every attempt on schedule) and its own exhaustion deadline (attempts that
     started over: adopted, resumed), plus one attempt spacing of slack; scaled. A terminal job
-    not settled yet gets the floor only (its horizon is its creation)."""
+    not settled yet, and a job the sweep only observes (OBSERVE_ONLY_KINDS: nothing resumes
+    it), get the floor only (its horizon is its creation)."""
     from ...jobstore import horizon
+    from ...jobstore.adoption import observe_only
     from ...states import ATTEMPT_SPACING, IN_FLIGHT
 
     kind = rt.kind(job.provider_kind)
-    if job.status not in IN_FLIGHT or kind is None:
+    if job.status not in IN_FLIGHT or kind is None or observe_only(rt.settings, job):
         return job.created_at
     latest = horizon.job_start(job) + rt.settings.scaled(horizon.kind_horizon(kind))
     deadline = horizon.exhaustion_deadline(rt.settings, job)
@@ -359,7 +327,8 @@ def _unsettled(rt: Any) -> list[tuple[uuid.UUID, datetime]] | None:
                 and_(Job.status.in_(["failed", "cancelled", "completed"]),
                      Job.credits_actual.is_(None)),
                 Job.id.in_(_evidenced_uncertain())))).scalars()
-            return [(job.id, _horizon(rt, job)) for job in jobs]
+            return [(job.id, _horizon(rt, job)) for job in jobs
+                    if job.job_type != PLATFORM_JOB_TYPE]  # the platform's: left as they are
     except Exception:
         return None
 
@@ -387,7 +356,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive-timestamps", action="store_true",
                         help="the platform's jobs/usage_logs with timestamp without time zone "
                              "columns (holding UTC)")
+    parser.add_argument("--policy", default=None, metavar="FAILURE,CANCEL",
+                        help="the settlement policy's refund shares, e.g. 1/2,1/3 (default: "
+                             "drawn from the seed)")
     args = parser.parse_args(argv)
+    if args.policy is not None:
+        try:
+            parse_policy(args.policy)
+        except ValueError as exc:
+            parser.error(str(exc))
     # the library logs every injected failure (terminated backends, a dead broker) with its
     # traceback, as it should in production: here that is expected noise around the report
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL,
