@@ -39,6 +39,10 @@ BOUNDED: dict[str, int | None] = {
     "batch_running:poll_due/poll_due": 40,
     "batch_running:poll_due/cancel": 40,
     "running:poll/cancel": 40,
+    # a partial settlement policy (issue 24: failures keep 1/2, cancels 1/3)
+    "running_partial:poll/cancel": 30,  # finding 3 (145 in all; reverted, its violation is #27)
+    "unsettled_partial:settle/legacy_import": 8,  # finding 6 (25 in all; reverted, #5)
+    "platform_partial:sync_call(platform)/sync_call(platform)": 10,  # finding 8 (88 in all)
 }
 
 
