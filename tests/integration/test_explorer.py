@@ -149,3 +149,54 @@ def test_the_command_lists_every_scenario(capsys: pytest.CaptureFixture[str]) ->
     listed = capsys.readouterr().out
     assert all(scenario.name in listed for scenario in sc.SCENARIOS)
     assert len(sc.SCENARIOS) >= 20
+
+
+# ----------------------------------------------------------------------------- settlement policy
+
+
+def test_a_scenario_s_policy_reaches_every_runtime_and_goes_with_it(explorer: ex.Explorer) -> None:
+    """A scenario's settings (here the partial policy) are the deployment's for the whole
+    schedule: both writers' runtimes and the quiescence's settle with it; the next scenario
+    without them is back on the default policy."""
+    from reconcile.settlement import DEFAULT_POLICY, SettlementPolicy
+    from reconcile.testing.explorer.common import PARTIAL_POLICY
+
+    seen: list[SettlementPolicy] = []
+
+    def policy(rt: object, ctx: ex.Context) -> str:
+        seen.append(rt.settlement_policy)  # type: ignore[attr-defined]
+        return "seen"
+
+    writer = ex.Writer("policy", policy)
+    partial = SettlementPolicy(**dict(PARTIAL_POLICY))
+    result = explorer.run_schedule(ex.Scenario("selftest:policy", sc.accepted(), (writer, writer),
+                                               settings=PARTIAL_POLICY), ())
+    assert result.violations == ()
+    assert seen == [partial, partial]
+    assert explorer.rt.settlement_policy == partial  # the quiescence's runtime
+    explorer.run_schedule(ex.Scenario("selftest:default", sc.accepted(), (writer, writer)), ())
+    assert seen[2:] == [DEFAULT_POLICY, DEFAULT_POLICY]
+    assert explorer.rt.settlement_policy == DEFAULT_POLICY
+
+
+def test_the_explorer_finds_a_cancel_settled_under_the_failure_share(
+        explorer: ex.Explorer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24 finding 3, its fix reverted here only: a cancel that does not record its request
+    before asking the provider lets the poll read the upstream ``canceled`` first and settle
+    the failure share (keep 20 of 40 under failures 1/2), then the cancel relabels the job
+    cancelled — the cancel share keeps 26. The share invariant catches it (the audit does not),
+    within the bounded run's cap (the 27th schedule; 110 in the tree)."""
+    from reconcile.lifecycle import cancel
+
+    monkeypatch.setattr(cancel, "record_cancel_request", lambda rt, job_id: True)
+    scenario = sc.scenarios_named(["running_partial:poll/cancel"])[0]
+    cap = sc.BOUNDED[scenario.name]
+    assert cap is not None
+    report = explorer.explore(scenario, ex.Bounds(BOUNDS.preemptions, BOUNDS.jumps, cap),
+                              stop_at_first=True)
+    print(report.line())
+    found = report.first_violation
+    assert found is not None, "the bounded run no longer finds finding 3 with its fix reverted"
+    assert set(report.violation_kinds) == {"settled_off_rule"}, report.violation_kinds
+    assert any("cancelled settled by a commit of 20" in v and "keep 26" in v
+               for v in found.violations), found.violations

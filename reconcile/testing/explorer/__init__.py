@@ -29,9 +29,14 @@ After each schedule the invariants are checked, then the system is driven to qui
 production would (queued create/poll messages run, the clock advances to the next deadline, the
 sweep ticks) and checked again: at most one upstream create and one completion; never completed
 after cancel; never cancel the polled task; at most one settlement, exactly one once terminal and
-past the settle grace; ``credits.audit`` clean; no in-flight job left without a live path (only
+past the settle grace, and a failed or cancelled job's exactly what the one share rule gives its
+cause (``reconcile.settlement.refund_share``); ``credits.audit`` clean; no in-flight job left without a live path (only
 an ``uncertain`` submission is held on purpose); no workflow execution failed solely by a node
 whose job completed; no paid sync call for a cancelled job.
+
+A scenario may carry settings (``Scenario.settings``), applied to every runtime of its schedules
+— both writers' and the quiescence's — as a deployment's configuration would: the ``*_partial``
+scenarios run under a partial settlement policy (failures keep 1/2, cancels 1/3).
 
 Run it::
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from fractions import Fraction
 from typing import Any
 
 from ... import credits, lifecycle
@@ -24,6 +25,7 @@ from .model import START, Context, Scenario, Writer
 ASYNC_KIND, ASYNC_MODEL, ASYNC_INPUT = "replicate-prediction", "owner/model:abc123", {"prompt": "x"}
 SYNC_KIND, SYNC_MODEL, SYNC_INPUT = "anthropic-sync", "claude-sonnet-4-5", {"prompt": "hi"}
 CREDITS = 40
+LEGACY_REFUND = 10  # what the legacy-import writer says the platform's old code gave back
 NODE = "n1"
 SUCCEEDS = Script(timeline=((0.0, "succeeded"),))  # done upstream at once
 SUCCEEDS_LATER = Script(timeline=((0.0, "running"), (10.0, "succeeded")))
@@ -35,6 +37,12 @@ SETTLE_GRACE = timedelta(seconds=30)
 NODE_TIMEOUT = timedelta(minutes=90)
 REPLICATE_THRESHOLD = timedelta(minutes=20)
 SYNC_THRESHOLD = timedelta(minutes=5)
+
+# a partial settlement policy (deployment configuration: RECONCILE_FAILURE_REFUND=1/2,
+# RECONCILE_CANCEL_REFUND=1/3), as a scenario's settings: every runtime of the scenario (both
+# writers', the quiescence's) settles with it, and the final checks hold each settlement to it
+PARTIAL_POLICY: tuple[tuple[str, Any], ...] = (("failure_refund", Fraction(1, 2)),
+                                               ("cancel_refund", Fraction(1, 3)))
 
 
 # ----------------------------------------------------------------------------- setups
@@ -62,5 +70,7 @@ def _submit(rt: Any, ctx: Context, *, kind: str = ASYNC_KIND, script: Script = S
 
 
 def _pair(state: str, setup: Callable[[Any, Context], None], a: Writer, b: Writer,
-          marks: tuple[timedelta, ...], note: str = "") -> Scenario:
-    return Scenario(f"{state}:{a.name}/{b.name}", setup, (a, b), marks, note=note)
+          marks: tuple[timedelta, ...], note: str = "",
+          settings: tuple[tuple[str, Any], ...] = ()) -> Scenario:
+    return Scenario(f"{state}:{a.name}/{b.name}", setup, (a, b), marks, note=note,
+                    settings=settings)

@@ -3,7 +3,10 @@
 After the writers, and again once the job has been driven to quiescence the way production would
 (queued messages run, time passes to the next deadline, the sweep ticks): at most one upstream
 create and one completion; never completed after cancel; never cancel the polled task; at most
-one settlement, exactly one once terminal and past the settle grace; ``credits.audit`` clean; no
+one settlement, exactly one once terminal and past the settle grace, and a failed or cancelled
+job's exactly the one share rule's (``reconcile.settlement.refund_share`` of its
+``settlement_cause`` under the deployment's policy, ``kept_of`` what was held: a full refund
+when the share is 1, else a commit of the kept part); ``credits.audit`` clean; no
 in-flight job left without a live path; no workflow execution failed solely by a node whose job
 completed; no paid sync call for a cancelled job.
 """
@@ -13,15 +16,19 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from fractions import Fraction
 from typing import Any
 
 from sqlalchemy import func, select
 
 from ... import credits, jobstore, lifecycle
-from ...db.models import CreditTransaction, Job, JobEvent, WorkflowExecution
+from ...db.models import CreditTransaction, Job, JobEvent, UsageLog, WorkflowExecution
 from ...jobstore import horizon
+from ...jobstore.events import cancel_requested
 from ...lifecycle import batch as batch_poll
+from ...settlement import kept_of, refund_share, settlement_cause, share_text
 from ...states import (
     ATTEMPT_SPACING,
     IN_FLIGHT,
@@ -61,7 +68,10 @@ def check(rt: Any, ctx: Context, scenario: Scenario, phase: str, *, final: bool 
         txns = _txn_ids(session, ctx.job_id)
         execution = (session.get(WorkflowExecution, job.workflow_execution_id)
                      if job.workflow_execution_id else None)
-        audit = credits.audit(session, now=ctx.clock.now) if final else []
+        # the deployment's policy (the scenario's settings), as every process audits with it
+        audit = credits.audit(session, now=ctx.clock.now, settings=rt.settings) if final else []
+        rule = _rule(rt, ctx, session, job) if final and job.status in SETTLED_BY_RULE else None
+        kept = _committed(session, ctx.job_id)
     calls = _upstream_calls(ctx, job)
     if calls > 1:
         found.append(f"two_creates: {calls} upstream creates/calls ({phase})")
@@ -86,18 +96,67 @@ def check(rt: Any, ctx: Context, scenario: Scenario, phase: str, *, final: bool 
     if ctx.facts.get("paid_calls") and job.status == Status.CANCELLED:
         found.append(f"paid_call_for_cancelled_job ({phase})")
     if final:
-        found += _final(job, commit, refund, audit, phase)
+        found += _final(job, commit, refund, kept, rule, audit, phase)
     for extra in scenario.extra_checks:
         found += extra(rt, ctx, phase)
     return found
 
 
-def _final(job: Job, commit: bool, refund: bool, audit: Sequence[Any], phase: str) -> list[str]:
+# a failed or cancelled job: settled by the one share rule (reconcile.settlement.refund_share)
+SETTLED_BY_RULE = (Status.FAILED, Status.CANCELLED)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What the one share rule gives a failed/cancelled job: its (cause, accepted), the share
+    refunded, what the reservation held, and what the settlement must keep of it."""
+
+    cause: str
+    accepted: bool
+    share: Fraction
+    held: int
+    kept: int
+
+    def __str__(self) -> str:
+        return (f"{self.cause}, accepted={self.accepted}: refund {share_text(self.share)} of "
+                f"{self.held} held, keep {self.kept}")
+
+
+def _rule(rt: Any, ctx: Context, session: Any, job: Job) -> _Rule:
+    """The settlement the one rule gives ``job`` — :func:`settlement_cause`,
+    :func:`refund_share` and :func:`kept_of` called, never re-derived — under the deployment's
+    policy (``rt.settlement_policy``, the scenario's settings). What was held is the reservation
+    net of legacy refunds (what the ledger writes from). The user asked to cancel when the
+    library recorded it (its ``cancel_requested`` event) or when the provider shows the job's
+    own task cancelled (only a user's cancel does that: ``polled_task_cancelled`` otherwise),
+    so a cancel whose request was never recorded is still held to the cancel share."""
+    asked = cancel_requested(session, job.id) or _own_task_cancelled(ctx, job)
+    cause, accepted = settlement_cause(job, kind=rt.kind(job.provider_kind), cancel_requested=asked)
+    share = refund_share(cause, accepted, rt.settlement_policy)
+    reserved = session.execute(select(UsageLog.credits).where(UsageLog.job_id == job.id)
+                               .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
+    held = max(0, int(reserved or 0) - credits.legacy_refunded(session, job.id))
+    return _Rule(str(cause), accepted, share, held, kept_of(held, share))
+
+
+def _own_task_cancelled(ctx: Context, job: Job) -> bool:
+    return any(task.forced and task.forced[1] == "canceled" and task.task_id == job.provider_task_id
+               for task in ctx.sim.tasks_for(str(ctx.job_id)))
+
+
+def _committed(session: Any, job_id: uuid.UUID) -> int | None:
+    """The library's settlement commit of the job (its amount), None without one."""
+    txn = session.get(CreditTransaction, credits.commit_txn_id(job_id))
+    return None if txn is None else int(txn.amount)
+
+
+def _final(job: Job, commit: bool, refund: bool, kept: int | None, rule: _Rule | None,
+           audit: Sequence[Any], phase: str) -> list[str]:
     found = []
     if job.status == Status.COMPLETED and not commit:
         found.append(f"unsettled: completed without a commit ({phase})")
-    if job.status in (Status.FAILED, Status.CANCELLED) and (not refund or job.credits_actual is None):
-        found.append(f"unsettled: {job.status} without its refund ({phase})")
+    if rule is not None:
+        found += _settled_by_rule(job, refund, kept, rule, phase)
     # only an async submission is held uncertain on purpose (evidence or an operator decides);
     # a sync call leaves nothing upstream to look up
     held = job.submission_state == Submission.UNCERTAIN and job.provider_kind != SYNC_KIND
@@ -106,6 +165,23 @@ def _final(job: Job, commit: bool, refund: bool, audit: Sequence[Any], phase: st
                      f"claim or sweep path (last error {job.reconcile_last_error!r}) ({phase})")
     found += [f"audit: {d.kind} {d.detail} ({phase})" for d in audit]
     return found
+
+
+def _settled_by_rule(job: Job, refund: bool, kept: int | None, rule: _Rule,
+                     phase: str) -> list[str]:
+    """A failed/cancelled job's settlement is exactly the rule's: a full refund (nothing kept)
+    when its share is 1; otherwise a commit of the kept part, ``credits_actual`` the same."""
+    if job.credits_actual is None or not (refund or kept is not None):
+        return [f"unsettled: {job.status} without its settlement ({rule}) ({phase})"]
+    if rule.share == 1:
+        ok = refund and kept is None and job.credits_actual == 0
+    else:
+        ok = not refund and kept == rule.kept and job.credits_actual == rule.kept
+    if ok:
+        return []
+    how = "a refund" if refund else f"a commit of {kept}"
+    return [f"settled_off_rule: {job.status} settled by {how} (credits_actual "
+            f"{job.credits_actual}); the rule gives {rule} ({phase})"]
 
 
 def _nodes(value: Any) -> list[str]:

@@ -2,8 +2,8 @@
 
 A *writer* is one real library entry point called the way a worker, the beat, the platform's
 request or an operator calls it: the create owner, the poll chain, a ``poll_due`` run, the sweep,
-the provider's signed webhook, the user's cancel, the operator CLI, settle, the orchestrator's
-``wait_for_job`` and a sync call.
+the provider's signed webhook, the user's cancel, the operator CLI, settle, a legacy refund's
+import, the orchestrator's ``wait_for_job`` and a sync call.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 from ... import lifecycle
 from ...lifecycle import batch as batch_poll
 from ...settlement import SettleOutcome
-from .common import SYNC_INPUT, SYNC_KIND, SYNC_MODEL
+from .common import LEGACY_REFUND, SYNC_INPUT, SYNC_KIND, SYNC_MODEL
 from .model import Context, Writer
 
 
@@ -118,6 +118,22 @@ def _settle(rt: Any, ctx: Context) -> str:
     return "settled" if lifecycle.settle(rt, ctx.job_id) is SettleOutcome.SETTLED else "nothing"
 
 
+def _legacy_import(rt: Any, ctx: Context) -> str:
+    """The platform's ``credits import`` of a legacy refund of 10 credits for the job (a refund
+    its old billing code made): recorded while the reservation holds them, refused after the
+    settlement (``credits.import_legacy_refund``)."""
+    from ... import credits
+    from ...errors import LegacyRefundRefused
+
+    try:
+        with rt.sessions.begin() as session:
+            done = credits.import_legacy_refund(session, ctx.job_id, LEGACY_REFUND,
+                                                "legacy-refund-1", now=rt.now())
+    except LegacyRefundRefused as exc:
+        return f"refused {exc.reason}"
+    return "imported" if done else "already imported"
+
+
 def _wait(rt: Any, ctx: Context) -> str:
     from ...orchestrator import NodeTimeout, wait_for_job
 
@@ -180,6 +196,7 @@ FAIL = Writer("fail", _fail)
 RESOLVE_UPSTREAM = Writer("resolve_upstream", _resolve_upstream)
 RESOLVE_NOT_SUBMITTED = Writer("resolve_not_submitted", _resolve_not_submitted)
 SETTLE = Writer("settle", _settle)
+LEGACY_IMPORT = Writer("legacy_import", _legacy_import)
 WAIT = Writer("wait_for_job", _wait)
 SYNC = Writer("sync_call", _sync)
 SYNC_PLATFORM = Writer("sync_call(platform)", _sync_platform)

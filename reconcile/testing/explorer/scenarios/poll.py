@@ -14,6 +14,7 @@ from .... import lifecycle
 from ...simulator import Script
 from ..common import (
     NODE_TIMEOUT,
+    PARTIAL_POLICY,
     POLL_LEASE,
     REPLICATE_THRESHOLD,
     SUCCEEDS,
@@ -46,6 +47,13 @@ POLL_SCENARIOS: tuple[Scenario, ...] = (
     _pair("accepted", accepted(), POLL, FAIL, (POLL_LEASE,)),
     _pair("running", accepted(SUCCEEDS_LATER), POLL, CANCEL, (POLL_LEASE,),
           "the chain's twin of batch_running:poll_due/cancel"),
+    _pair("running_partial", accepted(SUCCEEDS_LATER), POLL, CANCEL, (POLL_LEASE,),
+          "issue 24 finding 3: the poll reads the upstream cancel the user's cancel requested "
+          "(failures keep 1/2, cancels 1/3); settled as the cancel, whichever reader wins. With "
+          "the fix reverted (record_cancel_request a no-op returning True), --preemptions 1 "
+          "--jumps 1: 110 schedules, 6 violating, the first at #27 (settled_off_rule: kept 20, "
+          "the cancel share keeps 26; the audit is clean); 145 schedules, 0 violations with it",
+          settings=PARTIAL_POLICY),
     _pair("accepted", accepted(), WEBHOOK, CANCEL, (POLL_LEASE,)),
     _pair("accepted", accepted(), SWEEP, CANCEL, (POLL_LEASE, REPLICATE_THRESHOLD)),
     _pair("accepted", accepted(), SWEEP, FAIL, (POLL_LEASE, REPLICATE_THRESHOLD)),

@@ -1,7 +1,8 @@
 """Internal: the explorer's sync-call scenarios (see :mod:`reconcile.testing.explorer`).
 
 Sync kinds: the platform's request against the sweep, a cancel and the operator; a stray
-create message for a sync job whose request died; ``sync_call`` on a platform row.
+create message for a sync job whose request died; ``sync_call`` on a platform row (after a cancel,
+and twice under a partial policy).
 """
 
 from __future__ import annotations
@@ -10,7 +11,15 @@ from typing import Any
 
 from .... import credits, jobstore
 from ....states import Status
-from ..common import CREDITS, SYNC_INPUT, SYNC_KIND, SYNC_THRESHOLD, _pair, _submit
+from ..common import (
+    CREDITS,
+    PARTIAL_POLICY,
+    SYNC_INPUT,
+    SYNC_KIND,
+    SYNC_THRESHOLD,
+    _pair,
+    _submit,
+)
 from ..model import START, Context, Scenario
 from ..writers import CANCEL, CREATE, FAIL, SWEEP, SYNC, SYNC_PLATFORM
 
@@ -47,4 +56,7 @@ SYNC_SCENARIOS: tuple[Scenario, ...] = (
           "hole 12: a stray create message for a sync job whose request died"),
     _pair("platform", platform_row, SYNC_PLATFORM, CANCEL, (),
           "hole 6: sync_call on a platform row after a cancel"),
+    _pair("platform_partial", platform_row, SYNC_PLATFORM, SYNC_PLATFORM, (SYNC_THRESHOLD,),
+          "issue 24 finding 8: a client's retry while the first call runs (one paid call; "
+          "failures keep 1/2, cancels 1/3)", settings=PARTIAL_POLICY),
 )
