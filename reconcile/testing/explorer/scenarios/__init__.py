@@ -31,13 +31,13 @@ SCENARIOS: tuple[Scenario, ...] = (
 BOUNDED: dict[str, int | None] = {
     "new:create/resolve_upstream": 30,  # hole 1 (58 schedules in all; its violation was #11)
     "workflow:poll/wait_for_job": 40,  # hole 8 (about 200 in all; its violation is #23-#25)
-    # batch polling (issue 16); 30 each (was 40) pays for the partial-policy scenarios below
-    "batch:poll_due/poll_due": 30,
-    "batch:poll_due/webhook": 30,
-    "batch:poll_due/cancel": 30,
-    "batch:poll_due/sweep": 30,
-    "batch_running:poll_due/poll_due": 30,
-    "batch_running:poll_due/cancel": 30,
+    # batch polling (issue 16)
+    "batch:poll_due/poll_due": 40,
+    "batch:poll_due/webhook": 40,
+    "batch:poll_due/cancel": 40,
+    "batch:poll_due/sweep": 40,
+    "batch_running:poll_due/poll_due": 40,
+    "batch_running:poll_due/cancel": 40,
     "running:poll/cancel": 40,
     # a partial settlement policy (issue 24: failures keep 1/2, cancels 1/3)
     "running_partial:poll/cancel": 30,  # finding 3 (145 in all; reverted, its violation is #27)
