@@ -122,9 +122,13 @@ class CappedBody:
         declared = next((str(v) for k, v in headers.items() if str(k).lower() == "content-length"),
                         None)
         if declared is not None:
-            if not declared.strip().isdigit():
+            digits = declared.strip()
+            # ASCII digits only (str.isdigit also takes "²", which int() refuses), compared by
+            # length first (int() refuses more than 4300 digits)
+            if not (digits.isascii() and digits.isdigit()):
                 raise BodyRefused(400, code, "Content-Length is not a byte count")
-            if int(declared) > limit:
+            digits = digits.lstrip("0") or "0"
+            if len(digits) > len(str(limit)) or int(digits) > limit:
                 raise self._over()
 
     def _over(self) -> BodyRefused:

@@ -1,0 +1,159 @@
+"""An outsider's attack on the issue 25 fixes (third security pass), as a customer, a hostile
+provider and a network would try them. Each test here failed on the code it was written against.
+
+* (held, pinned) a verified webhook nested deeper than the NUL/NaN scrub's recursion reaches is
+  a 400, never a 500;
+* a ``Content-Length`` that ``str.isdigit`` accepts but ``int`` does not (``²``), or one of
+  thousands of digits, is a 400/413 from :class:`~reconcile.webhook_ingest.CappedBody`, never a
+  ``ValueError`` (a 500) out of the library's ingestion helper;
+* the total deadline covers name resolution and every address a name resolves to: a slow DNS
+  answer, or a name resolving to many addresses that never answer the SYN, cannot hold an
+  exchange past its documented total (no address outside 127.0.0.1 is ever contacted: the
+  resolver is replaced).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reconcile.db.models import WebhookDelivery
+from reconcile.errors import ReadFailed
+from reconcile.providers.http import HttpClient, ProviderSession
+from reconcile.testing import sim_signing
+from reconcile.testing.simulator import Script, Simulator
+from reconcile.webhook_ingest import BodyRefused, handle_webhook, read_capped
+from tests.integration.test_sweep import FOREVER, World
+
+# ----------------------------------------------------------------------------- webhooks
+
+
+@pytest.mark.parametrize("depth", [400, 600, 900])
+def test_a_verified_webhook_nested_deeply_is_a_400_never_a_500(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, depth: int) -> None:
+    """Held: a signed Replicate delivery whose ``logs`` nest ``depth`` objects deep (json.loads
+    takes 900; the NUL/NaN scrub, two frames a level, would not) is refused by the schemes'
+    64-level bound before the scrub runs."""
+    w = World(db, simulator, tmp_path)
+    job_id = w.accept("replicate-prediction", Script(timeline=FOREVER))
+    task_id = w.task_id(job_id)
+    nested = '{"a":' * depth + "NaN" + "}" * depth
+    body = ('{"id": "' + task_id + '", "status": "processing", "logs": ' + nested + "}").encode()
+    headers = sim_signing.replicate_headers(simulator.secrets.replicate_webhook_secret, body,
+                                            f"msg_{uuid.uuid4().hex}", sim_signing.now_seconds())
+    status, answer = handle_webhook(w.rt, "replicate", headers, body, {"job_id": str(job_id)})
+    assert status == 400 and answer["error"]["code"] == "WEBHOOK_INVALID", (status, answer)
+    with db() as s:  # refused as bad input (the provider sees it): nothing half-stored
+        assert s.execute(select(WebhookDelivery).where(
+            WebhookDelivery.upstream_id == task_id)).first() is None
+
+
+@pytest.mark.parametrize("declared", ["\u00b2", "\u00b9\u2070", "1" * 5000, "\u0663"])
+def test_a_content_length_only_str_isdigit_accepts_is_refused_not_a_crash(declared: str) -> None:
+    with pytest.raises(BodyRefused) as refused:
+        read_capped([b"hello"], {"Content-Length": declared}, 10)
+    assert refused.value.response[0] in (400, 413)
+
+
+# ----------------------------------------------------------------------------- deadline
+
+
+class _Answering:
+    """127.0.0.1: answers every request at once with ``{}``."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def answering() -> Iterator[_Answering]:
+    server = _Answering()
+    yield server
+    server.sock.close()
+
+
+def _client(host: str, port: int) -> HttpClient:
+    # connect 1 s + read 1 s: a documented total of 2 s
+    return HttpClient(f"http://{host}:{port}", connect_timeout=1.0, read_timeout=1.0,
+                      read_retries=0, session=ProviderSession())
+
+
+def test_slow_name_resolution_is_inside_the_total_deadline(
+        answering: _Answering, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The provider's DNS answers after 4 s (the name resolves to 127.0.0.1): before the fix
+    the 2 s exchange took the whole 4 s — the watchdog shuts sockets, and there is none yet."""
+    real = socket.getaddrinfo
+
+    def slow(host: str, port: object, *args: object, **kwargs: object) -> object:
+        if host == "slow-dns.invalid":
+            time.sleep(4)
+            host = "127.0.0.1"
+        return real(host, port, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    started = time.monotonic()
+    with pytest.raises(ReadFailed, match="deadline"):
+        _client("slow-dns.invalid", answering.port).read("GET", "/v1/task")
+    assert time.monotonic() - started < 3.0
+    # a name that resolves in time still works
+    assert _client("127.0.0.1", answering.port).read("GET", "/v1/task").json() == {}
+
+
+def test_a_name_resolving_to_many_silent_addresses_is_inside_the_total_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six addresses whose SYN is never answered (a listening socket with a full accept queue
+    on 127.0.0.1): each connect waited its own 1 s connect timeout, 6 s for a 2 s total."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(0)
+    port = silent.getsockname()[1]
+    fillers = []
+    for _ in range(4):  # fill the accept queue: later SYNs are dropped
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    time.sleep(0.2)
+    real = socket.getaddrinfo
+
+    def many(host: str, *args: object, **kwargs: object) -> object:
+        if host == "many.invalid":
+            return real("127.0.0.1", port, socket.AF_INET, socket.SOCK_STREAM) * 6
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", many)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ReadFailed):
+            _client("many.invalid", port).read("GET", "/v1/task")
+        assert time.monotonic() - started < 3.0
+    finally:
+        for filler in fillers:
+            filler.close()
+        silent.close()
