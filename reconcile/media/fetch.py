@@ -41,7 +41,7 @@ import urllib3.connection
 import urllib3.util.connection
 
 from ..errors import MediaExpired, MediaFetchFailed, MediaTooLarge
-from ..providers.deadline import DeadlineExceeded, bounded, track
+from ..providers.deadline import DeadlineExceeded, bounded, resolve, track
 from .guard import (  # noqa: F401  (DEFAULT_PORTS, _normalise_host: read by the tests)
     DEFAULT_PORTS,
     Resolver,
@@ -166,7 +166,9 @@ def safe_fetch(
     with _media_session() as http:
         for _hop in range(max_redirects + 1):
             _remaining(deadline)
-            target = check_url(url, allowed, resolver)
+            # the name is resolved within the deadline too (the watchdog has no socket to shut)
+            target = check_url(url, allowed, lambda host, port, **_: resolve(
+                host, port, deadline - time.monotonic(), resolver=resolver))
             origin = origin or target.origin
             # Caller headers (auth) go only to the original scheme, host and port.
             hop_headers = dict(headers or {}) if target.origin == origin else {}

@@ -157,3 +157,20 @@ def test_a_name_resolving_to_many_silent_addresses_is_inside_the_total_deadline(
         for filler in fillers:
             filler.close()
         silent.close()
+
+
+def test_a_media_fetchs_slow_name_resolution_is_inside_its_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The media fetch resolves the host itself (the SSRF guard pins the address) before its
+    hop's deadline starts: a resolver answering after 4 s held a 1 s fetch for 4 s."""
+    from reconcile.errors import MediaFetchFailed
+    from reconcile.media.fetch import safe_fetch
+
+    def slow(host: str, port: int, **kwargs: object) -> list[tuple[object, ...]]:
+        time.sleep(4)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    started = time.monotonic()
+    with pytest.raises(MediaFetchFailed, match="resolve"):
+        safe_fetch("https://cdn.invalid/a.png", max_bytes=10, timeout=1.0, resolver=slow)
+    assert time.monotonic() - started < 2.0
