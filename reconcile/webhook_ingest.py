@@ -34,6 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from . import jobstore, lifecycle, webhooks
+from .core.limits import declared_over
 from .db.models import Job, WebhookDelivery
 from .errors import (
     ErrorCode,
@@ -122,13 +123,10 @@ class CappedBody:
         declared = next((str(v) for k, v in headers.items() if str(k).lower() == "content-length"),
                         None)
         if declared is not None:
-            digits = declared.strip()
-            # ASCII digits only (str.isdigit also takes "²", which int() refuses), compared by
-            # length first (int() refuses more than 4300 digits)
-            if not (digits.isascii() and digits.isdigit()):
+            over = declared_over(declared, limit)
+            if over is None:
                 raise BodyRefused(400, code, "Content-Length is not a byte count")
-            digits = digits.lstrip("0") or "0"
-            if len(digits) > len(str(limit)) or int(digits) > limit:
+            if over:
                 raise self._over()
 
     def _over(self) -> BodyRefused:

@@ -40,6 +40,7 @@ import urllib3
 import urllib3.connection
 import urllib3.util.connection
 
+from ..core.limits import declared_over
 from ..errors import MediaExpired, MediaFetchFailed, MediaTooLarge
 from ..providers.deadline import DeadlineExceeded, bounded, resolve, track
 from .guard import (  # noqa: F401  (DEFAULT_PORTS, _normalise_host: read by the tests)
@@ -222,9 +223,9 @@ def _read(response: requests.Response, url: str, max_bytes: int, deadline: float
     if not 200 <= status < 300:
         raise MediaFetchFailed(f"media URL answered {status}: {url[:200]}")
     declared = response.headers.get("Content-Length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
+    if declared is not None and declared_over(declared, max_bytes):
         raise MediaTooLarge(
-            f"media declares {int(declared)} bytes, over the {max_bytes}-byte bound"
+            f"media declares {declared.strip()[:40]} bytes, over the {max_bytes}-byte bound"
         )
     chunks: list[bytes] = []
     total = 0

@@ -174,3 +174,28 @@ def test_a_media_fetchs_slow_name_resolution_is_inside_its_timeout(
     with pytest.raises(MediaFetchFailed, match="resolve"):
         safe_fetch("https://cdn.invalid/a.png", max_bytes=10, timeout=1.0, resolver=slow)
     assert time.monotonic() - started < 2.0
+
+
+def test_a_media_hosts_content_length_of_thousands_of_digits_is_too_large_not_a_crash() -> None:
+    """A hostile media host declares a 5000-digit ``Content-Length``: ``int()`` raised
+    ValueError out of safe_fetch (not a MediaError the store step handles)."""
+    from reconcile.errors import MediaTooLarge
+    from reconcile.media.fetch import safe_fetch
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: " + b"1" * 5000
+                         + b"\r\nConnection: close\r\n\r\nhello")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with pytest.raises(MediaTooLarge):
+            safe_fetch(f"http://127.0.0.1:{port}/a.png", allowed_hosts=["127.0.0.1:*"],
+                       max_bytes=100, timeout=5.0)
+    finally:
+        server.close()
