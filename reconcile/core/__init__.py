@@ -3,5 +3,4 @@
 
 * :mod:`reconcile.core.redact` — what never reaches a customer or a log (signed query strings,
   tokens, internal addresses).
-* :mod:`reconcile.core.limits` — a declared ``Content-Length`` against a byte cap.
 """
