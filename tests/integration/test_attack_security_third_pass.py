@@ -199,3 +199,59 @@ def test_a_media_hosts_content_length_of_thousands_of_digits_is_too_large_not_a_
                        max_bytes=100, timeout=5.0)
     finally:
         server.close()
+
+
+# ----------------------------------------------------------------------------- redirects
+
+
+class _Recorder:
+    """127.0.0.1: answers ``{}`` and records each request's head (the redirect's target)."""
+
+    def __init__(self, answer: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}") -> None:
+        self.answer = answer
+        self.heads: list[bytes] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        head += chunk
+                    self.heads.append(head)
+                    conn.sendall(self.answer)
+                except OSError:
+                    pass
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_providers_read_never_follows_a_redirect_to_another_origin(status: int) -> None:
+    """A hostile (or hijacked) provider answers a poll with a redirect to another origin: the
+    read followed it with the provider's key header (requests strips only ``Authorization``;
+    ElevenLabs' ``xi-api-key`` went along), and the target's answer was parsed as the task —
+    an SSRF into the worker's network (a metadata endpoint) whose body lands in the job's error.
+    A create (``send_once``) already refused redirects; a read now does too: the 3xx is the
+    answer to classify."""
+    target = _Recorder()
+    provider = _Recorder(f"HTTP/1.1 {status} Moved\r\nLocation: http://127.0.0.1:{target.port}"
+                         f"/latest/meta-data/\r\nContent-Length: 0\r\n\r\n".encode())
+    try:
+        client = HttpClient(f"http://127.0.0.1:{provider.port}", headers={"xi-api-key": "xi-secret"},
+                            connect_timeout=1.0, read_timeout=1.0, read_retries=0,
+                            session=ProviderSession())
+        response = client.read("GET", "/v1/dubbing/dub1")
+        assert response.status_code == status
+        assert target.heads == [], target.heads
+    finally:
+        provider.sock.close()
+        target.sock.close()
