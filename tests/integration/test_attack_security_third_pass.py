@@ -255,3 +255,37 @@ def test_a_providers_read_never_follows_a_redirect_to_another_origin(status: int
     finally:
         provider.sock.close()
         target.sock.close()
+
+
+# ----------------------------------------------------------------------------- poll answers
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not fixed here: the scrub (NUL, lone surrogates -> U+FFFD, as webhook_ingest._pg_text does "
+    "for deliveries) belongs in the one function every stored text goes through — redact.text / "
+    "redact.value, which the redact branch is rewriting; until then the job stays in flight, "
+    "each poll counting an attempt, and is failed and refunded only at its exhaustion horizon"))
+@pytest.mark.parametrize("text", ["bad\x00msg", "bad\ud800msg"])
+def test_a_poll_answer_with_a_nul_or_lone_surrogate_fails_the_job_never_a_crash(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """A hostile provider's poll says failed with a NUL (or an unpaired surrogate) in its
+    message, status and code: PostgreSQL's text and jsonb refuse both, so saving the failure
+    raised DataError out of every poll and the job could never settle (its credits held). The
+    webhook path already stores them as U+FFFD; the poll path now does the same."""
+    from reconcile import lifecycle
+    from reconcile.providers.base import PollResult, PollStatus
+
+    w = World(db, simulator, tmp_path)
+    job_id = w.accept("replicate-prediction", Script(timeline=FOREVER))
+    kind = w.rt.kind("replicate-prediction")
+    client = w.rt.client(kind)  # type: ignore[arg-type]
+    hostile = PollResult(PollStatus.FAILED, raw_status=f"failed{text}", error_code=f"E{text}",
+                         error_message=text, request_id=f"req{text}")
+    monkeypatch.setattr(client, "poll", lambda *a, **k: hostile)
+    job = w.job(job_id)
+    assert lifecycle.observe(w.rt, job, kind, via="poll",  # type: ignore[arg-type]
+                             result=hostile) == "failed"
+    failed = w.job(job_id)
+    assert failed.status == "failed" and "\x00" not in (failed.error_message or "")
+    assert w.refunds(job_id) > 0
