@@ -1,9 +1,15 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-A declared ``Content-Length`` read against a byte cap: the one rule the request-body cap
-(:class:`reconcile.webhook_ingest.CappedBody`) and the media fetch (:mod:`reconcile.media.fetch`)
-share. Only ASCII digits are a byte count (``str.isdigit`` also takes ``²``, which ``int``
-refuses), and the count is compared by its length first (``int`` refuses more than 4300 digits).
+What the library can take and keep:
+
+* a declared ``Content-Length`` read against a byte cap (:func:`declared_over`): the one rule the
+  request-body cap (:class:`reconcile.webhook_ingest.CappedBody`) and the media fetch
+  (:mod:`reconcile.media.fetch`) share. Only ASCII digits are a byte count (``str.isdigit`` also
+  takes ``²``, which ``int`` refuses), compared by length first (``int`` refuses more than 4300
+  digits);
+* text a PostgreSQL ``text`` column can hold (:func:`storable_text`): no NUL, no unpaired
+  surrogate (psycopg cannot encode one) — a customer's identifiers at submit, a provider's task
+  id at create.
 """
 
 from __future__ import annotations
@@ -19,4 +25,15 @@ def declared_over(declared: str, limit: int) -> bool | None:
     return len(digits) > len(str(limit)) or int(digits) > limit
 
 
-__all__ = ["declared_over"]
+def storable_text(value: str) -> bool:
+    """``value`` fits a PostgreSQL ``text``: no NUL and no unpaired surrogate."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
+__all__ = ["declared_over", "storable_text"]

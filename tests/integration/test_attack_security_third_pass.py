@@ -289,3 +289,23 @@ def test_a_poll_answer_with_a_nul_or_lone_surrogate_fails_the_job_never_a_crash(
     failed = w.job(job_id)
     assert failed.status == "failed" and "\x00" not in (failed.error_message or "")
     assert w.refunds(job_id) > 0
+
+
+@pytest.mark.parametrize("task_id", ["pred\ud800x", "\udfff"])
+def test_a_created_task_id_with_a_lone_surrogate_is_uncertain_not_an_error_loop(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, task_id: str) -> None:
+    """A hostile provider accepts the create and answers an id holding an unpaired surrogate
+    (valid JSON: ``"\\ud800"``). ``usable_task_id`` refused only NUL; PostgreSQL's text cannot
+    hold the surrogate either (psycopg cannot encode it), so saving the id raised out of the
+    create step. Now the id is unusable: the job is uncertain, as for a NUL."""
+    from reconcile import lifecycle
+    from reconcile.providers.base import Created
+
+    w = World(db, simulator, tmp_path)
+    job_id = w.submit("replicate-prediction")
+    client = w.rt.client(w.rt.kind("replicate-prediction"))  # type: ignore[arg-type]
+    monkeypatch.setattr(client, "create", lambda request: Created(task_id=task_id))
+    assert lifecycle.create_step(w.rt, job_id).action == "uncertain"
+    job = w.job(job_id)
+    assert (job.submission_state, job.provider_task_id) == ("uncertain", None)
