@@ -309,3 +309,33 @@ def test_a_created_task_id_with_a_lone_surrogate_is_uncertain_not_an_error_loop(
     assert lifecycle.create_step(w.rt, job_id).action == "uncertain"
     job = w.job(job_id)
     assert (job.submission_state, job.provider_task_id) == ("uncertain", None)
+
+
+# ----------------------------------------------------------------------------- submit
+
+
+@pytest.mark.parametrize("key", ["key\x00", "key\ud800"])
+def test_an_idempotency_key_postgresql_cannot_hold_is_a_400_and_writes_nothing(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, key: str) -> None:
+    """``api.submit`` checked the key's length only: a NUL or an unpaired surrogate (from a
+    JSON body field, or a framework that hands headers as text) reached the idempotency row's
+    INSERT and answered 500 INTERNAL after the ledger's reservation was attempted."""
+    from reconcile import api
+
+    w = World(db, simulator, tmp_path)
+    before = _written_rows(db)
+    status, body = api.submit(w.rt, w.user, "kie-standard", "seedream/4.5-edit", {"prompt": "cat"},
+                              40, job_type="image", inline=True, idempotency_key=key)
+    assert status == 400 and body["error"]["code"] == "INVALID_PARAM", (status, body)
+    assert body["error"]["param"] == "idempotency_key"
+    assert _written_rows(db) == before
+
+
+def _written_rows(db: sessionmaker[Session]) -> tuple[int, ...]:
+    from sqlalchemy import func
+
+    from reconcile.db.models import CreditTransaction, Job, UsageLog
+
+    with db() as s:
+        return tuple(s.execute(select(func.count()).select_from(model)).scalar_one()
+                     for model in (Job, UsageLog, CreditTransaction))
