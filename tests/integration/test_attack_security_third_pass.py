@@ -339,3 +339,37 @@ def _written_rows(db: sessionmaker[Session]) -> tuple[int, ...]:
     with db() as s:
         return tuple(s.execute(select(func.count()).select_from(model)).scalar_one()
                      for model in (Job, UsageLog, CreditTransaction))
+
+
+# ----------------------------------------------------------------------------- evidence
+
+
+def test_an_operator_cannot_adopt_an_upstream_id_another_job_holds(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """The rule "an upstream id another job holds is that job's" (evidence.held_elsewhere) was
+    applied by the sweep only: ``reconcile resolve --upstream-id`` — the path the README sends
+    an operator down for a delivery the sweep will not adopt, and ``reconcile show`` calls such
+    a delivery "adoptable (signed)" — adopted the other job's task. Two jobs then poll one task
+    and both are charged for one output (the attacker's dubbing of finding 1, stored before the
+    fix, adopted by hand). adopt_upstream_id, the one door of every adoption, now refuses it."""
+    from click.testing import CliRunner
+
+    from reconcile.cli import main
+
+    w = World(db, simulator, tmp_path)
+    victim = w.submit("replicate-prediction", 300)
+    simulator.script(str(victim), Script(timeline=FOREVER, create="server_error"))
+    from reconcile import lifecycle
+
+    assert lifecycle.create_step(w.rt, victim).action == "uncertain"
+    other = w.accept("replicate-prediction", Script(timeline=FOREVER))
+    held = w.task_id(other)
+
+    result = CliRunner().invoke(main, ["resolve", str(victim), "--upstream-id", held], obj=w.rt)
+    assert result.exit_code != 0, result.output
+    assert str(other) in result.output
+    job = w.job(victim)
+    assert (job.submission_state, job.provider_task_id) == ("uncertain", None)
+    # and the library door itself, whoever calls it
+    assert not lifecycle.adopt_upstream_id(w.rt, victim, held, source="listing")
+    assert w.job(victim).provider_task_id is None
