@@ -373,3 +373,29 @@ def test_an_operator_cannot_adopt_an_upstream_id_another_job_holds(
     # and the library door itself, whoever calls it
     assert not lifecycle.adopt_upstream_id(w.rt, victim, held, source="listing")
     assert w.job(victim).provider_task_id is None
+
+
+def test_reconcile_show_never_calls_a_delivery_naming_another_jobs_task_adoptable(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """A signed delivery stored for the uncertain victim whose upstream id another job holds
+    (finding 1's row, stored before the fix): ``reconcile show`` said "adoptable (signed)",
+    sending the operator to adopt the other job's task; it now says whose task it is."""
+    from click.testing import CliRunner
+
+    from reconcile import lifecycle
+    from reconcile.cli import main
+
+    w = World(db, simulator, tmp_path)
+    victim = w.submit("replicate-prediction", 300)
+    simulator.script(str(victim), Script(timeline=FOREVER, create="server_error"))
+    assert lifecycle.create_step(w.rt, victim).action == "uncertain"
+    other = w.accept("replicate-prediction", Script(timeline=FOREVER))
+    held = w.task_id(other)
+    with db.begin() as s:
+        s.add(WebhookDelivery(provider="replicate", delivery_id=f"msg_{uuid.uuid4().hex}",
+                              upstream_id=held, job_id=victim, received_at=w.clock.now,
+                              payload_digest="x" * 16, status="succeeded", payload={"id": held}))
+    shown = CliRunner().invoke(main, ["show", str(victim)], obj=w.rt)
+    assert shown.exit_code == 0, shown.output
+    assert "adoptable" not in shown.stdout, shown.stdout
+    assert f"never: the task of job {other}" in shown.stdout
