@@ -2,8 +2,10 @@
 
 A hard total deadline for one HTTP exchange (name resolution + connect to every address tried +
 request + status line + headers + body): the sync calls (README, Design notes: Sync calls and
-their deadline; issue 11 hole 7), and every exchange of :class:`~reconcile.providers.http.HttpClient` (polls, the sweep's and the
-batch's reads, webhook confirming reads, creates) and the fal JWKS fetch (issue 25 finding 4).
+their deadline; issue 11 hole 7), and every exchange of
+:class:`~reconcile.providers.http.HttpClient` (polls, the sweep's and the batch's reads, webhook
+confirming reads, creates), the fal JWKS fetch (issue 25 finding 4) and the media fetch's name
+resolution (:func:`resolve`).
 
 Per-read timeouts give a call no worst case: a server that trickles a byte before each read
 timeout keeps it alive for ever. Inside :func:`bounded`, every socket the session's connections
