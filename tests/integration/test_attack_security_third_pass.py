@@ -8,8 +8,15 @@ provider and a network would try them. Each test here failed on the code it was 
   ``ValueError`` (a 500) out of the library's ingestion helper;
 * the total deadline covers name resolution and every address a name resolves to: a slow DNS
   answer, or a name resolving to many addresses that never answer the SYN, cannot hold an
-  exchange past its documented total (no address outside 127.0.0.1 is ever contacted: the
-  resolver is replaced).
+  exchange (or a media fetch) past its documented total (no address outside 127.0.0.1 is ever
+  contacted: the resolver is replaced);
+* a media host's ``Content-Length`` of thousands of digits is MediaTooLarge, not a ValueError;
+* no provider read follows a redirect (it carried the key header to another origin);
+* a provider's task id or a customer's idempotency key PostgreSQL cannot hold (NUL, unpaired
+  surrogate) is refused (uncertain / 400), never an exception; a poll answer holding one is a
+  strict xfail (the scrub belongs in the redact branch's one stored-text function);
+* no adoption (an operator's ``resolve --upstream-id`` included) takes an upstream id another
+  job holds, and ``reconcile show`` never calls such a delivery adoptable.
 """
 
 from __future__ import annotations
