@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from .core.limits import storable_text
 from .db.models import IdempotencyKey
 from .errors import Conflict, ErrorCode, InvalidParam
 
@@ -49,6 +50,9 @@ def check_key(key: str | None) -> str | None:
         return None
     if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_LENGTH:
         raise InvalidParam(f"idempotency key must be 1–{MAX_KEY_LENGTH} characters",
+                           param="idempotency_key")
+    if not storable_text(key):  # the key is a row's text: PostgreSQL cannot hold these
+        raise InvalidParam("idempotency key holds a NUL or an unpaired surrogate",
                            param="idempotency_key")
     return key
 

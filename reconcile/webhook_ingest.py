@@ -35,6 +35,7 @@ from sqlalchemy.exc import IntegrityError
 
 from . import jobstore, lifecycle, webhooks
 from .core import redact
+from .core.limits import declared_over
 from .db.models import Job, WebhookDelivery
 from .errors import (
     ErrorCode,
@@ -131,9 +132,10 @@ class CappedBody:
         declared = next((str(v) for k, v in headers.items() if str(k).lower() == "content-length"),
                         None)
         if declared is not None:
-            if not declared.strip().isdigit():
+            over = declared_over(declared, limit)
+            if over is None:
                 raise BodyRefused(400, code, "Content-Length is not a byte count")
-            if int(declared) > limit:
+            if over:
                 raise self._over()
 
     def _over(self) -> BodyRefused:

@@ -101,11 +101,18 @@ def held_elsewhere(session: Session, upstream_ids: Iterable[str], job_id: uuid.U
     one, whatever a delivery's binding says. A field a customer could set before the library
     refused it (an ElevenLabs dubbing ``name`` of ``reconcile-job:<another job>``) named the
     customer's own task, which the customer's job holds."""
+    return set(holders(session, upstream_ids, job_id))
+
+
+def holders(session: Session, upstream_ids: Iterable[str], job_id: uuid.UUID
+            ) -> dict[str, uuid.UUID]:
+    """:func:`held_elsewhere` with the job holding each: ``{upstream id: that job's id}``."""
     ids = {i for i in upstream_ids if i}
     if not ids:
-        return set()
-    return set(session.execute(select(Job.provider_task_id).where(
-        Job.provider_task_id.in_(ids), Job.id != job_id)).scalars())
+        return {}
+    return {task_id: holder for task_id, holder in session.execute(
+        select(Job.provider_task_id, Job.id).where(
+            Job.provider_task_id.in_(ids), Job.id != job_id)).tuples()}
 
 
 def confirmed(assessment: Assessment, echoed: str | None, job_id: str) -> bool:
@@ -116,4 +123,4 @@ def confirmed(assessment: Assessment, echoed: str | None, job_id: str) -> bool:
 
 
 __all__ = ["BINDINGS", "FAL_CHECKED_USER", "Assessment", "Binding", "assess", "confirmed", "family",
-           "held_elsewhere", "same_kind", "signed_job_id"]
+           "held_elsewhere", "holders", "same_kind", "signed_job_id"]

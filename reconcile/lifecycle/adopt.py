@@ -9,6 +9,7 @@ import uuid
 from .. import jobstore
 from ..db.models import Job
 from ..errors import ErrorCode
+from ..jobstore import evidence
 from ..jobstore.events import add_event, publish_events
 from ..runtime import Runtime
 from ..states import Submission
@@ -22,12 +23,19 @@ log = logging.getLogger("reconcile.lifecycle")
 def adopt_upstream_id(rt: Runtime, job_id: uuid.UUID, task_id: str, *, source: str) -> bool:
     """Evidence found (a webhook, a provider listing, an operator): an ``uncertain`` (or expired
     ``submitting``) job takes the upstream id, becomes ``accepted``/``processing`` with attempts
-    reset, and its poll chain starts. False: the job is not waiting for evidence any more."""
+    reset, and its poll chain starts. False: the job is not waiting for evidence any more, or
+    another job already holds ``task_id`` (it is that job's task:
+    :func:`reconcile.jobstore.evidence.held_elsewhere`, whatever the source: the sweep, a listing
+    or an operator)."""
     now = rt.now()
     with rt.sessions.begin() as session:
         job = jobstore.load(session, job_id)
         kind = rt.kind(job.provider_kind) if job else None
         if job is None or kind is None or kind.sync or not usable_task_id(task_id):
+            return False
+        if evidence.held_elsewhere(session, [task_id], job_id):
+            log.warning("adopt_refused_held_elsewhere job_id=%s task_id=%s source=%s", job_id,
+                        task_id, source)
             return False
         adopted = jobstore.adopt_task_id(
             session, job_id, task_id, now, poll_lease_until=now + poll_lease(rt, kind),

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from .. import jobstore
+from ..core.limits import storable_text
 from ..db.models import Job
 from ..errors import (
     CreateRateLimited,
@@ -155,9 +156,10 @@ def _not_claimed(rt: Runtime, job_id: uuid.UUID, now: datetime) -> CreateOutcome
 
 
 def usable_task_id(task_id: object) -> bool:
-    """An upstream id the job row can hold and a poll can name (PostgreSQL text cannot hold
-    NUL: saving one raises, and would leave an accepted create in an error loop)."""
-    return isinstance(task_id, str) and bool(task_id) and "\x00" not in task_id
+    """An upstream id the job row can hold and a poll can name (PostgreSQL text cannot hold a
+    NUL or an unpaired surrogate: saving one raises, and would leave an accepted create in an
+    error loop)."""
+    return isinstance(task_id, str) and bool(task_id) and storable_text(task_id)
 
 
 def _owner_where(token: str) -> tuple[Any, ...]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import idempotency, jobstore
+from ..core.limits import storable_text
 from ..core.redact import printable
 from ..db.models import Job
 from ..errors import InvalidParam
@@ -66,14 +67,14 @@ def _check_storable(rt: Runtime, model: str, input: Mapping[str, Any], job_type:
         raise InvalidParam(f"job_type is longer than {rt.settings.max_job_type_length} characters",
                            param="job_type")
     for param, value in (("model", model), ("job_type", job_type)):
-        if not _plain_text(value):
+        if not storable_text(value):
             raise InvalidParam(f"{param} holds a NUL or an unpaired surrogate", param=param)
         if not printable(value):  # an operator's terminal shows identifiers (reconcile show)
             raise InvalidParam(f"{param} holds a control or format character", param=param)
     stack: list[Any] = [input]
     while stack:  # iterative: a deeply nested input cannot exhaust the stack here
         value = stack.pop()
-        if isinstance(value, str) and not _plain_text(value):
+        if isinstance(value, str) and not storable_text(value):
             raise InvalidParam("input holds a NUL or an unpaired surrogate", param="input")
         if isinstance(value, str) and JOB_REF_PREFIX in value.casefold():
             raise InvalidParam(f"input may not use the library's prefix {JOB_REF_PREFIX!r}",
@@ -89,14 +90,6 @@ def _check_storable(rt: Runtime, model: str, input: Mapping[str, Any], job_type:
                            param="input")
 
 
-def _plain_text(value: str) -> bool:
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return True
 
 
 def submit_job(

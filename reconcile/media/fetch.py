@@ -40,8 +40,9 @@ import urllib3
 import urllib3.connection
 import urllib3.util.connection
 
+from ..core.limits import declared_over
 from ..errors import MediaExpired, MediaFetchFailed, MediaTooLarge
-from ..providers.deadline import DeadlineExceeded, bounded, track
+from ..providers.deadline import DeadlineExceeded, bounded, resolve, track
 from .guard import (  # noqa: F401  (DEFAULT_PORTS, _normalise_host: read by the tests)
     DEFAULT_PORTS,
     Resolver,
@@ -166,7 +167,9 @@ def safe_fetch(
     with _media_session() as http:
         for _hop in range(max_redirects + 1):
             _remaining(deadline)
-            target = check_url(url, allowed, resolver)
+            # the name is resolved within the deadline too (the watchdog has no socket to shut)
+            target = check_url(url, allowed, lambda host, port, **_: resolve(
+                host, port, deadline - time.monotonic(), resolver=resolver))
             origin = origin or target.origin
             # Caller headers (auth) go only to the original scheme, host and port.
             hop_headers = dict(headers or {}) if target.origin == origin else {}
@@ -220,9 +223,9 @@ def _read(response: requests.Response, url: str, max_bytes: int, deadline: float
     if not 200 <= status < 300:
         raise MediaFetchFailed(f"media URL answered {status}: {url[:200]}")
     declared = response.headers.get("Content-Length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
+    if declared is not None and declared_over(declared, max_bytes):
         raise MediaTooLarge(
-            f"media declares {int(declared)} bytes, over the {max_bytes}-byte bound"
+            f"media declares {declared.strip()[:40]} bytes, over the {max_bytes}-byte bound"
         )
     chunks: list[bytes] = []
     total = 0

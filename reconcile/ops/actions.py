@@ -111,6 +111,10 @@ def resolve(cli: Cli, job_id: uuid.UUID, upstream_id: str | None, not_submitted:
         if kind is None or kind.sync:
             raise Refused(f"job {job_id} is of kind {job.provider_kind!r}, which has no upstream id "
                           "to adopt; use --not-submitted")
+        holder = _holder(cli, job_id, upstream_id)
+        if holder is not None:
+            raise Refused(f"upstream id {_cell(upstream_id)} is the task of job {holder}, not "
+                          f"job {job_id}'s; nothing done (see `reconcile show {holder}`)")
         if not lifecycle.adopt_upstream_id(rt, job_id, upstream_id, source="operator"):
             raise Failed(f"job {job_id} changed meanwhile; nothing done")
         click.echo(f"job {job_id} adopted upstream id {upstream_id}: processing, polling resumed")
@@ -118,6 +122,14 @@ def resolve(cli: Cli, job_id: uuid.UUID, upstream_id: str | None, not_submitted:
     if not lifecycle.resolve_not_submitted(rt, job_id, reason="operator"):
         raise Failed(f"job {job_id} changed meanwhile; nothing done")
     _report_failed(cli, job_id, "failed as not submitted")
+
+
+def _holder(cli: Cli, job_id: uuid.UUID, upstream_id: str) -> uuid.UUID | None:
+    """The job already holding ``upstream_id`` (its own task, never this job's evidence)."""
+    from ..jobstore import evidence
+
+    with cli.session() as session:
+        return evidence.holders(session, [upstream_id], job_id).get(upstream_id)
 
 
 # ----------------------------------------------------------------------------- runs

@@ -163,7 +163,7 @@ def _row(obj: Any, fields: Sequence[str]) -> dict[str, Any]:
     return {f: getattr(obj, f) for f in fields}
 
 
-def _evidence_note(cli: Cli, job: Job, delivery: WebhookDelivery) -> str:
+def _evidence_note(cli: Cli, session: Session, job: Job, delivery: WebhookDelivery) -> str:
     """What the sweep may do with a delivery for this job (reconcile.jobstore.evidence); where it may
     not, the operator decides with ``resolve --upstream-id``."""
     from ..jobstore import evidence
@@ -172,6 +172,9 @@ def _evidence_note(cli: Cli, job: Job, delivery: WebhookDelivery) -> str:
     kind = get_kind(job.provider_kind)
     if kind is None or job.provider_task_id:
         return ""
+    holder = evidence.holders(session, [delivery.upstream_id or ""], job.id)
+    if holder:
+        return f"never: the task of job {next(iter(holder.values()))}"
     judged = evidence.assess(delivery, str(job.id), kind, cli.settings())
     if not judged.usable:
         return f"operator only: {judged.reason}"
@@ -209,7 +212,7 @@ def show(cli: Cli, job_id: uuid.UUID, as_json: bool) -> None:
                                          .order_by(CreditAnomaly.id)).scalars()],
             "webhook_deliveries": [
                 {**_row(w, ("provider", "delivery_id", "upstream_id", "status", "received_at")),
-                 "evidence": _evidence_note(cli, job, w)}
+                 "evidence": _evidence_note(cli, session, job, w)}
                 for w in session.execute(select(WebhookDelivery).where(delivery_match)
                                          .order_by(WebhookDelivery.received_at)).scalars()],
             "assets": [

@@ -1,9 +1,11 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-A hard total deadline for one HTTP exchange (connect + request + status line + headers +
-body): the sync calls (README, Design notes: Sync calls and their deadline; issue 11 hole 7),
-and every exchange of :class:`~reconcile.providers.http.HttpClient` (polls, the sweep's and the
-batch's reads, webhook confirming reads, creates) and the fal JWKS fetch (issue 25 finding 4).
+A hard total deadline for one HTTP exchange (name resolution + connect to every address tried +
+request + status line + headers + body): the sync calls (README, Design notes: Sync calls and
+their deadline; issue 11 hole 7), and every exchange of
+:class:`~reconcile.providers.http.HttpClient` (polls, the sweep's and the batch's reads, webhook
+confirming reads, creates), the fal JWKS fetch (issue 25 finding 4) and the media fetch's name
+resolution (:func:`resolve`).
 
 Per-read timeouts give a call no worst case: a server that trickles a byte before each read
 timeout keeps it alive for ever. Inside :func:`bounded`, every socket the session's connections
@@ -18,6 +20,7 @@ shuts it.
 from __future__ import annotations
 
 import heapq
+import ipaddress
 import itertools
 import os
 import socket
@@ -45,9 +48,10 @@ class DeadlineExceeded(requests.Timeout):
 class _Watch:
     """The sockets of one bounded exchange, shut together when the deadline passes."""
 
-    def __init__(self, parent: _Watch | None = None) -> None:
+    def __init__(self, seconds: float, parent: _Watch | None = None) -> None:
         self.lock = threading.Lock()
         self.parent = parent  # an enclosing deadline: it watches our sockets too
+        self.at = time.monotonic() + max(0.0, seconds)
         self.expired = False
         self.ended = False  # the exchange is over: a late timer shuts nothing
         self.sockets: list[Any] = []  # shut at the deadline
@@ -56,6 +60,13 @@ class _Watch:
     def passed(self) -> bool:
         """This deadline, or an enclosing one, has passed."""
         return self.expired or (self.parent is not None and self.parent.passed())
+
+    def remaining(self) -> float:
+        """Seconds left before this deadline or an enclosing one (0 once either passed)."""
+        left = self.at - time.monotonic()
+        if self.parent is not None:
+            left = min(left, self.parent.remaining())
+        return 0.0 if self.passed() else max(0.0, left)
 
     def add(self, sock: Any, *, owned: bool = False) -> None:
         with self.lock:
@@ -142,16 +153,78 @@ class _Current(threading.local):
 _CURRENT = _Current()
 
 
+def resolve(host: str, port: int, seconds: float, *,
+            resolver: Any = None) -> list[tuple[Any, ...]]:
+    """``getaddrinfo`` bounded to ``seconds``: the watchdog shuts sockets, and a name being
+    resolved has none yet, so a slow DNS answer would outlive any deadline. It runs in a
+    daemon thread that is abandoned at the bound (``TimeoutError``); an address literal is
+    answered at once, without a thread."""
+    lookup = resolver or socket.getaddrinfo
+    try:
+        ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        pass
+    else:
+        return list(lookup(host.strip("[]"), port, type=socket.SOCK_STREAM))
+    answer: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            answer["infos"] = list(lookup(host, port, type=socket.SOCK_STREAM))
+        except BaseException as exc:  # handed to the caller's thread
+            answer["error"] = exc
+
+    thread = threading.Thread(target=run, name="reconcile-resolve", daemon=True)
+    thread.start()
+    thread.join(max(0.0, seconds))
+    if "error" in answer:
+        raise answer["error"]
+    if "infos" not in answer:
+        raise TimeoutError(f"resolving {host} outlived the total deadline ({seconds:.3g} s left)")
+    return answer["infos"]
+
+
 class _Tracked:
-    """Connection mixin: a new socket, or a pooled connection's socket, joins the watch."""
+    """Connection mixin: a new socket, or a pooled connection's socket, joins the watch.
+
+    Under a deadline the connect is bounded too: the name is resolved within what is left
+    (:func:`resolve`), and each address the name resolves to is tried with the connect timeout
+    cut to what is left, so neither a slow DNS answer nor many silent addresses outlive it."""
 
     def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()  # type: ignore[misc]
+        watch = _CURRENT.watch
+        sock = super()._new_conn() if watch is None else self._bounded_conn(watch)  # type: ignore[misc]
         if _CURRENT.watch is not None:
             # a dup shuts the same connection, TLS-wrapped or not
             self._watch_dup = sock.dup()
             _CURRENT.watch.add(self._watch_dup, owned=True)
         return sock
+
+    def _bounded_conn(self, watch: _Watch) -> socket.socket:
+        host, timeout = self._dns_host, self.timeout  # type: ignore[attr-defined]
+        try:
+            infos = resolve(host, self.port, watch.remaining())  # type: ignore[attr-defined]
+        except socket.gaierror as exc:
+            raise urllib3.exceptions.NameResolutionError(self.host, self, exc) from exc  # type: ignore[attr-defined,arg-type]
+        except TimeoutError as exc:
+            raise urllib3.exceptions.ConnectTimeoutError(self, str(exc)) from exc
+        failure: Exception | None = None
+        try:
+            for info in infos:
+                left = watch.remaining()
+                if left <= 0:
+                    break
+                self._dns_host = info[4][0]
+                self.timeout = left if not isinstance(timeout, int | float) else min(timeout, left)
+                try:
+                    return super()._new_conn()  # type: ignore[misc,no-any-return]
+                except (urllib3.exceptions.ConnectTimeoutError,
+                        urllib3.exceptions.NewConnectionError) as exc:
+                    failure = exc
+        finally:
+            self._dns_host, self.timeout = host, timeout
+        raise failure or urllib3.exceptions.ConnectTimeoutError(
+            self, f"Connection to {host} timed out (total deadline)")
 
     def request(self, *args: Any, **kwargs: Any) -> Any:
         sock = getattr(self, "sock", None)
@@ -230,7 +303,7 @@ def prepare(session: requests.Session, url: str) -> requests.Session:
 def bounded(seconds: float) -> Iterator[None]:
     """Run one exchange on a :func:`prepare`-d session under a total deadline of ``seconds``."""
     previous = _CURRENT.watch
-    watch = _Watch(previous)
+    watch = _Watch(seconds, previous)
     _CURRENT.watch = watch
     _WATCHDOG.schedule(seconds, watch)
     try:

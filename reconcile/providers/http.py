@@ -201,7 +201,13 @@ class HttpClient:
         last byte: the watchdog of :mod:`.deadline` shuts the socket when it passes, so a
         status line or headers trickled a line at a time cannot outlive it (issue 25 finding
         4). A ``stream=True`` caller gets the response once its headers are in and bounds the
-        body itself."""
+        body itself.
+
+        A redirect is never followed, by a create or a read: a 307/308 would re-send a (billed)
+        request to another origin, and any 3xx would carry the provider's key header there
+        (requests strips only ``Authorization``) and have the worker read whatever that origin
+        answers (a metadata endpoint) as the task; the 3xx is the answer to classify."""
+        kwargs.setdefault("allow_redirects", False)
         headers = {**self.headers, **kwargs.pop("headers", {})}
         timeout = kwargs.pop("timeout", self.timeout)
         streamed = kwargs.pop("stream", False)  # the caller bounds a streamed download itself
@@ -222,15 +228,12 @@ class HttpClient:
 
     def send_once(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         """One attempt, no retry. Transport errors propagate (``requests.RequestException``).
-
-        A redirect is never followed: a 307/308 would re-send the (billed) request to another
-        origin, through an adapter the sync deadline does not watch, with the provider's key
-        header (requests strips only ``Authorization``); the 3xx is the answer to classify."""
-        kwargs.setdefault("allow_redirects", False)
+        A redirect is never followed (:meth:`_request`)."""
         return self._request(method, path, **kwargs)
 
     def read(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        """A read: retried on 429/5xx and transport errors; returns the last response.
+        """A read: retried on 429/5xx and transport errors; returns the last response (a 3xx
+        is not followed: :meth:`_request`).
 
         Raises :class:`ReadFailed` when every attempt failed at the transport level.
         """
