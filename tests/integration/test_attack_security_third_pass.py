@@ -13,8 +13,8 @@ provider and a network would try them. Each test here failed on the code it was 
 * a media host's ``Content-Length`` of thousands of digits is MediaTooLarge, not a ValueError;
 * no provider read follows a redirect (it carried the key header to another origin);
 * a provider's task id or a customer's idempotency key PostgreSQL cannot hold (NUL, unpaired
-  surrogate) is refused (uncertain / 400), never an exception; a poll answer holding one is a
-  strict xfail (the scrub belongs in the redact branch's one stored-text function);
+  surrogate) is refused (uncertain / 400), never an exception; a poll answer holding one fails the
+  job (``redact.text``, the one stored-text function, writes them as U+FFFD);
 * no adoption (an operator's ``resolve --upstream-id`` included) takes an upstream id another
   job holds, and ``reconcile show`` never calls such a delivery adoptable.
 """
@@ -267,11 +267,6 @@ def test_a_providers_read_never_follows_a_redirect_to_another_origin(status: int
 # ----------------------------------------------------------------------------- poll answers
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not fixed here: the scrub (NUL, lone surrogates -> U+FFFD, as webhook_ingest._pg_text does "
-    "for deliveries) belongs in the one function every stored text goes through — redact.text / "
-    "redact.value, which the redact branch is rewriting; until then the job stays in flight, "
-    "each poll counting an attempt, and is failed and refunded only at its exhaustion horizon"))
 @pytest.mark.parametrize("text", ["bad\x00msg", "bad\ud800msg"])
 def test_a_poll_answer_with_a_nul_or_lone_surrogate_fails_the_job_never_a_crash(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
