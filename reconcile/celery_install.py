@@ -38,8 +38,8 @@ from celery.signals import beat_init, worker_init, worker_process_init
 
 __all__ = [
     "BEAT_ENTRY", "POLL_DUE_ENTRY", "PRUNE_ENTRY", "QUEUE", "SWEEP_QUEUE", "SWEEP_TASK",
-    "SettingConflict", "check_broker_limits", "check_settings", "fresh_engines", "install",
-    "installed_app", "library_settings",
+    "SettingConflict", "check_broker_limits", "check_settings", "connect_worker_checks",
+    "fresh_engines", "install", "installed_app", "library_settings",
 ]
 
 log = logging.getLogger("reconcile.install")
