@@ -10,15 +10,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, inspect, select, update
+import pytest
+from sqlalchemy import inspect, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import lifecycle
-from reconcile.db.models import Asset, CreditAnomaly, CreditTransaction, Job
+from reconcile.db.models import Asset, CreditAnomaly, Job
 from reconcile.lifecycle.finalize import COMPLETED_ROW_REVERTED
 from reconcile.sweep import sweep
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.harness import audit, balance, drain, fund, make_runtime
+from tests.integration.harness import audit, drain, fund, ledger_backend, make_runtime
+from tests.integration.ledgers import BACKENDS, make_backend
 
 INSTANT = ((0.0, "queued"), (0.0, "succeeded"))
 
@@ -51,17 +53,19 @@ def _completed_then_written_back(db: sessionmaker[Session], simulator: Simulator
     return rt, q, job_id, user
 
 
-def _commits(db: sessionmaker[Session], job_id: uuid.UUID) -> int:
-    with db() as s:
-        return s.execute(select(func.count()).select_from(CreditTransaction)
-                         .where(CreditTransaction.job_id == job_id,
-                                CreditTransaction.type == "COMMIT")).scalar_one()
-
-
+@pytest.mark.parametrize("ledger", BACKENDS)
 def test_a_written_back_row_is_recompleted_from_its_assets_once(
-        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, ledger: str) -> None:
+    """On both ledger backends (built-in; a platform's ``user_credits``): the commit of the
+    repair settles nothing twice."""
+    with ledger_backend(make_backend(ledger, db)) as current:
+        _recompleted_once(db, simulator, tmp_path, current)
+
+
+def _recompleted_once(db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+                      current: Any) -> None:
     rt, q, job_id, user = _completed_then_written_back(db, simulator, tmp_path)
-    before = balance(db, user)
+    before = current.balance(user)
     later = rt.now() + timedelta(minutes=2)
     assert sweep(rt, now=later).errors == 0  # resumes the poll chain of the row
     # the next poll: old code failed on uq_reconcile_assets_job_id_index and polled again (the
@@ -79,7 +83,7 @@ def test_a_written_back_row_is_recompleted_from_its_assets_once(
                                              for a in assets]
     assert all(rt.storage.exists(a.storage_key) for a in assets)
     assert anomalies == [COMPLETED_ROW_REVERTED]
-    assert balance(db, user) == before and _commits(db, job_id) == 1  # charged once
+    assert current.balance(user) == before and current.commit_count(job_id) == 1  # charged once
     assert sweep(rt, now=later + timedelta(minutes=2)).scanned == 0  # no loop
     with db() as s:
         assert audit(s, now=later + timedelta(hours=1)) == []
