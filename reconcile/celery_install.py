@@ -13,8 +13,9 @@ replaces the configuration and with it these changes):
   platform's own routes, adds the sweep to the beat schedule, and merges the Redis transport
   options (visibility timeout, unacked restore cadence) the same way;
 * connects :func:`fresh_engines` to ``worker_process_init``, and a start-up check to
-  ``worker_init`` that refuses a worker whose deliveries could outlive the broker's limits
-  (:mod:`reconcile.worker.broker`); applies the library's fix for a worker that exits when its Redis
+  ``worker_init`` that refuses a worker whose deliveries could outlive the broker's limits or
+  whose Celery settings are unsafe for the library (:mod:`reconcile.worker.broker`; connected
+  by ``import reconcile.tasks`` too, so an app configured by hand is checked); applies the library's fix for a worker that exits when its Redis
   goes away (Celery 5.7.0).
 * connects :func:`check_settings` to ``worker_init`` / ``beat_init``; adds the retention entry
   (``reconcile-prune``) to the beat schedule when a retention is set.
@@ -37,8 +38,8 @@ from celery.signals import beat_init, worker_init, worker_process_init
 
 __all__ = [
     "BEAT_ENTRY", "POLL_DUE_ENTRY", "PRUNE_ENTRY", "QUEUE", "SWEEP_QUEUE", "SWEEP_TASK",
-    "SettingConflict", "check_broker_limits", "check_settings", "fresh_engines", "install",
-    "installed_app", "library_settings",
+    "SettingConflict", "check_broker_limits", "check_settings", "connect_worker_checks",
+    "fresh_engines", "install", "installed_app", "library_settings",
 ]
 
 log = logging.getLogger("reconcile.install")
@@ -98,7 +99,7 @@ def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
         _add_prune_entry(conf, wanted.get("beat_schedule", {}).get(PRUNE_ENTRY))
         _add_poll_due_entry(conf, wanted.get("beat_schedule", {}).get(POLL_DUE_ENTRY))
     worker_process_init.connect(fresh_engines, weak=False, dispatch_uid="reconcile.fresh_engines")
-    worker_init.connect(check_broker_limits, weak=False, dispatch_uid="reconcile.broker_limits")
+    connect_worker_checks()
     from .worker.broker import survive_broker_loss
 
     survive_broker_loss()
@@ -157,14 +158,22 @@ def fresh_engines(**_: object) -> None:
     tasks.reset_runtime()
 
 
+def connect_worker_checks() -> None:
+    """Connect :func:`check_broker_limits` to ``worker_init`` (idempotent): by :func:`install`,
+    and on ``import reconcile.tasks`` for an app configured by hand."""
+    worker_init.connect(check_broker_limits, weak=False, dispatch_uid="reconcile.broker_limits")
+
+
 def check_broker_limits(sender: Any = None, **_: object) -> None:
-    """``worker_init``: refuse to start a worker of the installed app whose deliveries could
-    outlive the broker's limits (:func:`reconcile.worker.broker.refuse_unsafe_limits`)."""
+    """``worker_init``: refuse to start a worker that serves the library's queues (or of the
+    installed app) whose deliveries could outlive the broker's limits or whose effective Celery
+    settings are unsafe for the library, however the app was configured
+    (:func:`reconcile.worker.broker.refuse_unsafe_limits`)."""
     from .settings import Settings
     from .worker.broker import UnsafeBrokerLimits, refuse_unsafe_limits
 
     app = getattr(sender, "app", None) or _app
-    if app is None or (_app is not None and app is not _app):
+    if app is None or (app is not _app and not _serves_library(app)):
         return
     try:
         refuse_unsafe_limits(app.conf, Settings())
@@ -173,6 +182,13 @@ def check_broker_limits(sender: Any = None, **_: object) -> None:
         log.critical("reconcile_refuses_to_start %s", exc)
         raise SystemExit(f"reconcile: refusing to start the worker: UnsafeBrokerLimits: {exc}") \
             from exc
+
+
+def _serves_library(app: Celery) -> bool:
+    """Whether a worker of ``app`` consumes one of the library's queues (at ``worker_init`` the
+    worker's ``-Q`` selection is in place; without one it consumes every declared queue)."""
+    queues = app.amqp.queues
+    return bool({QUEUE, SWEEP_QUEUE} & set(queues.consume_from or queues))
 
 
 # ----------------------------------------------------------------------------- merging

@@ -14,7 +14,7 @@ from typing import Any
 from celery import shared_task
 
 from . import lifecycle
-from .celery_install import send
+from .celery_install import connect_worker_checks, send
 from .runtime import Runtime
 from .settings import Settings, get_settings
 from .worker import broker
@@ -27,6 +27,7 @@ __all__ = [
 log = logging.getLogger("reconcile.tasks")
 
 broker.survive_broker_loss()  # any worker running these tasks, whatever app it built
+connect_worker_checks()  # its start-up check too, for an app configured by hand
 
 _RUNTIME: dict[int, Runtime] = {}
 

@@ -25,7 +25,7 @@ knows) and never writes. What it proves:
   grace whose job row was deleted (``orphaned_reservation``: ``reconcile credits
   release-orphan`` releases it); a job ``pending``/``processing`` whose reservation the library
   committed or refunded before the grace (``settled_job_in_flight``: a terminal status moved
-  back); a job whose ``user_id`` is not the user its USAGE row charged (``job_user_mismatch``);
+  back), or whose completion's assets are stored (``completed_job_in_flight``, at once); a job whose ``user_id`` is not the user its USAGE row charged (``job_user_mismatch``);
   a usage log whose ``user_id`` is not that user, or without a USAGE row its job's
   (``usage_log_user_mismatch``: a settlement would pay the log's user).
 * **Per lot**: ``0 ≤ remaining ≤ amount`` (``negative_lot``, ``lot_out_of_range``); every GRANT,

@@ -1,6 +1,7 @@
 """Internal: the audit's checks of the job row against the ledger, where a platform may change
 the row under the library: deleted it (``orphaned_reservation``), moved its status back
-(``settled_job_in_flight``), or rewritten a user id (``job_user_mismatch``,
+(``settled_job_in_flight``; ``completed_job_in_flight`` at once when its assets are stored), or
+rewritten a user id (``job_user_mismatch``,
 ``usage_log_user_mismatch``). Each check is one statement."""
 
 from __future__ import annotations
@@ -9,14 +10,18 @@ from typing import Any
 
 from sqlalchemy import and_, func, literal, or_, select
 
+from ..db.models import Asset
 from ..states import IN_FLIGHT
 from ._base import J, T, U, _Audit
 
+A = Asset.__table__
+
 
 def _job_rows(a: _Audit) -> None:
-    """``orphaned_reservation``, ``settled_job_in_flight``, ``job_user_mismatch`` and
-    ``usage_log_user_mismatch`` (module docstring)."""
-    for check in (_orphaned_reservations, _settled_in_flight, _user_mismatches):
+    """``orphaned_reservation``, ``settled_job_in_flight``, ``completed_job_in_flight``,
+    ``job_user_mismatch`` and ``usage_log_user_mismatch`` (module docstring)."""
+    for check in (_orphaned_reservations, _settled_in_flight, _completed_in_flight,
+                  _user_mismatches):
         check(a)
 
 
@@ -43,21 +48,43 @@ def _orphaned_reservations(a: _Audit) -> None:
                  f"--reason ...)")
 
 
-def _settled_in_flight(a: _Audit) -> None:
-    """A job in flight whose reservation the library settled (its ``job-commit:`` or
-    ``job-refund:``) before the grace: a terminal status was moved back."""
+def _settled_before_grace(a: _Audit) -> Any:
+    """The condition "the library settled this ``J`` job (its ``job-commit:`` or
+    ``job-refund:``) before the grace" on the ``T`` row joined with it."""
     jid = a.job_text(J.c.id)  # from the (few) jobs in flight, by the settlement's exact id
     settles = or_(and_(T.c.id == literal("job-commit:") + jid, T.c.type == "COMMIT"),
                   and_(T.c.id == literal("job-refund:") + jid, T.c.type == "REFUND"))
+    return and_(T.c.job_id == J.c.id, settles, T.c.created_at < a.now - a.grace)
+
+
+def _settled_in_flight(a: _Audit) -> None:
+    """A job in flight whose reservation the library settled (its ``job-commit:`` or
+    ``job-refund:``) before the grace: a terminal status was moved back."""
     stmt = a.scoped(
         select(J.c.id, J.c.user_id, J.c.status, T.c.type, T.c.created_at.label("at"))
-        .select_from(J.join(T, and_(T.c.job_id == J.c.id, settles)))
-        .where(J.c.status.in_(IN_FLIGHT), T.c.created_at < a.now - a.grace), J.c.user_id)
+        .select_from(J.join(T, _settled_before_grace(a)))
+        .where(J.c.status.in_(IN_FLIGHT)), J.c.user_id)
     for r in a.session.execute(stmt):
         verb = "committed" if r.type == "COMMIT" else "refunded"
         a.report("settled_job_in_flight", r.user_id, r.id,
                  f"job {r.status} but its reservation was {verb} at {r.at.isoformat()} "
                  f"(a terminal status moved back)")
+
+
+def _completed_in_flight(a: _Audit) -> None:
+    """A job in flight with stored assets, which only a winning completion writes (in its own
+    transaction): a completion moved back, with no grace and whatever it charged (a stale ORM
+    save of the row; the next finalize re-completes it). Reported once: a job past the grace
+    of its settlement is ``settled_job_in_flight``."""
+    stmt = a.scoped(
+        select(J.c.id, J.c.user_id, J.c.status)
+        .where(J.c.status.in_(IN_FLIGHT),
+               select(A.c.id).where(A.c.job_id == J.c.id).exists(),
+               ~select(T.c.id).where(_settled_before_grace(a)).exists()), J.c.user_id)
+    for r in a.session.execute(stmt):
+        a.report("completed_job_in_flight", r.user_id, r.id,
+                 f"job {r.status} but its completion stored assets (a completed row written "
+                 f"back: the next poll re-completes it)")
 
 
 def _user_mismatches(a: _Audit) -> None:

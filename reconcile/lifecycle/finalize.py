@@ -23,6 +23,9 @@ from ..states import TERMINAL, Status
 
 log = logging.getLogger("reconcile.lifecycle")
 
+# the anomaly of a completed job whose row was written back in flight, then re-completed
+COMPLETED_ROW_REVERTED = "completed_row_reverted"
+
 
 @dataclass(frozen=True)
 class _Stored:
@@ -97,9 +100,17 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
                         priced=rt.pricing_hook(job, result) if rt.pricing_hook else None).commit
         # an explicit amount is what the commit below charges: written with the completion
         cost = {} if amount is None else {"credits_actual": amount, "display_cost": amount}
+        # assets are written only by a winning completion: a job in flight that has them was
+        # completed, then its row written back (a platform's stale ORM save). Repaired from
+        # what is stored: the same completion CAS, the ledger's commit is a no-op on a settled
+        # reservation (the amount it settled is read back), no second asset, hook or reopen
+        restored = list(session.execute(select(Asset).where(Asset.job_id == job_id)
+                                        .order_by(Asset.index)).scalars())
+        outputs_data = [{"key": a.storage_key, "media_type": a.media_type} for a in restored] \
+            if restored else [{"key": s.key, "media_type": s.media_type} for s in stored]
         done = jobstore.mark_completed(
             session, job_id,
-            output_data={"outputs": [{"key": s.key, "media_type": s.media_type} for s in stored],
+            output_data={"outputs": outputs_data,
                          **({"text": "\n".join(texts)} if texts else {})},
             provider=provider_of(job.provider_kind),
             provider_cost=result.cost_usd if result else None,
@@ -116,6 +127,18 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
                 # not known at the completion CAS (no pricing hook), or the commit settled
                 # otherwise (nothing held any more, legacy refunds)
                 jobstore.record_cost(session, job_id, actual)  # refreshes ``done`` too
+            if restored:
+                jobstore.record_anomaly(session, job_id=job_id, user_id=job.user_id,
+                                        kind=COMPLETED_ROW_REVERTED, now=now,
+                                        detail={"source": source, "assets": len(restored),
+                                                "credits_actual": done.credits_actual})
+                log.warning("completed_row_reverted job_id=%s source=%s: re-completed from its "
+                            "%d stored assets", job_id, source, len(restored))
+                completed = add_event(session, done, "completed", now,
+                                      {"outputs": len(restored),
+                                       "credits_actual": done.credits_actual, "via": source},
+                                      rt=rt)
+        if done is not None and not restored:
             for index, s in enumerate(stored):
                 session.add(Asset(id=uuid.uuid4(), job_id=job_id, user_id=job.user_id, index=index,
                                   storage_key=s.key, media_type=s.media_type, is_public=is_public,
@@ -128,8 +151,9 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
             hook = rt.completion_hooks.get(job.provider_kind or "")
             if hook is not None:
                 hook(session, done, result)
-    if not won:
+    if not won or restored:
         _drop_orphans(rt, job_id, [s.key for s in stored])
+    if not won:
         with rt.sessions() as session:
             current = jobstore.load(session, job_id)
         if current is not None and current.status == Status.CANCELLED:

@@ -9,8 +9,10 @@ The broker's limits and one kombu defect: what a worker needs to survive its bro
   worker exits. Longer waits (a provider's ``Retry-After``) ride on ``create_not_before`` and the
   sweep instead of a message.
 * :func:`limit_problems` / :func:`refuse_unsafe_limits`: at worker start, refuse a configuration
-  where ``max countdown + task_time_limit`` (the longest a delivery can stay unacked) reaches the
-  visibility timeout (Redis) or the declared ``consumer_timeout`` (RabbitMQ).
+  where ``max countdown + prefetch × task_time_limit`` (the longest a delivery can stay unacked)
+  reaches the visibility timeout (Redis) or the declared ``consumer_timeout`` (RabbitMQ), or
+  where a Celery setting the library depends on has an unsafe value (:func:`setting_problems`:
+  whether the app was configured by ``reconcile.install`` or by hand).
 * :func:`survive_broker_loss`: the fix for a worker that exits when Redis goes away while it
   holds unacked messages (Celery 5.7.0 + kombu 5.7.0; see the function).
 """
@@ -35,25 +37,48 @@ def limit_problems(conf: Any, settings: Settings) -> list[str]:
     url = str(conf.broker_url or "")
     time_limit = float(conf.task_time_limit or 0)
     countdown = float(settings.max_countdown)
-    held = countdown + time_limit
-    problems: list[str] = []
+    # with acks_late a prefetched message is held unacked behind the tasks fetched before it
+    prefetch = int(getattr(conf, "worker_prefetch_multiplier", 1))
+    held = countdown + time_limit * max(1, prefetch)
+    problems: list[str] = setting_problems(conf)
     if not time_limit:
         problems.append("task_time_limit is unset: a task could hold its delivery forever")
+    if prefetch < 1:
+        problems.append(f"worker_prefetch_multiplier={prefetch} fetches without bound: "
+                        f"prefetched deliveries could be held unacked past any limit (set 1)")
     if url.startswith(("redis://", "rediss://")):
         options = conf.broker_transport_options or {}
         visibility = float(options.get("visibility_timeout", 3600))
         if held >= visibility:
             problems.append(
-                f"max countdown {countdown:g} s + task_time_limit {time_limit:g} s = {held:g} s "
-                f"reaches the Redis visibility timeout {visibility:g} s: a healthy message would "
+                f"max countdown {countdown:g} s + {_times(prefetch)}task_time_limit "
+                f"{time_limit:g} s = {held:g} s reaches the Redis visibility timeout {visibility:g} s: a healthy message would "
                 f"be redelivered (raise RECONCILE_BROKER_VISIBILITY_TIMEOUT or lower the others)")
     elif url.startswith(("amqp://", "amqps://", "pyamqp://")):
         consumer_timeout = float(settings.broker_consumer_timeout)
         if held >= consumer_timeout:
             problems.append(
-                f"max countdown {countdown:g} s + task_time_limit {time_limit:g} s = {held:g} s "
-                f"reaches RabbitMQ's consumer_timeout {consumer_timeout:g} s "
+                f"max countdown {countdown:g} s + {_times(prefetch)}task_time_limit "
+                f"{time_limit:g} s = {held:g} s reaches RabbitMQ's consumer_timeout {consumer_timeout:g} s "
                 f"(RECONCILE_BROKER_CONSUMER_TIMEOUT): the channel would close and the worker exit")
+    return problems
+
+
+def _times(prefetch: int) -> str:
+    return f"prefetch {prefetch} × " if prefetch > 1 else ""
+
+
+def setting_problems(conf: Any) -> list[str]:
+    """The Celery settings of :mod:`reconcile.celery_settings` whose change is unsafe, read from
+    the effective configuration ([] = safe). ``task_acks_late`` / ``task_reject_on_worker_lost``
+    off only delay recovery to the sweep (it re-creates lost work from the database), and a
+    prefetch above 1 is covered by the held-delivery rule of :func:`limit_problems`."""
+    problems: list[str] = []
+    if getattr(conf, "worker_cancel_long_running_tasks_on_connection_loss", False):
+        problems.append(
+            "worker_cancel_long_running_tasks_on_connection_loss=True: a broker blip would kill "
+            "a create after the provider accepted it and leave the job uncertain (set False; "
+            "every task is fenced in the database, so the second copy costs nothing)")
     return problems
 
 

@@ -34,7 +34,7 @@ EXPORTED = {
     "reconcile.celery_install": {
         "BEAT_ENTRY", "POLL_DUE_ENTRY", "PRUNE_ENTRY", "QUEUE", "SWEEP_QUEUE",
         "SWEEP_TASK", "SettingConflict", "check_broker_limits", "check_settings",
-        "fresh_engines", "install", "installed_app", "library_settings",
+        "connect_worker_checks", "fresh_engines", "install", "installed_app", "library_settings",
     },
     "reconcile.celery_settings": {
         "accept_content", "beat_max_loop_interval", "beat_schedule",
