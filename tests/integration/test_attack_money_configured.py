@@ -1,0 +1,291 @@
+"""Attacks on the issue-24 money rules as a platform configures them: partial settlement
+policies set as deployment configuration, a policy changed mid-life, an operator's writers
+racing a user's cancel, re-charges and releases racing each other. Each ends with the ledger's
+money identities checked by ``credits.audit``."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from reconcile import credits, lifecycle
+from reconcile.db.models import CreditBalance, CreditTransaction, Job
+from reconcile.errors import LedgerError
+from reconcile.lifecycle.cancel import cancel_job
+from reconcile.runtime import Runtime
+from reconcile.settlement import SettlementPolicy, SettleOutcome, kept_of
+from reconcile.testing.simulator import Script, Simulator
+from tests.integration.harness import Clock, fund, make_runtime
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+RUNNING = ((0.0, "queued"), (3600.0, "succeeded"))
+FAILED = ((0.0, "queued"), (0.0, "failed"))
+
+
+def _rt(db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, **policy: str) -> Runtime:
+    rt, _ = make_runtime(db, simulator, tmp_path, clock=Clock(T0), **policy)
+    return rt
+
+
+def _job(db: sessionmaker[Session], job_id: uuid.UUID) -> Job:
+    with db() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def _balance(db: sessionmaker[Session], user: uuid.UUID) -> int:
+    with db() as s:
+        row = s.get(CreditBalance, user)
+        return 0 if row is None else row.sub + row.topup
+
+
+def _audit(rt: Runtime) -> list[tuple[str, Any]]:
+    with rt.sessions() as s:
+        return [(d.kind, d.job_id) for d in credits.audit(s, now=T0, settings=rt.settings)]
+
+
+def _submit(rt: Runtime, db: sessionmaker[Session], kind: str = "replicate-prediction",
+            model: str = "acme/flux") -> tuple[uuid.UUID, uuid.UUID]:
+    user = uuid.uuid4()
+    fund(db, user)
+    job_id = lifecycle.submit_job(rt, user, kind, model, {"prompt": "a cat"}, 40,
+                                  job_type="image").job_id
+    return user, job_id
+
+
+def _failed_accepted(rt: Runtime, db: sessionmaker[Session],
+                     simulator: Simulator) -> tuple[uuid.UUID, uuid.UUID]:
+    """An accepted job the provider then reported failed, its failure saved but not settled
+    (the worker died between the two)."""
+    simulator.script_default(Script(timeline=FAILED))
+    user, job_id = _submit(rt, db)
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
+    with db.begin() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(
+            status="failed", error_code="UPSTREAM_FAILED", completed_at=T0, next_poll_at=T0))
+    return user, job_id
+
+
+# ----------------------------------------------------------------------------- policy change
+
+
+def test_a_policy_changed_between_the_failure_and_its_settlement(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """A failure saved under "failures keep half", settled after a redeploy under "failures
+    keep two thirds": the settlement keeps what the policy in force when it runs keeps, and
+    the audit — under the new policy and under the old one — accepts it (its record)."""
+    old = _rt(db, simulator, tmp_path, failure_refund="1/2")
+    user, job_id = _failed_accepted(old, db, simulator)
+    new = _rt(db, simulator, tmp_path, failure_refund="1/3")
+    assert lifecycle.settle(new, job_id) is SettleOutcome.SETTLED
+    assert _job(db, job_id).credits_actual == kept_of(40, Fraction(1, 3)) == 26
+    assert _balance(db, user) == 1000 - 26
+    assert _audit(new) == [] and _audit(old) == []
+    # and a full refund under the default policy is never called wrong by a later policy
+    default = _rt(db, simulator, tmp_path)
+    user2, job2 = _failed_accepted(default, db, simulator)
+    assert lifecycle.settle(default, job2) is SettleOutcome.SETTLED
+    assert _balance(db, user2) == 1000
+    assert _audit(new) == [] and _audit(default) == []
+
+
+def test_rt_settings_swapped_mid_process_takes_the_new_policy(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """``rt.settings = …`` mid-process: the runtime's policy follows the new settings (never
+    the old one silently), and a policy assigned against them is refused."""
+    rt = _rt(db, simulator, tmp_path, failure_refund="1/2")
+    assert rt.settlement_policy == SettlementPolicy(failure_refund=Fraction(1, 2))
+    rt.settings = rt.settings.model_copy(update={"failure_refund": Fraction(0)})
+    assert rt.settlement_policy == SettlementPolicy(failure_refund=Fraction(0))
+    with pytest.raises(ValueError):
+        rt.settlement_policy = SettlementPolicy(failure_refund=Fraction(1, 2))
+    user, job_id = _failed_accepted(rt, db, simulator)
+    assert lifecycle.settle(rt, job_id) is SettleOutcome.SETTLED
+    assert _job(db, job_id).credits_actual == 40 and _balance(db, user) == 960
+    assert _audit(rt) == []
+
+
+# ----------------------------------------------------------------------------- cancel races
+
+
+def test_an_operator_fail_between_the_upstream_cancel_and_the_cancels_write(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under "a cancel keeps everything, a failure nothing" (cancel 0, failure 1): the user
+    cancels an accepted job; between the provider's cancel and the cancel's own write an
+    operator's ``reconcile fail`` fails the job. Whatever the cancel answers, the money must
+    agree with it: a cancel the user is told happened is settled as a cancel, and a 409 ("the
+    job is failed, not cancelable") is never charged a cancel's share."""
+    from reconcile.errors import Conflict
+
+    rt = _rt(db, simulator, tmp_path, failure_refund="1", cancel_refund="0")
+    simulator.script_default(Script(timeline=RUNNING))
+    user, job_id = _submit(rt, db)
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
+    client = rt.client(rt.kind("replicate-prediction"))
+    real_cancel = client.cancel
+
+    def cancel_then_operator_fails(task_id: str, **kwargs: Any) -> bool:
+        done = real_cancel(task_id, **kwargs)
+        assert lifecycle.fail_job(rt, job_id, "RECONCILE_NO_RECOVERY", "reconcile_no_recovery",
+                                  {"by": "operator", "reason": "stuck"})
+        return done
+
+    monkeypatch.setattr(client, "cancel", cancel_then_operator_fails)
+    try:
+        answer: Any = cancel_job(rt, user, job_id).status
+    except Conflict as exc:
+        answer = exc.code
+    job = _job(db, job_id)
+    if answer == "cancelled":
+        assert job.credits_actual == 40 and _balance(db, user) == 960
+    else:  # the user was told the cancel did not happen: the operator's fail settles it
+        assert (answer, job.status) == ("JOB_NOT_CANCELABLE", "failed")
+        assert job.credits_actual == 0 and _balance(db, user) == 1000, answer
+    assert _audit(rt) == []
+
+
+# ----------------------------------------------------------------------------- re-charge
+
+
+def _half_settled_then_completed(rt: Runtime, db: sessionmaker[Session],
+                                 simulator: Simulator) -> tuple[uuid.UUID, uuid.UUID]:
+    user, job_id = _failed_accepted(rt, db, simulator)
+    assert lifecycle.settle(rt, job_id) is SettleOutcome.SETTLED
+    with db.begin() as s:  # the platform's own worker completes it
+        s.execute(update(Job).where(Job.id == job_id).values(status="completed"))
+    return user, job_id
+
+
+def test_a_recharge_never_takes_more_than_the_settlement_returned(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """A job settled with half back (20 of 40) and then completed: a re-charge takes back at
+    most the 20 that went back — the job never costs more than its reservation, which the
+    pricing hook cannot exceed either (``commit_exceeds_held``). Nothing is written when
+    refused."""
+    rt = _rt(db, simulator, tmp_path, failure_refund="1/2")
+    user, job_id = _half_settled_then_completed(rt, db, simulator)
+    assert _balance(db, user) == 980
+    with db.begin() as s:
+        with pytest.raises(LedgerError) as refused:
+            credits.recharge(s, job_id, 500, now=T0)
+    assert refused.value.reason == "recharge_exceeds_returned"
+    assert _balance(db, user) == 980 and _job(db, job_id).credits_actual == 20
+    with db.begin() as s:
+        assert credits.recharge(s, job_id, 20, now=T0) is True
+    assert _balance(db, user) == 960 and _job(db, job_id).credits_actual == 40
+    assert _audit(rt) == []
+
+
+def test_two_concurrent_recharges_charge_once(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """Two operators re-charge the same partly settled, completed job at once (two real
+    PostgreSQL transactions): one charge."""
+    rt = _rt(db, simulator, tmp_path, failure_refund="1/2")
+    user, job_id = _half_settled_then_completed(rt, db, simulator)
+    barrier = threading.Barrier(2)
+    results: list[Any] = []
+
+    def recharge() -> None:
+        barrier.wait()
+        try:
+            with db.begin() as s:
+                results.append(credits.recharge(s, job_id, 20, now=T0))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            results.append(exc)
+
+    threads = [threading.Thread(target=recharge) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert sorted(map(repr, results)) == ["False", "True"]
+    assert _balance(db, user) == 960 and _job(db, job_id).credits_actual == 40
+    assert _audit(rt) == []
+
+
+# ----------------------------------------------------------------------------- orphans
+
+
+def test_release_orphan_racing_a_late_settle_of_the_same_job(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """A failed job's settlement (half kept) runs while the platform deletes its row and an
+    operator releases the reservation as an orphan: exactly one of them settles it."""
+    rt = _rt(db, simulator, tmp_path, failure_refund="1/2")
+    user, job_id = _failed_accepted(rt, db, simulator)
+    started, release = threading.Event(), threading.Event()
+    out: dict[str, Any] = {}
+    from reconcile.lifecycle import settling
+
+    real_held = settling._held
+
+    def held_then_wait(session: Session, jid: uuid.UUID) -> int:
+        value = real_held(session, jid)
+        started.set()
+        release.wait(timeout=5)
+        return value
+
+    settling._held = held_then_wait  # type: ignore[assignment]
+    try:
+        settler = threading.Thread(target=lambda: out.setdefault("settle", lifecycle.settle(rt, job_id)))
+        settler.start()
+        assert started.wait(timeout=10)
+
+        def delete_and_release() -> None:
+            try:
+                with db.begin() as s:
+                    s.execute(Job.__table__.delete().where(Job.id == job_id))
+                with db.begin() as s:
+                    out["release"] = credits.release_orphan(s, job_id, "retention", now=T0)
+            except Exception as exc:  # noqa: BLE001
+                out["release"] = exc
+
+        deleter = threading.Thread(target=delete_and_release)
+        deleter.start()
+        deleter.join(timeout=2)
+        release.set()
+        settler.join(timeout=20)
+        deleter.join(timeout=20)
+    finally:
+        settling._held = real_held  # type: ignore[assignment]
+    with db() as s:
+        txns = sorted(s.execute(select(CreditTransaction.type).where(
+            CreditTransaction.job_id == job_id)).scalars())
+    assert out["settle"] is SettleOutcome.SETTLED, out
+    assert out["release"] is False, out
+    assert txns == ["COMMIT", "RELEASE", "USAGE"], txns
+    assert _balance(db, user) == 980
+    assert _audit(rt) == []
+
+
+@pytest.mark.parametrize(("code", "detail", "expected"), [
+    ("UPSTREAM_FAILED", None, "user_cancel"),  # a status read of our own upstream cancel
+    ("RECONCILE_NO_RECOVERY", {"by": "operator"}, "operator_fail"),
+    ("UPSTREAM_TIMEOUT", {"attempts": 18}, "exhaustion"),
+    ("RECONCILE_NO_RECOVERY", {"via": "sweep"}, "exhaustion"),
+])
+def test_a_cancel_request_makes_only_a_status_reads_failure_the_users_cancel(
+        code: str, detail: dict[str, Any] | None, expected: str) -> None:
+    """The rule behind the race above, on a row: a recorded cancel request turns the failure a
+    status read wrote (what the cancel relabels and answers 200 for) into the user's cancel;
+    an operator's fail or an exhaustion written meanwhile stays what it is (the cancel answers
+    409 for those, so they must not be charged a cancel's share)."""
+    from types import SimpleNamespace
+
+    from reconcile.kinds import get_kind
+    from reconcile.settlement import settlement_cause
+
+    row = SimpleNamespace(status="failed", error_code=code, error_detail=detail,
+                          submission_state="accepted", provider_task_id="t",
+                          provider_kind="replicate-prediction")
+    assert settlement_cause(row, kind=get_kind(row.provider_kind), cancel_requested=True) == (
+        expected, True)
