@@ -289,3 +289,103 @@ def test_a_cancel_request_makes_only_a_status_reads_failure_the_users_cancel(
                           provider_kind="replicate-prediction")
     assert settlement_cause(row, kind=get_kind(row.provider_kind), cancel_requested=True) == (
         expected, True)
+
+
+# ----------------------------------------------------------------------------- interleaving
+
+
+class _PauseAt:
+    """Pauses the thread named ``A`` before its ``k``-th SQL statement until released (two real
+    PostgreSQL transactions: whatever A holds stays held while the other writer runs)."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.count = k, 0
+        self.paused, self.resume = threading.Event(), threading.Event()
+
+    def __call__(self, *_args: Any) -> None:
+        if threading.current_thread().name != "A":
+            return
+        self.count += 1
+        if self.count == self.k:
+            self.paused.set()
+            self.resume.wait(timeout=15)
+
+
+def _other_writer(rt: Runtime, db: sessionmaker[Session], job_id: uuid.UUID, writer: str) -> None:
+    if writer == "poll":  # reads the task: canceled once the user's upstream cancel went out
+        lifecycle.observe(rt, _job(db, job_id), rt.kind("replicate-prediction"), via="poll")
+    else:  # the operator's `reconcile fail`, as the command calls it
+        from reconcile import jobstore
+
+        lifecycle.fail_job(rt, job_id, "RECONCILE_NO_RECOVERY", "reconcile_no_recovery",
+                           {"by": "operator", "reason": "stuck"},
+                           where=(jobstore.outcome_known(),))
+
+
+@pytest.mark.parametrize("writer", ["poll", "operator_fail"])
+@pytest.mark.parametrize(("failure", "cancel"), [("1/2", "1/3"), ("1", "0")])
+def test_a_cancel_interleaved_with_another_writer_at_every_statement(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, writer: str,
+        failure: str, cancel: str) -> None:
+    """The user's cancel of an accepted job, paused before each of its SQL statements in turn
+    while a poll (reading the provider's task) or an operator's fail runs to its end. Whatever
+    interleaving: the answer and the money agree — a 200 ``cancelled`` keeps the cancel's
+    share, a 409 keeps the share of what the row says happened — the job is settled exactly
+    once, and the audit is clean."""
+    from sqlalchemy import event
+
+    from reconcile.errors import Conflict
+    from reconcile.jobstore.events import cancel_requested
+    from reconcile.settlement import refund_share, settlement_cause
+
+    rt = _rt(db, simulator, tmp_path, failure_refund=failure, cancel_refund=cancel)
+    engine = db.kw["bind"]
+    simulator.script_default(Script(timeline=RUNNING))
+    k, seen = 1, 0
+    while True:
+        user, job_id = _submit(rt, db)
+        assert lifecycle.create_step(rt, job_id).action == "accepted"
+        pause = _PauseAt(k)
+        answer: dict[str, Any] = {}
+
+        def cancel_it() -> None:
+            try:
+                answer["status"] = cancel_job(rt, user, job_id).status
+            except Conflict as exc:
+                answer["status"] = exc.code
+
+        event.listen(engine, "before_cursor_execute", pause)
+        try:
+            a = threading.Thread(target=cancel_it, name="A")
+            a.start()
+            while not pause.paused.is_set() and a.is_alive():
+                pause.paused.wait(timeout=0.05)
+            b = threading.Thread(target=_other_writer, args=(rt, db, job_id, writer), name="B")
+            b.start()
+            b.join(timeout=3)
+            pause.resume.set()
+            a.join(timeout=30)
+            b.join(timeout=30)
+        finally:
+            event.remove(engine, "before_cursor_execute", pause)
+        assert not a.is_alive() and not b.is_alive()
+        lifecycle.settle(rt, job_id)  # a settlement the race left pending, as the sweep would
+        job = _job(db, job_id)
+        with db() as s:
+            asked = cancel_requested(s, job_id)
+        cause, accepted = settlement_cause(job, kind=rt.kind(job.provider_kind),
+                                           cancel_requested=asked)
+        share = refund_share(cause, accepted, rt.settlement_policy)
+        where = (k, writer, answer, job.status, job.error_code, cause)
+        if answer["status"] == "cancelled":
+            assert job.status == "cancelled" and cause == "user_cancel", where
+        else:
+            assert job.status == "failed" and cause != "user_cancel", where
+        assert job.credits_actual == kept_of(40, share), where
+        assert _balance(db, user) == 1000 - kept_of(40, share), where
+        assert _audit(rt) == [], where
+        seen += 1
+        if pause.count < k:  # the cancel ran to its end before the k-th statement: all done
+            break
+        k += 1
+    assert seen > 5
