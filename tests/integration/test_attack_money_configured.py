@@ -311,9 +311,22 @@ class _PauseAt:
             self.resume.wait(timeout=15)
 
 
+def _cancel_into(rt: Runtime, user: uuid.UUID, job_id: uuid.UUID, answer: dict[str, Any]) -> None:
+    from reconcile.errors import Conflict
+
+    try:
+        answer["status"] = cancel_job(rt, user, job_id).status
+    except Conflict as exc:
+        answer["status"] = exc.code
+
+
 def _other_writer(rt: Runtime, db: sessionmaker[Session], job_id: uuid.UUID, writer: str) -> None:
     if writer == "poll":  # reads the task: canceled once the user's upstream cancel went out
         lifecycle.observe(rt, _job(db, job_id), rt.kind("replicate-prediction"), via="poll")
+    elif writer == "sweep":  # a process whose clock is a day later: past the job's horizon
+        from reconcile.sweep import sweep
+
+        sweep(rt)
     else:  # the operator's `reconcile fail`, as the command calls it
         from reconcile import jobstore
 
@@ -322,7 +335,7 @@ def _other_writer(rt: Runtime, db: sessionmaker[Session], job_id: uuid.UUID, wri
                            where=(jobstore.outcome_known(),))
 
 
-@pytest.mark.parametrize("writer", ["poll", "operator_fail"])
+@pytest.mark.parametrize("writer", ["poll", "operator_fail", "sweep"])
 @pytest.mark.parametrize(("failure", "cancel"), [("1/2", "1/3"), ("1", "0")])
 def test_a_cancel_interleaved_with_another_writer_at_every_statement(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, writer: str,
@@ -334,12 +347,18 @@ def test_a_cancel_interleaved_with_another_writer_at_every_statement(
     once, and the audit is clean."""
     from sqlalchemy import event
 
-    from reconcile.errors import Conflict
     from reconcile.jobstore.events import cancel_requested
     from reconcile.settlement import refund_share, settlement_cause
 
     rt = _rt(db, simulator, tmp_path, failure_refund=failure, cancel_refund=cancel)
+    other = rt
+    if writer == "sweep":
+        from datetime import timedelta
+
+        other = _rt(db, simulator, tmp_path, failure_refund=failure, cancel_refund=cancel)
+        other.clock = Clock(T0 + timedelta(days=1))
     engine = db.kw["bind"]
+    outcomes: set[tuple[Any, ...]] = set()
     simulator.script_default(Script(timeline=RUNNING))
     k, seen = 1, 0
     while True:
@@ -347,20 +366,13 @@ def test_a_cancel_interleaved_with_another_writer_at_every_statement(
         assert lifecycle.create_step(rt, job_id).action == "accepted"
         pause = _PauseAt(k)
         answer: dict[str, Any] = {}
-
-        def cancel_it() -> None:
-            try:
-                answer["status"] = cancel_job(rt, user, job_id).status
-            except Conflict as exc:
-                answer["status"] = exc.code
-
         event.listen(engine, "before_cursor_execute", pause)
         try:
-            a = threading.Thread(target=cancel_it, name="A")
+            a = threading.Thread(target=_cancel_into, args=(rt, user, job_id, answer), name="A")
             a.start()
             while not pause.paused.is_set() and a.is_alive():
                 pause.paused.wait(timeout=0.05)
-            b = threading.Thread(target=_other_writer, args=(rt, db, job_id, writer), name="B")
+            b = threading.Thread(target=_other_writer, args=(other, db, job_id, writer), name="B")
             b.start()
             b.join(timeout=3)
             pause.resume.set()
@@ -385,7 +397,13 @@ def test_a_cancel_interleaved_with_another_writer_at_every_statement(
         assert _balance(db, user) == 1000 - kept_of(40, share), where
         assert _audit(rt) == [], where
         seen += 1
+        outcomes.add((str(answer["status"]), job.status, job.error_code, str(cause)))
         if pause.count < k:  # the cancel ran to its end before the k-th statement: all done
             break
         k += 1
     assert seen > 5
+    # both sides of the race were reached: the cancel won at some statement, the operator's
+    # fail at another (a poll or the sweep reads the task: canceled only once the upstream
+    # cancel went out, a failure the cancel then relabels, so the cancel always answers 200)
+    expected = {"cancelled", "JOB_NOT_CANCELABLE"} if writer == "operator_fail" else {"cancelled"}
+    assert {o[0] for o in outcomes} == expected, outcomes
