@@ -407,3 +407,70 @@ def test_a_cancel_interleaved_with_another_writer_at_every_statement(
     # cancel went out, a failure the cancel then relabels, so the cancel always answers 200)
     expected = {"cancelled", "JOB_NOT_CANCELABLE"} if writer == "operator_fail" else {"cancelled"}
     assert {o[0] for o in outcomes} == expected, outcomes
+
+
+# ----------------------------------------------------------------------------- credits import
+
+
+def test_two_credits_imports_at_once_grant_and_hold_once(db: sessionmaker[Session]) -> None:
+    """Two operators run ``reconcile credits import`` at the same time (two PostgreSQL
+    transactions): every balance is granted once and every reservation held once, whichever
+    commits first; the other adds nothing (or fails, writing nothing). The audit is clean."""
+    from datetime import timedelta
+
+    from sqlalchemy import text
+
+    from reconcile.credits.importer import import_credits
+    from reconcile.db.models import UsageLog
+
+    old = T0 - timedelta(hours=2)
+    users = [uuid.uuid4() for _ in range(3)]
+    jobs = []
+    with db.begin() as s:
+        s.execute(text("DROP TABLE IF EXISTS user_credits"))
+        s.execute(text("CREATE TABLE user_credits (user_id uuid PRIMARY KEY, sub bigint, "
+                       "topup bigint)"))
+        for i, user in enumerate(users):
+            s.execute(text("INSERT INTO user_credits VALUES (:u, :s, :t)"),
+                      {"u": user, "s": 100 + i, "t": 7})
+            job = uuid.uuid4()
+            jobs.append(job)
+            s.add(Job(id=job, user_id=user, job_type="image", status="processing",
+                      created_at=old))
+            s.flush()
+            s.add(UsageLog(id=uuid.uuid4(), job_id=job, user_id=user, status="reserved",
+                           credits=30, metadata_={"from_sub": 20, "from_topup": 10},
+                           created_at=old))
+    barrier = threading.Barrier(2)
+    results: list[Any] = []
+
+    def run() -> None:
+        barrier.wait()
+        try:
+            with db.begin() as s:
+                summary = import_credits(s, now=T0)
+            results.append((summary.users, summary.reservations))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            results.append(type(exc).__name__)
+
+    try:
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        with db() as s:
+            for i, user in enumerate(users):
+                bal = s.get(CreditBalance, user)
+                assert bal is not None and (bal.sub, bal.topup) == (100 + i, 7), (results, i)
+            usages = s.execute(select(CreditTransaction.id).where(
+                CreditTransaction.type == "USAGE")).scalars().all()
+            assert sorted(usages) == sorted(f"job-usage:{j}" for j in jobs), results
+            assert credits.audit(s, now=T0) == [], results
+        # a third run adds nothing
+        with db.begin() as s:
+            again = import_credits(s, now=T0)
+        assert (again.users, again.reservations) == (0, 0)
+    finally:
+        with db.begin() as s:
+            s.execute(text("DROP TABLE IF EXISTS user_credits"))
