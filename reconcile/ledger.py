@@ -61,7 +61,7 @@ from sqlalchemy.orm import Session
 
 from . import credits
 from .credits import Discrepancy, Reservation
-from .db.models import COMPLETED_AFTER_FAILURE, CreditAnomaly, CreditTransaction, Job, UsageLog
+from .db.models import COMPLETED_AFTER_FAILURE, CreditAnomaly, Job, UsageLog
 from .settlement import DEFAULT_POLICY
 
 if TYPE_CHECKING:
@@ -161,17 +161,8 @@ class BuiltinLedger:
         return credits.settled_amount(session, job_id)
 
     def refunded(self, session: Session, job_id: uuid.UUID) -> int:
-        # what went back: the REFUND, or the RELEASE of a commit for less (a partial refund)
-        back = [session.get(CreditTransaction, txn_id(job_id))
-                for txn_id in (credits.refund_txn_id, credits.release_txn_id)]
-        given = sum(txn.amount for txn in back if txn is not None)
-        if given == 0:
-            return 0
-        # an operator's re-charge (credits.recharge: a job-recharge:{job} USAGE + COMMIT pair)
-        # takes it back: what is left returned is the difference
-        recharge_id = getattr(credits, "recharge_commit_txn_id", None)
-        recharged = session.get(CreditTransaction, recharge_id(job_id)) if recharge_id else None
-        return max(0, given - (recharged.amount if recharged is not None else 0))
+        # the REFUND, or the RELEASE of a commit for less, net of a re-charge: the ledger's rule
+        return credits.returned(session, job_id)
 
     def audit(self, session: Session, *, now: datetime | None = None,
               grace: timedelta = timedelta(minutes=10), **options: Any) -> list[Discrepancy]:

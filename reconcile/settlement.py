@@ -177,6 +177,13 @@ def refund_share(cause: Cause | str, accepted: bool, policy: SettlementPolicy) -
     return policy.cancel_refund if cause is Cause.USER_CANCEL else policy.failure_refund
 
 
+# the code a status read (the poll chain, a webhook, the sweep) writes for a task the provider
+# reports failed — among them our own upstream cancel read back as ``canceled``: the one failure
+# that a recorded cancel request makes the user's cancel (and that the cancel relabels,
+# ``jobstore.cancelled_over_failure``). Any other failure written after the request (an
+# operator's ``reconcile fail``, an exhaustion) stays what it is, as the cancel then answers 409
+CANCEL_READ_CODE = "UPSTREAM_FAILED"
+
 # a sync call's failures written only after the provider answered it with a result (the row
 # records no status code: the block returned, so the call got its 2xx, then the answer was
 # unusable); every other failure of a sync call is read as never accepted
@@ -198,7 +205,10 @@ def settlement_cause(row: Any, *, kind: Any, cancel_requested: bool = False) -> 
     ``error_code``, ``error_detail``, ``submission_state``, ``provider_task_id``), its
     registered ``kind`` (``kinds.get_kind(row.provider_kind)``, None when unknown) and whether
     the user asked to cancel it before its terminal state was written (``cancel_requested``:
-    its ``cancel_requested`` event, :func:`reconcile.jobstore.events.cancel_requested`).
+    its ``cancel_requested`` event, :func:`reconcile.jobstore.events.cancel_requested`); a
+    request makes a failed row the user's cancel only when a status read failed it
+    (:data:`CANCEL_READ_CODE`: the read of our own upstream cancel), never an operator's fail
+    or an exhaustion written meanwhile (the cancel answers 409 for those).
 
     Accepted, per :class:`Path`: an async job has a task id (saved or adopted); a sync job's
     failure was written after the provider answered (the row records no status code; a failure
@@ -211,7 +221,7 @@ def settlement_cause(row: Any, *, kind: Any, cancel_requested: bool = False) -> 
     code = getattr(row, "error_code", None)
     state = getattr(row, "submission_state", None)
     path = path_of(row, kind)
-    if row.status == Status.CANCELLED or cancel_requested:
+    if row.status == Status.CANCELLED or (cancel_requested and code == CANCEL_READ_CODE):
         cause = Cause.USER_CANCEL
     elif detail.get("resolved") == "not_submitted":
         cause = Cause.NOT_SUBMITTED
@@ -349,7 +359,7 @@ def _ceil(value: Fraction) -> int:
     return -((-value.numerator) // value.denominator)
 
 
-__all__ = ["CANCEL_REQUESTED_EVENT", "DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "NEVER_ACCEPTED",
+__all__ = ["CANCEL_READ_CODE", "CANCEL_REQUESTED_EVENT", "DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "NEVER_ACCEPTED",
            "RECORD_KEY", "Cause", "Decision", "Finished", "Path", "SettleOutcome",
            "SettlementPolicy", "decide", "kept_of", "path_of", "refund_share", "settlement_cause",
            "share_text", "whole_credits"]

@@ -164,10 +164,13 @@ def _jobs(a: _Audit) -> None:
         "failed_job_committed": and_(known, d.job_status.in_(("failed", "cancelled")),
                                      d.log_status == "committed", ~_kept_by_record(a, d)),
         # a completion after a settlement that returned credits: a refund, or a partial one
-        # (the library failed the job, kept part and released the rest: Ledger.refunded)
+        # (the library failed the job, kept part and released the rest: Ledger.refunded) — known
+        # by the failure's error_code, or by the settlement's own record when the platform's
+        # completion cleared its error fields (a priced completion's commit for less has neither)
         "completed_after_refund": and_(known, d.job_status == "completed", d.n_r_commit == 0, or_(
             d.log_status == "refunded",
-            and_(d.log_status == "committed", d.returned > 0, d.error_code.is_not(None)))),
+            and_(d.log_status == "committed", d.returned > 0,
+                 or_(d.error_code.is_not(None), d.rec_share.is_not(None))))),
         "terminal_job_reserved": and_(known, d.job_status.in_(TERMINAL), reserved,
                                       d.ended < a.now - a.grace),
         "credits_actual_mismatch": and_(known, d.credits_actual.is_not(None),

@@ -77,7 +77,7 @@ from ._base import (  # noqa: F401 (NOT_EXPORTED names: for the library itself)
     usage_txn_id,
 )
 from ._core import lock_balance  # noqa: F401
-from ._grants import grant, history, recharge, settled_amount  # noqa: F401
+from ._grants import grant, history, recharge, returned, settled_amount  # noqa: F401
 from ._legacy import import_legacy_refund
 from ._pools import (  # noqa: F401
     _reserved_log,

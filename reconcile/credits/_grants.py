@@ -92,7 +92,8 @@ def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
 
     Idempotent: False when the job was re-charged already. Raises :class:`LedgerError` unless
     the library's settlement returned credits — its refund, or the rest a commit for less
-    released (a partial refund) — and :class:`InsufficientCredits` when the balance is too low
+    released (a partial refund) — or when ``amount`` is more than it returned
+    (``recharge_exceeds_returned``: :func:`returned`), and :class:`InsufficientCredits` when the balance is too low
     (nothing written either way).
     """
     _check_amount(amount, "amount")
@@ -109,6 +110,11 @@ def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
         raise LedgerError(f"job {job_id} can be re-charged only after the library's settlement "
                           f"returned credits (usage log {log.status})",
                           reason="recharge_not_refunded")
+    back = returned(session, job_id)
+    if amount > back:  # the job never costs more than its reservation, as a price cannot
+        raise LedgerError(f"job {job_id}: a re-charge of {amount} is more than the "
+                          f"{back} credits its settlement returned",
+                          reason="recharge_exceeds_returned")
     kept = 0
     if log.status == "committed":
         commit = session.get(CreditTransaction, commit_txn_id(job_id))
@@ -123,6 +129,21 @@ def recharge(session: Session, job_id: uuid.UUID, amount: int, *,
     _forget(session, CreditBalance, log.user_id)
     _forget(session, CreditLot, *(lot_id for lot_id, _ in changes))
     return True
+
+
+def returned(session: Session, job_id: uuid.UUID) -> int:
+    """What the library's own settlement of ``job_id`` gave back and the user still keeps: its
+    refund, or the rest a commit for less released (a partial refund), net of an operator's
+    re-charge (0: none). The one rule: ``BuiltinLedger.refunded`` answers with it, and
+    :func:`recharge` never takes back more."""
+    ids = {refund_txn_id(job_id): 1, release_txn_id(job_id): 1, recharge_commit_txn_id(job_id): -1}
+    amounts = {row.id: int(row.amount) for row in session.execute(
+        select(CreditTransaction.id, CreditTransaction.amount)
+        .where(CreditTransaction.id.in_(list(ids))))}
+    given = sum(amount for txn, amount in amounts.items() if ids[txn] > 0)
+    if given == 0:
+        return 0
+    return max(0, given - amounts.get(recharge_commit_txn_id(job_id), 0))
 
 
 def settled_amount(session: Session, job_id: uuid.UUID) -> int | None:

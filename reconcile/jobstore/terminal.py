@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from ..core import redact
 from ..db.models import CreditAnomaly, Job
+from ..settlement import CANCEL_READ_CODE
 from ..states import IN_FLIGHT, Status
 from .cas import _cas
 
@@ -76,11 +77,12 @@ def cancelled_over_failure(session: Session, job_id: uuid.UUID, task_id: str, *,
                            message: str, detail: dict[str, Any] | None) -> Job | None:
     """failed → cancelled, for the user's cancel whose own upstream cancel a poll (or a webhook)
     read first: the task failed ``UPSTREAM_FAILED`` *because* we cancelled it. Money is not
-    touched (a failed and a cancelled job settle the same refund, once); only the status, the
+    touched (the failure's settlement already read the cancel request and settled it as the
+    user's cancel: ``settlement.CANCEL_READ_CODE``, the same code); only the status, the
     code and the detail say what happened. Guarded on the same upstream task and on that code,
     so a completion, an exhaustion or another task's failure is never rewritten."""
     return _cas(session, Job.id == job_id, Job.status == Status.FAILED,
-                Job.error_code == "UPSTREAM_FAILED", Job.provider_task_id == task_id,
+                Job.error_code == CANCEL_READ_CODE, Job.provider_task_id == task_id,
                 status=Status.CANCELLED, error_code=code, error_message=redact.text(message),
                 error_detail=redact.value(detail))
 

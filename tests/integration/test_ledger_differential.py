@@ -60,6 +60,11 @@ class Side:
                             # partial settlement) can be re-charged now; the old ledger has no
                             # such rule to agree with (tests/integration/test_settle_owed.py)
                             return ("ok", "not compared")
+                        if args[1] > new_credits.returned(s, args[0]):
+                            # issue 24 attack: a re-charge never takes back more than the
+                            # settlement returned (test_attack_money_configured.py); the old
+                            # ledger took any amount
+                            return ("ok", "not compared")
                         return ("ok", m.recharge(s, *args, now=now))
                     if kind == "corrupt":
                         job, meta = args

@@ -83,7 +83,7 @@ def _savepoint(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 OPS_NEW: dict[str, Callable[[Session], Any]] = {
-    "recharge": lambda s: credits.recharge(s, RJOB, 4, now=T0),
+    "recharge": lambda s: credits.recharge(s, RJOB, 2, now=T0),
     "grant": lambda s: credits.grant(s, USER, "topup", 5, "g-new", now=T0),
     "import_legacy_refund": lambda s: credits.import_legacy_refund(s, JOB, 3, "legacy-1", now=T0),
     "commit_less_direct": lambda s: credits.commit(s, JOB, 12, now=T0),

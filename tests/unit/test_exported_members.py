@@ -108,7 +108,7 @@ EXPORTED = {
         "document_output", "text_output",
     },
     "reconcile.settlement": {
-        "CANCEL_REQUESTED_EVENT", "DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "NEVER_ACCEPTED",
+        "CANCEL_READ_CODE", "CANCEL_REQUESTED_EVENT", "DEFAULT_POLICY", "MAX_SHARE_DENOMINATOR", "NEVER_ACCEPTED",
         "RECORD_KEY", "Cause", "Decision", "Finished", "Path", "SettleOutcome",
         "SettlementPolicy", "decide", "kept_of", "path_of", "refund_share", "settlement_cause",
         "share_text", "whole_credits",
@@ -177,7 +177,7 @@ NOT_EXPORTED = {
         "LOT_PAGE", "SETTLED_KEY", "TERMINAL_JOB_STATUSES", "commit_txn_id", "held_pools",
         "legacy_refunded", "legacy_refunded_pools", "lock_balance",
         "recharge_commit_txn_id", "recharge_usage_txn_id", "refund_txn_id",
-        "release_txn_id", "reservation_pools", "settle_commit", "settled_amount",
+        "release_txn_id", "reservation_pools", "returned", "settle_commit", "settled_amount",
         "take_from_lots", "take_in_order", "usage_txn_id",
     },
     "reconcile.db.migrate": {
