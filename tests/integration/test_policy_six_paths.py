@@ -118,6 +118,9 @@ def test_every_process_settles_by_the_environments_policy_and_the_readme_table(
     worker = Worker(_env(pg_url, redis_url, simulator, tmp_path), tmp_path / "worker.log",
                     concurrency=2)
     gateway = Gateway({**os.environ, **simulator.env(), "RECONCILE_TIME_SCALE": str(TIME_SCALE),
+                       # the example's model allow-list (acme/catalog.py), opened to the
+                       # simulator's scripted models as test_example_platform does
+                       "ACME_MODELS": "kie-standard=slow,kie-standard=refused",
                        "NO_PROXY": "127.0.0.1,localhost"}, tmp_path / "gateway.log")
     try:
         worker.wait_ready()

@@ -25,16 +25,17 @@ def insert_platform_row(state: _Run, rt: Any, spec: JobSpec, user: uuid.UUID) ->
     reservation, in one transaction; retried through terminated backends (same job id)."""
     from sqlalchemy.exc import IntegrityError
 
-    from ...db.models import Job
+    from ... import jobstore
 
     job_id = uuid.UUID(spec.job_id)
     for attempt in range(5):
         try:
             with rt.sessions.begin() as session:
                 now = rt.now()
-                session.add(Job(id=job_id, user_id=user, job_type=PLATFORM_JOB_TYPE,
-                                status="processing", provider_kind=spec.kind, created_at=now,
-                                started_at=now, provider_call_started_at=now))
+                jobstore.insert_job(session, id=job_id, user_id=user,
+                                    job_type=PLATFORM_JOB_TYPE, status="processing",
+                                    provider_kind=spec.kind, created_at=now, started_at=now,
+                                    provider_call_started_at=now)
                 session.flush()
                 rt.ledger.reserve(session, user, job_id, spec.credits, now=now)
             state.bump("platform_rows")
