@@ -24,6 +24,7 @@ from reconcile.runtime import Runtime
 from reconcile.settlement import SettlementPolicy, SettleOutcome, kept_of
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import Clock, fund, make_runtime
+from tests.integration.test_settlement_causes import _balance, _job
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 RUNNING = ((0.0, "queued"), (3600.0, "succeeded"))
@@ -33,19 +34,6 @@ FAILED = ((0.0, "queued"), (0.0, "failed"))
 def _rt(db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, **policy: str) -> Runtime:
     rt, _ = make_runtime(db, simulator, tmp_path, clock=Clock(T0), **policy)
     return rt
-
-
-def _job(db: sessionmaker[Session], job_id: uuid.UUID) -> Job:
-    with db() as s:
-        job = s.get(Job, job_id)
-        assert job is not None
-        return job
-
-
-def _balance(db: sessionmaker[Session], user: uuid.UUID) -> int:
-    with db() as s:
-        row = s.get(CreditBalance, user)
-        return 0 if row is None else row.sub + row.topup
 
 
 def _audit(rt: Runtime) -> list[tuple[str, Any]]:
