@@ -1,4 +1,4 @@
-"""Issue 26 §1: a platform's stale ORM save writes a completed job's row back to ``processing``
+"""A platform's stale ORM save writes a completed job's row back to ``processing``
 (every column as it was loaded in flight). The next finalize finds its assets stored and
 re-completes the row from them, once, without a second charge; the audit sees the reverted row
 before that (PostgreSQL + the simulator, steps in-process)."""
