@@ -1,0 +1,1 @@
+"""Optional integrations with web frameworks (``reconcile.contrib.django``)."""
