@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 # keys of the RECONCILE dict that are the integration's own, not library settings
-OWN_KEYS = ("database_alias", "jobs_app")
+_OWN_KEYS = ("database_alias", "jobs_app")
 # libpq connection parameters passed on from DATABASES[...]["OPTIONS"]; Django-only options
 # (pool, isolation_level, server_side_binding, assume_role) do not apply to the library's engine
 _LIBPQ_OPTIONS = frozenset({
@@ -122,7 +122,7 @@ def database_url(alias: str | None = None) -> str:
 
 
 def _library_values() -> dict[str, Any]:
-    values = {key: value for key, value in _config().items() if key not in OWN_KEYS}
+    values = {key: value for key, value in _config().items() if key not in _OWN_KEYS}
     if "database_url" in values:
         raise ImproperlyConfigured(
             "RECONCILE['database_url']: the database is DATABASES[RECONCILE['database_alias']]; "
@@ -131,7 +131,7 @@ def _library_values() -> dict[str, Any]:
     if unknown:
         raise ImproperlyConfigured(
             f"RECONCILE: unknown setting(s) {', '.join(unknown)} (the keys are the fields of "
-            f"reconcile.settings.Settings, or {', '.join(OWN_KEYS)})")
+            f"reconcile.settings.Settings, or {', '.join(_OWN_KEYS)})")
     return values
 
 

@@ -1,4 +1,4 @@
-"""The Django app: ``INSTALLED_APPS = [..., "reconcile.contrib.django"]`` (label ``reconcile``)."""
+"""Internal: the Django app: ``INSTALLED_APPS = [..., "reconcile.contrib.django"]`` (label ``reconcile``)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ exit codes."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from typing import Any
 
@@ -56,7 +57,7 @@ class Command(BaseCommand):
         raise SystemExit(run(args, prog_name=f"{os.path.basename(argv[0])} {argv[1]}"))
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("args", nargs="*", help="the reconcile command and its arguments")
+        parser.add_argument("args", nargs=argparse.REMAINDER, help="the reconcile command and its arguments")
 
     def handle(self, *args: str, **options: Any) -> None:  # call_command("reconcile", ...)
         code = run(list(args))
