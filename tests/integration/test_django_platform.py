@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,10 +86,10 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
     redis.Redis.from_url(redis_url).flushdb()
     env = _env(**simulator.env(), PLATFORM_DATABASE_URL=url.replace("+psycopg", ""),
                CELERY_BROKER_URL=redis_url, PLATFORM_MEDIA_URL=f"file://{tmp_path / 'media'}",
-               RECONCILE_TIME_SCALE="0.05")
+               RECONCILE_TIME_SCALE="0.05", RECONCILE_SWEEP_INTERVAL="20")
     engine = make_engine(url)
-    worker: subprocess.Popen[bytes] | None = None
-    log_path = tmp_path / "worker.log"
+    procs: list[subprocess.Popen[bytes]] = []
+    log_path, beat_log = tmp_path / "worker.log", tmp_path / "beat.log"
     try:
         # manage.py migrate: the platform's tables, then the library's revisions
         out = _manage(env, "migrate").stdout
@@ -116,14 +117,17 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
         simulator.script_model("slow", Script(timeline=((0.0, "queued"), (0.3, "running"),
                                                         (600.0, "succeeded"))))
 
-        # a Celery worker started from the Django project: its settings, the library installed
-        with open(log_path, "wb") as log:
-            worker = subprocess.Popen(
-                [str(BIN / "celery"), "-A", "django_platform", "worker", "-Q",
-                 "celery,reconcile,reconcile.sweep", "--pool=prefork", "-c", "2", "-l", "info",
-                 "--without-gossip", "--without-mingle", "-n", f"dj{uuid.uuid4().hex[:6]}@%h"],
-                cwd=EXAMPLE, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+        # a Celery worker and beat started from the Django project: the database and settings
+        # they use come from the Django settings (nothing in their environment names the database)
+        celery = [str(BIN / "celery"), "-A", "django_platform"]
+        for argv, path in (
+                ([*celery, "worker", "-Q", "celery,reconcile,reconcile.sweep", "--pool=prefork",
+                  "-c", "2", "-l", "info", "--without-gossip", "--without-mingle",
+                  "-n", f"dj{uuid.uuid4().hex[:6]}@%h"], log_path),
+                ([*celery, "beat", "-l", "info", "-s", str(tmp_path / "beat-schedule")], beat_log)):
+            with open(path, "wb") as log:
+                procs.append(subprocess.Popen(argv, cwd=EXAMPLE, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
         assert wait_for(lambda: "ready." in log_path.read_text(errors="replace"), 60), \
             log_path.read_text(errors="replace")
 
@@ -156,14 +160,20 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
 
         audit = _manage(env, "reconcile", "audit", ok=False)
         assert audit.returncode == 0, audit.stdout + audit.stderr
+        # beat sends the library's sweep and the worker runs it
+        assert wait_for(lambda: "reconcile.sweep" in beat_log.read_text(errors="replace")
+                        and "[reconcile] scanned=" in log_path.read_text(errors="replace"), 30), \
+            beat_log.read_text(errors="replace")[-3000:]
     finally:
-        if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
             try:
-                worker.wait(timeout=20)
+                proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(timeout=10)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
 
     # manage.py migrate reconcile zero: the library's downgrade; the platform's tables and rows stay
     engine.dispose()
@@ -177,3 +187,33 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
         assert conn.execute(text(
             "SELECT count(*) FROM django_migrations WHERE app = 'reconcile'")).scalar() == 0
     engine.dispose()
+
+
+def test_django_platform_on_sqlite_and_a_table_remake_that_drops_the_librarys_columns(
+        tmp_path: Path) -> None:
+    """SQLite (a development database): ``migrate`` and ``db check`` as on PostgreSQL. Django's
+    SQLite ``AlterField`` then rebuilds ``jobs`` from the platform's model and drops every column
+    the library added, while the library's migrations still say head: ``manage.py reconcile db
+    check`` names the missing columns and exits 1 (workers and beat refuse to start on it)."""
+    project = tmp_path / "project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__", "media"))
+    env = _env(PLATFORM_DATABASE_URL=f"sqlite:///{tmp_path / 'dev.db'}")
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    assert manage("migrate").returncode == 0
+    check = manage("reconcile", "db", "check")
+    assert check.returncode == 0 and "the database fits the table contract" in check.stdout, check
+    assert "usage_logs.id: INTEGER with a default" in check.stdout
+
+    models = project / "platform_app" / "models.py"
+    models.write_text(models.read_text().replace("job_type = models.CharField(max_length=100)",
+                                                 "job_type = models.CharField(max_length=200)"))
+    assert manage("makemigrations", "platform", "-n", "longer_job_type").returncode == 0
+    assert manage("migrate").returncode == 0
+    check = manage("reconcile", "db", "check")
+    assert check.returncode == 1, check
+    assert "BREAKS   jobs.submission_state: missing" in check.stdout
+    assert "mismatch(es) with the table contract" in check.stderr

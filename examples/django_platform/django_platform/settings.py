@@ -33,6 +33,10 @@ DATABASES = {
         "PASSWORD": unquote(_db.password or ""),
         "HOST": _db.hostname or "",
         "PORT": _db.port or "",
+    } if _db.scheme.startswith("postgres") else {
+        # sqlite:///path/to/file.db: a development database
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": _db.path[1:],  # sqlite:///dev.db is relative, sqlite:////srv/dev.db absolute
     }
 }
 
