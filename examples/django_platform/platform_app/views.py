@@ -1,6 +1,7 @@
 """The platform's API: submit a job through the library, read it, cancel it. The user is the
 ``X-User-Id`` header (the example's stand-in for authentication)."""
 
+import json
 import uuid
 
 from django.http import HttpRequest, JsonResponse
@@ -37,8 +38,6 @@ def submit_job(request: HttpRequest) -> JsonResponse:
     user = _user(request)
     if user is None:
         return _unauthenticated()
-    import json
-
     try:
         body = json.loads(request.body or b"{}")
     except ValueError:

@@ -19,4 +19,4 @@ class Command(BaseCommand):
         with runtime().sessions.begin() as session:
             credits.grant(session, user_id, "sub", amount, f"platform-grant:{uuid.uuid4()}")
             balance = credits.lock_balance(session, user_id)
-        self.stdout.write(f"granted {amount} to {user_id}; balance sub={balance.sub}")
+            self.stdout.write(f"granted {amount} to {user_id}; balance sub={balance.sub}")
