@@ -140,6 +140,11 @@ EXPORTED = {
         "poll", "poll_due", "prune", "reconcile_job", "reset_runtime", "set_runtime",
         "settle", "sweep",
     },
+    "reconcile.contrib": set(),
+    "reconcile.contrib.django": {
+        "database_alias", "database_url", "export_environment", "jobs_migration", "runtime",
+        "settings", "url_for",
+    },
     "reconcile.testing": set(),
     "reconcile.testing.fixtures": {"simulator", "simulator_env", "simulator_session"},
     "reconcile.testing.sim_registry": {
@@ -249,12 +254,14 @@ PRIVATE = {
     "reconcile.testing.processes",
     "reconcile.testing.sim_control", "reconcile.testing.sim_core", "reconcile.testing.sim_delivery",
     "reconcile.testing.sim_http", "reconcile.testing.sim_main", "reconcile.testing.sim_signing",
+    "reconcile.contrib.django.apps",
 }
 # Private packages: the package says ``Internal:``; every module inside is private with it.
 PRIVATE_PACKAGES = {
     "reconcile.audit", "reconcile.core", "reconcile.demo", "reconcile.media", "reconcile.ops",
     "reconcile.worker", "reconcile.testing.chaos",
     "reconcile.testing.explorer",
+    "reconcile.contrib.django.management", "reconcile.contrib.django.migrations",
 }
 # Never imported here: entry points that run on import, and Alembic's environment and revisions.
 NOT_IMPORTABLE = re.compile(r"(\.__main__$|^reconcile\.migrations\.(env|versions)\b)")

@@ -1,0 +1,1 @@
+"""An example Django platform with the library installed (``reconcile.contrib.django``)."""

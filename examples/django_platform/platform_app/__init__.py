@@ -1,0 +1,1 @@
+"""The platform's own app (label ``platform``): its jobs and usage logs, and the views."""

@@ -1,0 +1,3 @@
+"""Optional integrations with web frameworks (``reconcile.contrib.django``)."""
+
+__all__: list[str] = []

@@ -1,0 +1,198 @@
+"""``reconcile.contrib.django``: the library in a Django project (``pip install 'reconcile[django]'``).
+
+Add ``"reconcile.contrib.django"`` to ``INSTALLED_APPS`` (app label ``reconcile``) and configure
+it with one dict in the Django settings::
+
+    RECONCILE = {
+        "jobs_app": "platform",          # the app whose migrations create jobs / usage_logs
+        "database_alias": "default",     # DATABASES entry the library uses (default "default")
+        "broker_url": CELERY_BROKER_URL,
+        "storage_url": "file:///srv/media",
+        # ... any other reconcile.settings.Settings field, by its lower-case name
+    }
+
+The database is ``DATABASES[database_alias]`` (PostgreSQL, or SQLite for development), never a
+second URL. :func:`settings` builds the library's :class:`~reconcile.settings.Settings` from
+both (``RECONCILE_*`` environment variables fill the fields the dict does not name); the app's
+``ready()`` exports them as ``RECONCILE_*`` variables (:func:`export_environment`), so the parts
+of the library that read the environment — the Celery settings ``reconcile.install`` merges,
+the workers' runtime, the start-up checks, ``manage.py reconcile`` — see the same values.
+``manage.py migrate`` runs the library's own migrations (``migrations/0001_library.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from datetime import datetime, timedelta
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from ...runtime import Runtime
+from ...settings import Settings
+
+__all__ = [
+    "database_alias", "database_url", "export_environment", "jobs_migration", "runtime",
+    "settings", "url_for",
+]
+
+# keys of the RECONCILE dict that are the integration's own, not library settings
+_OWN_KEYS = ("database_alias", "jobs_app")
+# libpq connection parameters passed on from DATABASES[...]["OPTIONS"]; Django-only options
+# (pool, isolation_level, server_side_binding, assume_role) do not apply to the library's engine
+_LIBPQ_OPTIONS = frozenset({
+    "sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "options", "application_name",
+    "connect_timeout", "target_session_attrs", "service", "passfile", "keepalives",
+    "keepalives_idle", "keepalives_interval", "keepalives_count", "channel_binding",
+})
+_POSTGRES_ENGINES = ("django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis")
+_SQLITE_ENGINES = ("django.db.backends.sqlite3", "django.contrib.gis.db.backends.spatialite")
+
+
+def _config() -> dict[str, Any]:
+    from django.conf import settings as django_settings
+
+    config = getattr(django_settings, "RECONCILE", None) or {}
+    if not isinstance(config, dict):
+        raise ImproperlyConfigured(f"RECONCILE must be a dict, not {type(config).__name__}")
+    return {str(key).lower(): value for key, value in config.items()}
+
+
+def database_alias() -> str:
+    return str(_config().get("database_alias", "default"))
+
+
+def jobs_migration() -> tuple[str, str] | None:
+    """The migration the library's depends on: ``RECONCILE["jobs_app"]`` — an app label (its
+    first migration, which must create ``jobs`` and ``usage_logs``) or ``(label, migration)``."""
+    app = _config().get("jobs_app")
+    if not app:
+        return None
+    if isinstance(app, str):
+        return (app, "__first__")
+    label, name = app
+    return (str(label), str(name))
+
+
+def url_for(settings_dict: dict[str, Any]) -> str:
+    """The SQLAlchemy URL of a Django connection's ``settings_dict`` (PostgreSQL or SQLite)."""
+    from sqlalchemy.engine import URL
+
+    engine = settings_dict.get("ENGINE", "")
+    name = settings_dict.get("NAME")
+    if engine in _POSTGRES_ENGINES:
+        options = settings_dict.get("OPTIONS") or {}
+        query = {key: str(value) for key, value in options.items() if key in _LIBPQ_OPTIONS}
+        port = settings_dict.get("PORT")
+        return URL.create(
+            "postgresql+psycopg", username=settings_dict.get("USER") or None,
+            password=settings_dict.get("PASSWORD") or None, host=settings_dict.get("HOST") or None,
+            port=int(port) if port else None, database=name or None, query=query,
+        ).render_as_string(hide_password=False)
+    if engine in _SQLITE_ENGINES:
+        text = str(name or "")
+        if not text or text == ":memory:" or "mode=memory" in text:
+            raise ImproperlyConfigured(
+                "reconcile needs an SQLite file (the library opens its own connection, which an "
+                f"in-memory database does not share): NAME is {text!r}; for tests set "
+                "DATABASES[...]['TEST']['NAME'] to a file")
+        return f"sqlite:///{Path(text).resolve()}"
+    raise ImproperlyConfigured(
+        f"reconcile supports PostgreSQL and SQLite, not the database engine {engine!r}")
+
+
+def database_url(alias: str | None = None) -> str:
+    """The URL of ``DATABASES[alias]`` (default: ``RECONCILE["database_alias"]``) as the
+    connection sees it (under Django's test runner: the test database)."""
+    from django.db import connections
+    from django.utils.connection import ConnectionDoesNotExist
+
+    alias = alias or database_alias()
+    try:
+        settings_dict = connections[alias].settings_dict
+    except ConnectionDoesNotExist:
+        raise ImproperlyConfigured(f"RECONCILE['database_alias'] = {alias!r}: no such "
+                                   "entry in DATABASES") from None
+    return url_for(settings_dict)
+
+
+def _library_values() -> dict[str, Any]:
+    values = {key: value for key, value in _config().items() if key not in _OWN_KEYS}
+    if "database_url" in values:
+        raise ImproperlyConfigured(
+            "RECONCILE['database_url']: the database is DATABASES[RECONCILE['database_alias']]; "
+            "remove database_url")
+    unknown = sorted(set(values) - set(Settings.model_fields))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"RECONCILE: unknown setting(s) {', '.join(unknown)} (the keys are the fields of "
+            f"reconcile.settings.Settings, or {', '.join(_OWN_KEYS)})")
+    return values
+
+
+def settings() -> Settings:
+    """The library's settings: the RECONCILE dict, the database from ``DATABASES``, and
+    ``RECONCILE_*`` environment variables for the fields the dict leaves out."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**_library_values(), database_url=database_url())
+    except ValidationError as exc:
+        raise ImproperlyConfigured(f"RECONCILE: {exc}") from exc
+
+
+def _env_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | Decimal | Fraction | float):
+        return str(value)
+    if isinstance(value, timedelta):
+        return str(value.total_seconds())
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, list | tuple | set | frozenset | dict):
+        return json.dumps(value if isinstance(value, dict) else list(value))
+    raise ImproperlyConfigured(f"RECONCILE: cannot pass {value!r} to the library's processes")
+
+
+def export_environment() -> Settings:
+    """Write :func:`settings` (the dict's keys and ``database_url``) into ``os.environ`` as
+    ``RECONCILE_*``, check that the environment now reads back as the same settings, and
+    return them. Called by the app's ``ready()``."""
+    wanted = settings()
+    values = {**_library_values(), "database_url": wanted.database_url}
+    for key, value in values.items():
+        name = f"RECONCILE_{key.upper()}"
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = _env_text(value)
+    if Settings() != wanted:
+        raise ImproperlyConfigured("RECONCILE: the settings do not read back the same from the "
+                                   "environment the workers use; give plain values")
+    return wanted
+
+
+_runtimes: dict[int, Runtime] = {}
+_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    """This process's :class:`~reconcile.runtime.Runtime` from :func:`settings`, built once per
+    process (the table contract is checked then) and shared with the library's tasks, so the
+    view's submit enqueues through the installed Celery app."""
+    from ... import tasks
+
+    pid = os.getpid()
+    with _lock:
+        rt = _runtimes.get(pid)
+        if rt is None:
+            rt = Runtime.from_settings(settings())
+            tasks.set_runtime(rt)
+            _runtimes[pid] = rt
+        return rt

@@ -1,0 +1,1 @@
+"""Internal: ``manage.py reconcile`` (the Django management command)."""

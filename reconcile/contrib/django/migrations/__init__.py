@@ -1,0 +1,1 @@
+"""Internal: the Django migration that runs the library's Alembic revisions (``manage.py migrate``)."""

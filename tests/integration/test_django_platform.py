@@ -1,0 +1,219 @@
+"""The example Django platform (``examples/django_platform``), run for real on PostgreSQL.
+
+``manage.py migrate`` creates the platform's ``jobs``/``usage_logs`` (its own models, Django's
+BigAutoField on ``usage_logs``) and then runs the library's migrations (``reconcile.contrib.
+django``); ``manage.py reconcile db check`` finds the tables fit the contract; a Celery worker
+started from the Django project (``celery -A django_platform``) runs the jobs the platform's view
+submits through Django's test client against the shipped simulator; a cancel is refunded; the
+audit is clean; ``manage.py migrate reconcile zero`` removes the library's tables and columns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine, inspect, text
+from sqlalchemy.orm import Session
+
+from reconcile import credits
+from reconcile.db.migrate import alembic_config
+from reconcile.db.session import make_engine
+from reconcile.testing.simulator import Script, Simulator
+from tests.conftest import PgDatabases
+from tests.integration.workers import wait_for
+
+pytest.importorskip("django")
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "django_platform"
+BIN = Path(sys.executable).parent
+
+
+def _env(**extra: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("RECONCILE_", "DJANGO_", "CELERY_", "PLATFORM_"))}
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), clean.get("PYTHONPATH")) if p)
+    return {**clean, "PYTHONPATH": pythonpath, "DJANGO_SETTINGS_MODULE": "django_platform.settings",
+            "NO_PROXY": "127.0.0.1,localhost", **extra}
+
+
+def _manage(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "manage.py", *args], cwd=EXAMPLE, env=env,
+                          capture_output=True, text=True, timeout=120)
+    if ok:
+        assert proc.returncode == 0, f"manage.py {args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+_CLIENT = """
+import json
+from django.test import Client
+r = getattr(Client(), {method!r})({path!r}, data={data!r}, content_type="application/json",
+                                  headers={{"X-User-Id": {user!r}}})
+print("ANSWER " + json.dumps({{"status": r.status_code, "body": r.json()}}))
+"""
+
+
+def _request(env: dict[str, str], method: str, path: str, user: uuid.UUID,
+             body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    """One request to the platform's view, through Django's test client in ``manage.py shell``."""
+    code = _CLIENT.format(method=method, path=path, user=str(user),
+                          data=json.dumps(body) if body is not None else "")
+    out = _manage(env, "shell", "-c", code).stdout
+    answer = json.loads(next(line for line in out.splitlines() if line.startswith("ANSWER "))[7:])
+    return answer["status"], answer["body"]
+
+
+def _status(engine: Engine, job_id: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT status FROM jobs WHERE id = :j"), {"j": job_id}).scalar()
+
+
+def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_zero(
+        pg_databases: PgDatabases, redis_url: str, simulator: Simulator, tmp_path: Path) -> None:
+    url = pg_databases.create("rtdjango")
+    redis.Redis.from_url(redis_url).flushdb()
+    env = _env(**simulator.env(), PLATFORM_DATABASE_URL=url.replace("+psycopg", ""),
+               CELERY_BROKER_URL=redis_url, PLATFORM_MEDIA_URL=f"file://{tmp_path / 'media'}",
+               RECONCILE_TIME_SCALE="0.05", RECONCILE_SWEEP_INTERVAL="20")
+    engine = make_engine(url)
+    procs: list[subprocess.Popen[bytes]] = []
+    log_path, beat_log = tmp_path / "worker.log", tmp_path / "beat.log"
+    try:
+        # manage.py migrate: the platform's tables, then the library's revisions
+        out = _manage(env, "migrate").stdout
+        assert "Applying platform.0001_initial... OK" in out
+        assert out.index("platform.0001_initial") < out.index("reconcile.0001_library... OK")
+        from alembic.script import ScriptDirectory
+
+        head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT version_num FROM reconcile_alembic_version")
+                                ).scalar() == head
+            id_type = conn.execute(text("SELECT data_type FROM information_schema.columns WHERE "
+                                        "table_name = 'usage_logs' AND column_name = 'id'")).scalar()
+        assert id_type == "bigint"  # Django's BigAutoField, the database assigns it
+        check = _manage(env, "reconcile", "db", "check")
+        assert "the database fits the table contract" in check.stdout, check.stdout
+        assert "usage_logs.id: bigint with a default" in check.stdout
+        # the database is Django's, said so on stderr
+        assert "from Django DATABASES['default']" in _manage(env, "reconcile", "stuck").stderr
+
+        user = uuid.uuid4()
+        assert "granted 100" in _manage(env, "grant", str(user), "100").stdout
+        simulator.script_model("m", Script(timeline=((0.0, "queued"), (0.5, "running"),
+                                                     (1.5, "succeeded"))))
+        simulator.script_model("slow", Script(timeline=((0.0, "queued"), (0.3, "running"),
+                                                        (600.0, "succeeded"))))
+
+        # a Celery worker and beat started from the Django project: the database and settings
+        # they use come from the Django settings (nothing in their environment names the database)
+        celery = [str(BIN / "celery"), "-A", "django_platform"]
+        for argv, path in (
+                ([*celery, "worker", "-Q", "celery,reconcile,reconcile.sweep", "--pool=prefork",
+                  "-c", "2", "-l", "info", "--without-gossip", "--without-mingle",
+                  "-n", f"dj{uuid.uuid4().hex[:6]}@%h"], log_path),
+                ([*celery, "beat", "-l", "info", "-s", str(tmp_path / "beat-schedule")], beat_log)):
+            with open(path, "wb") as log:
+                procs.append(subprocess.Popen(argv, cwd=EXAMPLE, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
+        assert wait_for(lambda: "ready." in log_path.read_text(errors="replace"), 60), \
+            log_path.read_text(errors="replace")
+
+        status, body = _request(env, "post", "/api/v1/jobs", user, {"model": "m",
+                                                                    "input": {"prompt": "a boat"}})
+        assert status == 202 and body["state"] == "queued", body
+        done = body["job_id"]
+        assert wait_for(lambda: _status(engine, done) == "completed", 30), \
+            log_path.read_text(errors="replace")[-4000:]
+        status, snapshot = _request(env, "get", f"/api/v1/jobs/{done}", user)
+        assert status == 200 and snapshot["state"] == "completed", snapshot
+        assert snapshot["credits_actual"] == 10 and len(snapshot["outputs"]) == 1
+        assert simulator.creates() == 1  # one upstream task: no second create
+
+        status, body = _request(env, "post", "/api/v1/jobs", user, {"model": "slow"})
+        assert status == 202, body
+        slow = body["job_id"]
+        assert wait_for(lambda: _status(engine, slow) == "processing", 30), \
+            log_path.read_text(errors="replace")[-4000:]
+        status, body = _request(env, "post", f"/api/v1/jobs/{slow}/cancel", user)
+        assert status == 200 and body["state"] == "canceled", body
+        # 100 granted, 10 committed for the completed job, the cancelled one refunded
+        with Session(engine) as session, session.begin():
+            balance = credits.lock_balance(session, user)
+            assert (balance.sub, balance.topup) == (90, 0)
+        with engine.connect() as conn:
+            logs = dict(conn.execute(text(
+                "SELECT job_id::text, status FROM usage_logs WHERE user_id = :u"), {"u": user}).all())
+        assert set(logs) == {done, slow}, logs
+
+        audit = _manage(env, "reconcile", "audit", ok=False)
+        assert audit.returncode == 0, audit.stdout + audit.stderr
+        # beat sends the library's sweep and the worker runs it
+        assert wait_for(lambda: "reconcile.sweep" in beat_log.read_text(errors="replace")
+                        and "[reconcile] scanned=" in log_path.read_text(errors="replace"), 30), \
+            beat_log.read_text(errors="replace")[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+    # manage.py migrate reconcile zero: the library's downgrade; the platform's tables and rows stay
+    engine.dispose()
+    _manage(env, "migrate", "reconcile", "zero")
+    tables = set(inspect(engine).get_table_names())
+    assert {"jobs", "usage_logs"} <= tables
+    assert not {"reconcile_credit_lots", "reconcile_job_events"} & tables, tables
+    assert "submission_state" not in {c["name"] for c in inspect(engine).get_columns("jobs")}
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM jobs")).scalar() == 2
+        assert conn.execute(text(
+            "SELECT count(*) FROM django_migrations WHERE app = 'reconcile'")).scalar() == 0
+    engine.dispose()
+
+
+def test_django_platform_on_sqlite_and_a_table_remake_that_drops_the_librarys_columns(
+        tmp_path: Path) -> None:
+    """SQLite (a development database): ``migrate`` and ``db check`` as on PostgreSQL. Django's
+    SQLite ``AlterField`` then rebuilds ``jobs`` from the platform's model and drops every column
+    the library added, while the library's migrations still say head: ``manage.py reconcile db
+    check`` names the missing columns and exits 1 (workers and beat refuse to start on it)."""
+    project = tmp_path / "project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__", "media"))
+    env = _env(PLATFORM_DATABASE_URL=f"sqlite:///{tmp_path / 'dev.db'}")
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    assert manage("migrate").returncode == 0
+    check = manage("reconcile", "db", "check")
+    assert check.returncode == 0 and "the database fits the table contract" in check.stdout, check
+    assert "usage_logs.id: INTEGER with a default" in check.stdout
+
+    models = project / "platform_app" / "models.py"
+    models.write_text(models.read_text().replace("job_type = models.CharField(max_length=100)",
+                                                 "job_type = models.CharField(max_length=200)"))
+    assert manage("makemigrations", "platform", "-n", "longer_job_type").returncode == 0
+    assert manage("migrate").returncode == 0
+    check = manage("reconcile", "db", "check")
+    assert check.returncode == 1, check
+    assert "BREAKS   jobs.submission_state: missing" in check.stdout
+    assert "mismatch(es) with the table contract" in check.stderr
