@@ -115,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg-admin", default=PG_ADMIN_DEFAULT)
     parser.add_argument("--verbose", action="store_true", help="keep the library's log output")
     args = parser.parse_args(argv)
-    if not args.verbose:
-        logging.getLogger("reconcile").setLevel(logging.CRITICAL)
     scenarios = sc.scenarios_named(args.scenario)
-    if args.list:
+    if args.list:  # lists only: the process's logging is left as it was
         for s in scenarios:
             print(f"{s.name:<40} {s.note}")
         return 0
+    if not args.verbose:
+        logging.getLogger("reconcile").setLevel(logging.CRITICAL)
     if args.replay is not None:
         if len(scenarios) != 1:
             parser.error("--replay needs exactly one --scenario")
