@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from .. import jobstore
@@ -93,64 +94,74 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
 
     now = rt.now()
     won = False
-    with rt.sessions.begin() as session:
-        # the policy decides what the completion commits (reconcile.settlement); the ledger
-        # below executes it (and refuses a price above what is held)
-        amount = decide(Finished.COMPLETED,
-                        priced=rt.pricing_hook(job, result) if rt.pricing_hook else None).commit
-        # an explicit amount is what the commit below charges: written with the completion
-        cost = {} if amount is None else {"credits_actual": amount, "display_cost": amount}
-        # assets are written only by a winning completion: a job in flight that has them was
-        # completed, then its row written back (a platform's stale ORM save). Repaired from
-        # what is stored: the same completion CAS, the ledger's commit is a no-op on a settled
-        # reservation (the amount it settled is read back), no second asset, hook or reopen
-        restored = list(session.execute(select(Asset).where(Asset.job_id == job_id)
-                                        .order_by(Asset.index)).scalars())
-        outputs_data = [{"key": a.storage_key, "media_type": a.media_type} for a in restored] \
-            if restored else [{"key": s.key, "media_type": s.media_type} for s in stored]
-        done = jobstore.mark_completed(
-            session, job_id,
-            output_data={"outputs": outputs_data,
-                         **({"text": "\n".join(texts)} if texts else {})},
-            provider=provider_of(job.provider_kind),
-            provider_cost=result.cost_usd if result else None,
-            completed_at=now, progress=100, error_code=None, error_message=None,
-            reconcile_last_error=None, **cost,
-        )
-        if done is not None:
-            won = True
-            from ..ledger import commit_settled  # the amount with the commit, no re-read
+    # the happy path reads no asset: only a completion refused by the assets' unique index (its
+    # assets are stored already: the row was written back) is tried again, looking them up
+    for look_for_assets in (False, True):
+        won = False
+        try:
+            with rt.sessions.begin() as session:
+                # the policy decides what the completion commits (reconcile.settlement); the ledger
+                # below executes it (and refuses a price above what is held)
+                amount = decide(Finished.COMPLETED,
+                                priced=rt.pricing_hook(job, result) if rt.pricing_hook else None).commit
+                # an explicit amount is what the commit below charges: written with the completion
+                cost = {} if amount is None else {"credits_actual": amount, "display_cost": amount}
+                # assets are written only by a winning completion: a job in flight that has them was
+                # completed, then its row written back (a platform's stale ORM save). Repaired from
+                # what is stored: the same completion CAS, the ledger's commit is a no-op on a settled
+                # reservation (the amount it settled is read back), no second asset, hook or reopen
+                restored = list(session.execute(select(Asset).where(Asset.job_id == job_id)
+                                                .order_by(Asset.index)).scalars()) \
+                    if look_for_assets else []
+                outputs_data = [{"key": a.storage_key, "media_type": a.media_type} for a in restored] \
+                    if restored else [{"key": s.key, "media_type": s.media_type} for s in stored]
+                done = jobstore.mark_completed(
+                    session, job_id,
+                    output_data={"outputs": outputs_data,
+                                 **({"text": "\n".join(texts)} if texts else {})},
+                    provider=provider_of(job.provider_kind),
+                    provider_cost=result.cost_usd if result else None,
+                    completed_at=now, progress=100, error_code=None, error_message=None,
+                    reconcile_last_error=None, **cost,
+                )
+                if done is not None:
+                    won = True
+                    from ..ledger import commit_settled  # the amount with the commit, no re-read
 
-            actual = commit_settled(rt.ledger, session, job_id, amount, now=now)
-            actual = actual if actual is not None else 0
-            if actual != amount:
-                # not known at the completion CAS (no pricing hook), or the commit settled
-                # otherwise (nothing held any more, legacy refunds)
-                jobstore.record_cost(session, job_id, actual)  # refreshes ``done`` too
-            if restored:
-                jobstore.record_anomaly(session, job_id=job_id, user_id=job.user_id,
-                                        kind=COMPLETED_ROW_REVERTED, now=now,
-                                        detail={"source": source, "assets": len(restored),
-                                                "credits_actual": done.credits_actual})
-                log.warning("completed_row_reverted job_id=%s source=%s: re-completed from its "
-                            "%d stored assets", job_id, source, len(restored))
-                completed = add_event(session, done, "completed", now,
-                                      {"outputs": len(restored),
-                                       "credits_actual": done.credits_actual, "via": source},
-                                      rt=rt)
-        if done is not None and not restored:
-            for index, s in enumerate(stored):
-                session.add(Asset(id=uuid.uuid4(), job_id=job_id, user_id=job.user_id, index=index,
-                                  storage_key=s.key, media_type=s.media_type, is_public=is_public,
-                                  watermarked=watermark and rt.watermark_hook is not None,
-                                  created_at=now))
-            completed = add_event(session, done, "completed", now,
-                                  {"outputs": len(stored), "credits_actual": done.credits_actual,
-                                   "via": source}, rt=rt)
-            _reopen_workflow(session, done)
-            hook = rt.completion_hooks.get(job.provider_kind or "")
-            if hook is not None:
-                hook(session, done, result)
+                    actual = commit_settled(rt.ledger, session, job_id, amount, now=now)
+                    actual = actual if actual is not None else 0
+                    if actual != amount:
+                        # not known at the completion CAS (no pricing hook), or the commit settled
+                        # otherwise (nothing held any more, legacy refunds)
+                        jobstore.record_cost(session, job_id, actual)  # refreshes ``done`` too
+                    if restored:
+                        jobstore.record_anomaly(session, job_id=job_id, user_id=job.user_id,
+                                                kind=COMPLETED_ROW_REVERTED, now=now,
+                                                detail={"source": source, "assets": len(restored),
+                                                        "credits_actual": done.credits_actual})
+                        log.warning("completed_row_reverted job_id=%s source=%s: re-completed from its "
+                                    "%d stored assets", job_id, source, len(restored))
+                        completed = add_event(session, done, "completed", now,
+                                              {"outputs": len(restored),
+                                               "credits_actual": done.credits_actual, "via": source},
+                                              rt=rt)
+                if done is not None and not restored:
+                    for index, s in enumerate(stored):
+                        session.add(Asset(id=uuid.uuid4(), job_id=job_id, user_id=job.user_id, index=index,
+                                          storage_key=s.key, media_type=s.media_type, is_public=is_public,
+                                          watermarked=watermark and rt.watermark_hook is not None,
+                                          created_at=now))
+                    completed = add_event(session, done, "completed", now,
+                                          {"outputs": len(stored), "credits_actual": done.credits_actual,
+                                           "via": source}, rt=rt)
+                    _reopen_workflow(session, done)
+                    hook = rt.completion_hooks.get(job.provider_kind or "")
+                    if hook is not None:
+                        hook(session, done, result)
+            break
+        except IntegrityError:
+            if look_for_assets:
+                raise
     if not won or restored:
         _drop_orphans(rt, job_id, [s.key for s in stored])
     if not won:

@@ -21,6 +21,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import lifecycle
+from reconcile.db.contract import usage_log_ids_assigned
 from reconcile.db.models import Job, JobEvent
 from reconcile.errors import ProviderError
 from reconcile.lifecycle import poll
@@ -57,6 +58,10 @@ def world(db: sessionmaker[Session], pg_engine: Engine, tmp_path: Path) -> Itera
     with Simulator(clock=lambda: clock[0]) as sim:
         rt = Runtime(settings=sim.settings(webhook_base_url="https://platform.example/hooks"),
                      sessions=db, storage=LocalStorage(tmp_path / "media"))
+        # once per engine, at start-up in a process (Runtime.from_settings' table check): what
+        # the database assigns on usage_logs.id is read before the per-job counts begin
+        with pg_engine.connect() as conn:
+            usage_log_ids_assigned(conn)
         with Counting(pg_engine, sample_width=100_000) as counting:
             w = World(rt, sim, clock, counting, db)
             rt.enqueue_create = lambda job_id, countdown=0.0: w.creates.append(job_id)
