@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 from sqlalchemy import Connection, TextClause, bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
@@ -28,16 +28,24 @@ from ._base import (
 )
 
 
-def lock_balance(session: Session, user_id: uuid.UUID) -> CreditBalance:
-    """The user's balance row, created if absent, locked for this transaction, with its current
-    values (``populate_existing``: a copy the session loaded earlier is overwritten).
+@overload
+def lock_balance(session: Session, user_id: uuid.UUID) -> CreditBalance: ...
+@overload
+def lock_balance(session: Session, user_id: uuid.UUID, *,
+                 create: bool) -> CreditBalance | None: ...
+def lock_balance(session: Session, user_id: uuid.UUID, *,
+                 create: bool = True) -> CreditBalance | None:
+    """The user's balance row, created if absent (``create=False``: None, nothing created — a
+    platform's own ledger leaves the built-in tables untouched), locked for this transaction,
+    with its current values (``populate_existing``: a copy the session loaded earlier is
+    overwritten).
 
     The ORM object, for callers that want one; the ledger's own operations lock with
     :func:`_lock` (one Core statement, no object)."""
     stmt = (select(CreditBalance).where(CreditBalance.user_id == user_id).with_for_update()
             .execution_options(populate_existing=True))
     row = session.execute(stmt).scalar_one_or_none()
-    if row is not None:
+    if row is not None or not create:
         return row
     session.execute(_insert_balance(session.get_bind().dialect.name, user_id))
     return session.execute(stmt).scalar_one()

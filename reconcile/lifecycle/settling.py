@@ -127,7 +127,7 @@ def _held(session: Session, job_id: uuid.UUID) -> int:
     is held cannot change between this read and the commit of the kept part (finding 6: an
     import in between made it keep a share of the credits already given back)."""
     from .. import credits
-    from ..db.models import CreditBalance, UsageLog
+    from ..db.models import UsageLog
 
     found = session.execute(
         select(UsageLog.credits, UsageLog.user_id)
@@ -135,10 +135,9 @@ def _held(session: Session, job_id: uuid.UUID) -> int:
         .order_by(UsageLog.created_at).limit(1)).first()
     if found is None:
         return 0
-    # the ledger's lock (its balance row, FOR UPDATE), never created here: a platform's own
-    # ledger leaves the built-in tables untouched
-    session.execute(select(CreditBalance.user_id).where(CreditBalance.user_id == found.user_id)
-                    .with_for_update()).first()
+    # the ledger's lock (its balance row), never created here: a platform's own ledger leaves
+    # the built-in tables untouched
+    credits.lock_balance(session, found.user_id, create=False)
     reserved = session.execute(
         select(UsageLog.credits).where(UsageLog.job_id == job_id, UsageLog.status == "reserved")
         .order_by(UsageLog.created_at).limit(1)).scalar_one_or_none()
