@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -35,7 +34,7 @@ from sqlalchemy.exc import IntegrityError
 
 from . import jobstore, lifecycle, webhooks
 from .core import redact
-from .core.limits import declared_over
+from .core.limits import declared_over, storable
 from .db.models import Job, WebhookDelivery
 from .errors import (
     ErrorCode,
@@ -71,7 +70,6 @@ def _scheme(provider: str) -> webhooks.WebhookScheme:
     return scheme
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins the valid pairs
 
 
 def _pg_text(value: Any) -> Any:
@@ -80,7 +78,7 @@ def _pg_text(value: Any) -> Any:
     body) is stored and handled with U+FFFD for the character and the token's name as a string
     (``"NaN"``, ``"Infinity"``, ``"-Infinity"``) for the number — never a 500, never lost."""
     if isinstance(value, str):
-        return _LONE_SURROGATE.sub("\ufffd", value.replace("\x00", "\ufffd"))
+        return storable(value)
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):

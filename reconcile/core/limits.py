@@ -9,10 +9,13 @@ What the library can take and keep:
   digits);
 * text a PostgreSQL ``text`` column can hold (:func:`storable_text`): no NUL, no unpaired
   surrogate (psycopg cannot encode one) — a customer's identifiers at submit, a provider's task
-  id at create.
+  id at create — and :func:`storable`, the one scrub of text that is kept anyway (every stored
+  text through ``redact.text``, a verified delivery's fields).
 """
 
 from __future__ import annotations
+
+import re
 
 
 def declared_over(declared: str, limit: int) -> bool | None:
@@ -25,15 +28,20 @@ def declared_over(declared: str, limit: int) -> bool | None:
     return len(digits) > len(str(limit)) or int(digits) > limit
 
 
+# what PostgreSQL's text and jsonb cannot hold: NUL, and an unpaired surrogate (psycopg cannot
+# encode one; json.loads joins the valid pairs)
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
 def storable_text(value: str) -> bool:
     """``value`` fits a PostgreSQL ``text``: no NUL and no unpaired surrogate."""
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return True
+    return _UNSTORABLE.search(value) is None
 
 
-__all__ = ["declared_over", "storable_text"]
+def storable(value: str) -> str:
+    """``value`` as PostgreSQL can keep it: each NUL and unpaired surrogate as U+FFFD (a stored
+    delivery, a stored error: a hostile provider's text never makes a write raise)."""
+    return value if storable_text(value) else _UNSTORABLE.sub("\ufffd", value)
+
+
+__all__ = ["declared_over", "storable", "storable_text"]

@@ -37,6 +37,8 @@ import traceback
 from typing import Any
 from urllib.parse import unquote_plus
 
+from .limits import storable
+
 REDACTED = "REDACTED"
 _SIGNED_PARAMS = (
     "x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature",
@@ -121,7 +123,7 @@ def text(value: str) -> str:
     """``value`` with every credential shape replaced by ``REDACTED`` (module docstring): the
     one redaction of every sink — logs, stored errors and payloads, anomalies, CLI output. A NUL
     or an unpaired surrogate (which PostgreSQL's text and jsonb refuse) becomes U+FFFD."""
-    value = _storable(value)
+    value = storable(value)
     if _secrets_pattern is not None:
         value = _secrets_pattern.sub(REDACTED, value)
     lower = value.lower()  # cheap substring tests first: every log record comes through here
@@ -148,18 +150,6 @@ def text(value: str) -> str:
         value = _BEARER.sub(lambda m: m.group(1) + REDACTED, value)
     if any(prefix in value for prefix in _AWS_KEY_PREFIXES):
         value = _AWS_KEY_ID.sub(REDACTED, value)
-    return value
-
-
-def _storable(value: str) -> str:
-    """``value`` with NUL and unpaired surrogates as U+FFFD (a hostile provider's text must never
-    make the write of a failure raise on every attempt)."""
-    if "\x00" in value:
-        value = value.replace("\x00", "\ufffd")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        value = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
     return value
 
 
