@@ -93,7 +93,6 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
     rt.crash_point("after_upload")
 
     now = rt.now()
-    won = False
     # the happy path reads no asset: only a completion refused by the assets' unique index (its
     # assets are stored already: the row was written back) is tried again, looking them up
     for look_for_assets in (False, True):
