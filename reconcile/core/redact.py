@@ -167,10 +167,6 @@ def value(obj: Any, _depth: int = 0) -> Any:
     return obj
 
 
-signed = text  # the earlier names of the same function
-detail = value
-
-
 def for_customer(message: str) -> str:
     """A provider's message fit for the customer: no URL, host name or IP address left."""
     message = _URL.sub("[url]", text(message))  # a scheme-less presigned URL keeps its path
@@ -266,5 +262,5 @@ def install_log_redaction() -> None:
         logging.setLogRecordFactory(_Redacting(current))
 
 
-__all__ = ["REDACTED", "database_url", "detail", "for_customer", "for_terminal",
-           "install_log_redaction", "printable", "remember_secrets", "signed", "text", "value"]
+__all__ = ["REDACTED", "database_url", "for_customer", "for_terminal", "install_log_redaction",
+           "printable", "remember_secrets", "text", "value"]
