@@ -9,7 +9,7 @@ __all__ = [
     "ATTEMPT_SPACING", "CREATE_CLAIM_LEASE", "IN_FLIGHT", "LEGACY_AGE", "MAX_ATTEMPTS",
     "MAX_CREATE_REENQUEUES", "MAX_RATE_LIMITED_CREATES", "NOT_STARTED_AGE", "POLL_LEASE_SLACK",
     "POLL_READ_ATTEMPTS", "POLL_READ_BACKOFF_MAX", "PUBLIC_STATE", "SETTLE_BACKOFF_BASE",
-    "SETTLE_BACKOFF_MAX", "Status", "Submission", "TERMINAL", "settle_backoff",
+    "SETTLE_BACKOFF_MAX", "Status", "Submission", "TERMINAL", "UNKNOWN_OUTCOME", "settle_backoff",
 ]
 
 
@@ -33,6 +33,9 @@ class Submission(StrEnum):
 
 IN_FLIGHT = (Status.PENDING.value, Status.PROCESSING.value)
 TERMINAL = (Status.COMPLETED.value, Status.FAILED.value, Status.CANCELLED.value)
+#: a create in progress or lost: the provider may have created it (only evidence or an operator
+#: resolves it)
+UNKNOWN_OUTCOME = (Submission.SUBMITTING.value, Submission.UNCERTAIN.value)
 
 MAX_ATTEMPTS = 18  # ≈ 90 minutes of attempts after the stale threshold (README, Design notes: Attempts and exhaustion)
 ATTEMPT_SPACING = timedelta(minutes=5)  # an attempt counts at most once per 5 minutes per job

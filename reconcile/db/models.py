@@ -328,9 +328,28 @@ class JobEvent(Base):
     )
 
 
+class OperatorAction(Base):
+    """The operator record: one row per action a person took on a job by hand
+    (:mod:`reconcile.operator`), with who, through which surface, and why. Customers never read
+    it."""
+
+    __tablename__ = "reconcile_operator_actions"
+
+    id: Mapped[int] = mapped_column(BIGID, Identity(), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    operator: Mapped[str] = mapped_column(Text)
+    via: Mapped[str] = mapped_column(Text)
+    action: Mapped[str] = mapped_column(Text)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    user_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    reason: Mapped[str] = mapped_column(Text)
+    detail: Mapped[Any | None] = mapped_column(JSONType)
+
+
 __all__ = [
     "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
-    "CreditTransaction", "Job", "JobEvent", "ReconcileMeta", "UsageLog", "WebhookDelivery", "WorkflowExecution",
+    "CreditTransaction", "Job", "JobEvent", "OperatorAction", "ReconcileMeta", "UsageLog",
+    "WebhookDelivery", "WorkflowExecution",
 ]
 
 

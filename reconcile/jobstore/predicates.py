@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import and_, case, literal, or_, text
 
 from ..db.models import Job
-from ..states import Status, Submission
+from ..states import UNKNOWN_OUTCOME, Status, Submission
 
 # Literal text where a partial index must match it (migrations 0019/0020 and models.Job): the
 # sweep's keyset walk reads through jobs_inflight_keyset_idx and
@@ -97,16 +97,14 @@ def is_outcome_unknown(submission_state: str | None, *, call_started: bool,
     it (``reconcile resolve`` is the operator's way); :func:`outcome_known` is its SQL twin."""
     if submission_state is None:
         return call_started and not task_id
-    return submission_state in _UNKNOWN_OUTCOME
+    return submission_state in UNKNOWN_OUTCOME
 
-
-_UNKNOWN_OUTCOME = (Submission.SUBMITTING.value, Submission.UNCERTAIN.value)
 
 
 def outcome_known() -> Any:
     """SQL: not :func:`is_outcome_unknown` (the guard of a failure that must not race a
     submission: NULL-safe, a platform row included)."""
-    return or_(and_(Job.submission_state.is_not(None), Job.submission_state.not_in(_UNKNOWN_OUTCOME)),
+    return or_(and_(Job.submission_state.is_not(None), Job.submission_state.not_in(UNKNOWN_OUTCOME)),
                and_(Job.submission_state.is_(None),
                     or_(Job.provider_call_started_at.is_(None), Job.provider_task_id.is_not(None))))
 

@@ -1,6 +1,8 @@
-"""The commands of ``reconcile`` that change jobs, always through the lifecycle's compare-and-set
-functions, never raw SQL: ``fail`` (with its refund), ``resolve`` (an uncertain submission, either
-way), ``sweep`` (one tick inline) and ``repair-usage-metadata``."""
+"""The commands of ``reconcile`` that change jobs, always through :mod:`reconcile.operator` (the
+one home of what an operator may do, shared with the console and the Django admin) and the
+lifecycle's compare-and-set functions, never raw SQL: ``fail`` (with its refund), ``resolve`` (an
+uncertain submission, either way), ``retry-settle``, ``operator-log`` (the operator record),
+``sweep`` (one tick inline) and ``repair-usage-metadata``."""
 
 from __future__ import annotations
 
@@ -11,8 +13,7 @@ from typing import Any
 import click
 
 from ..runtime import Runtime
-from ..states import IN_FLIGHT, TERMINAL, Status, Submission
-from .app import JOB_ID, UNCLEAR, Cli, Failed, Refused, _load, json_option, main, pass_cli
+from .app import JOB_ID, Cli, Failed, Refused, _load, json_option, main, pass_cli
 from .output import _cell, _dump, _table
 
 _ROOT = __package__.rpartition(".")[0]  # "reconcile"
@@ -31,9 +32,43 @@ def _report_failed(cli: Cli, job_id: uuid.UUID, verb: str) -> None:
                    f"{returned} credits{kept}")
 
 
+def _operator() -> Any:
+    """Who runs the command: ``RECONCILE_OPERATOR``, else the login name (the operator record's
+    identity for an action taken through the CLI)."""
+    import getpass
+    import os
+
+    from ..operator import Operator
+
+    try:
+        who = os.environ.get("RECONCILE_OPERATOR") or getpass.getuser()
+    except Exception:  # no login name (a container without a passwd entry)
+        who = "unknown"
+    return Operator(identity=who or "unknown", via="cli")
+
+
+def act(cli: Cli, action: str, job_id: uuid.UUID, reason: str | None,
+        upstream_id: str | None = None) -> Any:
+    """Run an operator action (:mod:`reconcile.operator`, the one home of its rules) and map
+    its refusals to the CLI's exit codes: refused 2, lost 1."""
+    from .. import operator
+
+    try:
+        return operator.run(cli.runtime(), action, job_id, operator=_operator(),
+                            reason=reason or "(no reason given on the command line)",
+                            upstream_id=upstream_id)
+    except operator.ActionRefused as exc:
+        raise Refused(str(exc)) from exc
+    except operator.ActionLost as exc:
+        raise Failed(str(exc)) from exc
+
+
+reason_option = click.option("--reason", help="Why (kept in the operator record).")
+
+
 @main.command()
 @click.argument("job_id", type=JOB_ID)
-@click.option("--reason", help="Why (stored in the job's error_detail).")
+@reason_option
 @pass_cli
 def fail(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
     """Fail an in-flight job and refund its credits (RECONCILE_NO_RECOVERY).
@@ -42,15 +77,12 @@ def fail(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
     `reconcile resolve`. A platform row whose provider call is in flight (started, no result)
     is refused too, as a user's cancel is. Failing a job again does nothing.
     """
-    from .. import jobstore, lifecycle
-    from ..errors import ErrorCode
+    from .. import jobstore
 
-    rt = cli.runtime()
     with cli.session() as session:
         job = _load(session, job_id)
-    if job.status == Status.COMPLETED:
-        raise Refused(f"job {job_id} is completed: its credits were committed; nothing to fail")
-    if job.status in TERMINAL:
+    done = act(cli, "fail", job_id, reason)
+    if not done.changed:
         pending = ""
         if job.credits_actual is None:
             pending = (" (its refund is pending: the sweep settles it)" if jobstore.must_settle(job)
@@ -58,22 +90,6 @@ def fail(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
                        "platform's to settle (`reconcile audit` reports it)")
         click.echo(f"job {job_id} is already {job.status}{pending}; nothing done", err=True)
         return
-    # the rows a user's cancel answers 409 for (jobstore.is_outcome_unknown, one home)
-    if jobstore.is_outcome_unknown(job.submission_state,
-                                   call_started=job.provider_call_started_at is not None,
-                                   task_id=job.provider_task_id):
-        if job.submission_state is None:
-            raise Refused(f"job {job_id} is a platform row whose provider call started at "
-                          f"{_cell(job.provider_call_started_at)} and has no result yet: failing "
-                          "it would throw a paid answer away. Wait for the call (the sweep fails "
-                          "it past its kind's threshold)")
-        raise Refused(f"job {job_id} is {job.submission_state}: the provider may have created it. "
-                      f"Use `reconcile resolve {job_id} --upstream-id ID` or `--not-submitted`")
-    done = lifecycle.fail_job(rt, job_id, ErrorCode.RECONCILE_NO_RECOVERY, "reconcile_no_recovery",
-                              {"by": "operator", "reason": reason},
-                              where=(jobstore.outcome_known(),))
-    if not done:
-        raise Failed(f"job {job_id} changed meanwhile; nothing done (see `reconcile show {job_id}`)")
     _report_failed(cli, job_id, "failed")
     if job.provider_task_id:
         click.echo(f"note: upstream task {_cell(job.provider_task_id)} may still run; a late result is "
@@ -84,52 +100,62 @@ def fail(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
 @click.argument("job_id", type=JOB_ID)
 @click.option("--upstream-id", metavar="ID", help="The provider created it: adopt this id and poll.")
 @click.option("--not-submitted", is_flag=True, help="Nothing was created upstream: fail + refund.")
+@reason_option
 @pass_cli
-def resolve(cli: Cli, job_id: uuid.UUID, upstream_id: str | None, not_submitted: bool) -> None:
+def resolve(cli: Cli, job_id: uuid.UUID, upstream_id: str | None, not_submitted: bool,
+            reason: str | None) -> None:
     """Settle an uncertain submission one way or the other (exactly one option)."""
-    from .. import lifecycle
-
     if upstream_id is not None:
         upstream_id = upstream_id.strip()
         if not upstream_id:
             raise click.BadParameter("must not be empty", param_hint="--upstream-id")
     if (upstream_id is None) == (not not_submitted):
         raise click.UsageError("give exactly one of --upstream-id ID or --not-submitted")
-    rt = cli.runtime()
-    now = rt.now()
     with cli.session() as session:
-        job = _load(session, job_id)
-    if job.status not in IN_FLIGHT or job.submission_state not in UNCLEAR:
-        raise Refused(f"job {job_id} is {job.status}/{job.submission_state or 'no submission'}: "
-                      "only uncertain submissions are resolved")
-    if job.submission_state == Submission.SUBMITTING and job.claim_expires_at is not None \
-            and job.claim_expires_at >= now:
-        raise Refused(f"a worker holds the submission claim of job {job_id} until "
-                      f"{_cell(job.claim_expires_at)}; wait for it to finish or expire")
+        _load(session, job_id)
     if upstream_id is not None:
-        kind = rt.kind(job.provider_kind)
-        if kind is None or kind.sync:
-            raise Refused(f"job {job_id} is of kind {job.provider_kind!r}, which has no upstream id "
-                          "to adopt; use --not-submitted")
-        holder = _holder(cli, job_id, upstream_id)
-        if holder is not None:
-            raise Refused(f"upstream id {_cell(upstream_id)} is the task of job {holder}, not "
-                          f"job {job_id}'s; nothing done (see `reconcile show {holder}`)")
-        if not lifecycle.adopt_upstream_id(rt, job_id, upstream_id, source="operator"):
-            raise Failed(f"job {job_id} changed meanwhile; nothing done")
-        click.echo(f"job {job_id} adopted upstream id {upstream_id}: processing, polling resumed")
+        done = act(cli, "resolve_upstream", job_id, reason, upstream_id)
+        click.echo(done.message)
         return
-    if not lifecycle.resolve_not_submitted(rt, job_id, reason="operator"):
-        raise Failed(f"job {job_id} changed meanwhile; nothing done")
+    act(cli, "resolve_not_submitted", job_id, reason)
     _report_failed(cli, job_id, "failed as not submitted")
 
 
-def _holder(cli: Cli, job_id: uuid.UUID, upstream_id: str) -> uuid.UUID | None:
-    """The job already holding ``upstream_id`` (its own task, never this job's evidence)."""
-    from ..jobstore import evidence
-
+@main.command("retry-settle")
+@click.argument("job_id", type=JOB_ID)
+@reason_option
+@pass_cli
+def retry_settle(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
+    """Settle now a failed or cancelled job whose settlement is pending (the ledger refused it,
+    or it waits for its backoff). Refused for a platform's own failed row: the library never
+    failed it, so its reservation is the platform's to settle."""
     with cli.session() as session:
-        return evidence.holders(session, [upstream_id], job_id).get(upstream_id)
+        _load(session, job_id)
+    act(cli, "retry_settle", job_id, reason)
+    _report_failed(cli, job_id, "settled")
+
+
+@main.command("operator-log")
+@click.option("--job", "job_id", type=JOB_ID, help="Only this job's actions.")
+@click.option("--since", type=click.DateTime(), help="Only actions since (UTC).")
+@click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True)
+@json_option
+@pass_cli
+def operator_log(cli: Cli, job_id: uuid.UUID | None, since: Any, limit: int,
+                 as_json: bool) -> None:
+    """The operator record: who did what to which job, through which surface, and why."""
+    from datetime import UTC
+
+    from ..operator import records
+
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)
+    with cli.session() as session:
+        rows = records(session, job_id=job_id, since=since, limit=limit)
+    if as_json:
+        _dump(rows)
+        return
+    click.echo(_table(rows, ["at", "operator", "via", "action", "job_id", "reason"]))
 
 
 # ----------------------------------------------------------------------------- runs

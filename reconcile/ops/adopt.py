@@ -127,20 +127,10 @@ def credits_release_orphan(cli: Cli, job_id: uuid.UUID, reason: str) -> None:
     """Release the credits a job still holds after its job row was deleted (the audit's
     orphaned_reservation): the library's refund, with the reason recorded. Refused while the
     job row exists; releasing again does nothing."""
-    from ..credits import release_orphan
-    from ..errors import LedgerError
+    from .actions import act
 
-    rt = _builtin(cli, "its own ledger settles orphans")
-    try:
-        with rt.sessions.begin() as session:
-            done = release_orphan(session, job_id, reason, now=rt.now())
-            after = rt.ledger.refunded(session, job_id)
-    except LedgerError as exc:
-        raise Refused(str(exc)) from exc
-    if not done:
-        click.echo(f"job {job_id}: no reservation held; nothing done", err=True)
-        return
-    click.echo(f"job {job_id}: orphaned reservation released; refunded {after} credits")
+    done = act(cli, "release_orphan", job_id, reason)
+    click.echo(done.message, err=not done.changed)
 
 
 @main.command()

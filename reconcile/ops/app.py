@@ -19,7 +19,6 @@ from .. import __version__
 from ..db.models import Job
 from ..runtime import Runtime
 from ..settings import Settings
-from ..states import Submission
 
 # ----------------------------------------------------------------------------- plumbing
 
@@ -49,7 +48,6 @@ class JobIdType(click.ParamType):
 
 
 JOB_ID = JobIdType()
-UNCLEAR = (Submission.UNCERTAIN.value, Submission.SUBMITTING.value)
 
 
 NO_DATABASE = ("no database configured: set RECONCILE_DATABASE_URL or pass --database-url URL "

@@ -62,7 +62,7 @@ EXPORTED = {
     "reconcile.db.migrate": {"alembic_config", "downgrade", "upgrade"},
     "reconcile.db.models": {
         "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
-        "CreditTransaction", "Job", "JobEvent", "ReconcileMeta", "UsageLog",
+        "CreditTransaction", "Job", "JobEvent", "OperatorAction", "ReconcileMeta", "UsageLog",
         "WebhookDelivery", "WorkflowExecution",
     },
     "reconcile.db.session": {
@@ -124,7 +124,7 @@ EXPORTED = {
         "ATTEMPT_SPACING", "CREATE_CLAIM_LEASE", "IN_FLIGHT", "LEGACY_AGE", "MAX_ATTEMPTS",
         "MAX_CREATE_REENQUEUES", "MAX_RATE_LIMITED_CREATES", "NOT_STARTED_AGE",
         "POLL_LEASE_SLACK", "POLL_READ_ATTEMPTS", "POLL_READ_BACKOFF_MAX", "PUBLIC_STATE",
-        "SETTLE_BACKOFF_BASE", "SETTLE_BACKOFF_MAX", "Status", "Submission", "TERMINAL",
+        "SETTLE_BACKOFF_BASE", "SETTLE_BACKOFF_MAX", "Status", "Submission", "TERMINAL", "UNKNOWN_OUTCOME",
         "settle_backoff",
     },
     "reconcile.storage": {
@@ -133,6 +133,10 @@ EXPORTED = {
     "reconcile.sweep": {
         "Action", "Decision", "SweepAction", "SweepReport", "decide", "reconcile_job",
         "sweep",
+    },
+    "reconcile.operator": {
+        "ACTIONS", "ActionLost", "ActionRefused", "Done", "Operator", "allowed", "clean_reason",
+        "records", "refusal", "run",
     },
     "reconcile.sync": {"SyncCall", "check_sync_deadline", "run_sync", "sync_call"},
     "reconcile.tasks": {
@@ -209,6 +213,10 @@ NOT_EXPORTED = {
     "reconcile.lifecycle": {
         "exhaust", "finalize_job_with_media", "past_threshold", "poll_countdown",
         "poll_lease", "usable_task_id",
+    },
+    "reconcile.operator": {
+        "FAIL", "REASON_MAX", "RELEASE_ORPHAN", "RESOLVE_NOT_SUBMITTED", "RESOLVE_UPSTREAM",
+        "RETRY_SETTLE", "VIA",
     },
     "reconcile.orchestrator": {"mark_node_timed_out"},
     "reconcile.providers.base": {"JOB_REF_PREFIX", "unwrap_sdk"},

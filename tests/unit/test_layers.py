@@ -47,6 +47,9 @@ LAYERS = {
     "reconcile.lifecycle": LIFECYCLE,
     # 8 flows built on the lifecycle: sync calls, the sweep, orchestrator waits
     "reconcile.sync": FLOWS, "reconcile.sweep": FLOWS, "reconcile.orchestrator": FLOWS,
+    # the operator actions (fail, resolve, retry a settlement, release an orphan) every
+    # surface calls: the CLI, the console, the Django admin
+    "reconcile.operator": FLOWS,
     # 9 celery: tasks, install, the standalone app, its settings; worker/ holds the broker patch
     "reconcile.tasks": CELERY, "reconcile.celery_install": CELERY, "reconcile.celery_app": CELERY,
     "reconcile.celery_settings": CELERY, "reconcile.worker": CELERY,

@@ -33,9 +33,11 @@ COMMANDS = {'': ['--database-url', '--version'],
             'demo': ['ARGS'],
             'fail': ['--reason', 'JOB_ID'],
             'metrics': ['--address', '--once', '--port'],
+            'operator-log': ['--job', '--json', '--limit', '--since'],  # the operator record
             'prune': ['--dry-run', '--events-days', '--json', '--webhooks-days'],
             'repair-usage-metadata': ['--from-sub', '--from-topup', 'JOB_ID'],
-            'resolve': ['--not-submitted', '--upstream-id', 'JOB_ID'],
+            'resolve': ['--not-submitted', '--reason', '--upstream-id', 'JOB_ID'],
+            'retry-settle': ['--reason', 'JOB_ID'],  # reconcile.operator's retry_settle
             'show': ['--json', 'JOB_ID'],
             'simulator': ['--host', '--port', '--seed', '--time-scale'],
             'stuck': ['--json', '--kind', '--limit', '--older-than'],
