@@ -109,10 +109,12 @@ def engine_for(url: str) -> Engine:
     return engine
 
 
-def dispose_engines() -> None:
-    """Forget engines inherited from a parent process (``worker_process_init``)."""
+def dispose_engines(close: bool = False) -> None:
+    """Forget this process's engines. By default (``worker_process_init``: engines inherited
+    from a parent process) their pooled connections are left to the parent, never closed here;
+    ``close=True`` closes them (before the database they point at is dropped)."""
     for engine in _ENGINES.values():
-        engine.dispose(close=False)
+        engine.dispose(close=close)
     _ENGINES.clear()
 
 

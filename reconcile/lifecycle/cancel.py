@@ -48,6 +48,7 @@ RECONCILIATION_MESSAGE = (
 # A lost cancel CAS means the row moved on; each retry re-reads and decides again. Rows only
 # move forward (a 429 release is the one step back), so a handful of rounds always suffices.
 MAX_ROUNDS = 5
+WITHDRAWN_MESSAGE = "Withdrawn: the request that submitted it did not complete."
 
 
 def load_owned(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID) -> Job:
@@ -99,6 +100,21 @@ def _own_cancel_seen(rt: Runtime, job: Job, detail: dict[str, Any]) -> bool:
     return True
 
 
+# the create claim needs not_started too: whichever CAS lands first wins, never both
+_NOT_STARTED_GUARD = (Job.submission_state == Submission.NOT_STARTED,)
+
+
+def withdraw(rt: Runtime, job_id: uuid.UUID, why: str) -> bool:
+    """Cancel a job whose create was never sent, refunded in full (never accepted): the
+    platform's request that submitted it did not complete (its database transaction rolled
+    back, so no row of its own names the job). The same CAS on ``not_started`` as a user's
+    cancel: False when the row moved on (a create claimed it) — the job then runs and settles
+    as any other."""
+    return lifecycle.fail_job(rt, job_id, ErrorCode.CANCELED, WITHDRAWN_MESSAGE,
+                              {"canceled_by": why, "submission_state": Submission.NOT_STARTED},
+                              where=_NOT_STARTED_GUARD, status=Status.CANCELLED)
+
+
 class Verdict(StrEnum):
     """Cancel's decision for a job as read (:func:`decide`)."""
 
@@ -140,8 +156,7 @@ def _decide(rt: Runtime, job: Job) -> tuple[tuple[Any, ...], dict[str, Any]]:
         raise Conflict(ErrorCode.SUBMISSION_RECONCILIATION_REQUIRED, RECONCILIATION_MESSAGE)
     detail: dict[str, Any] = {"canceled_by": "user", "submission_state": job.submission_state}
     if verdict is Verdict.NOT_STARTED:
-        # the create claim needs not_started too: whichever CAS lands first wins, never both
-        return (Job.submission_state == Submission.NOT_STARTED,), detail
+        return _NOT_STARTED_GUARD, detail
     if verdict is Verdict.PLATFORM_ROW:
         return (jobstore.platform_row_uncalled(),), detail
     # recorded first: whichever reader then writes the terminal state, it settles as a cancel

@@ -45,27 +45,16 @@ def _threshold(rt: Runtime, job: Job) -> timedelta:
     return rt.settings.scaled(kind.stale_threshold if kind is not None else LEGACY_AGE)
 
 
-@main.command()
-@click.option("--kind", help="Only this provider_kind ('legacy': rows without one; '*': all).")
-@click.option("--older-than", type=click.FloatRange(min=0), metavar="MINUTES",
-              help="Instead of each kind's stale threshold, list in-flight jobs older than this.")
-@limit_option
-@json_option
-@pass_cli
-def stuck(cli: Cli, kind: str | None, older_than: float | None, limit: int, as_json: bool) -> None:
-    """In-flight jobs past their kind's stale threshold (legacy rows: past 5 minutes)."""
-    from ..jobstore.adoption import ALL, LEGACY, SettingsError, check_observe_only
+def stuck_rows(rt: Runtime, session: Session, *, now: datetime, limit: int,
+               kind: str | None = None, older_than: timedelta | None = None) -> list[dict[str, Any]]:
+    """In-flight jobs past their kind's stale threshold (legacy rows: past 5 minutes), oldest
+    first; with ``older_than``, every in-flight job older than that. ``kind``: a kind, "legacy"
+    (rows without one) or "*" (all). What ``reconcile stuck`` and the Django admin list."""
+    from ..jobstore.adoption import ALL, LEGACY
     from ..kinds import all_kinds
 
-    if kind:
-        try:  # the same names as OBSERVE_ONLY_KINDS: a kind, or "legacy" for rows without one
-            check_observe_only([kind])
-        except SettingsError as exc:
-            raise Refused(f"unknown kind {kind!r}: a registered kind or {LEGACY!r}") from exc
-    rt = cli.runtime()
-    now = rt.now()
     if older_than is not None:
-        floor = timedelta(minutes=older_than)
+        floor = older_than
     else:
         floor = rt.settings.scaled(min([LEGACY_AGE] + [k.stale_threshold for k in all_kinds()]))
     started = _started().label("started")
@@ -75,20 +64,64 @@ def stuck(cli: Cli, kind: str | None, older_than: float | None, limit: int, as_j
     elif kind and kind != ALL:
         stmt = stmt.where(Job.provider_kind == kind)
     rows: list[dict[str, Any]] = []
+    for job, since in session.execute(stmt.order_by(started)):
+        threshold = floor if older_than is not None else _threshold(rt, job)
+        if now - since < threshold or len(rows) >= limit:
+            continue
+        rows.append({
+            "id": job.id, "job_type": job.job_type, "kind": job.provider_kind,
+            "status": job.status, "submission": job.submission_state,
+            "task_id": job.provider_task_id, "age": now - since, "threshold": threshold,
+            "attempts": job.reconcile_attempts,
+            "last_error": job.reconcile_last_error or job.error_code,
+        })
+    return rows
+
+
+@main.command()
+@click.option("--kind", help="Only this provider_kind ('legacy': rows without one; '*': all).")
+@click.option("--older-than", type=click.FloatRange(min=0), metavar="MINUTES",
+              help="Instead of each kind's stale threshold, list in-flight jobs older than this.")
+@limit_option
+@json_option
+@pass_cli
+def stuck(cli: Cli, kind: str | None, older_than: float | None, limit: int, as_json: bool) -> None:
+    """In-flight jobs past their kind's stale threshold (legacy rows: past 5 minutes)."""
+    from ..jobstore.adoption import LEGACY, SettingsError, check_observe_only
+
+    if kind:
+        try:  # the same names as OBSERVE_ONLY_KINDS: a kind, or "legacy" for rows without one
+            check_observe_only([kind])
+        except SettingsError as exc:
+            raise Refused(f"unknown kind {kind!r}: a registered kind or {LEGACY!r}") from exc
+    rt = cli.runtime()
     with cli.session() as session:
-        for job, since in session.execute(stmt.order_by(started)):
-            threshold = floor if older_than is not None else _threshold(rt, job)
-            if now - since < threshold or len(rows) >= limit:
-                continue
-            rows.append({
-                "id": job.id, "job_type": job.job_type, "kind": job.provider_kind,
-                "status": job.status, "submission": job.submission_state,
-                "task_id": job.provider_task_id, "age": now - since, "threshold": threshold,
-                "attempts": job.reconcile_attempts,
-                "last_error": job.reconcile_last_error or job.error_code,
-            })
+        rows = stuck_rows(rt, session, now=rt.now(), limit=limit, kind=kind,
+                          older_than=timedelta(minutes=older_than) if older_than is not None
+                          else None)
     _listing(rows, ("id", "kind", "status", "submission", "age", "attempts", "last_error"),
              as_json, "no stuck jobs")
+
+
+def uncertain_rows(rt: Runtime, session: Session, *, now: datetime,
+                   limit: int) -> list[dict[str, Any]]:
+    """Submissions whose outcome is unknown (``jobstore.uncertain_expired``), oldest first, with
+    the credits they hold and the webhook deliveries that name them."""
+    stmt = select(Job).where(jobstore.in_flight(), jobstore.uncertain_expired(now)
+                             ).order_by(_started()).limit(limit)
+    jobs = list(session.execute(stmt).scalars())
+    ids = [j.id for j in jobs]
+    held = _reserved(session, ids)
+    evidence = dict(session.execute(
+        select(WebhookDelivery.job_id, func.count()).where(WebhookDelivery.job_id.in_(ids))
+        .group_by(WebhookDelivery.job_id)).all()) if ids else {}
+    return [{
+        "id": j.id, "user_id": j.user_id, "kind": j.provider_kind, "status": j.status,
+        "submission": j.submission_state, "since": j.provider_call_started_at or j.created_at,
+        "age": now - (j.provider_call_started_at or j.created_at),
+        "attempts": j.reconcile_attempts, "error_code": j.error_code,
+        "reserved": held.get(j.id), "deliveries": evidence.get(j.id, 0),
+    } for j in jobs]
 
 
 @main.command()
@@ -101,25 +134,25 @@ def uncertain(cli: Cli, limit: int, as_json: bool) -> None:
     They keep their reservation until an operator runs `reconcile resolve`.
     """
     rt = cli.runtime()
-    now = rt.now()
-    stmt = select(Job).where(jobstore.in_flight(), jobstore.uncertain_expired(now)
-                             ).order_by(_started()).limit(limit)
     with cli.session() as session:
-        jobs = list(session.execute(stmt).scalars())
-        ids = [j.id for j in jobs]
-        held = _reserved(session, ids)
-        evidence = dict(session.execute(
-            select(WebhookDelivery.job_id, func.count()).where(WebhookDelivery.job_id.in_(ids))
-            .group_by(WebhookDelivery.job_id)).all()) if ids else {}
-    rows = [{
-        "id": j.id, "user_id": j.user_id, "kind": j.provider_kind, "status": j.status,
-        "submission": j.submission_state, "since": j.provider_call_started_at or j.created_at,
-        "age": now - (j.provider_call_started_at or j.created_at),
-        "attempts": j.reconcile_attempts, "error_code": j.error_code,
-        "reserved": held.get(j.id), "deliveries": evidence.get(j.id, 0),
-    } for j in jobs]
+        rows = uncertain_rows(rt, session, now=rt.now(), limit=limit)
     _listing(rows, ("id", "kind", "submission", "age", "attempts", "reserved", "deliveries",
                     "error_code"), as_json, "no uncertain submissions")
+
+
+def unsettled_rows(rt: Runtime, session: Session, *, now: datetime,
+                   limit: int) -> list[dict[str, Any]]:
+    """Failed or cancelled jobs the library failed whose refund has not settled
+    (``jobstore.settlement_pending``), by their settlement's retry time."""
+    stmt = select(Job).where(jobstore.settlement_pending()).order_by(Job.next_poll_at).limit(limit)
+    jobs = list(session.execute(stmt).scalars())
+    held = _reserved(session, [j.id for j in jobs])
+    return [{
+        "id": j.id, "user_id": j.user_id, "kind": j.provider_kind, "status": j.status,
+        "error_code": j.error_code, "completed_at": j.completed_at,
+        "next_poll_at": j.next_poll_at, "due_in": max(j.next_poll_at - now, timedelta(0)),
+        "settle_attempts": j.settle_attempts, "reserved": held.get(j.id),
+    } for j in jobs]
 
 
 @main.command()
@@ -133,17 +166,8 @@ def unsettled(cli: Cli, limit: int, as_json: bool) -> None:
     time); a platform's old failed rows are the audit's business.
     """
     rt = cli.runtime()
-    now = rt.now()
-    stmt = select(Job).where(jobstore.settlement_pending()).order_by(Job.next_poll_at).limit(limit)
     with cli.session() as session:
-        jobs = list(session.execute(stmt).scalars())
-        held = _reserved(session, [j.id for j in jobs])
-    rows = [{
-        "id": j.id, "user_id": j.user_id, "kind": j.provider_kind, "status": j.status,
-        "error_code": j.error_code, "completed_at": j.completed_at,
-        "next_poll_at": j.next_poll_at, "due_in": max(j.next_poll_at - now, timedelta(0)),
-        "settle_attempts": j.settle_attempts, "reserved": held.get(j.id),
-    } for j in jobs]
+        rows = unsettled_rows(rt, session, now=rt.now(), limit=limit)
     _listing(rows, ("id", "kind", "status", "error_code", "next_poll_at", "due_in",
                     "settle_attempts", "reserved"), as_json, "no unsettled refunds")
 

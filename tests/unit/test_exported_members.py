@@ -146,8 +146,8 @@ EXPORTED = {
     },
     "reconcile.contrib": set(),
     "reconcile.contrib.django": {
-        "database_alias", "database_url", "export_environment", "jobs_migration", "runtime",
-        "settings", "url_for",
+        "close_connections", "database_alias", "database_url", "eager", "export_environment",
+        "jobs_migration", "runtime", "settings", "url_for",
     },
     "reconcile.testing": set(),
     "reconcile.testing.fixtures": {"simulator", "simulator_env", "simulator_session"},
@@ -262,7 +262,8 @@ PRIVATE = {
     "reconcile.testing.processes",
     "reconcile.testing.sim_control", "reconcile.testing.sim_core", "reconcile.testing.sim_delivery",
     "reconcile.testing.sim_http", "reconcile.testing.sim_main", "reconcile.testing.sim_signing",
-    "reconcile.contrib.django.apps",
+    "reconcile.contrib.django.apps", "reconcile.contrib.django.admin",
+    "reconcile.contrib.django.models", "reconcile.contrib.django.enqueue",
 }
 # Private packages: the package says ``Internal:``; every module inside is private with it.
 PRIVATE_PACKAGES = {

@@ -37,12 +37,12 @@ from ...runtime import Runtime
 from ...settings import Settings
 
 __all__ = [
-    "database_alias", "database_url", "export_environment", "jobs_migration", "runtime",
-    "settings", "url_for",
+    "close_connections", "database_alias", "database_url", "eager", "export_environment",
+    "jobs_migration", "runtime", "settings", "url_for",
 ]
 
 # keys of the RECONCILE dict that are the integration's own, not library settings
-_OWN_KEYS = ("database_alias", "jobs_app")
+_OWN_KEYS = ("database_alias", "eager", "jobs_app")
 # libpq connection parameters passed on from DATABASES[...]["OPTIONS"]; Django-only options
 # (pool, isolation_level, server_side_binding, assume_role) do not apply to the library's engine
 _LIBPQ_OPTIONS = frozenset({
@@ -178,21 +178,54 @@ def export_environment() -> Settings:
     return wanted
 
 
-_runtimes: dict[int, Runtime] = {}
+def eager() -> bool:
+    """``RECONCILE["eager"]``: run a job's create and polls inline, in the request, against the
+    simulator (tests only; read at each enqueue, so ``override_settings`` applies)."""
+    value = _config().get("eager", False)
+    if not isinstance(value, bool):
+        raise ImproperlyConfigured(f"RECONCILE['eager'] must be True or False, not {value!r}")
+    return value
+
+
+_runtimes: dict[tuple[int, str], Runtime] = {}
 _lock = threading.Lock()
 
 
 def runtime() -> Runtime:
-    """This process's :class:`~reconcile.runtime.Runtime` from :func:`settings`, built once per
-    process (the table contract is checked then) and shared with the library's tasks, so the
-    view's submit enqueues through the installed Celery app."""
-    from ... import tasks
+    """This process's :class:`~reconcile.runtime.Runtime` from :func:`settings`, shared with
+    the library's tasks, so the view's submit enqueues through the installed Celery app.
 
-    pid = os.getpid()
+    The database is resolved at each call from the connection's settings as they are then, so
+    under Django's test runner (which renames the database after ``ready()``) the library
+    reads and writes the test database; one runtime is built per process and database (the
+    table contract is checked then). Its creates wait for the platform's commit
+    (``transaction.on_commit``) and run inline with ``RECONCILE["eager"]``
+    (:mod:`reconcile.contrib.django.enqueue`)."""
+    from ... import tasks
+    from .enqueue import wire
+
+    url = database_url()
+    key = (os.getpid(), url)
     with _lock:
-        rt = _runtimes.get(pid)
+        rt = _runtimes.get(key)
         if rt is None:
             rt = Runtime.from_settings(settings())
-            tasks.set_runtime(rt)
-            _runtimes[pid] = rt
+            tasks.set_runtime(rt)  # the Celery sends; wire() wraps them
+            wire(rt, database_alias(), eager)
+            _runtimes[key] = rt
+            # the processes and helpers that read the environment follow the same database
+            os.environ["RECONCILE_DATABASE_URL"] = url
         return rt
+
+
+def close_connections() -> None:
+    """Close the library's pooled database connections in this process and forget its
+    runtimes; the next use opens new ones. Call it before a database the library used is
+    dropped (the test helpers do: :mod:`reconcile.contrib.django.testing`)."""
+    from ... import tasks
+    from ...db.session import dispose_engines
+
+    with _lock:
+        _runtimes.clear()
+        tasks.reset_runtime()
+        dispose_engines(close=True)
