@@ -75,6 +75,14 @@ def _request(env: dict[str, str], method: str, path: str, user: uuid.UUID,
     return answer["status"], answer["body"]
 
 
+def _admin_probe(env: dict[str, str], job: str, user: uuid.UUID, reason: str) -> dict[str, Any]:
+    """The admin through Django's test client (tests/integration/django_admin_probe.py)."""
+    script = (ROOT / "tests" / "integration" / "django_admin_probe.py").read_text()
+    out = _manage({**env, "PROBE_JOB": job, "PROBE_USER": str(user), "PROBE_REASON": reason},
+                  "shell", "-c", script).stdout
+    return json.loads(next(line for line in out.splitlines() if line.startswith("ANSWER "))[7:])
+
+
 def _status(engine: Engine, job_id: str) -> Any:
     with engine.connect() as conn:
         return conn.execute(text("SELECT status FROM jobs WHERE id = :j"), {"j": job_id}).scalar()
@@ -149,14 +157,51 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
             log_path.read_text(errors="replace")[-4000:]
         status, body = _request(env, "post", f"/api/v1/jobs/{slow}/cancel", user)
         assert status == 200 and body["state"] == "canceled", body
-        # 100 granted, 10 committed for the completed job, the cancelled one refunded
+        # the admin: staff read every list; one with reconcile.act_on_jobs fails a job in
+        # flight with a reason, through reconcile.operator (the operator record names them)
+        status, body = _request(env, "post", "/api/v1/jobs", user, {"model": "slow"})
+        assert status == 202, body
+        failed = body["job_id"]
+        assert wait_for(lambda: _status(engine, failed) == "processing", 30), \
+            log_path.read_text(errors="replace")[-4000:]
+        reason = f"provider support ticket {uuid.uuid4().hex[:8]}: stuck upstream"
+        seen = _admin_probe(env, failed, user, reason)
+        assert all(code == 200 for code, _ in seen["pages"].values()), seen["pages"]
+        assert seen["pages"]["job"][1] and seen["pages"]["inflightjob"][1], seen["pages"]
+        assert not seen["pages"]["unsettledjob"][1] and not seen["pages"]["uncertainjob"][1]
+        assert seen["index_lists_reconcile"]
+        assert seen["outsider"] == [403, 403]  # staff without the view permission
+        assert seen["change"] == {"act_link": True, "events": ["queued", "running"],
+                                  "read_only": True}, seen["change"]
+        # a staff user without reconcile.act_on_jobs reads, but may not act
+        assert seen["viewer"] == {"act_link": False, "get": 403, "post": 403}
+        assert ["Fail the job (refund)", "allowed"] in seen["act_page"], seen["act_page"]
+        assert ["Retry the settlement", "refused"] in seen["act_page"]
+        assert seen["blank_reason"] == ["This field is required."], seen["blank_reason"]
+        assert seen["act"] == [302, f"/admin/reconcile/job/{failed}/change/"], seen["act"]
+        assert seen["messages"] == [["success", f"Job {failed} failed"]], seen["messages"]
+        assert seen["refused"] == [f"Job {failed} is settled already (credits_actual 0)"], seen
+        assert seen["operator_log_page"]
+        with engine.connect() as conn:
+            record = conn.execute(text(
+                "SELECT operator, via, action, reason, user_id FROM reconcile_operator_actions "
+                "WHERE job_id = :j"), {"j": failed}).all()
+        assert [tuple(r) for r in record] == [("ops-ann", "django-admin", "fail", reason, user)]
+        # the customer sees the state change, never the reason
+        snapshot_status, snapshot = seen["snapshot"]
+        assert snapshot_status == 200 and snapshot["state"] == "failed", snapshot
+        assert snapshot["credits_returned"] == 10
+        assert [e["event"] for e in seen["customer_events"]][-1] == "failed"
+        assert reason not in json.dumps(seen["snapshot"]) + json.dumps(seen["customer_events"])
+
+        # 100 granted, 10 committed for the completed job, the cancelled and failed ones refunded
         with Session(engine) as session, session.begin():
             balance = credits.lock_balance(session, user)
             assert (balance.sub, balance.topup) == (90, 0)
         with engine.connect() as conn:
             logs = dict(conn.execute(text(
                 "SELECT job_id::text, status FROM usage_logs WHERE user_id = :u"), {"u": user}).all())
-        assert set(logs) == {done, slow}, logs
+        assert set(logs) == {done, slow, failed}, logs
 
         audit = _manage(env, "reconcile", "audit", ok=False)
         assert audit.returncode == 0, audit.stdout + audit.stderr
@@ -183,7 +228,7 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
     assert not {"reconcile_credit_lots", "reconcile_job_events"} & tables, tables
     assert "submission_state" not in {c["name"] for c in inspect(engine).get_columns("jobs")}
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM jobs")).scalar() == 2
+        assert conn.execute(text("SELECT count(*) FROM jobs")).scalar() == 3
         assert conn.execute(text(
             "SELECT count(*) FROM django_migrations WHERE app = 'reconcile'")).scalar() == 0
     engine.dispose()
