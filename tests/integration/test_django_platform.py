@@ -262,3 +262,40 @@ def test_django_platform_on_sqlite_and_a_table_remake_that_drops_the_librarys_co
     assert check.returncode == 1, check
     assert "BREAKS   jobs.submission_state: missing" in check.stdout
     assert "mismatch(es) with the table contract" in check.stderr
+
+
+def test_django_platform_own_test_suites_run_on_a_test_database_the_library_uses_and_drops(
+        pg_databases: PgDatabases, redis_url: str) -> None:
+    """The example's own tests, as a platform runs them: ``manage.py test`` (Django's runner
+    with the library's ``ReconcileTestRunner``) and ``pytest`` (pytest-django with the library's
+    fixtures). Both run on a test database the library follows, with the shipped simulator and
+    ``RECONCILE["eager"]``: a job completes in the request, a create waits for the platform's
+    commit, a rolled-back submit is withdrawn and never reaches the provider. Each runner then
+    drops its test database, which the library's pooled connections would block."""
+    url = pg_databases.create("rtdjsuite")
+    name = url.rsplit("/", 1)[-1]
+    env = _env(PLATFORM_DATABASE_URL=url.replace("+psycopg", ""), CELERY_BROKER_URL=redis_url)
+    env["PYTHONPATH"] = os.pathsep.join((str(EXAMPLE), env["PYTHONPATH"]))
+    engine = make_engine(url)
+
+    def test_databases() -> list[str]:
+        with engine.connect() as conn:
+            return list(conn.execute(text("SELECT datname FROM pg_database WHERE datname LIKE "
+                                          ":n"), {"n": f"test_{name}%"}).scalars())
+
+    try:
+        django_runner = _manage(env, "test", "platform_app", "-v", "2", ok=False)
+        assert django_runner.returncode == 0, django_runner.stdout + django_runner.stderr
+        assert "Ran 6 tests" in django_runner.stderr and "OK" in django_runner.stderr
+        assert f"Destroying test database for alias 'default' ('test_{name}')" in \
+            django_runner.stderr
+        assert test_databases() == []
+        pytest_run = subprocess.run([sys.executable, "-m", "pytest", "-q"], cwd=EXAMPLE,
+                                    env=env, capture_output=True, text=True, timeout=300)
+        assert pytest_run.returncode == 0, pytest_run.stdout + pytest_run.stderr
+        assert "2 passed" in pytest_run.stdout
+        assert test_databases() == []
+        with engine.connect() as conn:  # the platform's real database: nothing migrated here
+            assert not inspect(conn).get_table_names()
+    finally:
+        engine.dispose()

@@ -149,6 +149,7 @@ EXPORTED = {
         "close_connections", "database_alias", "database_url", "eager", "export_environment",
         "jobs_migration", "runtime", "settings", "url_for",
     },
+    "reconcile.contrib.django.testing": {"ReconcileTestRunner", "flush", "simulated"},
     "reconcile.testing": set(),
     "reconcile.testing.fixtures": {"simulator", "simulator_env", "simulator_session"},
     "reconcile.testing.sim_registry": {

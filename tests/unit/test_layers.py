@@ -61,6 +61,8 @@ LAYERS = {
     "reconcile.contrib": OPS,
     # 12 testing: simulator, fixtures, chaos, explorer;  13 demo
     "reconcile.testing": TESTING, "reconcile.demo": DEMO,
+    # a Django platform's test helpers (its runner, fixtures, the simulator in its settings)
+    "reconcile.contrib.django.testing": TESTING,
 }
 
 # (importer, imported): the upward imports that exist today, all function-local.

@@ -57,8 +57,12 @@ DATABASES = {
         # sqlite:///path/to/file.db: a development database
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": _db.path[1:],  # sqlite:///dev.db is relative, sqlite:////srv/dev.db absolute
+        # the library opens its own connection: a test database must be a file, not :memory:
+        "TEST": {"NAME": _db.path[1:] + ".test"},
     }
 }
+# manage.py test: the library's connections are closed before the test database is dropped
+TEST_RUNNER = "reconcile.contrib.django.testing.ReconcileTestRunner"
 
 # Celery, configured from these settings (django_platform/celery.py)
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")

@@ -187,8 +187,16 @@ def eager() -> bool:
     return value
 
 
-_runtimes: dict[tuple[int, str], Runtime] = {}
+_runtimes: dict[tuple[Any, ...], Runtime] = {}
 _lock = threading.Lock()
+
+
+def _configuration() -> tuple[Any, ...]:
+    """What a runtime is built from, as it is now: the connection's database, the RECONCILE dict
+    and the ``RECONCILE_*`` environment (the database's own variable aside: a runtime writes it)."""
+    environment = tuple(sorted((k, v) for k, v in os.environ.items()
+                               if k.startswith("RECONCILE_") and k != "RECONCILE_DATABASE_URL"))
+    return database_url(), repr(sorted(_config().items())), environment
 
 
 def runtime() -> Runtime:
@@ -197,15 +205,16 @@ def runtime() -> Runtime:
 
     The database is resolved at each call from the connection's settings as they are then, so
     under Django's test runner (which renames the database after ``ready()``) the library
-    reads and writes the test database; one runtime is built per process and database (the
-    table contract is checked then). Its creates wait for the platform's commit
-    (``transaction.on_commit``) and run inline with ``RECONCILE["eager"]``
+    reads and writes the test database; likewise a test's ``override_settings(RECONCILE=...)``
+    or ``RECONCILE_*`` variables apply from the next call. One runtime is built per process and
+    configuration (the table contract is checked then). Its creates wait for the platform's
+    commit (``transaction.on_commit``) and run inline with ``RECONCILE["eager"]``
     (:mod:`reconcile.contrib.django.enqueue`)."""
     from ... import tasks
     from .enqueue import wire
 
-    url = database_url()
-    key = (os.getpid(), url)
+    configuration = _configuration()
+    key = (os.getpid(), *configuration)
     with _lock:
         rt = _runtimes.get(key)
         if rt is None:
@@ -214,7 +223,7 @@ def runtime() -> Runtime:
             wire(rt, database_alias(), eager)
             _runtimes[key] = rt
             # the processes and helpers that read the environment follow the same database
-            os.environ["RECONCILE_DATABASE_URL"] = url
+            os.environ["RECONCILE_DATABASE_URL"] = configuration[0]
         return rt
 
 
