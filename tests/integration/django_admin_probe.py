@@ -1,4 +1,4 @@
-"""Run by ``manage.py shell`` in the example Django platform (tests/integration/
+"""Run in a ``manage.py shell`` of the example Django platform (tests/integration/
 test_django_platform.py): the library's admin through Django's test client, as two staff
 users — one with ``reconcile.act_on_jobs``, one without — on the job ``PROBE_JOB`` of the
 customer ``PROBE_USER``. Prints one ``ANSWER {json}`` line with what it saw."""

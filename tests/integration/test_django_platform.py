@@ -56,31 +56,63 @@ def _manage(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.Comp
     return proc
 
 
-_CLIENT = """
-import json
+# one long-lived ``manage.py shell`` of the platform (a Python start-up per request would cost
+# seconds each): it reads one JSON command a line and answers ``ANSWER {json}``
+_SHELL = """
+import json, os, sys
 from django.test import Client
-r = getattr(Client(), {method!r})({path!r}, data={data!r}, content_type="application/json",
-                                  headers={{"X-User-Id": {user!r}}})
-print("ANSWER " + json.dumps({{"status": r.status_code, "body": r.json()}}))
+for line in sys.stdin:
+    command = json.loads(line)
+    if command["op"] == "request":
+        r = getattr(Client(), command["method"])(
+            command["path"], data=command["data"], content_type="application/json",
+            headers={"X-User-Id": command["user"]})
+        print("ANSWER " + json.dumps({"status": r.status_code, "body": r.json()}), flush=True)
+    else:
+        os.environ.update(command["env"])
+        exec(command["code"], {"__name__": "__probe__"})
+        sys.stdout.flush()
 """
 
 
-def _request(env: dict[str, str], method: str, path: str, user: uuid.UUID,
-             body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
-    """One request to the platform's view, through Django's test client in ``manage.py shell``."""
-    code = _CLIENT.format(method=method, path=path, user=str(user),
-                          data=json.dumps(body) if body is not None else "")
-    out = _manage(env, "shell", "-c", code).stdout
-    answer = json.loads(next(line for line in out.splitlines() if line.startswith("ANSWER "))[7:])
-    return answer["status"], answer["body"]
+class _Shell:
+    """The platform's Django, in a ``manage.py shell`` kept open: its test client and scripts."""
 
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.stderr = open(log, "wb")  # closed by close()
+        self.proc = subprocess.Popen([sys.executable, "manage.py", "shell", "-c", _SHELL],
+                                     cwd=EXAMPLE, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True)
 
-def _admin_probe(env: dict[str, str], job: str, user: uuid.UUID, reason: str) -> dict[str, Any]:
-    """The admin through Django's test client (tests/integration/django_admin_probe.py)."""
-    script = (ROOT / "tests" / "integration" / "django_admin_probe.py").read_text()
-    out = _manage({**env, "PROBE_JOB": job, "PROBE_USER": str(user), "PROBE_REASON": reason},
-                  "shell", "-c", script).stdout
-    return json.loads(next(line for line in out.splitlines() if line.startswith("ANSWER "))[7:])
+    def _ask(self, command: dict[str, Any]) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("ANSWER "):
+                return json.loads(line[7:])
+        raise AssertionError(f"the platform shell ended: exit {self.proc.wait()}")
+
+    def request(self, method: str, path: str, user: uuid.UUID,
+                body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        """One request to the platform's view, through Django's test client."""
+        answer = self._ask({"op": "request", "method": method, "path": path, "user": str(user),
+                            "data": json.dumps(body) if body is not None else ""})
+        return answer["status"], answer["body"]
+
+    def run(self, code: str, **env: str) -> Any:
+        """A script that prints its ``ANSWER {json}`` (``env`` set in its environment first)."""
+        return self._ask({"op": "exec", "code": code, "env": env})
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.stderr.close()
 
 
 def _status(engine: Engine, job_id: str) -> Any:
@@ -97,6 +129,7 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
                RECONCILE_TIME_SCALE="0.05", RECONCILE_SWEEP_INTERVAL="20")
     engine = make_engine(url)
     procs: list[subprocess.Popen[bytes]] = []
+    shell: _Shell | None = None
     log_path, beat_log = tmp_path / "worker.log", tmp_path / "beat.log"
     try:
         # manage.py migrate: the platform's tables, then the library's revisions
@@ -120,6 +153,7 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
 
         user = uuid.uuid4()
         assert "granted 100" in _manage(env, "grant", str(user), "100").stdout
+        shell = _Shell(env, tmp_path / "shell.log")
         simulator.script_model("m", Script(timeline=((0.0, "queued"), (0.5, "running"),
                                                      (1.5, "succeeded"))))
         simulator.script_model("slow", Script(timeline=((0.0, "queued"), (0.3, "running"),
@@ -132,40 +166,43 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
                 ([*celery, "worker", "-Q", "celery,reconcile,reconcile.sweep", "--pool=prefork",
                   "-c", "2", "-l", "info", "--without-gossip", "--without-mingle",
                   "-n", f"dj{uuid.uuid4().hex[:6]}@%h"], log_path),
-                ([*celery, "beat", "-l", "info", "-s", str(tmp_path / "beat-schedule")], beat_log)):
+                # django-celery-beat's DatabaseScheduler (CELERY_BEAT_SCHEDULER in the settings)
+                ([*celery, "beat", "-l", "info"], beat_log)):
             with open(path, "wb") as log:
                 procs.append(subprocess.Popen(argv, cwd=EXAMPLE, env=env, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True))
         assert wait_for(lambda: "ready." in log_path.read_text(errors="replace"), 60), \
             log_path.read_text(errors="replace")
 
-        status, body = _request(env, "post", "/api/v1/jobs", user, {"model": "m",
+        status, body = shell.request("post", "/api/v1/jobs", user, {"model": "m",
                                                                     "input": {"prompt": "a boat"}})
         assert status == 202 and body["state"] == "queued", body
         done = body["job_id"]
         assert wait_for(lambda: _status(engine, done) == "completed", 30), \
             log_path.read_text(errors="replace")[-4000:]
-        status, snapshot = _request(env, "get", f"/api/v1/jobs/{done}", user)
+        status, snapshot = shell.request("get", f"/api/v1/jobs/{done}", user)
         assert status == 200 and snapshot["state"] == "completed", snapshot
         assert snapshot["credits_actual"] == 10 and len(snapshot["outputs"]) == 1
         assert simulator.creates() == 1  # one upstream task: no second create
 
-        status, body = _request(env, "post", "/api/v1/jobs", user, {"model": "slow"})
+        status, body = shell.request("post", "/api/v1/jobs", user, {"model": "slow"})
         assert status == 202, body
         slow = body["job_id"]
         assert wait_for(lambda: _status(engine, slow) == "processing", 30), \
             log_path.read_text(errors="replace")[-4000:]
-        status, body = _request(env, "post", f"/api/v1/jobs/{slow}/cancel", user)
+        status, body = shell.request("post", f"/api/v1/jobs/{slow}/cancel", user)
         assert status == 200 and body["state"] == "canceled", body
         # the admin: staff read every list; one with reconcile.act_on_jobs fails a job in
         # flight with a reason, through reconcile.operator (the operator record names them)
-        status, body = _request(env, "post", "/api/v1/jobs", user, {"model": "slow"})
+        status, body = shell.request("post", "/api/v1/jobs", user, {"model": "slow"})
         assert status == 202, body
         failed = body["job_id"]
         assert wait_for(lambda: _status(engine, failed) == "processing", 30), \
             log_path.read_text(errors="replace")[-4000:]
         reason = f"provider support ticket {uuid.uuid4().hex[:8]}: stuck upstream"
-        seen = _admin_probe(env, failed, user, reason)
+        # the admin through Django's test client (tests/integration/django_admin_probe.py)
+        seen = shell.run((ROOT / "tests" / "integration" / "django_admin_probe.py").read_text(),
+                         PROBE_JOB=failed, PROBE_USER=str(user), PROBE_REASON=reason)
         assert all(code == 200 for code, _ in seen["pages"].values()), seen["pages"]
         assert seen["pages"]["job"][1] and seen["pages"]["inflightjob"][1], seen["pages"]
         assert not seen["pages"]["unsettledjob"][1] and not seen["pages"]["uncertainjob"][1]
@@ -209,7 +246,24 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
         assert wait_for(lambda: "reconcile.sweep" in beat_log.read_text(errors="replace")
                         and "[reconcile] scanned=" in log_path.read_text(errors="replace"), 30), \
             beat_log.read_text(errors="replace")[-3000:]
+        # django-celery-beat keeps the schedule in PeriodicTask rows: the sweep's tick keeps
+        # its expiry there (expire_seconds; the scheduler sends it as the message's expires)
+        with engine.connect() as conn:
+            row = conn.execute(text(
+                "SELECT expire_seconds, expires, queue FROM django_celery_beat_periodictask "
+                "WHERE name = 'reconcile-sweep'")).one()
+        assert tuple(row) == (1, None, "reconcile.sweep"), row  # 20 s x time scale 0.05
+        sent = shell.run(
+            "import json\n"
+            "from django_celery_beat.models import PeriodicTask\n"
+            "from django_celery_beat.schedulers import ModelEntry\n"
+            "from django_platform.celery import app\n"
+            "entry = ModelEntry(PeriodicTask.objects.get(name='reconcile-sweep'), app=app)\n"
+            "print('ANSWER ' + json.dumps([entry.options['expires'], entry.options['queue']]))")
+        assert sent == [1, "reconcile.sweep"], sent
     finally:
+        if shell is not None:
+            shell.close()
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)

@@ -109,3 +109,15 @@ def test_the_environment_workers_read_holds_the_same_settings() -> None:
     assert os.environ["RECONCILE_DATABASE_URL"] == contrib.url_for(PG)
     assert Settings().observe_only_kinds == ["legacy", "kie-standard"]
     assert Settings().cancel_refund == Fraction(1, 3)
+
+
+def test_an_entrys_expires_becomes_django_celery_beats_whole_expire_seconds() -> None:
+    from datetime import timedelta
+
+    from reconcile.contrib.django.beat import expire_seconds
+
+    assert [expire_seconds({"expires": v}) for v in (1.0, 0.2, 20.5, 3600, timedelta(minutes=1))] \
+        == [1, 1, 21, 3600, 60]
+    # nothing to keep: no expiry, or not a relative one
+    assert [expire_seconds(o) for o in ({}, {"expires": None}, {"expires": True},
+                                        {"expires": 0}, {"expires": "soon"})] == [None] * 5

@@ -265,6 +265,7 @@ PRIVATE = {
     "reconcile.testing.sim_http", "reconcile.testing.sim_main", "reconcile.testing.sim_signing",
     "reconcile.contrib.django.apps", "reconcile.contrib.django.admin",
     "reconcile.contrib.django.models", "reconcile.contrib.django.enqueue",
+    "reconcile.contrib.django.beat",
 }
 # Private packages: the package says ``Internal:``; every module inside is private with it.
 PRIVATE_PACKAGES = {

@@ -18,6 +18,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django_celery_beat",  # beat's schedule in the database (CELERY_BEAT_SCHEDULER below)
     "platform_app",
     "reconcile.contrib.django",  # the library: its migrations, its admin, manage.py reconcile
 ]
@@ -67,6 +68,9 @@ TEST_RUNNER = "reconcile.contrib.django.testing.ReconcileTestRunner"
 # Celery, configured from these settings (django_platform/celery.py)
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 CELERY_TASK_IGNORE_RESULT = True
+# `celery -A django_platform beat` keeps its schedule in PeriodicTask rows (the library's sweep
+# entry among them, with its expiry: reconcile.contrib.django)
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 # the library: one dict; the database is DATABASES["default"]
 RECONCILE = {

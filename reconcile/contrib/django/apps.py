@@ -16,3 +16,12 @@ class ReconcileConfig(AppConfig):
         from . import export_environment
 
         export_environment()
+        from django.apps import apps
+
+        if apps.is_installed("django_celery_beat"):
+            from celery.signals import beat_init
+
+            from .beat import keep_expires
+
+            # django-celery-beat's DatabaseScheduler would drop the library's entries' expires
+            beat_init.connect(keep_expires, weak=False, dispatch_uid="reconcile.django.beat")
