@@ -27,7 +27,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import (
@@ -72,6 +72,11 @@ INSERTED_INTO = ("jobs", "usage_logs")
 ALWAYS_SET = frozenset({"jobs.input_data", "usage_logs.job_id", "usage_logs.metadata"})
 LIBRARY_TABLES = tuple(sorted(name for name in Base.metadata.tables if name not in PLATFORM_TABLES))
 UUID_ONLY = "the library's ids are uuids; an integer or text id is not supported yet"
+# the fix of a library column or table that is gone while its migrations are at head
+_REPAIR_FIX = ("reconcile db repair (the library's migrations are at head, so `db upgrade` adds "
+              "nothing: the table was rebuilt or altered after them, as Django's SQLite "
+              "AlterField rebuilds it; repair adds the library's columns, indexes and tables "
+              "back, without the values a rebuild dropped)")
 
 
 @dataclass(frozen=True)
@@ -355,12 +360,15 @@ def check(bind: Engine | Connection) -> list[Finding]:
         with bind.connect() as conn:
             return check(conn)
     out = _version_findings(bind, head_revision())
+    at_head_now = not out
     for table in PLATFORM_TABLES:
         out += _table_findings(bind, table)
     for table in LIBRARY_TABLES:
         if _live_columns(bind, table) is None:
             out.append(Finding(table, "missing (a table of the library's)", BREAKS,
                                "reconcile db upgrade"))
+    if at_head_now:  # `db upgrade` has nothing left to run: what is gone was removed after it
+        out = [replace(f, fix=_REPAIR_FIX) if f.fix == "reconcile db upgrade" else f for f in out]
     return out
 
 

@@ -9,12 +9,14 @@ SQLite (embedded default) takes the same steps through the inspector.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
 from alembic import op
 
 __all__ = [
-    "alembic_config", "downgrade", "upgrade",
+    "alembic_config", "downgrade", "repair", "upgrade",
 ]
 
 LOCK_TIMEOUT = "5s"
@@ -180,3 +182,92 @@ def _with_x(url: str):  # type: ignore[no-untyped-def]
     cfg = alembic_config(url)
     cfg.cmd_opts = Namespace(x=[f"url={url}"])
     return cfg
+
+
+def repair(url: str) -> list[str]:
+    """Add back what the library's migrations created and is gone although they are at head
+    (so ``upgrade`` adds nothing): its columns and indexes on the platform's tables — an ORM's
+    table rebuild drops them, as Django's SQLite ``AlterField`` does — and its own tables. Each
+    from the models (which ``alembic check`` keeps equal to the migrations); nothing that
+    exists is touched, and the values a rebuild dropped do not come back. Returns the
+    statements it ran (none: nothing was missing)."""
+    from sqlalchemy.schema import CreateColumn, CreateIndex
+
+    from .contract import LIBRARY_TABLES, PLATFORM_COLUMNS, PLATFORM_TABLES
+    from .models import Base
+    from .session import make_engine
+
+    engine = make_engine(url)
+    done: list[str] = []
+    try:
+        with engine.begin() as conn:
+            inspector = sa.inspect(conn)
+            for name in PLATFORM_TABLES:
+                if not inspector.has_table(name):
+                    continue  # a platform table is created by `upgrade`, never rebuilt here
+                live = {c["name"] for c in inspector.get_columns(name)}
+                for column in Base.metadata.tables[name].columns:
+                    if column.name in live or column.name in PLATFORM_COLUMNS[name]:
+                        continue
+                    now = column.server_default is not None and "now" in str(
+                        getattr(column.server_default, "arg", "")).lower()
+                    ddl = str(CreateColumn(column).compile(dialect=conn.dialect))
+                    if now and conn.dialect.name == "sqlite":
+                        # SQLite adds no column with a non-constant default (revision 0023)
+                        ddl = ddl.split(" DEFAULT ")[0].replace(" NOT NULL", "")
+                    statements = [f"ALTER TABLE {name} ADD COLUMN {ddl}"]
+                    if now and conn.dialect.name == "sqlite":
+                        statements.append(f"UPDATE {name} SET {column.name} = CURRENT_TIMESTAMP")
+                    for statement in statements:
+                        conn.exec_driver_sql(statement)
+                        done.append(statement)
+            for name in LIBRARY_TABLES:
+                if not inspector.has_table(name):
+                    Base.metadata.tables[name].create(conn)
+                    done.append(f"CREATE TABLE {name} (with its indexes)")
+        indexes = []
+        with engine.connect() as conn:
+            inspector = sa.inspect(conn)
+            for name in PLATFORM_TABLES:
+                if not inspector.has_table(name):
+                    continue
+                live_indexes = inspector.get_indexes(name)
+                for index in sorted(Base.metadata.tables[name].indexes, key=lambda i: str(i.name)):
+                    if not _index_missing(index, live_indexes):
+                        continue
+                    if index.name:
+                        indexes.append(str(CreateIndex(index, if_not_exists=True).compile(
+                            dialect=conn.dialect)))
+        if indexes and engine.dialect.name == "postgresql":
+            # deploy-safe on the platform's tables: CONCURRENTLY, outside a transaction
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                for statement in indexes:
+                    statement = statement.replace("CREATE INDEX ", "CREATE INDEX CONCURRENTLY ", 1)
+                    conn.exec_driver_sql(statement)
+                    done.append(statement)
+        elif indexes:
+            with engine.begin() as conn:
+                for statement in indexes:
+                    conn.exec_driver_sql(statement)
+                    done.append(statement)
+    finally:
+        engine.dispose()
+    return done
+
+
+def _partial(index: dict[str, Any]) -> bool:
+    return any(k.endswith("_where") and v is not None
+               for k, v in (index.get("dialect_options") or {}).items())
+
+
+def _index_missing(index: Any, live: list[dict[str, Any]]) -> bool:
+    """Whether the model's ``index`` is gone from a platform table: not there by name, and —
+    for a full index — no other full index of the platform's leads with its first column
+    (revision 0014 drops the library's ``usage_logs(job_id)`` index where the platform has its
+    own; a repair must not bring it back)."""
+    if any(i["name"] == index.name for i in live):
+        return False
+    if index.dialect_options["postgresql"].get("where") is not None:
+        return True
+    first = [c.name for c in index.columns][:1]
+    return not any(i["column_names"][:1] == first and not _partial(i) for i in live)

@@ -1,4 +1,5 @@
-"""``reconcile db upgrade|downgrade|check``: the library's migrations and the table contract."""
+"""``reconcile db upgrade|downgrade|repair|check``: the library's migrations and the table
+contract."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ def db_downgrade(cli: Cli, revision: str) -> None:
 
     downgrade(cli.url(), revision)
     click.echo(f"database downgraded to {revision}")
+
+
+@db.command("repair")
+@pass_cli
+def db_repair(cli: Cli) -> None:
+    """Add back the library's columns, indexes and tables that are gone although its migrations
+    are at head (a table rebuilt after them, as Django's SQLite AlterField does). Nothing that
+    exists is changed; the values a rebuild dropped do not come back."""
+    from ..db.migrate import repair
+
+    done = repair(cli.url())
+    for statement in done:
+        click.echo(statement)
+    click.echo(f"repaired: {len(done)} statement(s)" if done else "nothing to repair")
 
 
 @db.command("check")

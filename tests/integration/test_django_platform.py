@@ -292,8 +292,9 @@ def test_django_platform_on_sqlite_and_a_table_remake_that_drops_the_librarys_co
         tmp_path: Path) -> None:
     """SQLite (a development database): ``migrate`` and ``db check`` as on PostgreSQL. Django's
     SQLite ``AlterField`` then rebuilds ``jobs`` from the platform's model and drops every column
-    the library added, while the library's migrations still say head: ``manage.py reconcile db
-    check`` names the missing columns and exits 1 (workers and beat refuse to start on it)."""
+    and index the library added, while the library's migrations still say head: ``manage.py
+    reconcile db check`` names the missing columns with the fix, ``reconcile db repair``, and
+    exits 1 (workers and beat refuse to start on it); the repair adds them back."""
     project = tmp_path / "project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__", "media"))
     env = _env(PLATFORM_DATABASE_URL=f"sqlite:///{tmp_path / 'dev.db'}")
@@ -316,6 +317,25 @@ def test_django_platform_on_sqlite_and_a_table_remake_that_drops_the_librarys_co
     assert check.returncode == 1, check
     assert "BREAKS   jobs.submission_state: missing" in check.stdout
     assert "mismatch(es) with the table contract" in check.stderr
+    # the library's migrations are at head: the fix is a repair, not `db upgrade`
+    assert "fix: reconcile db repair (the library's migrations are at head" in check.stdout
+    assert "fix: reconcile db upgrade" not in check.stdout
+
+    def indexes() -> set[str]:
+        import sqlite3
+
+        with sqlite3.connect(tmp_path / "dev.db") as conn:
+            return {name for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs'")}
+
+    assert "jobs_inflight_keyset_idx" not in indexes()
+    repair = manage("reconcile", "db", "repair")
+    assert repair.returncode == 0, repair
+    assert "ALTER TABLE jobs ADD COLUMN submission_state TEXT" in repair.stdout
+    check = manage("reconcile", "db", "check")
+    assert check.returncode == 0 and "the database fits the table contract" in check.stdout, check
+    assert {"jobs_inflight_keyset_idx", "jobs_unsettled_idx", "jobs_poll_due_idx"} <= indexes()
+    assert manage("reconcile", "db", "repair").stdout.strip().endswith("nothing to repair")
 
 
 def test_django_platform_own_test_suites_run_on_a_test_database_the_library_uses_and_drops(

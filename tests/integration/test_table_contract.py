@@ -242,6 +242,32 @@ def test_a_missing_column_at_head_points_to_db_check_not_db_upgrade(
     assert "run `reconcile db check`" in result.stderr and "db upgrade" not in result.stderr
 
 
+def test_a_column_and_index_gone_at_head_are_repaired_by_db_repair(
+        pg_databases: PgDatabases) -> None:
+    """At head, with a library column and a partial index of ``jobs`` gone (a table rebuilt
+    after the migrations): ``db check``'s fix is ``reconcile db repair`` (``db upgrade`` would add
+    nothing), and the repair adds both back — the index concurrently — and nothing else."""
+    url = _platform(pg_databases, DJANGO_PG.format(usage_id=BIGINT_IDENTITY))
+    with _psql(url) as conn:
+        conn.execute("ALTER TABLE jobs DROP COLUMN progress")
+        conn.execute("DROP INDEX jobs_poll_due_idx")
+    code, out = _db_check(url)
+    assert code == 1, out
+    assert ("BREAKS   jobs.progress: missing (the library adds it)\n    fix: reconcile db repair "
+            "(the library's migrations are at head") in out
+    repaired = CliRunner().invoke(main, ["--database-url", url, "db", "repair"])
+    assert repaired.exit_code == 0, repaired.output
+    assert repaired.stdout.splitlines() == [
+        "ALTER TABLE jobs ADD COLUMN progress INTEGER DEFAULT 0 NOT NULL",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_poll_due_idx ON jobs (poll_due_at) WHERE "
+        "status IN ('pending', 'processing') AND poll_due_at IS NOT NULL",
+        "repaired: 2 statement(s)"]
+    code, out = _db_check(url)
+    assert code == 0, out
+    again = CliRunner().invoke(main, ["--database-url", url, "db", "repair"])
+    assert again.stdout.strip() == "nothing to repair"
+
+
 def test_the_readme_states_the_contract_the_code_checks() -> None:
     """README "The table contract" holds exactly the table reconcile.db.contract renders."""
     assert contract_markdown() in (ROOT / "README.md").read_text()

@@ -59,7 +59,7 @@ EXPORTED = {
         "PLATFORM_TABLES", "Finding", "SchemaMismatch", "at_head", "check", "contract_markdown",
         "require", "usage_log_ids_assigned",
     },
-    "reconcile.db.migrate": {"alembic_config", "downgrade", "upgrade"},
+    "reconcile.db.migrate": {"alembic_config", "downgrade", "repair", "upgrade"},
     "reconcile.db.models": {
         "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
         "CreditTransaction", "Job", "JobEvent", "OperatorAction", "ReconcileMeta", "UsageLog",

@@ -29,6 +29,7 @@ COMMANDS = {'': ['--database-url', '--version'],
             'db': [],
             'db check': ['--json'],  # issue 26: the table contract
             'db downgrade': ['--revision', '--yes'],
+            'db repair': [],
             'db upgrade': ['--revision'],
             'demo': ['ARGS'],
             'fail': ['--reason', 'JOB_ID'],
