@@ -344,7 +344,8 @@ def test_django_platform_own_test_suites_run_on_a_test_database_the_library_uses
     with the library's ``ReconcileTestRunner``) and ``pytest`` (pytest-django with the library's
     fixtures). Both run on a test database the library follows, with the shipped simulator and
     ``RECONCILE["eager"]``: a job completes in the request, a create waits for the platform's
-    commit, a rolled-back submit is withdrawn and never reaches the provider. Each runner then
+    commit, a rolled-back submit is withdrawn and never reaches the provider; staff resolve an
+    uncertain submission from the admin. Each runner then
     drops its test database, which the library's pooled connections would block."""
     url = pg_databases.create("rtdjsuite")
     name = url.rsplit("/", 1)[-1]
@@ -360,7 +361,7 @@ def test_django_platform_own_test_suites_run_on_a_test_database_the_library_uses
     try:
         django_runner = _manage(env, "test", "platform_app", "-v", "2", ok=False)
         assert django_runner.returncode == 0, django_runner.stdout + django_runner.stderr
-        assert "Ran 6 tests" in django_runner.stderr and "OK" in django_runner.stderr
+        assert "Ran 8 tests" in django_runner.stderr and "OK" in django_runner.stderr
         assert f"Destroying test database for alias 'default' ('test_{name}')" in \
             django_runner.stderr
         assert test_databases() == []
