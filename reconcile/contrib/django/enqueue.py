@@ -75,7 +75,10 @@ def _after_commit(rt: Runtime, alias: str, job_id: uuid.UUID, step: Callable[[],
 
     def on_commit() -> None:
         ran["done"] = True
-        step()
+        try:
+            step()
+        except Exception:  # committed: never an error the client would retry (a second job)
+            log.exception("create_enqueue_failed job_id=%s (the sweep re-enqueues it)", job_id)
 
     # the finalizer holds no reference to the callback: it runs when Django drops the callback,
     # after calling it (commit) or without (a rollback of the transaction or its savepoint)
