@@ -38,6 +38,10 @@ for name in ("job", "inflightjob", "stuckjob", "uncertainjob", "unsettledjob", "
              "creditlot", "credittransaction", "creditanomaly", "operatoraction"):
     r = ann.get(f"/admin/reconcile/{name}/")
     out["pages"][name] = [r.status_code, job in text(r)]
+out["filters"] = [job in text(ann.get(f"/admin/reconcile/job/?status={status}&provider_kind=kie-standard"))
+                  for status in ("processing", "completed")]
+out["search"] = [job in text(ann.get(f"/admin/reconcile/job/?q={term}"))
+                 for term in (job, str(customer), "not-a-task-id")]
 out["index_lists_reconcile"] = "/admin/reconcile/stuckjob/" in text(ann.get("/admin/"))
 out["outsider"] = [cy.get("/admin/reconcile/job/").status_code, cy.get(act_url).status_code]
 page = text(ann.get(f"/admin/reconcile/job/{job}/change/"))

@@ -206,6 +206,7 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
         assert all(code == 200 for code, _ in seen["pages"].values()), seen["pages"]
         assert seen["pages"]["job"][1] and seen["pages"]["inflightjob"][1], seen["pages"]
         assert not seen["pages"]["unsettledjob"][1] and not seen["pages"]["uncertainjob"][1]
+        assert seen["filters"] == [True, False] and seen["search"] == [True, True, False], seen
         assert seen["index_lists_reconcile"]
         assert seen["outsider"] == [403, 403]  # staff without the view permission
         assert seen["change"] == {"act_link": True, "events": ["queued", "running"],
