@@ -18,6 +18,11 @@ both (``RECONCILE_*`` environment variables fill the fields the dict does not na
 of the library that read the environment — the Celery settings ``reconcile.install`` merges,
 the workers' runtime, the start-up checks, ``manage.py reconcile`` — see the same values.
 ``manage.py migrate`` runs the library's own migrations (``migrations/0001_library.py``).
+
+Also here: the read-only admin of the library's tables with the operator actions for staff with
+``reconcile.act_on_jobs`` (``admin.py``); creates that wait for the platform's commit and an
+eager mode for tests (``enqueue.py``, ``RECONCILE["eager"]``); the sweep's expiry kept under
+django-celery-beat (``beat.py``); the test helpers (:mod:`reconcile.contrib.django.testing`).
 """
 
 from __future__ import annotations
