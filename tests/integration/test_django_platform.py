@@ -4,8 +4,12 @@
 BigAutoField on ``usage_logs``) and then runs the library's migrations (``reconcile.contrib.
 django``); ``manage.py reconcile db check`` finds the tables fit the contract; a Celery worker
 started from the Django project (``celery -A django_platform``) runs the jobs the platform's view
-submits through Django's test client against the shipped simulator; a cancel is refunded; the
-audit is clean; ``manage.py migrate reconcile zero`` removes the library's tables and columns.
+submits through Django's test client against the shipped simulator; a cancel is refunded; staff
+read the library's admin and one with ``reconcile.act_on_jobs`` fails a job from it (the
+operator record names them; the customer never sees the reason); the audit is clean; beat on
+django-celery-beat's DatabaseScheduler sends the sweep with its expiry; ``manage.py migrate
+reconcile zero`` removes the library's tables and columns. The example's own test suites run
+under Django's runner and pytest-django; on SQLite a table rebuild is found and repaired.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def _top_level_names(module: str) -> set[str]:
 def _has(module: str, name: str) -> bool:
     try:
         return hasattr(importlib.import_module(module), name)
-    except Exception as exc:
+    except Exception:
         # a Django models module imports only inside a configured project (the admin's models
         # of the library's tables; ImproperlyConfigured, AppRegistryNotReady, or a RuntimeError
         # where another test configured Django without the app): read its names from the source
