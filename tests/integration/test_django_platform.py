@@ -344,7 +344,7 @@ def test_django_platform_on_sqlite_and_a_table_remake_that_drops_the_librarys_co
 
 
 def test_django_platform_own_test_suites_run_on_a_test_database_the_library_uses_and_drops(
-        pg_databases: PgDatabases, redis_url: str) -> None:
+        pg_databases: PgDatabases, redis_url: str, tmp_path: Path) -> None:
     """The example's own tests, as a platform runs them: ``manage.py test`` (Django's runner
     with the library's ``ReconcileTestRunner``) and ``pytest`` (pytest-django with the library's
     fixtures). Both run on a test database the library follows, with the shipped simulator and
@@ -354,7 +354,8 @@ def test_django_platform_own_test_suites_run_on_a_test_database_the_library_uses
     drops its test database, which the library's pooled connections would block."""
     url = pg_databases.create("rtdjsuite")
     name = url.rsplit("/", 1)[-1]
-    env = _env(PLATFORM_DATABASE_URL=url.replace("+psycopg", ""), CELERY_BROKER_URL=redis_url)
+    env = _env(PLATFORM_DATABASE_URL=url.replace("+psycopg", ""), CELERY_BROKER_URL=redis_url,
+               PLATFORM_MEDIA_URL=f"file://{tmp_path / 'media'}")
     env["PYTHONPATH"] = os.pathsep.join((str(EXAMPLE), env["PYTHONPATH"]))
     engine = make_engine(url)
 
