@@ -1,5 +1,4 @@
-"""An outsider's attack on the issue 25 fixes (third security pass), as a customer, a hostile
-provider and a network would try them. Each test here failed on the code it was written against.
+"""Hostile input at every entry, as a customer, a hostile provider and a network would try it. Each test here failed on the code it was written against.
 
 * (held, pinned) a verified webhook nested deeper than the NUL/NaN scrub's recursion reaches is
   a 400, never a 500;
