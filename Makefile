@@ -30,6 +30,7 @@ test: setup services
 
 lint: setup
 	$(BIN)/ruff check reconcile tests alembic examples
+	$(BIN)/mypy
 	@tmp=$$(mktemp -d); \
 	  db=lint_$$$$; \
 	  psql "$(PG_ADMIN)" -qc "CREATE DATABASE $$db" && \

@@ -27,7 +27,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from . import jobstore
-from .db.models import Job, OperatorAction
+from .db.models import Job, OperatorAction, table_of
 from .runtime import Runtime
 from .settlement import SettleOutcome
 from .states import IN_FLIGHT, TERMINAL, UNKNOWN_OUTCOME, Status, Submission
@@ -306,7 +306,7 @@ def _record(rt: Runtime, done: Done, operator: Operator, reason: str,
 
     try:
         with rt.sessions.begin() as session:
-            session.execute(insert(OperatorAction.__table__).values(
+            session.execute(insert(table_of(OperatorAction)).values(
                 created_at=rt.now(), operator=redact.text(operator.identity)[:200],
                 via=operator.via, action=done.action, job_id=done.job_id, user_id=user_id,
                 reason=reason, detail=redact.value(done.detail) or None))

@@ -210,7 +210,8 @@ class Settings(BaseSettings):
     def _policy_share(cls, value: Fraction, info: object) -> Fraction:
         # SettlementPolicy's own checks (range, denominator bound), for this one share
         name = getattr(info, "field_name", "failure_refund")
-        return getattr(SettlementPolicy(**{name: value}), name)  # type: ignore[arg-type]
+        share: Fraction = getattr(SettlementPolicy(**{name: value}), name)
+        return share
 
     @property
     def settlement_policy(self) -> SettlementPolicy:

@@ -308,8 +308,8 @@ def _table_findings(conn: Connection, table: str) -> list[Finding]:
         out += _column_findings(col, live.get(col.name), conn.dialect.name)
     if table in INSERTED_INTO:
         known = {c.name for c in contract}
-        for name, col in live.items():
-            if name not in known and not col.nullable and not col.default:
+        for name, found in live.items():
+            if name not in known and not found.nullable and not found.default:
                 out.append(Finding(f"{table}.{name}", "NOT NULL without a default: the library's "
                                    "inserts do not set it", BREAKS,
                                    f"ALTER TABLE {table} ALTER COLUMN {name} SET DEFAULT <value>, "

@@ -63,11 +63,11 @@ EXPORTED = {
     "reconcile.db.models": {
         "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
         "CreditTransaction", "Job", "JobEvent", "OperatorAction", "ReconcileMeta", "UsageLog",
-        "WebhookDelivery", "WorkflowExecution",
+        "WebhookDelivery", "WorkflowExecution", "table_of",
     },
     "reconcile.db.session": {
         "dispose_engines", "engine_for", "make_engine", "make_sessionmaker",
-        "normalise_url", "session_scope",
+        "normalise_url", "rowcount", "session_scope",
     },
     "reconcile.errors": {
         "BadUsageMetadata", "Conflict", "CreateRateLimited", "CreateRejected",

@@ -22,8 +22,7 @@ import pytest
 from reconcile.db.models import Job
 from reconcile.kinds import Kind
 from reconcile.settings import Settings
-from reconcile.sweep import Action, Decision
-from reconcile.sweep import decide as decide_rt
+from reconcile.sweep import Action, Decision, decide as decide_rt
 from reconcile.sweep.table import SETTLE_GRACE, decide, needs_legacy_cutoff
 
 MIN = timedelta(minutes=1)

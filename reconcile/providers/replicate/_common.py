@@ -13,11 +13,16 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..base import Output
-from ..http import header_value as _header
-from ..http import parse_retry_after
+from ..http import header_value as _header, parse_retry_after
 from ..outcome import make_to_error
-from ..outputs import ANY as ANY_OUTPUT
-from ..outputs import Expect, OutputSpec, data_uri_output, document_output, text_output
+from ..outputs import (
+    ANY as ANY_OUTPUT,
+    Expect,
+    OutputSpec,
+    data_uri_output,
+    document_output,
+    text_output,
+)
 
 Resource = Literal["predictions", "trainings"]
 
