@@ -7,7 +7,8 @@ compared with the code it documents, so a change to the code fails here until th
 * ``cli.md`` has a heading for every command of ``reconcile`` (the surface pinned in
   ``test_operator_modules.COMMANDS``; ``scripts/cli_reference.py`` prints the section);
 * ``configuration.md`` has a row for every setting (``RECONCILE_<NAME>``), a provider family's
-  own settings included under their ``{KIE,REPLICATE,…}`` rows.
+  own settings included under their ``{KIE,REPLICATE,…}`` rows;
+* ``error-codes.md`` has a row for every :class:`~reconcile.errors.ErrorCode`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
+from reconcile.errors import ErrorCode
 from reconcile.kinds import BUILTIN_KINDS, BUILTIN_PROVIDERS, get_kind
 from reconcile.settings import Settings
 from reconcile.testing.sim_core import CREATE_MODES, STATES, Script
@@ -99,3 +101,9 @@ def test_the_configuration_page_lists_every_setting() -> None:
     assert missing == [], f"add each setting to docs/reference/configuration.md: {missing}"
     assert {f.upper() for f in BUILTIN_PROVIDERS} <= {
         name.split("_")[0] for name in settings}  # the families' settings are in the scan
+
+
+def test_the_error_codes_page_lists_every_code() -> None:
+    cells = _first_cells(_page("error-codes.md"))
+    missing = sorted(code.value for code in ErrorCode if code.value not in cells)
+    assert missing == [], f"add each code to docs/reference/error-codes.md: {missing}"
