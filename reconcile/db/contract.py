@@ -418,7 +418,8 @@ def usage_log_ids_assigned(conn: Connection) -> bool:
 
 
 def contract_markdown() -> str:
-    """The contract as the README's table (a test keeps the README equal to it)."""
+    """The contract as the documentation's table (README, The table contract; a test keeps the
+    two equal)."""
     lines = ["| table.column | accepted types | if missing |", "|---|---|---|"]
     for table in PLATFORM_TABLES:
         for col in columns(table):

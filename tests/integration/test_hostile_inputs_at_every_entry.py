@@ -348,8 +348,8 @@ def _written_rows(db: sessionmaker[Session]) -> tuple[int, ...]:
 def test_an_operator_cannot_adopt_an_upstream_id_another_job_holds(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
     """The rule "an upstream id another job holds is that job's" (evidence.held_elsewhere) was
-    applied by the sweep only: ``reconcile resolve --upstream-id`` — the path the README sends
-    an operator down for a delivery the sweep will not adopt, and ``reconcile show`` calls such
+    applied by the sweep only: ``reconcile resolve --upstream-id`` — the path the documentation
+    (README, Security model) sends an operator down for a delivery the sweep will not adopt, and ``reconcile show`` calls such
     a delivery "adoptable (signed)" — adopted the other job's task. Two jobs then poll one task
     and both are charged for one output (the attacker's dubbing of finding 1, stored before the
     fix, adopted by hand). adopt_upstream_id, the one door of every adoption, now refuses it."""

@@ -1,6 +1,6 @@
 """The sweep's decision table (reconcile.sweep.table.decide), database-free and table-driven.
 
-One row per line of the table (README "Reconciliation"; the rows' docstrings in
+One row per line of the table (README, The sweep; the rows' docstrings in
 ``reconcile/sweep/table.py``): the job's columns, its kind and the settings in, the matched row
 and the action out. The expected actions are those the PostgreSQL tests in
 ``tests/integration/test_sweep*.py`` see the sweep carry out. Most lines come in pairs either

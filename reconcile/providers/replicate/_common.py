@@ -149,7 +149,7 @@ def _retry_after(headers: Mapping[str, str] | None, message: str | None) -> floa
 
 
 # The one place a Replicate answer (or a transport failure) becomes an exception. ``op`` decides
-# the branch of the outcome table (README, Design notes): a create that may have reached Replicate is
+# the branch of the outcome table (README, Design notes: The outcome table): a create that may have reached Replicate is
 # *uncertain*, never rejected, because resubmitting could pay twice.
 to_error = make_to_error("replicate", describe=_describe, request_id_headers=REQUEST_ID_HEADERS,
                          retry_after=_retry_after)
