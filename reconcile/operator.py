@@ -267,7 +267,7 @@ def _retry_settle(rt: Runtime, job_id: uuid.UUID, status: str | None, why: str,
         return Done(RETRY_SETTLE, job_id, True, f"job {job_id} settled")
     if outcome == SettleOutcome.BACKED_OFF:
         raise ActionLost(f"job {job_id}: the settlement failed again; it stays pending and the "
-                         "sweep retries it (see `reconcile anomalies`)")
+                         f"sweep retries it (see `reconcile show {job_id}`)")
     raise ActionLost(f"job {job_id} changed meanwhile ({outcome.value}); nothing done")
 
 
