@@ -30,6 +30,9 @@ test: setup services
 
 lint: setup
 	$(BIN)/ruff check reconcile tests alembic examples
+	$(BIN)/mypy
+	@site=$$(mktemp -d); $(BIN)/mkdocs build --strict --quiet --site-dir $$site; \
+	  rc=$$?; rm -rf $$site; exit $$rc
 	@tmp=$$(mktemp -d); \
 	  db=lint_$$$$; \
 	  psql "$(PG_ADMIN)" -qc "CREATE DATABASE $$db" && \

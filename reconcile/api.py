@@ -37,8 +37,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from . import credits as ledger
-from . import idempotency, jobstore, lifecycle
+from . import credits as ledger, idempotency, jobstore, lifecycle
 from .db.models import Asset, Job
 from .errors import (
     Conflict,

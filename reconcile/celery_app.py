@@ -56,7 +56,7 @@ def _atomic_filesystem_publish() -> None:
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
 
     _put.reconcile_atomic = True  # type: ignore[attr-defined]
-    filesystem.Channel._put = _put
+    filesystem.Channel._put = _put  # type: ignore[method-assign]
 
 
 _atomic_filesystem_publish()

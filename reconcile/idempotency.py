@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from .core.limits import storable_text
 from .db.models import IdempotencyKey
+from .db.session import rowcount
 from .errors import Conflict, ErrorCode, InvalidParam
 
 __all__ = [
@@ -89,10 +90,12 @@ def claim(session: Session, user_id: uuid.UUID, key: str, digest: str, job_id: u
 
 def _insert(session: Session) -> Any:
     if session.get_bind().dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(IdempotencyKey)
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert(IdempotencyKey)
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert(IdempotencyKey)
 
 
 def record_answer(session: Session, user_id: uuid.UUID, key: str, job_id: uuid.UUID,
@@ -102,7 +105,7 @@ def record_answer(session: Session, user_id: uuid.UUID, key: str, job_id: uuid.U
         IdempotencyKey.user_id == user_id, IdempotencyKey.key == key,
         IdempotencyKey.job_id == job_id, IdempotencyKey.response_status.is_(None),
     ).values(response_status=status, response_body=body))
-    return bool(done.rowcount)
+    return bool(rowcount(done))
 
 
 def purge(session: Session, now: datetime, limit: int = PURGE_BATCH) -> int:

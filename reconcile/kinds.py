@@ -69,7 +69,8 @@ class Kind:
         if factory is None:
             module_name, _, attr = self.client.partition(":")
             factory = getattr(importlib.import_module(module_name), attr)
-        return factory(settings, session)
+        client: AsyncProvider | SyncProvider = factory(settings, session)
+        return client
 
     def interval_at(self, age: timedelta) -> timedelta:
         """The poll interval for a job that has been running ``age``."""

@@ -27,7 +27,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from . import jobstore
-from .db.models import Job, OperatorAction
+from .db.models import Job, OperatorAction, table_of
 from .runtime import Runtime
 from .settlement import SettleOutcome
 from .states import IN_FLIGHT, TERMINAL, UNKNOWN_OUTCOME, Status, Submission
@@ -267,7 +267,7 @@ def _retry_settle(rt: Runtime, job_id: uuid.UUID, status: str | None, why: str,
         return Done(RETRY_SETTLE, job_id, True, f"job {job_id} settled")
     if outcome == SettleOutcome.BACKED_OFF:
         raise ActionLost(f"job {job_id}: the settlement failed again; it stays pending and the "
-                         "sweep retries it (see `reconcile anomalies`)")
+                         f"sweep retries it (see `reconcile show {job_id}`)")
     raise ActionLost(f"job {job_id} changed meanwhile ({outcome.value}); nothing done")
 
 
@@ -306,7 +306,7 @@ def _record(rt: Runtime, done: Done, operator: Operator, reason: str,
 
     try:
         with rt.sessions.begin() as session:
-            session.execute(insert(OperatorAction.__table__).values(
+            session.execute(insert(table_of(OperatorAction)).values(
                 created_at=rt.now(), operator=redact.text(operator.identity)[:200],
                 via=operator.via, action=done.action, job_id=done.job_id, user_id=user_id,
                 reason=reason, detail=redact.value(done.detail) or None))

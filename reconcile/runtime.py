@@ -22,8 +22,7 @@ from .db.contract import require as require_contract
 from .db.session import engine_for, make_sessionmaker
 from .jobstore.adoption import check_observe_only, check_required_kinds
 from .kinds import Kind, get_kind
-from .ledger import DEFAULT as DEFAULT_LEDGER
-from .ledger import Ledger
+from .ledger import DEFAULT as DEFAULT_LEDGER, Ledger
 from .settings import Settings
 from .settlement import SettlementPolicy
 
@@ -94,7 +93,8 @@ class Runtime:
     # what a finished job commits and refunds (reconcile.settlement); the ledger executes it.
     # Always the settings' (RECONCILE_FAILURE_REFUND / CANCEL_REFUND): a different one given
     # here, or assigned later, is refused (ValueError) — every process settles alike
-    settlement_policy: SettlementPolicy | None = None
+    # (None given: the settings' policy, set by __post_init__; never None after it)
+    settlement_policy: SettlementPolicy = None  # type: ignore[assignment]
     # values read once from the database and never changed (the adoption time)
     adoption_cache: dict[str, Any] = field(default_factory=dict, repr=False)
     _clients: dict[str, Any] = field(default_factory=dict, repr=False)

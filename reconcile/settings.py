@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     # due rows in batches (FOR UPDATE SKIP LOCKED) and reads them concurrently
     poll_mode: PollMode = "chain"
     # rows claimed per statement; the default equals poll_batch_threads: one round of reads,
-    # each inside the claim lease (a larger size reads in rounds: see the README)
+    # each inside the claim lease (a larger size reads in rounds: README, Batch polling)
     poll_batch_size: int = Field(default=32, ge=1, le=5000)
     poll_batch_threads: int = Field(default=32, ge=1, le=256)  # concurrent status reads
     poll_batch_interval: float = Field(default=1.0, gt=0)  # s between beat's poll_due ticks (scaled)
@@ -210,7 +210,8 @@ class Settings(BaseSettings):
     def _policy_share(cls, value: Fraction, info: object) -> Fraction:
         # SettlementPolicy's own checks (range, denominator bound), for this one share
         name = getattr(info, "field_name", "failure_refund")
-        return getattr(SettlementPolicy(**{name: value}), name)  # type: ignore[arg-type]
+        share: Fraction = getattr(SettlementPolicy(**{name: value}), name)
+        return share
 
     @property
     def settlement_policy(self) -> SettlementPolicy:

@@ -71,4 +71,5 @@ PUBLIC_STATE = {
 
 def settle_backoff(attempts: int) -> timedelta:
     """Delay before the next settlement try after ``attempts`` failures (30 s doubling, ≤ 1 h)."""
-    return min(SETTLE_BACKOFF_BASE * (2 ** min(attempts, 12)), SETTLE_BACKOFF_MAX)
+    delay: timedelta = SETTLE_BACKOFF_BASE * (2 ** min(attempts, 12))
+    return min(delay, SETTLE_BACKOFF_MAX)

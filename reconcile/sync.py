@@ -92,7 +92,7 @@ def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCal
         if job.submission_state is None:  # a platform row (README, Design notes: Platform rows)
             kind_name = provider_kind or job.provider_kind
             platform_kind = rt.kind(kind_name)
-            if platform_kind is None:
+            if platform_kind is None or kind_name is None:
                 raise InvalidParam(f"unknown provider_kind {kind_name!r}", param="provider_kind")
             # guarded (issue 11 hole 6): a job cancelled (and refunded) or finished meanwhile
             # must not be called for; the user cancel's CAS needs the call start NULL, so the

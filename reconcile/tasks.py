@@ -169,8 +169,7 @@ def sweep() -> str:
 @shared_task(name="reconcile.prune", ignore_result=True, acks_late=True)
 def prune() -> str:
     """Retention (beat, when a retention is set): published events, settled-job deliveries."""
-    from .jobstore.retention import days
-    from .jobstore.retention import prune as run
+    from .jobstore.retention import days, prune as run
 
     rt = get_runtime()
     s = rt.settings

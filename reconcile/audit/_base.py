@@ -21,7 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from ..db.models import CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
+from ..db.models import CreditBalance, CreditLot, CreditTransaction, Job, UsageLog, table_of
 from ..settings import Settings
 from ..settlement import DEFAULT_POLICY, SettlementPolicy
 from ..states import IN_FLIGHT
@@ -31,11 +31,11 @@ from ..states import IN_FLIGHT
 # over every row.
 
 INCREMENTAL_MAX_USERS = 20_000  # more touched users than this: the full audit runs instead
-T = CreditTransaction.__table__
-L = CreditLot.__table__
-B = CreditBalance.__table__
-U = UsageLog.__table__
-J = Job.__table__
+T = table_of(CreditTransaction)
+L = table_of(CreditLot)
+B = table_of(CreditBalance)
+U = table_of(UsageLog)
+J = table_of(Job)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from sqlalchemy import (
     select,
 )
 
-from ..db.models import JobEvent
+from ..db.models import JobEvent, table_of
 from ..jobstore.horizon import exhaustion_deadline
 from ..kinds import get_kind
 from ..settlement import CANCEL_REQUESTED_EVENT, RECORD_KEY, kept_of, refund_share, settlement_cause
@@ -37,7 +37,7 @@ from ._base import (
     _count,
 )
 
-E = JobEvent.__table__
+E = table_of(JobEvent)
 
 _CLASSES = ("usage", "r_usage", "commit", "r_commit", "release", "refund", "legacy")
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from sqlalchemy import and_, func, literal, or_, select
 
-from ..db.models import Asset
+from ..db.models import Asset, table_of
 from ..states import IN_FLIGHT
 from ._base import J, T, U, _Audit
 
-A = Asset.__table__
+A = table_of(Asset)
 
 
 def _job_rows(a: _Audit) -> None:

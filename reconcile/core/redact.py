@@ -238,7 +238,7 @@ class _Redacting:
         self.inner = inner
 
     def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = self.inner(*args, **kwargs)
+        record: logging.LogRecord = self.inner(*args, **kwargs)
         try:
             message = record.getMessage()
         except Exception:  # a bad format string: logging reports it itself, later

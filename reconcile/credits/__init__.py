@@ -55,43 +55,63 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from ..errors import InsufficientCredits, LedgerError  # noqa: F401 (callers use credits.X)
+from ..errors import (
+    InsufficientCredits as InsufficientCredits,
+    LedgerError as LedgerError,
+)  # noqa: F401 (callers use credits.X)
 from ._base import (  # noqa: F401 (NOT_EXPORTED names: for the library itself)
-    LOT_PAGE,
-    POOLS,
-    RESERVED_PREFIXES,
-    SETTLED_KEY,
-    TERMINAL_JOB_STATUSES,
-    Pools,
-    Reservation,
-    Settlement,
-    _now,
-    commit_txn_id,
-    recharge_commit_txn_id,
-    recharge_usage_txn_id,
-    refund_txn_id,
-    release_txn_id,
-    split_pro_rata,
-    take_from_lots,
-    take_in_order,
-    usage_txn_id,
+    LOT_PAGE as LOT_PAGE,
+    POOLS as POOLS,
+    RESERVED_PREFIXES as RESERVED_PREFIXES,
+    SETTLED_KEY as SETTLED_KEY,
+    TERMINAL_JOB_STATUSES as TERMINAL_JOB_STATUSES,
+    Pools as Pools,
+    Reservation as Reservation,
+    Settlement as Settlement,
+    _now as _now,
+    commit_txn_id as commit_txn_id,
+    recharge_commit_txn_id as recharge_commit_txn_id,
+    recharge_usage_txn_id as recharge_usage_txn_id,
+    refund_txn_id as refund_txn_id,
+    release_txn_id as release_txn_id,
+    split_pro_rata as split_pro_rata,
+    take_from_lots as take_from_lots,
+    take_in_order as take_in_order,
+    usage_txn_id as usage_txn_id,
 )
-from ._core import lock_balance  # noqa: F401
-from ._grants import grant, history, recharge, returned, settled_amount  # noqa: F401
-from ._legacy import import_legacy_refund
+from ._core import (
+    lock_balance as lock_balance,
+)  # noqa: F401
+from ._grants import (
+    grant as grant,
+    history as history,
+    recharge as recharge,
+    returned as returned,
+    settled_amount as settled_amount,
+)  # noqa: F401
+from ._legacy import (
+    import_legacy_refund as import_legacy_refund,
+)
 from ._pools import (  # noqa: F401
-    _reserved_log,
-    held_pools,
-    legacy_refunded,
-    legacy_refunded_pools,
-    repair_usage_metadata,
-    reservation_pools,
+    _reserved_log as _reserved_log,
+    held_pools as held_pools,
+    legacy_refunded as legacy_refunded,
+    legacy_refunded_pools as legacy_refunded_pools,
+    repair_usage_metadata as repair_usage_metadata,
+    reservation_pools as reservation_pools,
 )
-from ._reserve import reserve
-from ._settle import commit, refund, release_orphan, settle_commit  # noqa: F401
+from ._reserve import (
+    reserve as reserve,
+)
+from ._settle import (
+    commit as commit,
+    refund as refund,
+    release_orphan as release_orphan,
+    settle_commit as settle_commit,
+)  # noqa: F401
 
 if TYPE_CHECKING:
-    from ..audit import Discrepancy
+    from ..audit import Discrepancy as Discrepancy
     from ..settings import Settings
     from ..settlement import SettlementPolicy
 

@@ -13,7 +13,14 @@ from typing import Any, overload
 from sqlalchemy import Connection, TextClause, bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
 
-from ..db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, UsageLog
+from ..db.models import (
+    CreditAnomaly,
+    CreditBalance,
+    CreditLot,
+    CreditTransaction,
+    UsageLog,
+    table_of,
+)
 from ..errors import (
     LedgerError,
 )
@@ -60,11 +67,11 @@ def lock_balance(session: Session, user_id: uuid.UUID, *,
 # ORM queries' autoflush did), and ORM copies the session holds of rows an operation changed
 # (balance, usage log, lots) are expired afterwards, so a later ORM read sees the new values.
 
-_B = CreditBalance.__table__
-_L = CreditLot.__table__
-_T = CreditTransaction.__table__
-_U = UsageLog.__table__
-_A = CreditAnomaly.__table__
+_B = table_of(CreditBalance)
+_L = table_of(CreditLot)
+_T = table_of(CreditTransaction)
+_U = table_of(UsageLog)
+_A = table_of(CreditAnomaly)
 
 
 def _insert_balance(dialect: str, user_id: uuid.UUID) -> Any:
@@ -196,7 +203,7 @@ def _add_txn(conn: Connection, txn_id: str, user_id: uuid.UUID, job_id: uuid.UUI
                                    from_topup=parts[1], created_at=now))
 
 
-def _forget_settled(session: Session, user_id: uuid.UUID, log_id: uuid.UUID) -> None:
+def _forget_settled(session: Session, user_id: uuid.UUID, log_id: uuid.UUID | int) -> None:
     """Expire the session's copies of what a commit or refund changed: the balance, the log."""
     _forget(session, CreditBalance, user_id)
     _forget(session, UsageLog, log_id)

@@ -61,7 +61,7 @@ _PG_LOCK = f"SELECT sub, topup FROM {_B.name} WHERE user_id = %(u)s FOR UPDATE"
 # until the running sum covers the amount (a user with thousands of open lots costs nothing).
 # Each step picks the next ``sub`` lot and the next ``topup`` lot (one row each at most) and
 # keeps the first by pool rank ``p``: ORDER BY p, never the UNION ALL's output order, which
-# PostgreSQL does not promise (tests/integration/test_ledger_ops_issue24.py swaps the branches)
+# PostgreSQL does not promise (tests/integration/test_ledger_orphans_and_import.py swaps the branches)
 _PG_WALK = f"""
 walk(p, id, rem, cum) AS (
   SELECT * FROM (

@@ -97,7 +97,9 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
     if conn.dialect.name == "postgresql" and pg_ok:
         found = conn.exec_driver_sql(_PG_LOCK_LOG, {"j": job_id}).first()
         if found is not None:
-            done = _pg_commit(session, conn, job_id, amount, now, *found, record)
+            log_id, user_id, credits_, meta = found  # _PG_LOCK_LOG's four columns
+            done = _pg_commit(session, conn, job_id, amount, now, log_id, user_id, credits_, meta,
+                              record)
             if done is not None:
                 return done
     log = _locked_reserved_log(session, conn, job_id)

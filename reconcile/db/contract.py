@@ -313,8 +313,8 @@ def _table_findings(conn: Connection, table: str) -> list[Finding]:
         out += _column_findings(col, live.get(col.name), conn.dialect.name)
     if table in INSERTED_INTO:
         known = {c.name for c in contract}
-        for name, col in live.items():
-            if name not in known and not col.nullable and not col.default:
+        for name, found in live.items():
+            if name not in known and not found.nullable and not found.default:
                 out.append(Finding(f"{table}.{name}", "NOT NULL without a default: the library's "
                                    "inserts do not set it", BREAKS,
                                    f"ALTER TABLE {table} ALTER COLUMN {name} SET DEFAULT <value>, "
@@ -426,7 +426,8 @@ def usage_log_ids_assigned(conn: Connection) -> bool:
 
 
 def contract_markdown() -> str:
-    """The contract as the README's table (a test keeps the README equal to it)."""
+    """The contract as the documentation's table (README, The table contract; a test keeps the
+    two equal)."""
     lines = ["| table.column | accepted types | if missing |", "|---|---|---|"]
     for table in PLATFORM_TABLES:
         for col in columns(table):

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     Numeric,
+    Table,
     Text,
     UniqueConstraint,
     Uuid,
@@ -166,7 +167,8 @@ class UsageLogId(TypeDecorator[uuid.UUID | int]):
     def process_result_value(self, value: Any, dialect: Dialect) -> uuid.UUID | int | None:
         if isinstance(value, str):
             return uuid.UUID(value)
-        return value
+        found: uuid.UUID | int | None = value
+        return found
 
 
 class UsageLog(Base):
@@ -328,6 +330,14 @@ class JobEvent(Base):
     )
 
 
+def table_of(model: type[Base]) -> Table:
+    """A mapped class's :class:`~sqlalchemy.Table` (SQLAlchemy types ``__table__`` as a
+    ``FromClause``; every model here maps one table)."""
+    table = model.__table__
+    assert isinstance(table, Table)
+    return table
+
+
 class OperatorAction(Base):
     """The operator record: one row per action a person took on a job by hand
     (:mod:`reconcile.operator`), with who, through which surface, and why. Customers never read
@@ -349,7 +359,7 @@ class OperatorAction(Base):
 __all__ = [
     "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
     "CreditTransaction", "Job", "JobEvent", "OperatorAction", "ReconcileMeta", "UsageLog",
-    "WebhookDelivery", "WorkflowExecution",
+    "WebhookDelivery", "WorkflowExecution", "table_of",
 ]
 
 

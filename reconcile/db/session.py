@@ -19,15 +19,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = [
     "dispose_engines", "engine_for", "make_engine", "make_sessionmaker", "normalise_url",
-    "session_scope",
+    "rowcount", "session_scope",
 ]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def rowcount(result: Result[Any]) -> int:
+    """The rows an UPDATE or DELETE matched (0 where the driver cannot say): a guarded write's
+    compare-and-set outcome."""
+    assert isinstance(result, CursorResult)
+    return int(result.rowcount or 0)
 
 
 def normalise_url(url: str) -> str:

@@ -35,6 +35,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        found: datetime = value
+        if found.tzinfo is None:
+            return found.replace(tzinfo=UTC)
+        return found.astimezone(UTC)

@@ -16,6 +16,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from ..db.models import Job
+from ..db.session import rowcount
 from ..states import IN_FLIGHT
 from .cas import _cas
 
@@ -39,7 +40,9 @@ def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limi
            .where(IN_FLIGHT_SQL, Job.poll_due_at.is_not(None), Job.poll_due_at <= now,
                   Job.provider_task_id.is_not(None), *only)
            .order_by(Job.poll_due_at).limit(limit).with_for_update(skip_locked=True))
-    was = {job_id: due_at for job_id, due_at in session.execute(due).all()}
+    # poll_due_at IS NOT NULL in the query
+    was: dict[uuid.UUID, datetime] = {job_id: due_at for job_id, due_at in session.execute(due).all()
+                                      if due_at is not None}
     if not was:
         return []
     ids = list(was)
@@ -88,9 +91,9 @@ def hold_claims(session: Session, rows: list[tuple[uuid.UUID, int, int]], until:
         return set()
     if session.get_bind().dialect.name != "postgresql":
         return {job_id for job_id, generation, seq in rows
-                if session.execute(update(Job).where(*_claimed(job_id, generation, seq))
-                                   .values(poll_due_at=until, poll_lease_expires_at=until)
-                                   ).rowcount}  # type: ignore[attr-defined]
+                if rowcount(session.execute(update(Job).where(*_claimed(job_id, generation, seq))
+                                            .values(poll_due_at=until,
+                                                    poll_lease_expires_at=until)))}
     held = session.execute(_HOLD_ALL, {"ids": [r[0] for r in rows], "gens": [r[1] for r in rows],
                                        "seqs": [r[2] for r in rows], "until": until})
     return {row[0] for row in held}
@@ -122,7 +125,7 @@ def reschedule_claimed(session: Session, rows: list[tuple[uuid.UUID, int, int, d
                 extra["progress"] = case((Job.progress < progress, progress), else_=Job.progress)
             result = session.execute(update(Job).where(*_claimed(job_id, generation, seq))
                                      .values(poll_due_at=due, **extra))
-            won += result.rowcount or 0  # type: ignore[attr-defined]
+            won += rowcount(result)
         return won
     # one statement over five arrays (unnest: a relation like VALUES, but a fixed text with five
     # parameters — nothing to compile per batch, where VALUES binds 5 × n); -1 stands for
@@ -130,7 +133,7 @@ def reschedule_claimed(session: Session, rows: list[tuple[uuid.UUID, int, int, d
     result = session.execute(_RESCHEDULE, {
         "ids": [r[0] for r in rows], "gens": [r[1] for r in rows], "seqs": [r[2] for r in rows],
         "dues": [r[3] for r in rows], "progress": [-1 if r[4] is None else r[4] for r in rows]})
-    return result.rowcount or 0  # type: ignore[attr-defined]
+    return rowcount(result)
 
 
 def make_due(session: Session, job_id: uuid.UUID, now: datetime, lease: timedelta) -> Job | None:
@@ -148,4 +151,4 @@ def make_due_at(session: Session, job_id: uuid.UUID, due: datetime) -> bool:
     setup of a batch-polled row; library paths use :func:`make_due`). False: not in flight."""
     result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
                              .values(poll_due_at=due))
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return rowcount(result) == 1

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from ..core import redact
 from ..db.models import Job
+from ..db.session import rowcount
 from ..states import IN_FLIGHT, Status, Submission
 from .cas import _cas
 from .predicates import platform_row_uncalled, uncertain_expired
@@ -37,7 +38,7 @@ def mark_platform_call(session: Session, job_id: uuid.UUID, kind_name: str, now:
     result = session.execute(update(Job).where(
         Job.id == job_id, platform_row_uncalled(), Job.status.in_(IN_FLIGHT),
     ).values(provider_kind=kind_name, provider_call_started_at=now, claim_expires_at=now + lease))
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return rowcount(result) == 1
 
 
 def adopt_task_id(session: Session, job_id: uuid.UUID, task_id: str, now: datetime, *,

@@ -177,7 +177,7 @@ def follow_job(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID, *, interval: 
 
     Reads the outbox, so it works on every database and needs no broker; another user's job
     yields nothing. It sleeps between reads in the calling thread: a server streaming many
-    followers should await :func:`read_since` instead (README, The example platform).
+    followers should await :func:`read_since` instead (README, The gateway).
     """
     import time
 

@@ -40,12 +40,14 @@ def kind_horizon(kind: Kind) -> timedelta:
 
 def job_start(job: Any) -> datetime:
     """Where a job's threshold counts from: its provider call, else its start, else its creation."""
-    return job.provider_call_started_at or job.started_at or job.created_at
+    start: datetime = job.provider_call_started_at or job.started_at or job.created_at
+    return start
 
 
 def attempts_from(settings: Any, job: Any, kind: Kind) -> datetime:
     """When the job's kind's stale threshold has passed (scaled): attempts count from then."""
-    return job_start(job) + settings.scaled(kind.stale_threshold)
+    threshold: timedelta = settings.scaled(kind.stale_threshold)
+    return job_start(job) + threshold
 
 
 def past_threshold(settings: Any, job: Any, kind: Kind, now: datetime) -> bool:
@@ -85,4 +87,5 @@ def exhaustion_deadline(settings: Any, job: Any) -> datetime | None:
         last = job.poll_lease_expires_at  # adopted or resumed: attempts start over
     if last is not None:
         base = max(base, last)
-    return base + settings.scaled(ATTEMPT_SPACING) * (MAX_ATTEMPTS - (job.reconcile_attempts or 0))
+    spacing: timedelta = settings.scaled(ATTEMPT_SPACING)
+    return base + spacing * (MAX_ATTEMPTS - (job.reconcile_attempts or 0))

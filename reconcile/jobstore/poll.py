@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from ..core import redact
 from ..db.models import Job
+from ..db.session import rowcount
 from ..states import IN_FLIGHT
 from .cas import _cas
 from .predicates import _last_error
@@ -79,7 +80,7 @@ def note_error(session: Session, job_id: uuid.UUID, last_error: str, *,
     last_error = redact.text(last_error)
     result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
                              .values(**_last_error(last_error, code, verdict)))
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return rowcount(result) == 1
 
 
 def set_progress(session: Session, job_id: uuid.UUID, progress: int) -> bool:

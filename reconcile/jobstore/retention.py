@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, delete, exists, func, select
+from sqlalchemy import Select, and_, delete, exists, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..db.models import Job, JobEvent, WebhookDelivery
@@ -59,12 +59,13 @@ def _events(cutoff: datetime):  # type: ignore[no-untyped-def]
                                      ~and_(JobEvent.type == CANCEL_REQUESTED_EVENT, unsettled))
 
 
-def _deliveries(cutoff: datetime):  # type: ignore[no-untyped-def]
+def _deliveries(cutoff: datetime) -> Select[int]:
     live = exists().where(Job.id == WebhookDelivery.job_id, Job.status.in_(IN_FLIGHT))
     return select(WebhookDelivery.id).where(WebhookDelivery.received_at < cutoff, ~live)
 
 
-def _drain(sessions: sessionmaker[Session], model: type, ids, dry_run: bool) -> int:  # type: ignore[no-untyped-def]
+def _drain(sessions: sessionmaker[Session], model: type[JobEvent] | type[WebhookDelivery],
+           ids: Select[int], dry_run: bool) -> int:
     if dry_run:
         with sessions() as session:
             return int(session.execute(select(func.count()).select_from(ids.subquery())).scalar_one())

@@ -12,7 +12,8 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.orm import Session
 
 from ..core import redact
-from ..db.models import CreditAnomaly, Job
+from ..db.models import CreditAnomaly, Job, table_of
+from ..db.session import rowcount
 from ..settlement import CANCEL_READ_CODE
 from ..states import IN_FLIGHT, Status
 from .cas import _cas
@@ -32,7 +33,7 @@ def record_recharge(session: Session, job_id: uuid.UUID, amount: int) -> bool:
     ``amount`` (what the settlement kept plus the re-charge)."""
     result = session.execute(update(Job).where(Job.id == job_id)
                              .values(credits_actual=amount, display_cost=amount))
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return rowcount(result) == 1
 
 
 def record_anomaly(session: Session | Connection, *, job_id: uuid.UUID | None,
@@ -52,7 +53,7 @@ def record_anomaly(session: Session | Connection, *, job_id: uuid.UUID | None,
         session.add(CreditAnomaly(job_id=job_id, user_id=user_id, kind=kind, detail=detail,
                                   created_at=now))
     else:
-        session.execute(insert(CreditAnomaly.__table__).values(
+        session.execute(insert(table_of(CreditAnomaly)).values(
             job_id=job_id, user_id=user_id, kind=kind, detail=detail, created_at=now))
     return True
 
@@ -112,4 +113,4 @@ def settle_failed(session: Session, job_id: uuid.UUID, retry_at: datetime) -> bo
     job is settled already (or gone)."""
     result = session.execute(update(Job).where(Job.id == job_id, Job.credits_actual.is_(None))
                              .values(next_poll_at=retry_at, settle_attempts=Job.settle_attempts + 1))
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return rowcount(result) == 1

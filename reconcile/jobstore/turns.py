@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, case, func, select, update
 from sqlalchemy.orm import Session
 
-from ..db.models import Job
+from ..db.models import Job, table_of
 from ..states import IN_FLIGHT
 from .cas import _cas
 
@@ -93,7 +93,7 @@ def _turn_by_kind(steps: tuple[tuple[str, tuple[tuple[timedelta | None, timedelt
                           at(lease)))
     lease_sql: Any = case(*whens, else_=Job.poll_lease_expires_at) if whens \
         else Job.poll_lease_expires_at
-    table = Job.__table__
+    table = table_of(Job)
     core = (
         update(table)
         .where(

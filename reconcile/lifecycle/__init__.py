@@ -17,15 +17,20 @@ callers that go through the package.
 from __future__ import annotations
 
 from .adopt import adopt_upstream_id, resolve_not_submitted
-from .create import CreateOutcome, create_step, on_task_created
-from .create import usable_task_id as usable_task_id
+from .create import CreateOutcome, create_step, on_task_created, usable_task_id as usable_task_id
 from .finalize import finalize_job_with_media as finalize_job_with_media
-from .poll import _unfinished as _unfinished
-from .poll import exhaust as exhaust
-from .poll import observe, poll_step, poll_step_deadline, read_status, resume_chain
-from .poll import past_threshold as past_threshold
-from .poll import poll_countdown as poll_countdown
-from .poll import poll_lease as poll_lease
+from .poll import (
+    _unfinished as _unfinished,
+    exhaust as exhaust,
+    observe,
+    past_threshold as past_threshold,
+    poll_countdown as poll_countdown,
+    poll_lease as poll_lease,
+    poll_step,
+    poll_step_deadline,
+    read_status,
+    resume_chain,
+)
 from .settling import fail_job, settle
 from .submit import Submitted, submit_job
 

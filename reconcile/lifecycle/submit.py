@@ -42,7 +42,7 @@ def _validate(provider_kind: str, model: str, input: Any, credits_: Any,
         raise InvalidParam("model must be a non-empty string", param="model")
     if not isinstance(input, Mapping):
         raise InvalidParam("input must be a JSON object", param="input")
-    for key in input:  # the library writes its own binding fields (README "Webhook fields ...")
+    for key in input:  # the library writes its own binding fields (README "Webhook fields that are trusted")
         field = binding_key(kind, key) if isinstance(key, str) else None
         if field is not None:
             raise InvalidParam(f"input may not set {field!r}: the library writes it for "

@@ -1,6 +1,6 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-The ``reconcile`` operator command (README, Operating it); also ``python -m reconcile``.
+The ``reconcile`` operator command (README, CLI); also ``python -m reconcile``.
 
 Listings (``stuck``, ``uncertain``, ``unsettled``) and ``show`` print aligned tables for people
 and, with ``--json``, one JSON value on stdout for scripts. Changes go through the lifecycle's

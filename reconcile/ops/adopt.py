@@ -31,8 +31,7 @@ def adopt() -> None:
 def adopt_report(cli: Cli, show_rows: bool, as_json: bool) -> None:
     """What an enforcing tick would do now (LEGACY_SWEEP=enforce, nothing observe-only, every
     other setting as configured). Changes nothing."""
-    from .adopt_report import as_json as report_json
-    from .adopt_report import build
+    from .adopt_report import as_json as report_json, build
 
     report = build(cli.runtime())
     if as_json:
@@ -149,8 +148,7 @@ def prune(cli: Cli, dry_run: bool, events_days: float | None, webhooks_days: flo
     """
     from dataclasses import asdict
 
-    from ..jobstore.retention import days
-    from ..jobstore.retention import prune as run
+    from ..jobstore.retention import days, prune as run
 
     rt = cli.runtime()
     s = rt.settings

@@ -35,7 +35,7 @@ class Refused(click.ClickException):
     exit_code = 2
 
 
-class JobIdType(click.ParamType):
+class JobIdType(click.ParamType[uuid.UUID]):
     name = "JOB_ID"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> uuid.UUID:
@@ -84,7 +84,7 @@ class Cli:
 
     def url(self) -> str:
         if self.rt is not None:
-            url = self.rt.sessions.kw["bind"].url.render_as_string(hide_password=False)
+            url: str = self.rt.sessions.kw["bind"].url.render_as_string(hide_password=False)
             self._announce(url, "the given runtime")
             return url
         url, source = self._configured()

@@ -29,7 +29,7 @@ def _reserved(session: Session, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID,
         select(UsageLog.job_id, func.sum(UsageLog.credits))
         .where(UsageLog.job_id.in_(job_ids), UsageLog.status == "reserved")
         .group_by(UsageLog.job_id))
-    return {job_id: int(total) for job_id, total in rows}
+    return {job_id: int(total) for job_id, total in rows if job_id is not None}
 
 
 # ----------------------------------------------------------------------------- listings
@@ -150,7 +150,8 @@ def unsettled_rows(rt: Runtime, session: Session, *, now: datetime,
     return [{
         "id": j.id, "user_id": j.user_id, "kind": j.provider_kind, "status": j.status,
         "error_code": j.error_code, "completed_at": j.completed_at,
-        "next_poll_at": j.next_poll_at, "due_in": max(j.next_poll_at - now, timedelta(0)),
+        "next_poll_at": j.next_poll_at,
+        "due_in": max(j.next_poll_at - now, timedelta(0)) if j.next_poll_at else None,
         "settle_attempts": j.settle_attempts, "reserved": held.get(j.id),
     } for j in jobs]
 

@@ -167,7 +167,8 @@ def collect(rt: Runtime, registry: CollectorRegistry | None = None) -> Collector
 
 def exposition(rt: Runtime) -> str:
     """One scrape in the Prometheus text format."""
-    return _prometheus().generate_latest(collect(rt)).decode("utf-8")
+    scrape: bytes = _prometheus().generate_latest(collect(rt))
+    return scrape.decode("utf-8")
 
 
 def serve(rt: Runtime, port: int, addr: str = "127.0.0.1") -> Any:

@@ -148,7 +148,8 @@ OnTaskCreated = Callable[[str], None]
 
 
 def unwrap_sdk(payload: Any) -> tuple[Any, str | None]:
-    """Unwrap the SDK-style ``{"data": …, "requestId": …}`` wrapper (README, Design notes).
+    """Unwrap the SDK-style ``{"data": …, "requestId": …}`` wrapper (README, Design notes: The SDK
+    result wrapper).
 
     Returns ``(payload, request_id)``: the inner ``data`` and its request id when ``payload`` is
     exactly such a wrapper, else ``payload`` unchanged and None. Every adapter calls this before

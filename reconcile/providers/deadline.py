@@ -143,7 +143,7 @@ class _Watchdog:
 
 _WATCHDOG = _Watchdog()
 # a child forked while another thread held the condition's lock must not inherit it locked
-os.register_at_fork(after_in_child=_WATCHDOG.__init__)
+os.register_at_fork(after_in_child=lambda: _Watchdog.__init__(_WATCHDOG))
 
 
 class _Current(threading.local):
@@ -181,10 +181,17 @@ def resolve(host: str, port: int, seconds: float, *,
         raise answer["error"]
     if "infos" not in answer:
         raise TimeoutError(f"resolving {host} outlived the total deadline ({seconds:.3g} s left)")
-    return answer["infos"]
+    infos: list[tuple[Any, ...]] = answer["infos"]
+    return infos
 
 
-class _Tracked:
+if TYPE_CHECKING:
+    _ConnectionBase = urllib3.connection.HTTPConnection
+else:
+    _ConnectionBase = object
+
+
+class _Tracked(_ConnectionBase):
     """Connection mixin: a new socket, or a pooled connection's socket, joins the watch.
 
     Under a deadline the connect is bounded too: the name is resolved within what is left
@@ -193,7 +200,7 @@ class _Tracked:
 
     def _new_conn(self) -> socket.socket:
         watch = _CURRENT.watch
-        sock = super()._new_conn() if watch is None else self._bounded_conn(watch)  # type: ignore[misc]
+        sock = super()._new_conn() if watch is None else self._bounded_conn(watch)
         if _CURRENT.watch is not None:
             # a dup shuts the same connection, TLS-wrapped or not
             self._watch_dup = sock.dup()
@@ -201,11 +208,11 @@ class _Tracked:
         return sock
 
     def _bounded_conn(self, watch: _Watch) -> socket.socket:
-        host, timeout = self._dns_host, self.timeout  # type: ignore[attr-defined]
+        host, timeout = self._dns_host, self.timeout
         try:
-            infos = resolve(host, self.port, watch.remaining())  # type: ignore[attr-defined]
+            infos = resolve(host, self.port, watch.remaining())
         except socket.gaierror as exc:
-            raise urllib3.exceptions.NameResolutionError(self.host, self, exc) from exc  # type: ignore[attr-defined,arg-type]
+            raise urllib3.exceptions.NameResolutionError(self.host, self, exc) from exc
         except TimeoutError as exc:
             raise urllib3.exceptions.ConnectTimeoutError(self, str(exc)) from exc
         failure: Exception | None = None
@@ -217,7 +224,7 @@ class _Tracked:
                 self._dns_host = info[4][0]
                 self.timeout = left if not isinstance(timeout, int | float) else min(timeout, left)
                 try:
-                    return super()._new_conn()  # type: ignore[misc,no-any-return]
+                    return super()._new_conn()
                 except (urllib3.exceptions.ConnectTimeoutError,
                         urllib3.exceptions.NewConnectionError) as exc:
                     failure = exc
@@ -230,7 +237,7 @@ class _Tracked:
         sock = getattr(self, "sock", None)
         if _CURRENT.watch is not None and sock is not None:  # a kept-alive connection
             _CURRENT.watch.add(sock)
-        return super().request(*args, **kwargs)  # type: ignore[misc]
+        return super().request(*args, **kwargs)
 
 
 class _HTTPConnection(_Tracked, urllib3.connection.HTTPConnection):
@@ -291,10 +298,10 @@ def prepare(session: requests.Session, url: str) -> requests.Session:
         if url.lower().startswith(prefix.lower()):  # requests' own match: longest prefix first
             if type(adapter) is requests.adapters.HTTPAdapter:
                 adapters[prefix] = _Adapter(
-                    pool_connections=adapter._pool_connections,  # type: ignore[attr-defined]
-                    pool_maxsize=adapter._pool_maxsize,  # type: ignore[attr-defined]
+                    pool_connections=adapter._pool_connections,
+                    pool_maxsize=adapter._pool_maxsize,
                     max_retries=adapter.max_retries,
-                    pool_block=adapter._pool_block)  # type: ignore[attr-defined]
+                    pool_block=adapter._pool_block)
             break
     return session
 

@@ -46,9 +46,13 @@ from ..errors import (
 )
 from ..settings import Settings
 from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
-from .http import body_json as _json
-from .http import cancel_once, provider_http, send_create
-from .http import header_value as _header
+from .http import (
+    body_json as _json,
+    cancel_once,
+    header_value as _header,
+    provider_http,
+    send_create,
+)
 from .outcome import make_to_error, validated
 from .outputs import (
     Expect,

@@ -257,7 +257,8 @@ class HttpClient:
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(retry_after, self.max_backoff)
-        return min(self.backoff * (2**attempt), self.max_backoff)
+        delay: float = self.backoff * (2**attempt)
+        return min(delay, self.max_backoff)
 
 
 def json_or_none(response: requests.Response) -> Any:

@@ -1,6 +1,6 @@
 """Internal: the library's own mechanics, not an import path for platforms (may move).
 
-The outcome table (README, Design notes) for providers classified by HTTP status (Replicate, ElevenLabs,
+The outcome table (README, Design notes: The outcome table) for providers classified by HTTP status (Replicate, ElevenLabs,
 fal): one mapping from (operation, status, is-it-a-provider-error) to the library's exceptions.
 
 Each provider's ``to_error`` parses its own error body, then hands the verdict here; KIE (an

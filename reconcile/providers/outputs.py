@@ -1,4 +1,5 @@
-"""What an endpoint's result is expected to hold (README, Design notes), for fal and Replicate.
+"""What an endpoint's result is expected to hold (README, Design notes: Text and JSON
+outputs), for fal and Replicate.
 
 The contract's ``UPSTREAM_EMPTY_RESULT`` is "COMPLETED but no media". Endpoints whose product is
 text or JSON (speech-to-text, LLMs, captioning) are not empty when they answer ``{"text": …}``:

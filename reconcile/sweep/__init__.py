@@ -37,15 +37,16 @@ from __future__ import annotations
 from .carry import LISTING_SLACK as LISTING_SLACK
 from .claims import decide
 from .report import SweepAction, SweepReport
-from .table import RECOVERING as RECOVERING
-from .table import SETTLE_GRACE as SETTLE_GRACE
-from .table import Action, Decision
-from .tick import BATCH_SIZE as BATCH_SIZE
-from .tick import EVENT_REPUBLISH_AGE as EVENT_REPUBLISH_AGE
-from .tick import LATE_BATCH as LATE_BATCH
-from .tick import _cursor_of as _cursor_of
-from .tick import _phases as _phases
-from .tick import reconcile_job, sweep
+from .table import RECOVERING as RECOVERING, SETTLE_GRACE as SETTLE_GRACE, Action, Decision
+from .tick import (
+    BATCH_SIZE as BATCH_SIZE,
+    EVENT_REPUBLISH_AGE as EVENT_REPUBLISH_AGE,
+    LATE_BATCH as LATE_BATCH,
+    _cursor_of as _cursor_of,
+    _phases as _phases,
+    reconcile_job,
+    sweep,
+)
 
 # kept importable here, not exported (``x as x``): the tuning constants, and the keyset walk's
 # statements (bench/fig_query.py, tests/integration/test_sweep.py)

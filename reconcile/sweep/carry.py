@@ -74,7 +74,7 @@ def _enqueue_chain(rt: Runtime, plan: _Plan) -> str | None:
 
 
 def _poll_once(rt: Runtime, plan: _Plan) -> str:
-    """Row 10: one read through ``lifecycle.observe``. The attempt was counted by the claim,
+    """The ``accepted`` row's poll: one read through ``lifecycle.observe``. The attempt was counted by the claim,
     so observe's own count loses its spacing CAS: exhaustion is checked here."""
     job, kind = plan.job, plan.kind
     assert kind is not None
@@ -90,7 +90,7 @@ def _poll_once(rt: Runtime, plan: _Plan) -> str:
 
 
 def _evidence(rt: Runtime, plan: _Plan) -> str:
-    """Row 12: adopt the upstream id on evidence; else the (claimed) attempt stands, and at
+    """The ``uncertain`` row: adopt the upstream id on evidence; else the (claimed) attempt stands, and at
     MAX_ATTEMPTS one ``uncertain_unresolved`` anomaly — the reservation stays for an operator."""
     job, kind = plan.job, plan.kind
     assert kind is not None

@@ -79,10 +79,10 @@ def _plan(rt: Runtime, session: Session, job: Job, now: datetime, *, dry_run: bo
 def _observed(rt: Runtime, job: Job, decision: Decision) -> bool:
     """Only logged: a legacy FAIL under ``LEGACY_SWEEP=observe``, or an observe-only kind.
     Observe-only governs decisions about the upstream, never a settlement the library already
-    owes (row 13: its failure is saved, its refund is not): that one is always carried out."""
+    owes (the ``unsettled`` row: its failure is saved, its refund is not): that one is always carried out."""
     if decision.action is Action.SETTLE:
         return False
-    if decision.row == "legacy" and rt.settings.legacy_sweep == "observe":
+    if decision.observable and rt.settings.legacy_sweep == "observe":
         return True
     return adoption.observe_only(rt.settings, job)
 
@@ -92,9 +92,8 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
     spacing = rt.settings.scaled(ATTEMPT_SPACING)
     claimed: Job | None = job
     if action is Action.FAIL:
-        where = ((Job.submission_state == Submission.NOT_STARTED,)
-                 if plan.decision.row == "not_started_exhausted" else ())
-        claimed = _persist_failure(rt, session, job, now, plan.decision, where)
+        claimed = _persist_failure(rt, session, job, now, plan.decision,
+                                   _GUARDS.get(plan.decision.guard, ()))
     elif action is Action.REENQUEUE:
         claimed = jobstore.claim_reenqueue(session, job.id, now,
                                            rt.settings.scaled(NOT_STARTED_AGE))
@@ -104,7 +103,7 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
             detail={"reason": "submission claim expired before the id was saved", "via": "sweep",
                     "submissionOutcome": "uncertain"})
         plan.outcome = "uncertain" if claimed is not None else "lost"
-    elif action in (Action.POLL, Action.EVIDENCE):
+    elif plan.decision.counts_attempt:
         claimed = jobstore.claim_attempt(session, job.id, now, spacing)  # keeps the last error
     elif action is Action.SETTLE:
         claimed = jobstore.claim_settlement(session, job.id, _settle_cutoff(rt, now),
@@ -130,6 +129,12 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
             plan.outcome = "lost" if action is Action.RESUME else plan.outcome
         else:
             plan.job, plan.generation = fresh_chain, fresh_chain.poll_generation
+
+
+# the SQL each guard of the table (table.Guard) adds to a decision's write
+_GUARDS: dict[table.Guard | None, tuple[Any, ...]] = {
+    table.Guard.STILL_NOT_STARTED: (Job.submission_state == Submission.NOT_STARTED,),
+}
 
 
 def _persist_failure(rt: Runtime, session: Session, job: Job, now: datetime, decision: Decision,

@@ -8,7 +8,7 @@ are tried in order; the first that matches wins:
 
 ==  =========================  ============================================================
  1  legacy                     a row nobody submitted, no kind or one unknown here: bounded
- 2  unknown_kind (platform)    such a row of an unknown kind that row 1 fails not: one anomaly
+ 2  unknown_kind (platform)    such a row of an unknown kind that ``legacy`` fails not: one anomaly
  3  unknown_kind               any other unknown kind (submitted, task id): one anomaly
  4  platform_untracked         a platform row, known kind, no upstream handle: as sync
  5  platform_task              a platform row with a task id: as accepted, past threshold
@@ -69,16 +69,38 @@ class Action(StrEnum):
 RECOVERING = ("poll", "resume", "evidence", "reenqueue")
 
 
+class Guard(StrEnum):
+    """An extra condition a decision's write holds to (the row's state when it was decided)."""
+
+    #: the create still never ran (a create that started meanwhile is not failed as unstarted)
+    STILL_NOT_STARTED = "still_not_started"
+
+
 @dataclass(frozen=True)
 class Decision:
-    """Which table row matched (``row``) and what to do; ``resume``: poll, then a new chain;
-    ``code``: the error code a ``FAIL`` stores on the job (a new failing row names its own
-    here: the executor writes whatever the decision carries)."""
+    """Which table row matched (``row``, by name) and what to do. The executor writes whatever
+    the decision carries and never compares row names:
+
+    * ``resume``: poll, then a new chain;
+    * ``code``: the error code a ``FAIL`` stores on the job (a new failing row names its own);
+    * ``guard``: what the row's write also requires (:class:`Guard`), beyond the action's own
+      compare-and-set;
+    * ``observable``: a ``FAIL`` that ``LEGACY_SWEEP=observe`` only logs (the legacy rows).
+    """
 
     row: str
     action: Action
     resume: bool = False
     code: ErrorCode = ErrorCode.RECONCILE_NO_RECOVERY
+    guard: Guard | None = None
+    observable: bool = False
+
+    @property
+    def counts_attempt(self) -> bool:
+        """Whether carrying it out counts one of the job's attempts (a poll, an evidence
+        search; the claim spaces them by ``ATTEMPT_SPACING``)."""
+        return self.action in (Action.POLL, Action.EVIDENCE)
+
 
 
 @dataclass(frozen=True)
@@ -125,7 +147,7 @@ def _legacy(r: _Row) -> Decision | None:
     the FAIL is only logged and counted (``reconcile.sweep.claims._observed``). A platform row
     without a task id, of a kind this process does not know, follows the same rules (issue 24
     finding 2: never failed merely by age); where they fail nothing it gets one ``unknown_kind``
-    anomaly (row 2)."""
+    anomaly (``unknown_kind``)."""
     j = r.job
     if not adoption.is_foreign(j, r.kind):
         return None
@@ -134,7 +156,7 @@ def _legacy(r: _Row) -> Decision | None:
         return unknown_kind or Decision("legacy_off", Action.LEAVE)
     why_not = adoption.legacy_reason(r.settings, r.legacy_cutoff, j, r.now)
     if why_not is None:
-        return Decision("legacy", Action.FAIL)
+        return Decision("legacy", Action.FAIL, observable=True)
     if unknown_kind is not None:
         return unknown_kind
     if why_not == "after_cutoff":  # another subsystem's row: never touched, in any mode
@@ -146,7 +168,7 @@ def _unknown_kind(r: _Row) -> Decision | None:
     """3: a kind this process does not know on a row the library submitted, or on a platform
     row with a task id: report once, touch nothing, never guess (another process may have
     registered the kind; every process should: ``REQUIRED_KINDS``). Any other platform row of an
-    unknown kind is row 1's."""
+    unknown kind is ``legacy``'s."""
     j = r.job
     if j.provider_kind is None or r.kind is not None:
         return None
@@ -188,7 +210,7 @@ def _not_started(r: _Row) -> Decision | None:
     if not due:
         return Decision("not_started", Action.LEAVE)
     if (j.create_enqueue_count or 0) >= MAX_CREATE_REENQUEUES:
-        return Decision("not_started_exhausted", Action.FAIL)
+        return Decision("not_started_exhausted", Action.FAIL, guard=Guard.STILL_NOT_STARTED)
     return Decision("not_started", Action.REENQUEUE)
 
 
@@ -247,12 +269,12 @@ _ERROR = Decision("error", Action.LEAVE)
 
 
 def settle_cutoff(settings: Settings, now: datetime) -> datetime:
-    """Row 13's cutoff: a due settlement is the sweep's once it has waited :data:`SETTLE_GRACE`."""
+    """The ``unsettled`` row's cutoff: a due settlement is the sweep's once it has waited :data:`SETTLE_GRACE`."""
     return now - settings.scaled(SETTLE_GRACE)
 
 
 def needs_legacy_cutoff(settings: Settings, job: Job, kind: Kind | None) -> bool:
-    """Whether :func:`decide` reads ``legacy_cutoff`` for this row (row 1 past its ``off``
+    """Whether :func:`decide` reads ``legacy_cutoff`` for this row (``legacy`` past its ``off``
     check; ``kind``: the row's registered kind, None when unknown): the caller reads the cutoff
     only then, as the table did when it held the runtime."""
     return (job.status in IN_FLIGHT and adoption.is_foreign(job, kind)

@@ -33,24 +33,24 @@ _Cursor = tuple[Any, ...] | None
 
 
 def _phases(settle_cutoff: datetime
-            ) -> Iterator[tuple[str, Callable[[_Cursor], Select[tuple[Job]]]]]:
+            ) -> Iterator[tuple[str, Callable[[_Cursor], Select[Job]]]]:
     """Keyset-paged candidate queries: in-flight rows through ``jobs_inflight_keyset_idx``
     (those with no provider call yet, then by ``provider_call_started_at``), then unsettled
     failures due
     by ``settle_cutoff`` through ``jobs_unsettled_idx``."""
-    def unstarted(after: _Cursor) -> Select[tuple[Job]]:
+    def unstarted(after: _Cursor) -> Select[Job]:
         stmt = select(Job).where(jobstore.in_flight(), Job.provider_call_started_at.is_(None))
         if after is not None:
             stmt = stmt.where(Job.id > after[-1])
         return stmt.order_by(Job.id)
 
-    def started(after: _Cursor) -> Select[tuple[Job]]:
+    def started(after: _Cursor) -> Select[Job]:
         stmt = select(Job).where(jobstore.in_flight(), Job.provider_call_started_at.is_not(None))
         if after is not None:
             stmt = stmt.where(tuple_(Job.provider_call_started_at, Job.id) > tuple_(*after))
         return stmt.order_by(Job.provider_call_started_at, Job.id)
 
-    def unsettled(after: _Cursor) -> Select[tuple[Job]]:
+    def unsettled(after: _Cursor) -> Select[Job]:
         stmt = select(Job).where(jobstore.settlement_due(settle_cutoff))
         if after is not None:
             stmt = stmt.where(tuple_(Job.next_poll_at, Job.id) > tuple_(*after))
@@ -170,7 +170,7 @@ def _late_completions(rt: Runtime, *, dry_run: bool) -> int:
         after = jobs[-1].id
 
 
-def _batch(rt: Runtime, phase: str, query: Callable[[_Cursor], Select[tuple[Job]]],
+def _batch(rt: Runtime, phase: str, query: Callable[[_Cursor], Select[Job]],
            cursor: _Cursor, now: datetime, *, dry_run: bool,
            claim: bool) -> tuple[list[_Plan], list[uuid.UUID], _Cursor]:
     """Lock one batch (skipping rows another sweep holds), decide and claim each row, commit.

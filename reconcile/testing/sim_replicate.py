@@ -234,8 +234,8 @@ def render(sim: Simulator, task: Task, state: str, since: float) -> dict[str, An
         "urls": {"get": base, "cancel": base + "/cancel",
                  "web": f"https://replicate.com/p/{task.task_id}"},
         # NOT in Replicate's documented Prediction schema (the OpenAPI-generated types and the
-        # SDK's Prediction have no ``webhook``): served for the sweep's evidence tests; the
-        # README's provider notes say what that means for evidence.
+        # SDK's Prediction have no ``webhook``): served for the sweep's evidence tests; what that
+        # means for evidence: README, Provider notes.
         "webhook": task.callback_url,
         "webhook_events_filter": task.body.get("webhook_events_filter"),
         "metrics": {"predict_time": round(done - started[1], 3)}

@@ -113,7 +113,7 @@ def survive_broker_loss() -> None:
     Redis lost them, and the sweep re-creates the work from the database). Pinning 5.6.3
     instead would lose the 5.7 broker-loss fixes (bounded sockets on teardown, celery#9705).
     """
-    from kombu import Connection
+    from kombu.connection import Connection
 
     if getattr(Connection.collect, "reconcile_forgets_channel", False):
         return

@@ -76,8 +76,7 @@ def backend() -> Any | None:
 
 def audit(session: Session, now: datetime | None = None) -> list[Any]:
     """The library's audit through the current backend (built-in: credits.audit and more)."""
-    from reconcile.ledger import DEFAULT
-    from reconcile.ledger import audit as library_audit
+    from reconcile.ledger import DEFAULT, audit as library_audit
 
     current = backend()
     return library_audit(current.ledger if current is not None else DEFAULT, session, now=now)

@@ -15,8 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits
 from reconcile.db.models import CreditBalance
-from reconcile.ledger import BuiltinLedger, Ledger
-from reconcile.ledger import audit as library_audit
+from reconcile.ledger import BuiltinLedger, Ledger, audit as library_audit
 from reconcile.testing.platform_ledger import DDL, PlatformLedger
 
 _seq = itertools.count()

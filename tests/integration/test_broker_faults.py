@@ -133,7 +133,7 @@ class Rig:
             assert credits.audit(s) == []
 
     def ping(self) -> subprocess.CompletedProcess[str]:
-        """The liveness probe the README recommends: ``celery inspect ping`` over the broker."""
+        """The recommended liveness probe (README, Operate workers): ``celery inspect ping``."""
         return subprocess.run(
             [sys.executable, "-m", "celery", "-A", "reconcile.celery_app", "inspect", "ping",
              "--timeout", "10"], env={**os.environ, **self.env}, cwd=ROOT,
@@ -262,7 +262,7 @@ def test_rabbitmq_close_during_slow_creates_leaves_nothing_uncertain(
 def test_soft_shutdown_lets_a_running_poll_finish_then_requeues_held_messages(
         db: sessionmaker[Session], pg_url: str, simulator: Simulator, tmp_path: Path,
         scratch_redis: ScratchRedis) -> None:
-    """SIGTERM with ``REMAP_SIGTERM=SIGQUIT`` (the README's supervisors): the poll that is
+    """SIGTERM with ``REMAP_SIGTERM=SIGQUIT`` (the supervisors of README, Operate workers): the poll that is
     running (a 2 s status read) gets ``worker_soft_shutdown_timeout`` to finish, then the
     messages the worker held (countdown polls, unacked) are back on the queue at once — not
     stuck in Redis' ``unacked`` until the visibility timeout. (With no soft timeout, as before,

@@ -62,7 +62,7 @@ class Side:
                             return ("ok", "not compared")
                         if args[1] > new_credits.returned(s, args[0]):
                             # issue 24 attack: a re-charge never takes back more than the
-                            # settlement returned (test_attack_money_configured.py); the old
+                            # settlement returned (test_money_rules_as_configured.py); the old
                             # ledger took any amount
                             return ("ok", "not compared")
                         return ("ok", m.recharge(s, *args, now=now))

@@ -2,9 +2,9 @@
 user's cancel 1/3) reaches every process that settles — a real ``celery worker``, the example
 platform's gateway over HTTP, ``reconcile sweep``, ``reconcile fail``, ``reconcile resolve
 --not-submitted`` and the Celery ``settle`` task — for jobs the provider accepted and jobs it never
-accepted. Each job's credits kept is read from the README's path × cause × credits-kept table
-(parsed as ``tests/unit/test_settlement_table.py`` parses it, not recomputed by the library's
-rule), and ``reconcile audit`` is clean at the end."""
+accepted. Each job's credits kept is read from the documented path × cause × credits-kept table
+(README, The share of a failed or cancelled job; parsed as ``tests/unit/test_settlement_table.py``
+parses it, not recomputed by the library's rule), and ``reconcile audit`` is clean at the end."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ GATEWAY_PRICE = 10  # acme's price of a kie-standard job (examples/platform/acme
 
 def table_kept(cause: str, column: str, held: int) -> int:
     """The credits kept of ``held`` for a job of ``cause`` on the table's ``column``, by the
-    README's cell (``keeps F`` / ``keeps C`` / ``0`` under F = 1/2, C = 1/3)."""
+    documented table's cell (``keeps F`` / ``keeps C`` / ``0`` under F = 1/2, C = 1/3)."""
     columns, rows = _table()
     return kept_of(held, _share_of(rows[cause][columns.index(column)]))
 

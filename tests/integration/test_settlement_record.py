@@ -21,9 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits, lifecycle
 from reconcile.db.models import Job, UsageLog
-from reconcile.ledger import DEFAULT as LEDGER
-from reconcile.ledger import BuiltinLedger
-from reconcile.ledger import audit as library_audit
+from reconcile.ledger import DEFAULT as LEDGER, BuiltinLedger, audit as library_audit
 from reconcile.lifecycle.cancel import cancel_job
 from reconcile.runtime import Runtime
 from reconcile.settlement import DEFAULT_POLICY, SettlementPolicy, SettleOutcome

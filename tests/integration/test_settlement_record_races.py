@@ -22,8 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import credits, lifecycle
 from reconcile.db.models import CreditTransaction, Job, UsageLog
 from reconcile.errors import Conflict
-from reconcile.ledger import DEFAULT as LEDGER
-from reconcile.ledger import audit as library_audit
+from reconcile.ledger import DEFAULT as LEDGER, audit as library_audit
 from reconcile.lifecycle.cancel import cancel_job
 from reconcile.runtime import Runtime
 from reconcile.settlement import DEFAULT_POLICY, SettlementPolicy

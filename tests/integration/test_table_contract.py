@@ -269,8 +269,9 @@ def test_a_column_and_index_gone_at_head_are_repaired_by_db_repair(
 
 
 def test_the_readme_states_the_contract_the_code_checks() -> None:
-    """README "The table contract" holds exactly the table reconcile.db.contract renders."""
-    assert contract_markdown() in (ROOT / "README.md").read_text()
+    """README "The table contract" (``docs/reference/table-contract.md``) holds exactly the table
+    reconcile.db.contract renders."""
+    assert contract_markdown() in (ROOT / "docs" / "reference" / "table-contract.md").read_text()
 
 
 def test_the_platform_columns_are_the_only_ones_an_upgrade_does_not_add(

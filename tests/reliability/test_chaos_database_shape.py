@@ -16,8 +16,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile.db.migrate import upgrade
-from reconcile.testing.chaos import ChaosConfig, ChaosReport
-from reconcile.testing.chaos import checks as chaos_checks
+from reconcile.testing.chaos import ChaosConfig, ChaosReport, checks as chaos_checks
 from tests.conftest import PG_ADMIN_URL, PgDatabases
 from tests.integration.harness import fund
 

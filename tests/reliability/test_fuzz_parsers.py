@@ -24,8 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from pydantic import BaseModel
 
 import reconcile.providers
@@ -122,7 +121,7 @@ deep = st.integers(50, 3000).map(lambda n: b"[" * n + b"]" * n)  # recursion bom
 bodies = st.one_of(
     json_values, shaped,
     shaped.map(lambda d: {"code": 200, "msg": "success", "data": d}),
-    shaped.map(lambda d: {"data": d, "requestId": "req-1"}),  # the SDK wrapper (README, Design notes)
+    shaped.map(lambda d: {"data": d, "requestId": "req-1"}),  # README, Design notes: The SDK result wrapper
     json_values.map(_encode), shaped.map(_encode), shaped.map(lambda v: _encode(v).decode()),
     st.binary(max_size=64), st.text(max_size=64), deep, st.none(),
 )

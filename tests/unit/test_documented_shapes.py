@@ -203,7 +203,7 @@ def test_fal_declared_text_missing_is_empty() -> None:
 
 
 def test_fal_media_endpoint_with_no_images_is_empty() -> None:
-    """``{"images": [], "seed": 1}`` from a media endpoint is empty (README, Design notes)."""
+    """``{"images": [], "seed": 1}`` from a media endpoint is empty (README, Design notes: Text and JSON outputs)."""
     spec = declared_output("fal", "fal-ai/flux/dev")
     assert spec.expects is Expect.MEDIA
     assert fal.parse_result(200, json.dumps({"images": [], "seed": 1}), spec=spec).outputs == ()

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import requests
 import responses
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from reconcile.errors import (
     MediaError,

@@ -17,8 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import responses
 import urllib3
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from reconcile.errors import MediaFetchFailed, UnsafeMediaURL
 from reconcile.media import fetch as media

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 import requests
 import responses
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from reconcile.errors import ErrorCode, ReconcileError, SyncCallFailed
 from reconcile.kinds import get_kind

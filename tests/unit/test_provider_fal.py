@@ -9,8 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 import responses
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from reconcile.errors import (
     CreateRateLimited,

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import requests
 import responses
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from responses import matchers
 
 from reconcile.errors import (
@@ -816,7 +815,7 @@ VEO_RECORD = {"code": 200, "msg": "success", "data": {
 def test_runway_and_veo_records_do_not_echo_the_planted_job(parse: Callable[..., Any],
                                                             body: dict[str, Any]) -> None:
     """The documented records carry no callBackUrl, so no planted job id: the record is no
-    evidence for an uncertain create of these kinds (README provider notes)."""
+    evidence for an uncertain create of these kinds (README, Provider notes)."""
     result = parse(body)
     assert result.status is PollStatus.SUCCEEDED and result.outputs
     assert result.planted_job_id is None

@@ -10,8 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 import responses
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from responses import matchers
 
 from reconcile.errors import (

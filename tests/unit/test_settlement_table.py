@@ -1,5 +1,6 @@
 """The settlement rule as deployment configuration and as one function (issue 24, section 1):
-the README's path × cause × credits-kept table is checked against ``refund_share`` and
+the documented path × cause × credits-kept table (README, The share of a failed or cancelled
+job: ``docs/explanation/lifecycle.md``) is checked against ``refund_share`` and
 ``settlement_cause`` cell by cell, the settings parse exact shares only, and a Runtime never
 settles under a policy other than its settings'."""
 
@@ -25,11 +26,11 @@ from reconcile.settlement import (
     settlement_cause,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "lifecycle.md"
 F, C = Fraction(1, 2), Fraction(1, 3)
 POLICY = SettlementPolicy(failure_refund=F, cancel_refund=C)
 
-# each column of the README table: a representative row of that path, accepted or not
+# each column of the documented table: a representative row of that path, accepted or not
 COLUMNS: dict[str, dict[str, Any]] = {
     "async, task id": dict(submission_state="accepted", provider_kind="kie-standard",
                            provider_task_id="t-1", error_code="UPSTREAM_FAILED"),
@@ -47,7 +48,7 @@ COLUMNS: dict[str, dict[str, Any]] = {
 
 
 def _table() -> tuple[list[str], dict[str, list[str]]]:
-    lines = README.read_text().splitlines()
+    lines = PAGE.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| cause | async, task id"))
     header = [cell.strip() for cell in lines[start].strip("|").split("|")]
     rows: dict[str, list[str]] = {}

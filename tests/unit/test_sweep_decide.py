@@ -1,6 +1,6 @@
 """The sweep's decision table (reconcile.sweep.table.decide), database-free and table-driven.
 
-One row per line of the table (README "Reconciliation"; the rows' docstrings in
+One row per line of the table (README, The sweep; the rows' docstrings in
 ``reconcile/sweep/table.py``): the job's columns, its kind and the settings in, the matched row
 and the action out. The expected actions are those the PostgreSQL tests in
 ``tests/integration/test_sweep*.py`` see the sweep carry out. Most lines come in pairs either
@@ -22,9 +22,8 @@ import pytest
 from reconcile.db.models import Job
 from reconcile.kinds import Kind
 from reconcile.settings import Settings
-from reconcile.sweep import Action, Decision
-from reconcile.sweep import decide as decide_rt
-from reconcile.sweep.table import SETTLE_GRACE, decide, needs_legacy_cutoff
+from reconcile.sweep import Action, Decision, decide as decide_rt
+from reconcile.sweep.table import SETTLE_GRACE, Guard, decide, needs_legacy_cutoff
 
 MIN = timedelta(minutes=1)
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -85,13 +84,13 @@ TABLE: list[tuple[str, dict[str, Any], str | None, dict[str, Any], datetime | No
      Decision("none", L)),
     # --- row 1: legacy (no submission state, no kind)
     ("legacy_stale", {"created_at": OLD, "started_at": ago(6)}, None, {}, CUTOFF,
-     Decision("legacy", F)),
+     Decision("legacy", F, observable=True)),
     ("legacy_by_created_at", {"created_at": OLD, "status": "pending"}, None, {}, CUTOFF,
-     Decision("legacy", F)),
+     Decision("legacy", F, observable=True)),
     ("legacy_young", {"created_at": OLD, "started_at": ago(4)}, None, {}, CUTOFF,
      Decision("legacy", L)),
     ("legacy_observe", {"created_at": OLD, "started_at": ago(6)}, None,
-     {"legacy_sweep": "observe"}, CUTOFF, Decision("legacy", F)),  # the executor only logs it
+     {"legacy_sweep": "observe"}, CUTOFF, Decision("legacy", F, observable=True)),  # the executor only logs it
     ("legacy_off", {"created_at": OLD, "started_at": ago(6)}, None, {"legacy_sweep": "off"},
      CUTOFF, Decision("legacy_off", L)),
     ("legacy_no_cutoff", {"created_at": OLD, "started_at": ago(6)}, None, {}, None,
@@ -103,15 +102,15 @@ TABLE: list[tuple[str, dict[str, Any], str | None, dict[str, Any], datetime | No
     ("legacy_not_allowed_type", {"created_at": OLD, "started_at": ago(6)}, None,
      {"legacy_job_types": ["video"]}, CUTOFF, Decision("legacy", L)),
     ("legacy_allowed_type", {"created_at": OLD, "started_at": ago(6), "job_type": "video"}, None,
-     {"legacy_job_types": ["video"]}, CUTOFF, Decision("legacy", F)),
+     {"legacy_job_types": ["video"]}, CUTOFF, Decision("legacy", F, observable=True)),
     # --- rows 1-2: a platform row of a kind this process does not know follows the adoption
     # rules (issue 24 finding 2), else one unknown_kind anomaly; never failed merely by age
     ("unknown_kind_candidate", {"provider_kind": "acme-video", "created_at": OLD,
                                 "started_at": ago(6), "provider_call_started_at": ago(6)},
-     None, {}, CUTOFF, Decision("legacy", F)),
+     None, {}, CUTOFF, Decision("legacy", F, observable=True)),
     ("unknown_kind_observe", {"provider_kind": "acme-video", "created_at": OLD,
                               "started_at": ago(6)}, None, {"legacy_sweep": "observe"}, CUTOFF,
-     Decision("legacy", F)),  # the executor only logs it
+     Decision("legacy", F, observable=True)),  # the executor only logs it
     ("unknown_kind_young", {"provider_kind": "acme-video", "created_at": OLD,
                             "started_at": ago(4), "provider_call_started_at": ago(4)},
      None, {}, CUTOFF, Decision("unknown_kind", A)),
@@ -206,7 +205,7 @@ TABLE: list[tuple[str, dict[str, Any], str | None, dict[str, Any], datetime | No
     ("not_started_exhausted", {"provider_kind": "unit-async", "submission_state": "not_started",
                                "status": "pending", "created_at": ago(30),
                                "create_enqueued_at": ago(3), "create_enqueue_count": 5},
-     "async", {}, None, Decision("not_started_exhausted", F)),
+     "async", {}, None, Decision("not_started_exhausted", F, guard=Guard.STILL_NOT_STARTED)),
     ("not_started_sync_stale", {"provider_kind": "unit-sync", "submission_state": "not_started",
                                 "status": "pending", "created_at": ago(6)}, "sync", {}, None,
      Decision("not_started_sync", F)),
@@ -328,7 +327,7 @@ def test_a_flipped_condition_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
               created_at=ago(30), create_enqueued_at=ago(3), create_enqueue_count=4)
     assert decide(settings, row, ASYNC, NOW) == Decision("not_started", R)
     monkeypatch.setattr(table, "MAX_CREATE_REENQUEUES", 4)  # one lower: the 5th now fails
-    assert decide(settings, row, ASYNC, NOW) == Decision("not_started_exhausted", F)
+    assert decide(settings, row, ASYNC, NOW) == Decision("not_started_exhausted", F, guard=Guard.STILL_NOT_STARTED)
 
 
 def test_legacy_cutoff_is_needed_only_for_foreign_rows_in_flight() -> None:
@@ -362,14 +361,14 @@ def _runtime(**overrides: Any) -> Any:
 
 def test_the_runtime_wrapper_passes_kind_and_cutoff() -> None:
     rt = _runtime(legacy_cutoff=CUTOFF)
-    assert decide_rt(rt, job(created_at=OLD, started_at=ago(6)), NOW) == Decision("legacy", F)
+    assert decide_rt(rt, job(created_at=OLD, started_at=ago(6)), NOW) == Decision("legacy", F, observable=True)
     assert decide_rt(rt, job(**accepted(provider_call_started_at=ago(11))), NOW) \
         == Decision("accepted", P)
     assert decide_rt(rt, job(provider_kind="acme-video", provider_task_id="t-1"), NOW) \
         == Decision("unknown_kind", A)
     # an unknown kind on an old platform row: the wrapper reads the cutoff for it too
     assert decide_rt(rt, job(provider_kind="acme-video", created_at=OLD, started_at=ago(6)),
-                     NOW) == Decision("legacy", F)
+                     NOW) == Decision("legacy", F, observable=True)
 
 
 def test_the_runtime_wrapper_reads_no_cutoff_for_other_rows() -> None:
@@ -426,3 +425,20 @@ def test_the_purity_check_sees_the_moved_modules(planted: str) -> None:
     their package paths, whether imported as a module or from their package."""
     _, impure = _impure_imports(TABLE_MODULE.read_text() + "\n" + planted + "\n")
     assert impure, planted
+
+
+def test_the_executor_reads_the_decision_never_its_row_name() -> None:
+    """The guard, the observe-only rule and whether an attempt is counted travel on the
+    decision: a renamed row keeps its behaviour, and no executor module compares row names."""
+    import reconcile.sweep.carry as carry
+    import reconcile.sweep.claims as claims
+    import reconcile.sweep.tick as tick
+
+    for module in (claims, carry, tick):
+        source = Path(module.__file__).read_text()
+        assert ".row ==" not in source and ".row in" not in source, module.__name__
+    renamed = Decision("a_new_name", F, guard=Guard.STILL_NOT_STARTED, observable=True)
+    assert claims._GUARDS[renamed.guard]  # the guard's SQL, found by the guard itself
+    assert Decision("x", Action.POLL).counts_attempt and Decision("x", Action.EVIDENCE).counts_attempt
+    assert not any(Decision("x", a).counts_attempt
+                   for a in Action if a not in (Action.POLL, Action.EVIDENCE))

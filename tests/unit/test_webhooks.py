@@ -14,8 +14,7 @@ import requests
 import responses
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from reconcile.errors import (
     ReadFailed,
@@ -653,8 +652,7 @@ def test_elevenlabs_dubbing_event_names_its_job_through_the_project_name() -> No
     import hashlib as _hashlib
     import hmac as _hmac
     import json as _json
-    from datetime import UTC as _UTC
-    from datetime import datetime as _datetime
+    from datetime import UTC as _UTC, datetime as _datetime
 
     from reconcile import webhooks as _webhooks
 

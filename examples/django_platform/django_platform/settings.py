@@ -1,6 +1,6 @@
 """Settings of the example Django platform. The environment fills in the deployment's values:
 ``PLATFORM_DATABASE_URL`` (PostgreSQL), ``CELERY_BROKER_URL``, ``PLATFORM_MEDIA_URL``; the
-providers' base URLs and keys come from ``RECONCILE_*`` variables (see the README)."""
+providers' base URLs and keys come from ``RECONCILE_*`` variables (README, Configuration)."""
 
 import os
 from pathlib import Path

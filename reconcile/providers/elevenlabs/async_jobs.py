@@ -23,9 +23,7 @@ from ...errors import InvalidParam, MediaExpired, MediaFetchFailed, MediaTooLarg
 from ...settings import Settings
 from ..base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
 from ..deadline import bounded
-from ..http import body_json as _json
-from ..http import header_value as _header
-from ..http import send_create
+from ..http import body_json as _json, header_value as _header, send_create
 from ..outcome import validated
 from ._common import (
     _REQUEST_ID_HEADERS,

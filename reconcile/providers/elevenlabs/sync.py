@@ -19,8 +19,7 @@ from ...errors import InvalidParam
 from ...settings import Settings
 from .. import deadline
 from ..base import Output, SyncResult, unwrap_sdk
-from ..http import body_json as _json
-from ..http import header_value as _header
+from ..http import body_json as _json, header_value as _header
 from ._common import (
     _QUERY_KEYS,
     _REQUEST_ID_HEADERS,

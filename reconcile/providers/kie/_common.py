@@ -319,18 +319,20 @@ def _read(model: type[_Model], decide: Callable[[Any], PollResult], body: Any, s
     error = error_for(answer, "read")
     if error is not None:
         raise error
-    evidence = {"status": status_code, "request_id": answer.request_id, "body": answer.raw}
+    def malformed(message: str) -> MalformedResponse:
+        return MalformedResponse(message, status=status_code, request_id=answer.request_id,
+                                 body=answer.raw)
+
     data, wrapper_id = unwrap_sdk(env.data if env is not None else answer.payload)
     if not isinstance(data, Mapping):  # also the unparseable 2xx
-        raise MalformedResponse("KIE read: no record in the answer", **evidence)
+        raise malformed("KIE read: no record in the answer")
     try:
         record = model.model_validate(data)
         result = decide(record)
     except ValidationError as exc:
-        raise MalformedResponse(f"KIE read: unexpected record ({exc.error_count()} errors)",
-                                **evidence) from None
+        raise malformed(f"KIE read: unexpected record ({exc.error_count()} errors)") from None
     except MalformedResponse as exc:
-        raise MalformedResponse(exc.message, **evidence) from None
+        raise malformed(exc.message) from None
     return PollResult(
         status=result.status, progress=result.progress, outputs=result.outputs,
         raw_status=result.raw_status, error_code=result.error_code or None,

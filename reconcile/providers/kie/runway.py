@@ -51,7 +51,7 @@ def parse_record_runway(body: Any, status_code: int = 200, headers: Headers = No
 # DECISION (Runway, Veo): both accept ``callBackUrl`` (KIE's callback pages; the OpenAPI callback
 # ``{$request.body#/callBackUrl}`` of /api/v1/runway/generate), so the client sends it, but their
 # documented records (``generateParam`` / ``paramJson``) do not echo it: planted_job_id may be
-# None, and an uncertain create of these kinds waits for an operator (README, provider notes).
+# None, and an uncertain create of these kinds waits for an operator (README, Provider notes).
 RUNWAY = KieApi("kie-runway", "/api/v1/runway/generate", "/api/v1/runway/record-detail",
                 top_level_body, parse_record_runway)
 

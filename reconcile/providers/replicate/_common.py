@@ -13,11 +13,16 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..base import Output
-from ..http import header_value as _header
-from ..http import parse_retry_after
+from ..http import header_value as _header, parse_retry_after
 from ..outcome import make_to_error
-from ..outputs import ANY as ANY_OUTPUT
-from ..outputs import Expect, OutputSpec, data_uri_output, document_output, text_output
+from ..outputs import (
+    ANY as ANY_OUTPUT,
+    Expect,
+    OutputSpec,
+    data_uri_output,
+    document_output,
+    text_output,
+)
 
 Resource = Literal["predictions", "trainings"]
 
@@ -144,7 +149,7 @@ def _retry_after(headers: Mapping[str, str] | None, message: str | None) -> floa
 
 
 # The one place a Replicate answer (or a transport failure) becomes an exception. ``op`` decides
-# the branch of the outcome table (README, Design notes): a create that may have reached Replicate is
+# the branch of the outcome table (README, Design notes: The outcome table): a create that may have reached Replicate is
 # *uncertain*, never rejected, because resubmitting could pay twice.
 to_error = make_to_error("replicate", describe=_describe, request_id_headers=REQUEST_ID_HEADERS,
                          retry_after=_retry_after)

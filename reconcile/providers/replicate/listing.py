@@ -11,8 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from ..base import ListedTask
-from ..http import HttpClient
-from ..http import body_json as _json
+from ..http import HttpClient, body_json as _json
 from ._common import Prediction, Resource, planted_job_id, to_error
 
 MAX_LIST_PAGES = 10  # find_created is evidence, not a crawl: bound the cost of one search

@@ -13,8 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from reconcile.cli import Cli, main
 from reconcile.settings import Settings
 
-from ... import database_alias, database_url
-from ... import settings as library_settings
+from ... import database_alias, database_url, settings as library_settings
 
 
 class DjangoCli(Cli):

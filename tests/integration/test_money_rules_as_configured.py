@@ -1,4 +1,4 @@
-"""Attacks on the issue-24 money rules as a platform configures them: partial settlement
+"""The money rules as a platform configures them: partial settlement
 policies set as deployment configuration, a policy changed mid-life, an operator's writers
 racing a user's cancel, re-charges and releases racing each other. Each ends with the ledger's
 money identities checked by ``credits.audit``."""

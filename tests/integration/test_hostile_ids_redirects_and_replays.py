@@ -1,4 +1,6 @@
-"""Attacker atk11 (issue 11 follow-up): reproducers against the hole fixes, on PostgreSQL with
+"""Hostile ids, redirects and replays: a redirect cannot escape the sync deadline, a hostile
+task id is held for an operator, a late watchdog never shuts the next call's connection, a
+replayed signed webhook never gives an uncertain job another job's task. On PostgreSQL with
 the shipped simulator and loopback servers. Every test here was written as a REPRODUCER and
 failed on main at acd9c7e. Findings 1-3 still fail on main at 45045b3; the fix commit after each
 on branch atk11 makes it pass. Finding 4 was fixed on main meanwhile (i11c's evidence binding,

@@ -1,4 +1,4 @@
-"""Issue 24, the ledger's operator side (each on PostgreSQL and on the embedded SQLite default):
+"""The ledger's operator side (each on PostgreSQL and on the embedded SQLite default):
 a reservation whose job row was deleted (finding 10), `credits import` on a platform that
 granted its balances itself (finding 14) or still reserved after cut-over, and a grant id that
 collides with another transaction's lot id."""

@@ -15,7 +15,7 @@ from reconcile.db.models import Job
 from reconcile.kinds import register_kind, unregister_kind
 from reconcile.lifecycle import poll as lpoll
 from reconcile.states import POLL_LEASE_SLACK
-from tests.integration.test_atk_poll_turn_cache import MULTI, NOW, _row, _Rt
+from tests.integration.test_poll_turn_cache_differential import MULTI, NOW, _row, _Rt
 
 
 def test_one_winner_per_turn_under_a_race(db: sessionmaker[Session]) -> None:

@@ -1,4 +1,4 @@
-"""Focused reproducers of the holes the x_ledger attack found in issue 16's Core ledger (each
+"""A reserve replayed after the balance was drained returns the first reservation, in the Core ledger (each
 on PostgreSQL and on the embedded SQLite default)."""
 
 from __future__ import annotations

@@ -83,8 +83,8 @@ def test_sqlite_round_trip(tmp_path: Path) -> None:
 
 def test_platform_that_created_the_same_index_itself(pg_databases: PgDatabases) -> None:
     """A platform that added provider_call_started_at and the same partial index before
-    adopting: 0002 keeps its index, 0022 drops it (README: its queries move to the keyset
-    index), a downgrade rebuilds it valid."""
+    adopting: 0002 keeps its index, 0022 drops it (its queries move to the keyset
+    index: README, Migrations, beside the platform's own), a downgrade rebuilds it valid."""
     url = pg_databases.create("atkplat")
     with _psql(url) as conn:
         conn.execute(PLATFORM_DDL)

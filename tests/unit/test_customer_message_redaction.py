@@ -1,4 +1,4 @@
-"""Reproducers (attacker atk12): a customer-facing provider message leaking addresses/signatures.
+"""A customer-facing provider message leaking addresses/signatures.
 
 ``for_customer`` is what the snapshot shows for UPSTREAM_FAILED / UPSTREAM_INVALID_INPUT
 (``api.customer_message``). Each case below leaked on main before the fix.

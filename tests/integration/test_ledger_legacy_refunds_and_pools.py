@@ -1,4 +1,6 @@
-"""Issue 11, the ledger's holes 3, 4, 5, 9 and 10 on real PostgreSQL (each fails on the old main)."""
+"""The ledger against a platform's legacy refunds, stale balance copies, pool order on a commit
+for less, unusable usage metadata and prefixed refund ids, on real PostgreSQL (each failed on
+the ledger before its fix)."""
 
 from __future__ import annotations
 

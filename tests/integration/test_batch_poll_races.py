@@ -1,4 +1,4 @@
-"""Attacks on RECONCILE_POLL_MODE=batch (issue 16, auditor X2): late writes of a poller whose
+"""RECONCILE_POLL_MODE=batch under races: late writes of a poller whose
 claim was taken over, writers landing between the claim and the write, mode switches with jobs
 in flight, bad reads inside a batch, exhaustion parity with the chain path.
 

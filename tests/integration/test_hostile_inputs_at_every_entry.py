@@ -1,5 +1,4 @@
-"""An outsider's attack on the issue 25 fixes (third security pass), as a customer, a hostile
-provider and a network would try them. Each test here failed on the code it was written against.
+"""Hostile input at every entry, as a customer, a hostile provider and a network would try it. Each test here failed on the code it was written against.
 
 * (held, pinned) a verified webhook nested deeper than the NUL/NaN scrub's recursion reaches is
   a 400, never a 500;
@@ -349,8 +348,8 @@ def _written_rows(db: sessionmaker[Session]) -> tuple[int, ...]:
 def test_an_operator_cannot_adopt_an_upstream_id_another_job_holds(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
     """The rule "an upstream id another job holds is that job's" (evidence.held_elsewhere) was
-    applied by the sweep only: ``reconcile resolve --upstream-id`` — the path the README sends
-    an operator down for a delivery the sweep will not adopt, and ``reconcile show`` calls such
+    applied by the sweep only: ``reconcile resolve --upstream-id`` — the path the documentation
+    (README, Security model) sends an operator down for a delivery the sweep will not adopt, and ``reconcile show`` calls such
     a delivery "adoptable (signed)" — adopted the other job's task. Two jobs then poll one task
     and both are charged for one output (the attacker's dubbing of finding 1, stored before the
     fix, adopted by hand). adopt_upstream_id, the one door of every adoption, now refuses it."""

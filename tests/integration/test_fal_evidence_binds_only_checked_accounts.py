@@ -1,4 +1,4 @@
-"""Reproducer (attacker atk12): a fal delivery stored while RECONCILE_FAL_WEBHOOK_USER_ID was
+"""A fal delivery stored while RECONCILE_FAL_WEBHOOK_USER_ID was
 unset binds an uncertain job once the operator sets it.
 
 fal signs every account's deliveries with one JWKS. While the user id is unset, ingestion stores
