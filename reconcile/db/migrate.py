@@ -255,12 +255,12 @@ def repair(url: str) -> list[str]:
     return done
 
 
-def _partial(index: dict[str, Any]) -> bool:
+def _partial(index: Any) -> bool:
     return any(k.endswith("_where") and v is not None
                for k, v in (index.get("dialect_options") or {}).items())
 
 
-def _index_missing(index: Any, live: list[dict[str, Any]]) -> bool:
+def _index_missing(index: Any, live: list[Any]) -> bool:
     """Whether the model's ``index`` is gone from a platform table: not there by name, and —
     for a full index — no other full index of the platform's leads with its first column
     (revision 0014 drops the library's ``usage_logs(job_id)`` index where the platform has its

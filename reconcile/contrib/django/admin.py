@@ -146,7 +146,7 @@ class JobEventInline(ReadOnly, admin.TabularInline):
     can_delete = False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(VIEW_JOBS)
+        return bool(request.user.has_perm(VIEW_JOBS))
 
 
 class ActForm(forms.Form):
@@ -163,8 +163,8 @@ class ActForm(forms.Form):
 class JobAdmin(ByIds):
     """Every job (the platform's ``jobs`` rows, with the library's columns)."""
 
-    list_display = ("id", "user_id", "status", "submission_state", "provider_kind",
-                    "provider_model", "created_at", "error_code")
+    list_display: tuple[str, ...] = ("id", "user_id", "status", "submission_state",
+                                     "provider_kind", "provider_model", "created_at", "error_code")
     list_filter = (StatusFilter, KindFilter)
     search_help_text = "a job id, a user id or an upstream task id"
     inlines = (JobEventInline,)
@@ -172,7 +172,7 @@ class JobAdmin(ByIds):
     show_full_result_count = False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(VIEW_JOBS)
+        return bool(request.user.has_perm(VIEW_JOBS))
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],
                            search_term: str) -> tuple[QuerySet[Any], bool]:
@@ -289,9 +289,10 @@ class CreditTransactionAdmin(ByIds):
     list_filter = ("type",)
     uuid_fields = ("user_id", "job_id")
 
-    @admin.display(description="job")
     def job(self, obj: CreditTransaction) -> Any:
         return _job_link(obj.job_id)
+
+    job.short_description = "job"  # type: ignore[attr-defined]
 
 
 class CreditAnomalyAdmin(ByIds):
@@ -299,9 +300,10 @@ class CreditAnomalyAdmin(ByIds):
     list_filter = ("kind",)
     uuid_fields = ("user_id", "job_id")
 
-    @admin.display(description="job")
     def job(self, obj: CreditAnomaly) -> Any:
         return _job_link(obj.job_id)
+
+    job.short_description = "job"  # type: ignore[attr-defined]
 
 
 class OperatorActionAdmin(ByIds):
@@ -309,9 +311,10 @@ class OperatorActionAdmin(ByIds):
     list_filter = ("action", "via")
     uuid_fields = ("user_id", "job_id")
 
-    @admin.display(description="job")
     def job(self, obj: OperatorAction) -> Any:
         return _job_link(obj.job_id)
+
+    job.short_description = "job"  # type: ignore[attr-defined]
 
 
 admin.site.register(Job, JobAdmin)

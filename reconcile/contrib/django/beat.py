@@ -32,7 +32,7 @@ def expire_seconds(options: dict[str, Any]) -> int | None:
 
 def keep_expires(sender: Any = None, **_: Any) -> None:
     """``beat_init``: store the library's entries with their expiry (DatabaseScheduler only)."""
-    from django_celery_beat.schedulers import DatabaseScheduler
+    from django_celery_beat.schedulers import DatabaseScheduler  # type: ignore[import-untyped]
 
     from ...celery_install import BEAT_ENTRY, POLL_DUE_ENTRY, PRUNE_ENTRY
 
