@@ -1,6 +1,6 @@
 """Internal: the terminal writes — failed, cancelled over a failure, completed, the final cost,
 the settlement (claimed, settled, retried), an operator's re-charge — and the one writer of
-``credit_anomalies``."""
+``credit_anomalies`` (recorded open; closed by the operator action that answers them)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,23 @@ def record_anomaly(session: Session | Connection, *, job_id: uuid.UUID | None,
         session.execute(insert(CreditAnomaly.__table__).values(
             job_id=job_id, user_id=user_id, kind=kind, detail=detail, created_at=now))
     return True
+
+
+def resolve_anomalies(session: Session | Connection, job_id: uuid.UUID, kinds: Any, *,
+                      now: datetime, by: str, action: str) -> int:
+    """Close the job's open anomalies of ``kinds`` (the operator action ``action`` answered
+    them; ``by``: who, through which surface). Returns how many were closed; a closed anomaly
+    is never reopened."""
+    kinds = sorted(kinds)
+    if not kinds:
+        return 0
+    result = session.execute(
+        update(CreditAnomaly.__table__)
+        .where(CreditAnomaly.__table__.c.job_id == job_id,
+               CreditAnomaly.__table__.c.kind.in_(kinds),
+               CreditAnomaly.__table__.c.resolved_at.is_(None))
+        .values(resolved_at=now, resolved_by=redact.text(by)[:200], resolved_action=action))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def mark_failed(session: Session, job_id: uuid.UUID, *, now: datetime, code: str, message: str,
