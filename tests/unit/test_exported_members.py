@@ -144,6 +144,7 @@ EXPORTED = {
         "poll", "poll_due", "prune", "reconcile_job", "reset_runtime", "set_runtime",
         "settle", "sweep",
     },
+    "reconcile.console": {"AUTH_SETTING", "OperatorIdentity", "create_app", "load_authorizer"},
     "reconcile.contrib": set(),
     "reconcile.contrib.django": {
         "database_alias", "database_url", "export_environment", "jobs_migration", "runtime",

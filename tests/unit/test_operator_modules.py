@@ -22,6 +22,7 @@ COMMANDS = {'': ['--database-url', '--version'],
             'adopt': [],
             'adopt report': ['--json', '--rows'],
             'audit': ['--grace-minutes', '--json', '--since'],
+            'console': ['--dev', '--host', '--port'],  # the operator console's server
             'credits': [],
             'credits import': ['--dry-run', '--json', '--only', '--sub-column', '--table',
                                '--topup-column', '--user-column'],
