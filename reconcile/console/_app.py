@@ -230,7 +230,11 @@ class Console:
 
     async def login(self, request: Request) -> Response:
         """``--dev`` only: the one-time token for a session cookie."""
-        session = self.dev.exchange(request.query_params.get("token")) if self.dev else None
+        if self.dev is None:
+            who = await self.identify(request)
+            return who if isinstance(who, Response) else self.refuse(
+                request, 404, "Not found", "No such page.", who)
+        session = self.dev.exchange(request.query_params.get("token"))
         if session is None:
             return self.refuse(request, 403, "Not authorized",
                                "This one-time token is wrong or was used already: restart "
