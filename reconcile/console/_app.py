@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from jinja2 import Environment, PackageLoader
-from markupsafe import Markup
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -75,8 +75,11 @@ def _shown(value: Any) -> Any:
 def _env() -> Environment:
     env = Environment(loader=PackageLoader("reconcile.console", "templates"), autoescape=True,
                       finalize=_shown, trim_blocks=True, lstrip_blocks=True)
-    env.filters["pretty"] = lambda v: json.dumps(redact.value(v), indent=1, ensure_ascii=True,
-                                                 default=str, sort_keys=True)
+    # indented JSON for a <pre>: ensure_ascii leaves no control or bidi character but the
+    # indentation's newlines; escaped here, so the finalize step passes it through
+    env.filters["pretty"] = lambda v: escape(json.dumps(redact.value(v), indent=1,
+                                                        ensure_ascii=True, default=str,
+                                                        sort_keys=True))
     env.filters["label"] = lambda v: str(v).replace("_", " ")
     return env
 
