@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import func, select, true, tuple_
 from sqlalchemy.orm import Session
 
 from .. import jobstore
@@ -139,17 +139,18 @@ def uncertain(rt: Runtime, session: Session, *, now: datetime, limit: int,
 
 
 def _walk_in_flight(rt: Runtime, session: Session, *, now: datetime, limit: int,
-                    after: str | None, filters: Filters, floor: timedelta,
+                    after: str | None, filters: Filters, floor: timedelta, narrow: Any,
                     keep: Any) -> Page:
-    """In-flight rows older than ``floor``, oldest start first, that ``keep(job, since)``
-    accepts (a dict row, or None to skip), read a chunk at a time until the page is full."""
+    """In-flight rows older than ``floor`` that the SQL ``narrow`` admits, oldest start first,
+    that ``keep(job, since)`` accepts (a dict row, or None to skip: the rule itself decides),
+    read a chunk at a time until the page is full."""
     since_col = started().label("started")
     cursor = _uncursor(after)
     rows: list[dict[str, Any]] = []
     chunk = max(4 * limit, 200)
     last: tuple[datetime, uuid.UUID] | None = None
     while True:
-        stmt = select(Job, since_col).where(jobstore.in_flight(), since_col < now - floor)
+        stmt = select(Job, since_col).where(jobstore.in_flight(), since_col < now - floor, narrow)
         stmt = _filtered(stmt, filters, since_col, now)
         if cursor:
             stmt = stmt.where(tuple_(since_col, Job.id) > tuple_(*cursor))
@@ -171,7 +172,12 @@ def stuck(rt: Runtime, session: Session, *, now: datetime, limit: int, after: st
           filters: Filters = Filters()) -> Page:
     """In-flight jobs past their kind's stale threshold (legacy rows: past 5 minutes); with
     ``filters.older_than``, every in-flight job older than that instead."""
+    from ..jobstore.horizon import past_threshold_sql
+    from ..kinds import all_kinds
+
     floor = filters.older_than if filters.older_than is not None else _floor(rt)
+    narrow = true() if filters.older_than is not None else past_threshold_sql(
+        rt.settings, now, all_kinds(), LEGACY_AGE)
 
     def keep(job: Job, since: datetime) -> dict[str, Any] | None:
         limit_ = filters.older_than if filters.older_than is not None else threshold(rt, job)
@@ -185,7 +191,7 @@ def stuck(rt: Runtime, session: Session, *, now: datetime, limit: int, after: st
 
     return _walk_in_flight(rt, session, now=now, limit=limit, after=after,
                            filters=Filters(filters.kind, None, filters.user), floor=floor,
-                           keep=keep)
+                           narrow=narrow, keep=keep)
 
 
 def past_horizon(rt: Runtime, session: Session, *, now: datetime, limit: int,
@@ -193,9 +199,13 @@ def past_horizon(rt: Runtime, session: Session, *, now: datetime, limit: int,
     """In-flight jobs past their exhaustion deadline (``jobstore.horizon``, the one rule): the
     library should have failed them by now. ``uncertain`` jobs (held on purpose) and kinds this
     process does not know have no deadline and are never listed."""
-    from ..jobstore.horizon import exhaustion_deadline
+    from ..jobstore.horizon import exhaustion_deadline, may_be_past_deadline_sql
+    from ..kinds import all_kinds
 
-    floor = max(_floor(rt), filters.older_than or timedelta(0))
+    # no age floor: attempts counted past the maximum move a deadline back before the threshold
+    floor = filters.older_than or timedelta(0)
+    narrow = may_be_past_deadline_sql(rt.settings, now, all_kinds(),
+                                      session.get_bind().dialect.name)
 
     def keep(job: Job, since: datetime) -> dict[str, Any] | None:
         deadline = exhaustion_deadline(rt.settings, job)
@@ -208,7 +218,7 @@ def past_horizon(rt: Runtime, session: Session, *, now: datetime, limit: int,
 
     return _walk_in_flight(rt, session, now=now, limit=limit, after=after,
                            filters=Filters(filters.kind, None, filters.user), floor=floor,
-                           keep=keep)
+                           narrow=narrow, keep=keep)
 
 
 def unsettled(rt: Runtime, session: Session, *, now: datetime, limit: int,

@@ -420,3 +420,49 @@ def test_mounted_under_a_path_links_stay_under_it(world: World) -> None:
     assert f'action="/ops/jobs/{job_id}/resolve_upstream"' in story
     assert c.get("/ops/static/console.css").status_code == 200
 
+
+
+def test_stuck_and_past_horizon_narrow_in_sql_exactly_as_the_rules_decide(world: World) -> None:
+    """The lists' SQL narrowing (``horizon.past_threshold_sql``, ``may_be_past_deadline_sql``)
+    never drops a row the rules keep: over a spread of kinds, ages, attempts, last attempts,
+    claims and states, each list equals the rule applied to every in-flight row in Python."""
+    import itertools
+
+    from reconcile.jobstore.horizon import exhaustion_deadline
+
+    now = world.clock.now
+    kinds = ["kie-standard", "fal-queue", "anthropic-sync", None, "gone-kind"]
+    ages = [timedelta(minutes=m) for m in (1, 7, 25, 70, 130, 300)]
+    for n, (kind, age, attempts, state) in enumerate(itertools.product(
+            kinds, ages, (0, 6, 18, 25), ("accepted", "uncertain", None))):
+        world.platform_row(
+            status="processing", provider_kind=kind, submission_state=state,
+            provider_task_id=f"t-{n}", created_at=now - age, provider_call_started_at=now - age,
+            reconcile_attempts=attempts,
+            reconcile_last_attempt_at=(now - age / 3) if n % 3 == 0 else None,
+            claim_expires_at=(now + timedelta(minutes=n % 20 - 10)) if n % 2 else None)
+    with world.db() as s:
+        every = list(s.execute(select(Job).where(jobstore.in_flight())).scalars())
+        horizon = {j.id for j in every
+                   if (d := exhaustion_deadline(world.rt.settings, j)) is not None and d < now}
+        stuck = {j.id for j in every
+                 if now - (j.provider_call_started_at or j.created_at)
+                 >= queries.threshold(world.rt, j)}
+
+        def listed(read: Any) -> set[uuid.UUID]:
+            got, after = [], None
+            while True:
+                page = read(world.rt, s, now=now, limit=7, after=after)
+                got += [r["id"] for r in page.rows]
+                if page.next is None:
+                    return set(got) if len(got) == len(set(got)) else set()
+                after = page.next
+
+        assert horizon and stuck and horizon != stuck
+        missing = horizon - listed(queries.past_horizon)
+        assert not missing, [(j.provider_kind, j.submission_state, j.reconcile_attempts,
+                              now - j.created_at, j.reconcile_last_attempt_at,
+                              j.claim_expires_at, exhaustion_deadline(world.rt.settings, j))
+                             for j in every if j.id in missing]
+        assert listed(queries.past_horizon) == horizon
+        assert listed(queries.stuck) == stuck
