@@ -7,6 +7,7 @@ keysets; customer strings are escaped; the anomaly an action answers is closed."
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -399,10 +400,51 @@ def test_dev_login_takes_its_token_once(world: World) -> None:
 
 
 def test_the_cli_serves_it_and_dev_is_loopback_only(db: sessionmaker[Session]) -> None:
-    from tests.integration.test_cli import cli
+    """``reconcile console --dev``: a real server on loopback that prints a one-time URL; the
+    URL logs in once; --dev refuses any other address."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from reconcile.testing.processes import free_port
+    from tests.integration.test_cli import cli, url_of
 
     refused = cli(db, "console", "--dev", "--host", "0.0.0.0")
     assert refused.exit_code == 2 and "loopback only" in refused.stderr
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "reconcile", "--database-url", url_of(db),
+                             "console", "--dev", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        (login,) = [ln.strip() for ln in lines if "/login?token=" in ln]
+        assert login.startswith(f"http://127.0.0.1:{port}/login?token="), lines
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as c:
+            for _ in range(100):  # until uvicorn listens
+                try:
+                    assert c.get("/").status_code == 403  # no session yet
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            assert c.get(login).status_code == 303  # to /, with the session cookie
+            assert "console --dev" in c.get("/").text
+        with httpx.Client() as other:
+            assert other.get(login).status_code == 403  # the token worked once
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def test_the_hook_setting_names_a_callable() -> None:
+    from reconcile.console import load_authorizer
+
+    assert load_authorizer("tests.integration.test_console:by_cookie") is by_cookie
+    for bad in ("", "tests.integration.test_console", ":by_cookie",
+                "tests.integration.test_console:nope", "tests.integration.test_console:OPERATORS"):
+        with pytest.raises(ValueError):
+            load_authorizer(bad)
 
 
 def test_mounted_under_a_path_links_stay_under_it(world: World) -> None:
