@@ -56,10 +56,11 @@ def create_app(rt: Runtime | None = None, *, authorize: Callable[[Any], Any] | N
     import os
 
     from ._app import Console, build_app
+    from ._auth import SECRET_SETTING
 
     if rt is None and runtime_factory is None:
         runtime_factory = _runtime_from_settings
-    secret = secret or os.environ.get("RECONCILE_CONSOLE_SECRET") or None
+    secret = secret or os.environ.get(SECRET_SETTING) or None
     return build_app(Console(rt, runtime_factory, authorize, secret, dev))
 
 
