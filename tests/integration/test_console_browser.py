@@ -71,9 +71,16 @@ def browser() -> Iterator[Any]:
                 "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--disable-default-apps", "--disable-extensions"):
         options.add_argument(arg)
-    # the driver's path given: Selenium Manager never runs (nothing is downloaded)
+    # the driver's and the browser's paths given: Selenium Manager is never asked (and offline)
+    offline = os.environ.get("SE_OFFLINE")
     os.environ["SE_OFFLINE"] = "true"
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    finally:
+        if offline is None:
+            os.environ.pop("SE_OFFLINE", None)
+        else:
+            os.environ["SE_OFFLINE"] = offline
     driver.set_page_load_timeout(60)
     try:
         yield driver
