@@ -61,7 +61,7 @@ explore: setup services
 	$(BIN)/python -m reconcile.testing.explorer --preemptions $(or $(PREEMPTIONS),2) --jumps $(or $(JUMPS),1) $(if $(SCENARIO),--scenario $(SCENARIO))
 
 # speed and scale, reported (never asserted): writes bench/results/latest.{json,md} and the
-# PNGs beside them. Every figure is bounded to fit 15 minutes on a loaded 2-core host (≈ 13 min;
+# PNGs beside them. Every figure is bounded to fit 15 minutes on a loaded 2-core host (≈ 14 min;
 # latest.md prints each figure's wall time); `make bench ONLY=fig1,fig6` runs some.
 bench: setup services
 	$(BIN)/python -m pip install -q -e '.[test,bench]'

@@ -44,6 +44,20 @@ ACTIONS = (RESOLVE_UPSTREAM, RESOLVE_NOT_SUBMITTED, FAIL, RETRY_SETTLE, RELEASE_
 #: the surfaces an action comes through (the operator record's ``via``)
 VIA = ("cli", "console", "django-admin")
 REASON_MAX = 2000
+#: the anomaly kinds an action answers: when it changes the job, the job's open anomalies of
+#: these kinds are closed (``resolved_at``/``resolved_by``/``resolved_action``), in the
+#: transaction that writes the operator record. A kind no action answers stays open.
+RESOLVES: dict[str, frozenset[str]] = {
+    # the sweep's "nobody resolved this uncertain submission" note
+    RESOLVE_UPSTREAM: frozenset({"uncertain_unresolved"}),
+    RESOLVE_NOT_SUBMITTED: frozenset({"uncertain_unresolved"}),
+    # a row of a kind this process does not know: failing it is the operator's answer
+    FAIL: frozenset({"unknown_provider_kind"}),
+    # the ledger refused the settlement (or its usage metadata was unusable): it settled now
+    RETRY_SETTLE: frozenset({"ledger_error", "bad_usage_metadata"}),
+    # the release writes its own note: the release is its answer
+    RELEASE_ORPHAN: frozenset({"orphan_released"}),
+}
 
 
 class ActionRefused(Exception):
@@ -300,16 +314,21 @@ _ACT = {FAIL: _fail, RESOLVE_UPSTREAM: _resolve_upstream,
 
 def _record(rt: Runtime, done: Done, operator: Operator, reason: str,
             user_id: uuid.UUID | None) -> None:
-    """The operator record's row for a done action (its own transaction, after the change: a
-    crash in between loses the record, never the change; the job's events hold the change)."""
+    """The operator record's row for a done action, and the closing of the job's open anomalies
+    the action answers (:data:`RESOLVES`), in their own transaction after the change: a crash
+    in between loses the record, never the change; the job's events hold the change."""
     from .core import redact
 
     try:
         with rt.sessions.begin() as session:
+            now = rt.now()
             session.execute(insert(table_of(OperatorAction)).values(
-                created_at=rt.now(), operator=redact.text(operator.identity)[:200],
+                created_at=now, operator=redact.text(operator.identity)[:200],
                 via=operator.via, action=done.action, job_id=done.job_id, user_id=user_id,
                 reason=reason, detail=redact.value(done.detail) or None))
+            jobstore.resolve_anomalies(session, done.job_id, RESOLVES.get(done.action, ()),
+                                       now=now, by=f"{operator.identity} via {operator.via}",
+                                       action=done.action)
     except Exception:  # the change is made; a lost record is logged, never raised
         log.exception("operator_record_failed job_id=%s action=%s", done.job_id, done.action)
     log.info("operator_action job_id=%s action=%s via=%s operator=%s", done.job_id, done.action,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Check — and where this machine allows, start — the services the test suite needs:
-# PostgreSQL (127.0.0.1:5432, trust auth), Redis (127.0.0.1:6379), RabbitMQ (127.0.0.1:5672).
+# PostgreSQL (127.0.0.1:5432, trust auth), Redis (127.0.0.1:6379), RabbitMQ (127.0.0.1:5672),
+# and the headless browser the operator console's tests drive (Debian's chromium + chromium-driver).
 # A service that cannot be brought up fails the run (exit 1); nothing is ever skipped.
 set -uo pipefail
 REDIS_PORT="${REDIS_PORT:-6379}"
@@ -52,5 +53,16 @@ if ! rabbit_up; then
   for _ in $(seq 1 60); do rabbit_up && break; sleep 1; done
 fi
 if rabbit_up; then echo "services: RabbitMQ ok"; else echo "services: RabbitMQ is NOT reachable on 127.0.0.1:5672"; fail=1; fi
+
+# --- Chromium and its driver (the operator console's browser tests; Selenium is pointed at
+# /usr/bin/chromedriver, so nothing ever downloads a browser)
+browser_ok() { { command -v chromium >/dev/null || command -v chromium-browser >/dev/null; } \
+  && [ -x /usr/bin/chromedriver ]; }
+browser_ok || apt_install chromium chromium-driver
+if browser_ok; then
+  echo "services: Chromium ok ($( (chromium --version || chromium-browser --version) 2>/dev/null | head -1))"
+else
+  echo "services: Chromium and /usr/bin/chromedriver are NOT installed (apt: chromium chromium-driver)"; fail=1
+fi
 
 exit $fail

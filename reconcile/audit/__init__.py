@@ -60,7 +60,9 @@ touched users scans the transactions' ``created_at``, which has no index; past
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -69,10 +71,11 @@ from ..settings import Settings
 from ..settlement import DEFAULT_POLICY, SettlementPolicy
 from ._base import INCREMENTAL_MAX_USERS, Discrepancy, _Audit, touched_users, touched_users_query
 from ._jobs import _in_flight, _jobs
-from ._ledger import _lots, _transactions, _users
+from ._ledger import _lots, _transactions, _users, identity
 from ._rows import _job_rows
 
-__all__ = ["INCREMENTAL_MAX_USERS", "Discrepancy", "run", "touched_users", "touched_users_query"]
+__all__ = ["INCREMENTAL_MAX_USERS", "Discrepancy", "run", "touched_users", "touched_users_query",
+           "user_identity"]
 
 
 def run(session: Session, *, now: datetime, grace: timedelta = timedelta(minutes=10),
@@ -103,3 +106,13 @@ def run(session: Session, *, now: datetime, grace: timedelta = timedelta(minutes
     for check in (_transactions, _lots, _users, _jobs, _in_flight, _job_rows):
         check(a)
     return a.found
+
+
+def user_identity(session: Session, user_id: uuid.UUID, *, now: datetime) -> dict[str, Any] | None:
+    """One user's per-user identity, as the audit checks it (the same statement, scoped to the
+    user): per pool, balance = Σ open lots and what the lots gave up = Σ USAGE; granted =
+    balance + held + committed. The figures, and ``findings``: the discrepancies the audit
+    reports for the user (empty: the identity holds). None: the ledger has nothing of the user."""
+    a = _Audit(session, now, timedelta(minutes=10), Settings.model_construct(), None)
+    a.users = [user_id]
+    return identity(a)

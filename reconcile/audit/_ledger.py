@@ -95,7 +95,10 @@ def _missing_lots(a: _Audit) -> None:
 
 
 
-def _users(a: _Audit) -> None:
+def _user_figures(a: _Audit) -> tuple[Any, Any]:
+    """Each user's figures, per pool (balance, open lots, what the lots gave up, USAGE taken,
+    held, granted, committed) and the condition that the user's identities fail: the one
+    statement of the per-user checks, which :func:`identity` also reads for one user."""
     usage_like = T.c.type == "USAGE"
     ut = a.scoped(select(
         T.c.user_id,
@@ -131,12 +134,30 @@ def _users(a: _Audit) -> None:
                    held.label("held"), granted.label("granted"), committed.label("committed"),
                    balance.label("balance"), has_any.label("has_any"))
             .select_from(everyone.outerjoin(B, B.c.user_id == au).outerjoin(ut, ut.c.user_id == au)
-                         .outerjoin(lt, lt.c.user_id == au).outerjoin(ht, ht.c.user_id == au))
-            .where(or_(and_(B.c.user_id.is_(None), has_any), B.c.sub != rem_s, B.c.topup != rem_t,
-                       B.c.sub < 0, B.c.topup < 0, gave_s != used_s, gave_t != used_t,
-                       granted != balance + held + committed)))
-    for r in a.session.execute(stmt):
+                         .outerjoin(lt, lt.c.user_id == au).outerjoin(ht, ht.c.user_id == au)))
+    failing = or_(and_(B.c.user_id.is_(None), has_any), B.c.sub != rem_s, B.c.topup != rem_t,
+                  B.c.sub < 0, B.c.topup < 0, gave_s != used_s, gave_t != used_t,
+                  granted != balance + held + committed)
+    return stmt, failing
+
+
+def _users(a: _Audit) -> None:
+    stmt, failing = _user_figures(a)
+    for r in a.session.execute(stmt.where(failing)):
         _user_row(a, r)
+
+
+def identity(a: _Audit) -> dict[str, Any] | None:
+    """The per-user identity of the one user ``a`` is scoped to (``a.users``): its figures per
+    pool, and what the checks of :func:`_users` find for it (an empty list: it holds). None: the
+    ledger has nothing of that user."""
+    stmt, _ = _user_figures(a)
+    row = a.session.execute(stmt).first()
+    if row is None:
+        return None
+    found_before = len(a.found)
+    _user_row(a, row)
+    return {**row._asdict(), "findings": a.found[found_before:]}
 
 
 def _user_row(a: _Audit, r: Any) -> None:

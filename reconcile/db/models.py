@@ -47,6 +47,9 @@ BIGID = BigInteger().with_variant(Integer, "sqlite")
 IN_FLIGHT = text("status IN ('pending', 'processing')")
 POLL_DUE = "status IN ('pending', 'processing') AND poll_due_at IS NOT NULL"
 COMPLETED_AFTER_FAILURE = "status = 'completed' AND error_code IS NOT NULL"
+# in flight with an unknown outcome (the console's uncertain list; migration 0025)
+UNKNOWN_OUTCOME_IN_FLIGHT = ("status IN ('pending', 'processing') "
+                             "AND submission_state IN ('submitting', 'uncertain')")
 
 
 class Base(DeclarativeBase):
@@ -134,6 +137,14 @@ class Job(Base):
         Index("jobs_completed_after_failure_idx", "completed_at",
               postgresql_where=text(COMPLETED_AFTER_FAILURE),
               sqlite_where=text(COMPLETED_AFTER_FAILURE)),
+        # the console (migration 0025): uncertain submissions oldest first, keyset (created_at,
+        # id); completed rows by completion time (the health page's last day)
+        Index("jobs_uncertain_idx", "created_at", "id",
+              postgresql_where=text(UNKNOWN_OUTCOME_IN_FLIGHT),
+              sqlite_where=text(UNKNOWN_OUTCOME_IN_FLIGHT)),
+        Index("jobs_completed_at_idx", "completed_at",
+              postgresql_where=text("status = 'completed'"),
+              sqlite_where=text("status = 'completed'")),
     )
 
 
@@ -262,6 +273,12 @@ class CreditTransaction(Base):
     from_topup: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=func.now())
 
+    __table_args__ = (
+        # refunds per hour (the console's health page; migration 0025)
+        Index("reconcile_credit_transactions_refund_idx", "created_at",
+              postgresql_where=text("type = 'REFUND'"), sqlite_where=text("type = 'REFUND'")),
+    )
+
 
 # ----------------------------------------------------------------------------- evidence & outputs
 
@@ -307,6 +324,17 @@ class CreditAnomaly(Base):
     kind: Mapped[str] = mapped_column(Text)
     detail: Mapped[Any | None] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, server_default=func.now())
+    # open (NULL) until the operator action that answers it closes it (reconcile.operator;
+    # migration 0025): when, who (identity via surface), which action
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    resolved_by: Mapped[str | None] = mapped_column(Text)
+    resolved_action: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        Index("reconcile_credit_anomalies_open_idx", "id",
+              postgresql_where=text("resolved_at IS NULL"),
+              sqlite_where=text("resolved_at IS NULL")),
+    )
 
 
 class JobEvent(Base):

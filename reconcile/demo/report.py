@@ -53,6 +53,27 @@ def show_uncertain(setup: Setup, uncertain_ids: list[uuid.UUID], say: Printer) -
             f"  since {job.provider_call_started_at:%H:%M:%S}{mine}", stamp=False)
 
 
+CONSOLE_PORT = 8800  # reconcile console's default port
+
+
+def show_console(setup: Setup, uncertain_ids: list[uuid.UUID], say: Printer) -> None:
+    """Where to see this run in the operator console: its ``--dev`` server on this run's
+    database, and the example platform's mount at ``/ops``."""
+    import shlex
+
+    from ..core.redact import database_url
+
+    url = database_url(setup.database_url)
+    say("operator console: the uncertain job's story, its evidence and the resolve form:",
+        stamp=False)
+    say(f"  $ reconcile --database-url {shlex.quote(url)} console --dev", stamp=False)
+    say(f"  then open the one-time URL it prints (http://127.0.0.1:{CONSOLE_PORT}/login?token=…)"
+        + "".join(f"\n  and http://127.0.0.1:{CONSOLE_PORT}/jobs/{job_id}"
+                  for job_id in uncertain_ids), stamp=False)
+    say("  the example platform (examples/platform) mounts it at http://127.0.0.1:8000/ops/ "
+        "behind its demo hook (GET /ops-login?as=ops@acme.test)", stamp=False)
+
+
 @dataclass
 class Row:
     job_id: uuid.UUID

@@ -44,7 +44,7 @@ from .processes import (
     wipe,
     worker_argv,
 )
-from .report import report, show_uncertain
+from .report import report, show_console, show_uncertain
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
                 story.sync_rcs[name] = proc.poll()
 
         show_uncertain(setup, uncertain_ids, say)
+        show_console(setup, uncertain_ids, say)
         failures = report(rt, sim, story, sweeper, say)
         took = say.elapsed()
         say(f"took {took:.1f} s")

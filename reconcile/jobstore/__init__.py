@@ -67,6 +67,7 @@ from .predicates import (
     settlement_due,
     settlement_pending,
     uncertain_expired,
+    unknown_outcome_in_flight,
 )
 from .terminal import (
     cancelled_over_failure,
@@ -76,6 +77,7 @@ from .terminal import (
     record_anomaly,
     record_cost,
     record_recharge,
+    resolve_anomalies,
     settle_failed,
     settled,
 )
@@ -88,8 +90,8 @@ __all__ = [
     "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",
     "make_due", "make_due_at", "mark_completed", "mark_failed", "mark_platform_call",
     "mark_uncertain", "note_error", "platform_row_uncalled", "record_anomaly", "record_cost", "record_recharge",
-    "release_rate_limited", "reschedule_claimed", "save_task_id", "set_progress", "settle_failed",
+    "release_rate_limited", "resolve_anomalies", "reschedule_claimed", "save_task_id", "set_progress", "settle_failed",
     "settled", "settlement_due", "settlement_pending", "start_new_chain", "take_poll_turn",
-    "uncertain_expired",
+    "uncertain_expired", "unknown_outcome_in_flight",
     "is_outcome_unknown", "must_settle", "outcome_known",
 ]

@@ -7,6 +7,10 @@ per ``ATTEMPT_SPACING``, and at ``MAX_ATTEMPTS`` it is exhausted (failed). A syn
 attempts: it may be failed once past its threshold and the claim its call holds. Every
 duration is scaled by ``TIME_SCALE``.
 
+For a query over many rows, :func:`past_threshold_sql` and :func:`may_be_past_deadline_sql` are
+the rules' SQL twins (the operator lists' WHERE): the first exact, the second a necessary
+condition that narrows the rows :func:`exhaustion_deadline` then decides.
+
 Callers: the poll chain (:func:`past_threshold`, :func:`exhausted`); the sweep's table and
 executor (the same two, and :func:`call_deadline` for a call with no upstream handle); the
 audit's in-flight horizon, the create step's rate-limit wait (capped below it) and the chaos
@@ -17,6 +21,7 @@ never the database.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,7 +30,7 @@ from ..states import ATTEMPT_SPACING, MAX_ATTEMPTS, Submission
 
 __all__ = [
     "attempts_from", "call_deadline", "exhausted", "exhaustion_deadline", "job_start",
-    "kind_horizon", "past_threshold",
+    "kind_horizon", "may_be_past_deadline_sql", "past_threshold", "past_threshold_sql",
 ]
 
 
@@ -89,3 +94,64 @@ def exhaustion_deadline(settings: Any, job: Any) -> datetime | None:
         base = max(base, last)
     spacing: timedelta = settings.scaled(ATTEMPT_SPACING)
     return base + spacing * (MAX_ATTEMPTS - (job.reconcile_attempts or 0))
+
+
+def _start_sql() -> Any:
+    from sqlalchemy import func
+
+    from ..db.models import Job
+
+    return func.coalesce(Job.provider_call_started_at, Job.started_at, Job.created_at)
+
+
+def past_threshold_sql(settings: Any, now: datetime, kinds: Sequence[Kind],
+                       other: timedelta) -> Any:
+    """SQL: :func:`past_threshold` over rows — the row's start (:func:`job_start`) is at least
+    its kind's scaled stale threshold before ``now``; a row of no kind, or of a kind not among
+    ``kinds``, by the scaled ``other``. The cut-offs are computed here and bound as times, so
+    the expression is the same on PostgreSQL and SQLite."""
+    from sqlalchemy import case, literal
+
+    from ..db.models import Job
+    from ..db.types import UTCDateTime
+
+    def cutoff(threshold: timedelta) -> Any:
+        return literal(now - settings.scaled(threshold), UTCDateTime())
+
+    by_kind = {k.name: cutoff(k.stale_threshold) for k in kinds}
+    limit = case(by_kind, value=Job.provider_kind, else_=cutoff(other)) if by_kind \
+        else cutoff(other)
+    return _start_sql() <= limit
+
+
+def may_be_past_deadline_sql(settings: Any, now: datetime, kinds: Sequence[Kind],
+                             dialect: str) -> Any:
+    """SQL: a necessary condition of ``exhaustion_deadline(job) < now`` — a row of one of
+    ``kinds`` (an unknown kind has no deadline), not ``uncertain``, whose deadline's lower bound
+    has passed: its start + its kind's threshold, and for an async kind + the spacings its
+    attempts have left (the deadline counts from its last attempt when later, so it is never
+    earlier). Rows it keeps are decided by :func:`exhaustion_deadline`. SQLite has no interval
+    arithmetic: there the bound is the threshold alone (looser, still necessary but for an
+    async row counted past ``MAX_ATTEMPTS``, which it keeps too)."""
+    from sqlalchemy import Interval, and_, case, literal, or_
+
+    from ..db.models import Job
+
+    known = [k.name for k in kinds]
+    not_uncertain = or_(Job.submission_state.is_(None),
+                        Job.submission_state != Submission.UNCERTAIN.value)
+    if dialect != "postgresql":
+        return and_(Job.provider_kind.in_(known), not_uncertain,
+                    or_(past_threshold_sql(settings, now, kinds, timedelta(0)),
+                        Job.reconcile_attempts > MAX_ATTEMPTS))
+
+    def span(value: timedelta) -> Any:
+        return literal(value, Interval())
+
+    threshold = case({k.name: span(settings.scaled(k.stale_threshold)) for k in kinds},
+                     value=Job.provider_kind, else_=span(timedelta(0)))
+    spacing = span(settings.scaled(ATTEMPT_SPACING))
+    tail = case((Job.provider_kind.in_([k.name for k in kinds if not k.sync]),
+                 spacing * (MAX_ATTEMPTS - Job.reconcile_attempts)), else_=span(timedelta(0)))
+    return and_(Job.provider_kind.in_(known), not_uncertain,
+                _start_sql() + threshold + tail < literal(now))

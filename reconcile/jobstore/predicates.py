@@ -28,10 +28,20 @@ _UNSETTLED_SQL = text("jobs.status IN ('failed', 'cancelled')")
 
 _SETTLED_STATES = (Status.FAILED, Status.CANCELLED)
 
+# jobs_uncertain_idx's predicate (migration 0025, models.UNKNOWN_OUTCOME_IN_FLIGHT), literal
+_UNKNOWN_OUTCOME_SQL = text("jobs.submission_state IN ('submitting', 'uncertain')")
+
 
 def in_flight() -> Any:
     """SQL: the job is pending or processing (the in-flight partial indexes' predicate)."""
     return _IN_FLIGHT_SQL
+
+
+def unknown_outcome_in_flight() -> Any:
+    """SQL: in flight with a submission whose outcome may be unknown (``submitting`` or
+    ``uncertain``), as the literal text of ``jobs_uncertain_idx``'s predicate; narrow it with
+    :func:`uncertain_expired` (a live claim is a create in progress, not unknown)."""
+    return and_(_IN_FLIGHT_SQL, _UNKNOWN_OUTCOME_SQL)
 
 
 def settlement_pending() -> Any:

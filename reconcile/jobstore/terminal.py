@@ -1,6 +1,6 @@
 """Internal: the terminal writes — failed, cancelled over a failure, completed, the final cost,
 the settlement (claimed, settled, retried), an operator's re-charge — and the one writer of
-``credit_anomalies``."""
+``credit_anomalies`` (recorded open; closed by the operator action that answers them)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,22 @@ def record_anomaly(session: Session | Connection, *, job_id: uuid.UUID | None,
         session.execute(insert(table_of(CreditAnomaly)).values(
             job_id=job_id, user_id=user_id, kind=kind, detail=detail, created_at=now))
     return True
+
+
+def resolve_anomalies(session: Session | Connection, job_id: uuid.UUID, kinds: Any, *,
+                      now: datetime, by: str, action: str) -> int:
+    """Close the job's open anomalies of ``kinds`` (the operator action ``action`` answered
+    them; ``by``: who, through which surface). Returns how many were closed; a closed anomaly
+    is never reopened."""
+    kinds = sorted(kinds)
+    if not kinds:
+        return 0
+    table = table_of(CreditAnomaly)
+    result = session.execute(
+        update(table)
+        .where(table.c.job_id == job_id, table.c.kind.in_(kinds), table.c.resolved_at.is_(None))
+        .values(resolved_at=now, resolved_by=redact.text(by)[:200], resolved_action=action))
+    return rowcount(result)
 
 
 def mark_failed(session: Session, job_id: uuid.UUID, *, now: datetime, code: str, message: str,

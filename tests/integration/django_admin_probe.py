@@ -34,8 +34,9 @@ def text(response) -> str:
 
 
 out: dict = {"pages": {}}
-for name in ("job", "inflightjob", "stuckjob", "uncertainjob", "unsettledjob", "creditbalance",
-             "creditlot", "credittransaction", "creditanomaly", "operatoraction"):
+for name in ("job", "inflightjob", "stuckjob", "pasthorizonjob", "uncertainjob", "unsettledjob",
+             "creditbalance", "creditlot", "credittransaction", "creditanomaly",
+             "creditanomaly/?state=open", "operatoraction"):
     r = ann.get(f"/admin/reconcile/{name}/")
     out["pages"][name] = [r.status_code, job in text(r)]
 out["filters"] = [job in text(ann.get(f"/admin/reconcile/job/?status={status}&provider_kind=kie-standard"))

@@ -562,3 +562,30 @@ def test_oversized_bodies_are_refused_before_they_are_read(
     finally:
         platform.http.close()
         platform.procs[0].stop()
+
+
+def test_the_operator_console_is_mounted_at_ops_behind_the_demo_hook(
+        acme_db: str, acme_engine: Engine, simulator: Simulator, tmp_path: Path) -> None:
+    """acme mounts the library's console at /ops: its demo hook vouches for acme's listed
+    operators only (a stranger, or no operator: 403); the read-only viewer sees no form; the
+    browser login sets the operator cookie; the links stay under /ops."""
+    job_id = _running_jobs(acme_engine, [uuid.uuid4()])[0]
+    platform = _gateway_only(acme_db, simulator, tmp_path)
+    try:
+        assert platform.http.get("/ops/").status_code == 403
+        assert platform.http.get("/ops/", headers={"X-Operator": "mallory"}).status_code == 403
+        ops = platform.http.get("/ops/", headers={"X-Operator": "ops@acme.test"})
+        assert ops.status_code == 200 and "ops@acme.test · can act" in ops.text
+        assert 'href="/ops/static/console.css"' in ops.text
+        story = platform.http.get(f"/ops/jobs/{job_id}", headers={"X-Operator": "ops@acme.test"})
+        assert story.status_code == 200 and f'action="/ops/jobs/{job_id}/fail"' in story.text
+        viewer = platform.http.get(f"/ops/jobs/{job_id}",
+                                   headers={"X-Operator": "viewer@acme.test"})
+        assert viewer.status_code == 200 and "<form method=\"post\"" not in viewer.text
+        login = platform.http.get("/ops-login?as=viewer@acme.test", follow_redirects=False)
+        assert login.status_code == 303 and login.headers["location"] == "/ops/"
+        assert "samesite=strict" in login.headers["set-cookie"].lower()
+        assert platform.http.get("/ops-login?as=mallory").status_code == 403
+    finally:
+        platform.http.close()
+        platform.procs[0].stop()

@@ -60,7 +60,10 @@ def _checkout_modules() -> set[str]:
     package = ROOT / "reconcile"
     found = {p.relative_to(ROOT).as_posix() for p in package.rglob("*.py")
              if "__pycache__" not in p.parts}
-    return found | {"reconcile/py.typed", "reconcile/migrations/script.py.mako"}
+    console = {p.relative_to(ROOT).as_posix()
+               for folder in ("templates", "static")
+               for p in (package / "console" / folder).iterdir() if p.is_file()}
+    return found | console | {"reconcile/py.typed", "reconcile/migrations/script.py.mako"}
 
 
 def _wheel_modules(wheel: Path) -> set[str]:

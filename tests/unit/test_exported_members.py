@@ -144,6 +144,7 @@ EXPORTED = {
         "poll", "poll_due", "prune", "reconcile_job", "reset_runtime", "set_runtime",
         "settle", "sweep",
     },
+    "reconcile.console": {"AUTH_SETTING", "OperatorIdentity", "create_app", "load_authorizer"},
     "reconcile.contrib": set(),
     "reconcile.contrib.django": {
         "close_connections", "database_alias", "database_url", "eager", "export_environment",
@@ -202,6 +203,7 @@ NOT_EXPORTED = {
     },
     "reconcile.db.models": {
         "BIGID", "COMPLETED_AFTER_FAILURE", "IN_FLIGHT", "IdempotencyKey", "NAMING",
+        "UNKNOWN_OUTCOME_IN_FLIGHT",
         "POLL_DUE", "UsageLogId",
     },
     "reconcile.db.session": {"SQLITE_BUSY_TIMEOUT_MS"},
@@ -216,7 +218,8 @@ NOT_EXPORTED = {
         "poll_lease", "usable_task_id",
     },
     "reconcile.operator": {
-        "FAIL", "REASON_MAX", "RELEASE_ORPHAN", "RESOLVE_NOT_SUBMITTED", "RESOLVE_UPSTREAM",
+        "FAIL", "REASON_MAX", "RELEASE_ORPHAN", "RESOLVES", "RESOLVE_NOT_SUBMITTED",
+        "RESOLVE_UPSTREAM",
         "RETRY_SETTLE", "VIA",
     },
     "reconcile.orchestrator": {"mark_node_timed_out"},

@@ -57,6 +57,8 @@ LAYERS = {
     "reconcile.api": EDGE, "reconcile.webhook_ingest": EDGE,
     # 11 ops: the operator command (its reports, metrics), the package facade (install)
     "reconcile": OPS, "reconcile.ops": OPS, "reconcile.cli": OPS, "reconcile.__main__": OPS,
+    # the operator console: a mountable ASGI app over the operator reads and actions
+    "reconcile.console": OPS,
     # the Django integration: settings from Django's, the CLI as a management command
     "reconcile.contrib": OPS,
     # 12 testing: simulator, fixtures, chaos, explorer;  13 demo

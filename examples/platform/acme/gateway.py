@@ -10,6 +10,7 @@ Each route is a thin call into :mod:`reconcile.api`, whose ``(status, body)`` is
                                        | 429 TOO_MANY_STREAMS
     GET  /api/v1/credits               balance and ledger history
     POST /webhooks/{provider}          provider callbacks (signature-checked by the library) | 413
+    GET  /ops/                         the library's operator console (acme.ops: a demo hook)
 
 The library's calls are blocking: the short routes are plain ``def`` endpoints, or await the
 call in a worker thread (``run_in_threadpool``: AnyIO's 40 worker threads), so the library's
@@ -50,11 +51,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from reconcile import api
+from reconcile.console import create_app as operator_console
 from reconcile.db.models import CreditBalance
 from reconcile.errors import InvalidParam
 from reconcile.webhook_ingest import BodyRefused, CappedBody, handle_webhook
 
-from . import celery_app  # noqa: F401 - installs the library into acme's Celery app
+from . import celery_app, ops  # noqa: F401 - celery_app installs the library into acme's app
 from .catalog import allowed_model
 from .runtime import build
 from .settings import DEFAULT_PRICE, PRICES
@@ -261,3 +263,8 @@ async def _confirm_after(deferred: list[Callable[[], api.Response]]) -> None:
 @app.get("/healthz")
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
+
+
+# the operator console: the library's pages and actions, behind acme's (demo) authorization hook
+app.mount("/ops", operator_console(rt, authorize=ops.authorize))
+app.add_api_route("/ops-login", ops.login, methods=["GET"], include_in_schema=False)

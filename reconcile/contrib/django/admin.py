@@ -1,10 +1,11 @@
 """Internal: the Django admin of the library's tables, read-only.
 
-Lists: every job, the jobs in flight, stuck, uncertain and unsettled (each job with its events
-inline), balances, credit lots, ledger transactions, anomalies and the operator record. Nobody
-may add, change or delete a row here (the library's lifecycle is the only writer of its rows).
-Which jobs a list holds is the library's own rule: the ``reconcile stuck`` / ``uncertain`` /
-``unsettled`` listings (``reconcile.ops.listings``), never a copy of it.
+Lists: every job, the jobs in flight, stuck, past their horizon, uncertain and unsettled (each
+job with its events inline), balances, credit lots, ledger transactions, anomalies (open or
+resolved) and the operator record. Nobody may add, change or delete a row here (the library's
+lifecycle is the only writer of its rows). Which jobs a list holds is the library's own rule:
+the operator reads of ``reconcile.ops.queries`` that the ``reconcile`` CLI and the console
+list, never a copy of it.
 
 Staff with ``reconcile.act_on_jobs`` get an "Act on this job" page: resolve an uncertain
 submission with its upstream id or as not submitted, fail a job, retry a settlement. Each
@@ -39,6 +40,7 @@ from .models import (
     Job,
     JobEvent,
     OperatorAction,
+    PastHorizonJob,
     StuckJob,
     UncertainJob,
     UnsettledJob,
@@ -251,16 +253,23 @@ class _Listed(JobAdmin):
 
 class StuckJobAdmin(_Listed):
     def listed(self, rt: Any, session: Any) -> list[dict[str, Any]]:
-        from ...ops.listings import stuck_rows
+        from ...ops import queries
 
-        return stuck_rows(rt, session, now=rt.now(), limit=LIST_LIMIT)
+        return queries.stuck(rt, session, now=rt.now(), limit=LIST_LIMIT).rows
+
+
+class PastHorizonJobAdmin(_Listed):
+    def listed(self, rt: Any, session: Any) -> list[dict[str, Any]]:
+        from ...ops import queries
+
+        return queries.past_horizon(rt, session, now=rt.now(), limit=LIST_LIMIT).rows
 
 
 class UncertainJobAdmin(_Listed):
     def listed(self, rt: Any, session: Any) -> list[dict[str, Any]]:
-        from ...ops.listings import uncertain_rows
+        from ...ops import queries
 
-        return uncertain_rows(rt, session, now=rt.now(), limit=LIST_LIMIT)
+        return queries.uncertain(rt, session, now=rt.now(), limit=LIST_LIMIT).rows
 
 
 class UnsettledJobAdmin(_Listed):
@@ -268,9 +277,9 @@ class UnsettledJobAdmin(_Listed):
                     "settle_attempts")
 
     def listed(self, rt: Any, session: Any) -> list[dict[str, Any]]:
-        from ...ops.listings import unsettled_rows
+        from ...ops import queries
 
-        return unsettled_rows(rt, session, now=rt.now(), limit=LIST_LIMIT)
+        return queries.unsettled(rt, session, now=rt.now(), limit=LIST_LIMIT).rows
 
 
 class CreditBalanceAdmin(ByIds):
@@ -295,9 +304,25 @@ class CreditTransactionAdmin(ByIds):
     job.short_description = "job"  # type: ignore[attr-defined]
 
 
+class OpenFilter(admin.SimpleListFilter):
+    """Open anomalies (no operator action answered them yet) or resolved ones."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("open", "open"), ("resolved", "resolved")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() in ("open", "resolved"):
+            return queryset.filter(resolved_at__isnull=self.value() == "open")
+        return queryset
+
+
 class CreditAnomalyAdmin(ByIds):
-    list_display = ("id", "kind", "job", "user_id", "created_at", "detail")
-    list_filter = ("kind",)
+    list_display = ("id", "kind", "job", "user_id", "created_at", "resolved_at", "resolved_by",
+                    "resolved_action", "detail")
+    list_filter = (OpenFilter, "kind")
     uuid_fields = ("user_id", "job_id")
 
     def job(self, obj: CreditAnomaly) -> Any:
@@ -320,6 +345,7 @@ class OperatorActionAdmin(ByIds):
 admin.site.register(Job, JobAdmin)
 admin.site.register(InFlightJob, InFlightJobAdmin)
 admin.site.register(StuckJob, StuckJobAdmin)
+admin.site.register(PastHorizonJob, PastHorizonJobAdmin)
 admin.site.register(UncertainJob, UncertainJobAdmin)
 admin.site.register(UnsettledJob, UnsettledJobAdmin)
 admin.site.register(CreditBalance, CreditBalanceAdmin)

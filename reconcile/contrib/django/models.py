@@ -5,8 +5,8 @@ own revisions do, ``migrations/0001_library.py``), and ``manage.py flush`` leave
 :class:`Job` reads the platform's ``jobs`` table under its own name in this app (label
 ``reconcile``), so it never clashes with the platform's own ``Job`` model; it maps only the
 columns the table contract guarantees (``reconcile.db.contract``: the platform's required ones
-and the library's own). The proxies are the operator lists (in flight, stuck, uncertain,
-unsettled); which rows each holds is the library's own query (``admin.py``).
+and the library's own). The proxies are the operator lists (in flight, stuck, past their
+horizon, uncertain, unsettled); which rows each holds is the library's own query (``admin.py``).
 
 Permissions: ``reconcile.view_job`` lets staff read every job list; the other tables have their
 own ``view_*``. ``reconcile.act_on_jobs`` lets a user run the operator actions
@@ -72,6 +72,14 @@ class StuckJob(Job):
         proxy = True
         default_permissions = ()
         verbose_name = "stuck job"
+
+
+class PastHorizonJob(Job):
+    class Meta:
+        proxy = True
+        default_permissions = ()
+        verbose_name = "job past its horizon"
+        verbose_name_plural = "jobs past their horizon"
 
 
 class UncertainJob(Job):
@@ -162,6 +170,10 @@ class CreditAnomaly(models.Model):
     kind = models.TextField()
     detail = models.JSONField(null=True)
     created_at = models.DateTimeField()
+    # closed by the operator action that answers it (reconcile.operator): when, who, which
+    resolved_at = models.DateTimeField(null=True)
+    resolved_by = models.TextField(null=True)
+    resolved_action = models.TextField(null=True)
 
     class Meta:
         managed = False

@@ -21,6 +21,9 @@ class Migration(migrations.Migration):
                 ('kind', models.TextField()),
                 ('detail', models.JSONField(null=True)),
                 ('created_at', models.DateTimeField()),
+                ('resolved_at', models.DateTimeField(null=True)),
+                ('resolved_by', models.TextField(null=True)),
+                ('resolved_action', models.TextField(null=True)),
             ],
             options={
                 'verbose_name_plural': 'credit anomalies',
@@ -164,6 +167,20 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'job in flight',
                 'verbose_name_plural': 'jobs in flight',
+                'proxy': True,
+                'default_permissions': (),
+                'indexes': [],
+                'constraints': [],
+            },
+            bases=('reconcile.job',),
+        ),
+        migrations.CreateModel(
+            name='PastHorizonJob',
+            fields=[
+            ],
+            options={
+                'verbose_name': 'job past its horizon',
+                'verbose_name_plural': 'jobs past their horizon',
                 'proxy': True,
                 'default_permissions': (),
                 'indexes': [],
