@@ -20,12 +20,13 @@ from .core.redact import remember_secrets
 from .settlement import SettlementPolicy
 
 __all__ = [
-    "DEFAULT_SQLITE_URL", "LegacySweep", "PollMode", "Settings", "get_settings",
+    "DEFAULT_SQLITE_URL", "LegacySweep", "PollMode", "QueueLayout", "Settings", "get_settings",
 ]
 
 DEFAULT_SQLITE_URL = "sqlite:///reconcile.db"
 LegacySweep = Literal["observe", "enforce", "off"]
 PollMode = Literal["chain", "batch"]
+QueueLayout = Literal["split", "single"]
 
 
 def _share(value: object) -> Fraction:
@@ -134,6 +135,11 @@ class Settings(BaseSettings):
     # re-enqueues itself at the queue's tail, so create messages queued meanwhile wait at most
     # about this long for a pool process
     poll_batch_time_budget: float = Field(default=5.0, gt=0)
+    # "split": creates, polls and the sweep on queues of their own (reconcile.create,
+    # reconcile.poll, reconcile.sweep; the rest on reconcile), so a burst of submissions never
+    # delays the in-flight jobs' reads; "single": every task but the sweep on reconcile (the
+    # layout before the split; for a rolling upgrade whose old workers consume only reconcile)
+    queue_layout: QueueLayout = "split"
     time_scale: float = 1.0
     # retention (`reconcile prune`, and the beat's prune entry when either is set); None: keep
     job_events_retention_days: float | None = None
@@ -177,7 +183,7 @@ class Settings(BaseSettings):
             return "enforce" if value.strip().lower() in ("true", "1") else "off"
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("poll_mode", mode="before")
+    @field_validator("poll_mode", "queue_layout", mode="before")
     @classmethod
     def _poll_mode(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value

@@ -32,9 +32,10 @@ EXPORTED = {
     },
     "reconcile.celery_app": {"app"},
     "reconcile.celery_install": {
-        "BEAT_ENTRY", "POLL_DUE_ENTRY", "PRUNE_ENTRY", "QUEUE", "SWEEP_QUEUE",
-        "SWEEP_TASK", "SettingConflict", "check_broker_limits", "check_settings",
-        "connect_worker_checks", "fresh_engines", "install", "installed_app", "library_settings",
+        "BEAT_ENTRY", "CREATE_QUEUE", "POLL_DUE_ENTRY", "POLL_QUEUE", "PRUNE_ENTRY", "QUEUE",
+        "QUEUES", "SWEEP_QUEUE", "SWEEP_TASK", "SettingConflict", "check_broker_limits",
+        "check_settings", "connect_worker_checks", "consume_split_queues", "fresh_engines",
+        "install", "installed_app", "library_settings", "routes",
     },
     "reconcile.celery_settings": {
         "accept_content", "beat_max_loop_interval", "beat_schedule",
@@ -118,7 +119,8 @@ EXPORTED = {
         "WatermarkHook",
     },
     "reconcile.settings": {
-        "DEFAULT_SQLITE_URL", "LegacySweep", "PollMode", "Settings", "get_settings",
+        "DEFAULT_SQLITE_URL", "LegacySweep", "PollMode", "QueueLayout", "Settings",
+        "get_settings",
     },
     "reconcile.states": {
         "ATTEMPT_SPACING", "CREATE_CLAIM_LEASE", "IN_FLIGHT", "LEGACY_AGE", "MAX_ATTEMPTS",
