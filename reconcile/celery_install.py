@@ -38,7 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, worker_init, worker_process_init
+from celery.signals import beat_init, worker_init, worker_process_init, worker_process_shutdown
 
 __all__ = [
     "BEAT_ENTRY", "CREATE_QUEUE", "POLL_DUE_ENTRY", "POLL_QUEUE", "PRUNE_ENTRY", "QUEUE",
@@ -122,6 +122,8 @@ def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
         _add_prune_entry(conf, wanted.get("beat_schedule", {}).get(PRUNE_ENTRY))
         _add_poll_due_entry(conf, wanted.get("beat_schedule", {}).get(POLL_DUE_ENTRY))
     worker_process_init.connect(fresh_engines, weak=False, dispatch_uid="reconcile.fresh_engines")
+    worker_process_shutdown.connect(_stop_heartbeat, weak=False,
+                                    dispatch_uid="reconcile.stop_heartbeat")
     connect_worker_checks()
     from .worker.broker import survive_broker_loss
 
@@ -173,12 +175,23 @@ def check_settings(**_: object) -> None:
 
 
 def fresh_engines(**_: object) -> None:
-    """``worker_process_init``: one engine per worker process, never a pool across fork."""
+    """``worker_process_init``: one engine per worker process, never a pool across fork; then
+    the process's heartbeat (:mod:`reconcile.worker.heartbeat`; its first beat is written here,
+    before the process takes a task)."""
     from . import tasks
     from .db.session import dispose_engines
+    from .worker import heartbeat
 
     dispose_engines()
     tasks.reset_runtime()
+    heartbeat.start(tasks.get_runtime)
+
+
+def _stop_heartbeat(**_: object) -> None:
+    """``worker_process_shutdown``: a clean exit removes the process's liveness row."""
+    from .worker import heartbeat
+
+    heartbeat.stop()
 
 
 def connect_worker_checks() -> None:

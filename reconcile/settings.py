@@ -13,7 +13,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import Field, PlainValidator, field_validator
+from pydantic import Field, PlainValidator, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .core.redact import remember_secrets
@@ -140,6 +140,13 @@ class Settings(BaseSettings):
     # delays the in-flight jobs' reads; "single": every task but the sweep on reconcile (the
     # layout before the split; for a rolling upgrade whose old workers consume only reconcile)
     queue_layout: QueueLayout = "split"
+    # worker liveness (reconcile.worker.heartbeat): each worker process renews its row in
+    # reconcile_workers every heartbeat_interval seconds (0: no heartbeat, claims end at their
+    # lease only); a row not renewed for heartbeat_timeout seconds is a dead process, whose
+    # create claims become uncertain and whose poll turns and batch claims are released at once.
+    # Wall-clock seconds, never scaled: worker hosts' clocks must agree (NTP), as leases need
+    heartbeat_interval: float = Field(default=2.0, ge=0)
+    heartbeat_timeout: float = Field(default=6.0, gt=0)
     time_scale: float = 1.0
     # retention (`reconcile prune`, and the beat's prune entry when either is set); None: keep
     job_events_retention_days: float | None = None
@@ -203,6 +210,14 @@ class Settings(BaseSettings):
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
         return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+    @model_validator(mode="after")
+    def _heartbeat(self) -> Settings:
+        # a lapse needs at least two missed beats: one late beat on a busy host is not a death
+        if self.heartbeat_interval and self.heartbeat_timeout < 2 * self.heartbeat_interval:
+            raise ValueError(f"HEARTBEAT_TIMEOUT ({self.heartbeat_timeout} s) must be at least "
+                             f"twice HEARTBEAT_INTERVAL ({self.heartbeat_interval} s)")
+        return self
 
     def model_post_init(self, context: object) -> None:
         """The configured secrets' values are redacted wherever the library logs or stores text

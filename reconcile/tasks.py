@@ -17,7 +17,7 @@ from . import lifecycle
 from .celery_install import connect_worker_checks, send
 from .runtime import Runtime
 from .settings import Settings, get_settings
-from .worker import broker
+from .worker import broker, heartbeat
 
 __all__ = [
     "create", "enqueue_create", "enqueue_poll", "enqueue_reconcile_job", "get_runtime", "poll",
@@ -33,13 +33,17 @@ _RUNTIME: dict[int, Runtime] = {}
 
 
 def get_runtime() -> Runtime:
-    """This process's runtime, built from the environment on first use."""
+    """This process's runtime, built from the environment on first use; its ``worker_id`` is
+    the process's live heartbeat id (:mod:`reconcile.worker.heartbeat`), when it has one."""
     rt = _RUNTIME.get(os.getpid())
     if rt is None:
         rt = Runtime.from_settings(Settings(), enqueue_create=enqueue_create,
                                    enqueue_poll=enqueue_poll)
         _install_crash_hook(rt)
         _RUNTIME[os.getpid()] = rt
+    live = heartbeat.current_id()
+    if live is not None and rt.worker_id != live:
+        rt.worker_id = live
     return rt
 
 

@@ -133,7 +133,7 @@ def claim(rt: Runtime, *, limit: int | None = None, now: datetime | None = None)
         # does, instead of being claimed and dropped every lease; the sweep reports it
         # (``unknown_kind``) when no process knows it
         rows = jobstore.claim_due_with_times(session, now, claim_lease(rt), limit,
-                                             kinds=_async_kinds())
+                                             kinds=_async_kinds(), worker=rt.worker_id)
     return [Claim(job, rt.kind(job.provider_kind), job.poll_generation, job.poll_seq, was_due)
             for job, was_due in rows]
 
@@ -173,6 +173,7 @@ def run_claims(rt: Runtime, claims: list[Claim], report: BatchReport | None = No
     (fenced: its result is not written). A live poller keeps its rows however many rounds it
     needs; a dead one's rows are due again one lease after its last extension."""
     report = report if report is not None else BatchReport()
+    rt.crash_point("mid_batch")  # claimed (committed), nothing read yet
     claims, results = _read_rounds(rt, claims, report)
     _write(rt, claims, results, report)
     return report

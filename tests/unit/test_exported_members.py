@@ -203,7 +203,7 @@ NOT_EXPORTED = {
     },
     "reconcile.db.models": {
         "BIGID", "COMPLETED_AFTER_FAILURE", "IN_FLIGHT", "IdempotencyKey", "NAMING",
-        "POLL_DUE", "UsageLogId",
+        "POLL_DUE", "UsageLogId", "WorkerHeartbeat",
     },
     "reconcile.db.session": {"SQLITE_BUSY_TIMEOUT_MS"},
     "reconcile.idempotency": {
@@ -256,7 +256,8 @@ PRIVATE = {
     "reconcile.credits.importer",
     "reconcile.db.types",
     "reconcile.sweep.carry", "reconcile.sweep.claims", "reconcile.sweep.report",
-    "reconcile.sweep.table", "reconcile.sweep.tick",
+    "reconcile.sweep.table", "reconcile.sweep.tick", "reconcile.sweep.liveness",
+    "reconcile.jobstore.workers",
     "reconcile.providers.deadline", "reconcile.providers.http", "reconcile.providers.outcome",
     "reconcile.webhooks.registry",
     "reconcile.testing.counting", "reconcile.testing.platform_ledger",
