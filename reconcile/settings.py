@@ -130,6 +130,10 @@ class Settings(BaseSettings):
     # each inside the claim lease (a larger size reads in rounds: see the README)
     poll_batch_size: int = Field(default=32, ge=1, le=5000)
     poll_batch_threads: int = Field(default=32, ge=1, le=256)  # concurrent status reads
+    # per-job outcomes of one round (completions: media download + upload, the completion's
+    # CAS and ledger commit; failures; errors) finalized at once per process, each in its own
+    # transactions; bounded below the engine's pool (5 + 5 overflow connections)
+    poll_batch_finalize_threads: int = Field(default=8, ge=1, le=64)
     poll_batch_interval: float = Field(default=1.0, gt=0)  # s between beat's poll_due ticks (scaled)
     # seconds one poll_due run keeps claiming while rows are due (scaled); then it ends and
     # re-enqueues itself at the queue's tail, so create messages queued meanwhile wait at most
