@@ -79,6 +79,7 @@ from .terminal import (
     record_recharge,
     settle_failed,
     settled,
+    write_completion,
 )
 from .turns import LeaseSteps, take_poll_turn
 from .workers import (
@@ -100,5 +101,5 @@ __all__ = [
     "settled", "settlement_due", "settlement_pending", "start_new_chain", "take_poll_turn",
     "uncertain_expired",
     "is_outcome_unknown", "must_settle", "outcome_known",
-    "end_claims_of", "register_worker", "remove_worker", "renew_worker", "take_lapsed_workers",
+    "write_completion", "end_claims_of", "register_worker", "remove_worker", "renew_worker", "take_lapsed_workers",
 ]
