@@ -1,6 +1,6 @@
 """``make bench``: measure speed and scale, side by side with the seed design and the machine.
 
-Runs the seven figures in order, each isolated (one failing is recorded and the rest still run),
+Runs the eight figures in order, each isolated (one failing is recorded and the rest still run),
 then writes ``bench/results/latest.json``, ``bench/results/latest.md`` and the PNGs beside them
 (``bench/pictures.py``; matplotlib from the ``bench`` extra). Figures are reported,
 never asserted: a missed aim does not fail the run; an error in a figure does (exit 1).
@@ -101,7 +101,8 @@ def _environment() -> dict[str, Any]:
 # each figure's expected wall time under make bench's bounds on a quiet 2-core host (seconds;
 # ≈ 12 min in all); the bounds themselves are in each figure (fig_drain.BUDGET_S,
 # fig_capacity.CAP_S, fig_recovery's rounds). At load 10–17 the run took 1,053 s.
-BUDGETS = {"fig1": 80, "fig5": 5, "fig4": 70, "fig2": 160, "fig3": 270, "fig6": 110, "fig7": 45}
+BUDGETS = {"fig1": 80, "fig5": 5, "fig4": 70, "fig2": 160, "fig3": 270, "fig6": 110, "fig7": 45,
+           "fig8": 90}
 
 
 def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict[str, Any]]]]:
@@ -109,6 +110,7 @@ def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict
         fig_audit,
         fig_capacity,
         fig_drain,
+        fig_heartbeat,
         fig_ledger,
         fig_query,
         fig_recovery,
@@ -135,6 +137,8 @@ def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict
                  lambda: fig_recovery.run(args.quick, full=args.full)),
         "fig7": ("Ledger audit on 1M transactions: full and --since",
                  lambda: fig_audit.run(args.quick, prebuilt=_PREBUILT.pop("fig7", None))),
+        "fig8": ("Recovery after SIGKILL of every worker, default settings (heartbeats)",
+                 lambda: fig_heartbeat.run(args.quick)),
     }
 
 

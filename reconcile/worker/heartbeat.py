@@ -46,6 +46,7 @@ class Heartbeat:
         self.pid = os.getpid()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._reaping = threading.Lock()  # one reap at a time, beside the beats
 
     def beat(self) -> str | None:
         """Renew this process's row (register it first, or again under a new id when it was
@@ -73,10 +74,21 @@ class Heartbeat:
     def reap(self) -> None:
         from ..sweep.liveness import reap
 
+        if not self._reaping.acquire(blocking=False):
+            return  # the previous reap still runs
         try:
             reap(self.runtime())
         except Exception:
             log.exception("heartbeat_reap_failed")
+        finally:
+            self._reaping.release()
+
+    def _reap_beside(self) -> None:
+        """Reap in a thread of its own: a long reap (hundreds of rows to decide) must never
+        hold up this process's own beats, or its row would lapse and be reaped in turn."""
+        if self._reaping.locked():
+            return
+        threading.Thread(target=self.reap, name="reconcile-reaper", daemon=True).start()
 
     def start(self) -> None:
         self.beat()
@@ -85,9 +97,12 @@ class Heartbeat:
         self._thread.start()
 
     def _run(self) -> None:
+        # a process that starts (a worker restarted after a crash) reaps at once: the dead
+        # predecessor's rows may have lapsed already
+        self._reap_beside()
         while not self._stop.wait(self.interval):
             if self.beat() is not None:
-                self.reap()
+                self._reap_beside()
 
     def stop(self) -> None:
         """Stop beating and remove the row (a clean exit: nothing to reap)."""
