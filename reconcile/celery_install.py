@@ -184,7 +184,7 @@ def fresh_engines(**_: object) -> None:
 
     dispose_engines()
     tasks.reset_runtime()
-    heartbeat.start(tasks.get_runtime)
+    heartbeat.start(tasks.get_runtime, ready=tasks.has_runtime)
 
 
 def _stop_heartbeat(**_: object) -> None:

@@ -36,11 +36,14 @@ class Heartbeat:
     """One process's liveness row and the thread that renews it and reaps the dead."""
 
     def __init__(self, settings: Settings, sessions: sessionmaker[Session],
-                 runtime: Callable[[], Any]) -> None:
+                 runtime: Callable[[], Any], ready: Callable[[], bool] | None = None) -> None:
         self.interval = float(settings.heartbeat_interval)
         self.timeout = timedelta(seconds=float(settings.heartbeat_timeout))
         self.sessions = sessions
         self.runtime = runtime  # the process's Runtime, looked up when reaping
+        # whether that Runtime is in place (a platform sets its own in its worker_process_init
+        # receiver, which runs after the library's): until then the first reap waits one beat
+        self.ready = ready or (lambda: True)
         self.worker_id: str | None = None
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
@@ -97,9 +100,10 @@ class Heartbeat:
         self._thread.start()
 
     def _run(self) -> None:
-        # a process that starts (a worker restarted after a crash) reaps at once: the dead
-        # predecessor's rows may have lapsed already
-        self._reap_beside()
+        # a process that starts (a worker restarted after a crash) reaps at once when its runtime
+        # is in place (else after one beat): the dead predecessor's rows may have lapsed already
+        if self.ready():
+            self._reap_beside()
         while not self._stop.wait(self.interval):
             if self.beat() is not None:
                 self._reap_beside()
@@ -120,9 +124,11 @@ class Heartbeat:
             self.worker_id = None
 
 
-def start(runtime: Callable[[], Any], settings: Settings | None = None) -> Heartbeat | None:
+def start(runtime: Callable[[], Any], settings: Settings | None = None, *,
+          ready: Callable[[], bool] | None = None) -> Heartbeat | None:
     """Start this process's heartbeat (idempotent per process); None when disabled
-    (``HEARTBEAT_INTERVAL=0``). ``runtime`` returns the process's Runtime when the reaper needs it."""
+    (``HEARTBEAT_INTERVAL=0``). ``runtime`` returns the process's Runtime when the reaper needs
+    it; ``ready`` says whether it is in place already."""
     from ..db.session import engine_for, make_sessionmaker
 
     settings = settings or Settings()
@@ -132,7 +138,8 @@ def start(runtime: Callable[[], Any], settings: Settings | None = None) -> Heart
         beat = _beats.get(os.getpid())
         if beat is not None:
             return beat
-        beat = Heartbeat(settings, make_sessionmaker(engine_for(settings.database_url)), runtime)
+        beat = Heartbeat(settings, make_sessionmaker(engine_for(settings.database_url)), runtime,
+                         ready)
         _beats[os.getpid()] = beat
     beat.start()
     log.info("heartbeat_started worker_id=%s interval=%ss timeout=%ss", beat.worker_id,

@@ -143,6 +143,7 @@ EXPORTED = {
     "reconcile.sync": {"SyncCall", "check_sync_deadline", "run_sync", "sync_call"},
     "reconcile.tasks": {
         "create", "enqueue_create", "enqueue_poll", "enqueue_reconcile_job", "get_runtime",
+        "has_runtime",
         "poll", "poll_due", "prune", "reconcile_job", "reset_runtime", "set_runtime",
         "settle", "sweep",
     },
