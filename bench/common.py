@@ -199,9 +199,12 @@ def make_sender(broker: str = BROKER_URL):  # type: ignore[no-untyped-def]
     """A bare Celery app publishing to the library's queues (as a platform's web tier would)."""
     from celery import Celery
 
+    from reconcile.celery_install import QUEUE, routes
+    from reconcile.settings import Settings
+
     app = Celery(broker=broker, set_as_current=False)
-    app.conf.task_default_queue = "reconcile"
-    app.conf.task_routes = {"reconcile.sweep": {"queue": "reconcile.sweep"}}
+    app.conf.task_default_queue = QUEUE
+    app.conf.task_routes = routes(Settings().queue_layout)
     return app
 
 
@@ -218,7 +221,8 @@ class Proc:
 
     @classmethod
     def worker(cls, env: Mapping[str, str], log_path: Path, *, concurrency: int = 2,
-               queues: str = "reconcile,reconcile.sweep", loglevel: str = "info",
+               queues: str = "reconcile.poll,reconcile.create,reconcile,reconcile.sweep",
+               loglevel: str = "info",
                app: str = "reconcile.celery_app") -> Proc:
         return cls(["worker", "--pool=prefork", f"--concurrency={concurrency}", "-Q", queues,
                     "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", loglevel,

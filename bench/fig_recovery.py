@@ -19,6 +19,10 @@ production-equivalent). Per sweep interval (the default 300 s, and 30 s):
   resamples the measured parts (lease left at the kill, dispatch after the tick) with a uniform
   tick phase.
 
+The backstop is measured here: the heartbeat is off (``RECONCILE_HEARTBEAT_INTERVAL=0``), since
+its timings are real seconds and would not scale with the rest; figure 8 measures the heartbeat
+at the default settings.
+
 Expected shape: the poll lease still running at the kill (``lifecycle.poll_lease``: 2 × interval
 + ``POLL_LEASE_SLACK``, renewed at each poll) plus the wait for the next sweep tick after it expires, plus dispatch.
 """
@@ -164,7 +168,8 @@ def _one_config(name: str, interval: float, rounds: int, quick: bool) -> dict[st
             add_users(conn, users)
         base = worker_env(url, sim.env(), tmpd / "media", time_scale=SCALE,
                           RECONCILE_SWEEP_INTERVAL=repr(interval),
-                          RECONCILE_BROKER_VISIBILITY_TIMEOUT="3600")
+                          RECONCILE_BROKER_VISIBILITY_TIMEOUT="3600",
+                          RECONCILE_HEARTBEAT_INTERVAL="0")
         survivor = Proc.worker(base, tmpd / "survivor.log", concurrency=2)
         beat = Proc.beat(base, tmpd / "beat.log", tmpd / "beat-schedule")
         sampler = Sampler(engine)

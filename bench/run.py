@@ -102,7 +102,7 @@ def _environment() -> dict[str, Any]:
 # ≈ 13.5 min in all); the bounds themselves are in each figure (fig_drain.BUDGET_S,
 # fig_capacity.CAP_S, fig_recovery's rounds). At load 10–17 the run took 1,053 s.
 BUDGETS = {"fig1": 80, "fig5": 5, "fig4": 70, "fig2": 160, "fig3": 270, "fig6": 110, "fig7": 45,
-           "fig8": 70}
+           "fig8": 70, "fig9": 90}
 
 
 def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict[str, Any]]]]:
@@ -111,6 +111,7 @@ def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict
         fig_capacity,
         fig_console,
         fig_drain,
+        fig_heartbeat,
         fig_ledger,
         fig_query,
         fig_recovery,
@@ -139,6 +140,8 @@ def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict
                  lambda: fig_audit.run(args.quick, prebuilt=_PREBUILT.pop("fig7", None))),
         "fig8": ("Operator console on 1M jobs: render time and EXPLAIN of its lists",
                  lambda: fig_console.run(args.quick)),
+        "fig9": ("Recovery after SIGKILL of every worker, default settings (heartbeats)",
+                 lambda: fig_heartbeat.run(args.quick)),
     }
 
 

@@ -1,4 +1,4 @@
-"""The Celery app: ``celery -A reconcile.celery_app worker -Q reconcile,reconcile.sweep``.
+"""The Celery app: ``celery -A reconcile.celery_app worker -Q reconcile.poll,reconcile.create,reconcile,reconcile.sweep``.
 
 Configured from :mod:`reconcile.celery_settings` (inside the package, so a wheel in any folder
 behaves as the checkout) and installed like a platform's app would be. A platform with its own

@@ -9,14 +9,18 @@ replaces the configuration and with it these changes):
   app (``amqp://localhost``, queue ``celery``);
 * merges the settings the library needs (:mod:`reconcile.celery_settings`) where the platform
   has not set them, and keeps the platform's value with a warning where it differs;
-* routes the library's tasks to its queues (``reconcile``, ``reconcile.sweep``) beside the
-  platform's own routes, adds the sweep to the beat schedule, and merges the Redis transport
+* routes the library's tasks to its queues beside the platform's own routes (:func:`routes`:
+  creates on ``reconcile.create``, polls on ``reconcile.poll``, the sweep on
+  ``reconcile.sweep``, the rest on ``reconcile``; ``RECONCILE_QUEUE_LAYOUT=single`` keeps the
+  former layout), adds the sweep to the beat schedule, and merges the Redis transport
   options (visibility timeout, unacked restore cadence) the same way;
 * connects :func:`fresh_engines` to ``worker_process_init``, and a start-up check to
   ``worker_init`` that refuses a worker whose deliveries could outlive the broker's limits or
   whose Celery settings are unsafe for the library (:mod:`reconcile.worker.broker`; connected
-  by ``import reconcile.tasks`` too, so an app configured by hand is checked); applies the library's fix for a worker that exits when its Redis
-  goes away (Celery 5.7.0).
+  by ``import reconcile.tasks`` too, so an app configured by hand is checked), and a worker that
+  consumes ``reconcile`` but neither ``reconcile.create`` nor ``reconcile.poll`` (the layout
+  before the split) consumes those two as well (:func:`consume_split_queues`); applies the
+  library's fix for a worker that exits when its Redis goes away (Celery 5.7.0).
 * connects :func:`check_settings` to ``worker_init`` / ``beat_init``; adds the retention entry
   (``reconcile-prune``) to the beat schedule when a retention is set.
 
@@ -34,18 +38,22 @@ from types import ModuleType
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, worker_init, worker_process_init
+from celery.signals import beat_init, worker_init, worker_process_init, worker_process_shutdown
 
 __all__ = [
-    "BEAT_ENTRY", "POLL_DUE_ENTRY", "PRUNE_ENTRY", "QUEUE", "SWEEP_QUEUE", "SWEEP_TASK",
-    "SettingConflict", "check_broker_limits", "check_settings", "connect_worker_checks",
-    "fresh_engines", "install", "installed_app", "library_settings",
+    "BEAT_ENTRY", "CREATE_QUEUE", "POLL_DUE_ENTRY", "POLL_QUEUE", "PRUNE_ENTRY", "QUEUE",
+    "QUEUES", "SWEEP_QUEUE", "SWEEP_TASK", "SettingConflict", "check_broker_limits",
+    "check_settings", "connect_worker_checks", "consume_split_queues", "fresh_engines", "install",
+    "installed_app", "library_settings", "routes",
 ]
 
 log = logging.getLogger("reconcile.install")
 
-QUEUE = "reconcile"
+QUEUE = "reconcile"  # settlements, the sweep's fan-out; every task in the single layout
 SWEEP_QUEUE = "reconcile.sweep"
+CREATE_QUEUE = "reconcile.create"
+POLL_QUEUE = "reconcile.poll"
+QUEUES = (POLL_QUEUE, CREATE_QUEUE, QUEUE, SWEEP_QUEUE)  # every queue the library may publish to
 SWEEP_TASK = "reconcile.sweep"
 BEAT_ENTRY = "reconcile-sweep"
 PRUNE_ENTRY = "reconcile-prune"
@@ -64,6 +72,21 @@ _app: Celery | None = None
 
 class SettingConflict(UserWarning):
     """The platform's app sets a value the library would set differently (the platform's wins)."""
+
+
+def routes(layout: str = "split") -> dict[str, dict[str, str]]:
+    """The library's task routes for a queue layout (``RECONCILE_QUEUE_LAYOUT``): ``split`` puts
+    creates, polls (the chain's ``reconcile.poll`` and the batch poller's ``reconcile.poll_due``)
+    and the sweep (with retention) on queues of their own, so a burst of creates cannot delay
+    the reads of the jobs in flight; ``single`` keeps everything but the sweep on
+    ``reconcile``. Either way the rest (settlements, the sweep's per-job fan-out) goes to
+    ``reconcile``."""
+    ours = {SWEEP_TASK: {"queue": SWEEP_QUEUE}, "reconcile.prune": {"queue": SWEEP_QUEUE}}
+    if layout == "split":
+        ours.update({"reconcile.create": {"queue": CREATE_QUEUE},
+                     "reconcile.poll": {"queue": POLL_QUEUE},
+                     "reconcile.poll_due": {"queue": POLL_QUEUE}})
+    return {**ours, "reconcile.*": {"queue": QUEUE}}
 
 
 def library_settings() -> dict[str, Any]:
@@ -99,6 +122,8 @@ def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
         _add_prune_entry(conf, wanted.get("beat_schedule", {}).get(PRUNE_ENTRY))
         _add_poll_due_entry(conf, wanted.get("beat_schedule", {}).get(POLL_DUE_ENTRY))
     worker_process_init.connect(fresh_engines, weak=False, dispatch_uid="reconcile.fresh_engines")
+    worker_process_shutdown.connect(_stop_heartbeat, weak=False,
+                                    dispatch_uid="reconcile.stop_heartbeat")
     connect_worker_checks()
     from .worker.broker import survive_broker_loss
 
@@ -150,18 +175,55 @@ def check_settings(**_: object) -> None:
 
 
 def fresh_engines(**_: object) -> None:
-    """``worker_process_init``: one engine per worker process, never a pool across fork."""
+    """``worker_process_init``: one engine per worker process, never a pool across fork; then
+    the process's heartbeat (:mod:`reconcile.worker.heartbeat`; its first beat is written here,
+    before the process takes a task)."""
     from . import tasks
     from .db.session import dispose_engines
+    from .worker import heartbeat
 
     dispose_engines()
     tasks.reset_runtime()
+    heartbeat.start(tasks.get_runtime, ready=tasks.has_runtime)
+
+
+def _stop_heartbeat(**_: object) -> None:
+    """``worker_process_shutdown``: a clean exit removes the process's liveness row."""
+    from .worker import heartbeat
+
+    heartbeat.stop()
 
 
 def connect_worker_checks() -> None:
-    """Connect :func:`check_broker_limits` to ``worker_init`` (idempotent): by :func:`install`,
-    and on ``import reconcile.tasks`` for an app configured by hand."""
+    """Connect :func:`check_broker_limits` and :func:`consume_split_queues` to ``worker_init``
+    (idempotent): by :func:`install`, and on ``import reconcile.tasks`` for an app configured by
+    hand."""
+    worker_init.connect(consume_split_queues, weak=False, dispatch_uid="reconcile.split_queues")
     worker_init.connect(check_broker_limits, weak=False, dispatch_uid="reconcile.broker_limits")
+
+
+def consume_split_queues(sender: Any = None, **_: object) -> None:
+    """``worker_init`` (the worker's ``-Q`` selection is in place, its consumer not started): a
+    worker that consumes ``reconcile`` but neither ``reconcile.create`` nor ``reconcile.poll`` —
+    started with the layout from before the split (``-Q reconcile,reconcile.sweep``), or with
+    no ``-Q`` — consumes those two as well, so its creates and polls never wait for a worker
+    that is not there. Consuming several queues, a worker takes from them in turn: a burst of
+    creates still leaves every other message to the polls. A worker that names either queue
+    chose its layout and is left as it is."""
+    from .settings import Settings
+
+    app = getattr(sender, "app", None)
+    if app is None or Settings().queue_layout != "split":
+        return
+    queues = app.amqp.queues
+    consumed = set(queues.consume_from or queues)
+    if QUEUE not in consumed or {CREATE_QUEUE, POLL_QUEUE} & consumed:
+        return
+    for name in (POLL_QUEUE, CREATE_QUEUE):
+        queues.select_add(name)
+    log.warning("reconcile_queue_layout worker consumes %s and %s too (it names reconcile but "
+                "not them: the layout before creates and polls had queues of their own; see "
+                "README, Worker layout)", POLL_QUEUE, CREATE_QUEUE)
 
 
 def check_broker_limits(sender: Any = None, **_: object) -> None:
@@ -188,7 +250,7 @@ def _serves_library(app: Celery) -> bool:
     """Whether a worker of ``app`` consumes one of the library's queues (at ``worker_init`` the
     worker's ``-Q`` selection is in place; without one it consumes every declared queue)."""
     queues = app.amqp.queues
-    return bool({QUEUE, SWEEP_QUEUE} & set(queues.consume_from or queues))
+    return bool(set(QUEUES) & set(queues.consume_from or queues))
 
 
 # ----------------------------------------------------------------------------- merging
@@ -242,7 +304,9 @@ def _merge_transport_options(conf: Any, wanted: dict[str, Any]) -> None:
 
 def _add_routes(conf: Any) -> None:
     """The library's routes first, then the platform's (a dict, or a list of routers)."""
-    ours = {SWEEP_TASK: {"queue": SWEEP_QUEUE}, "reconcile.*": {"queue": QUEUE}}
+    from .settings import Settings
+
+    ours = routes(Settings().queue_layout)
     theirs = conf.get("task_routes")
     if theirs is None:
         conf["task_routes"] = ours

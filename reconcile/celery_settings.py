@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
+from reconcile.celery_install import routes as _routes
 from reconcile.settings import Settings
 
 __all__ = [
@@ -87,12 +88,13 @@ elif broker_url.startswith("filesystem://"):
     }
 broker_connection_retry_on_startup = True
 
-# the sweep on its own queue, so a backlog of polls never delays it
+# creates, polls and the sweep on queues of their own (RECONCILE_QUEUE_LAYOUT=split, the
+# default): a burst of creates never delays the reads of the jobs in flight, and a backlog of
+# polls never delays the sweep; settlements and the sweep's fan-out on reconcile. `single`: every
+# task but the sweep on reconcile (the layout before the split)
 task_default_queue = "reconcile"
-task_routes = {
-    "reconcile.sweep": {"queue": "reconcile.sweep"},
-    "reconcile.prune": {"queue": "reconcile.sweep"},
-}
+task_routes = {name: dict(route) for name, route in _routes(_settings.queue_layout).items()
+               if name != "reconcile.*"}
 
 # exactly one beat process (never `worker -B` in production); the sweep is idempotent, so a
 # duplicated or missed tick costs only load

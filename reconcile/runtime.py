@@ -88,6 +88,9 @@ class Runtime:
     event_hooks: list[EventHook] = field(default_factory=list)
     # named crash points for the reliability harness (None in production)
     crash_hook: Callable[[str], None] | None = None
+    # this process's live worker id (reconcile.worker.heartbeat), recorded on every claim it
+    # writes (jobs.claimed_by); None: no heartbeat here, claims end at their lease only
+    worker_id: str | None = None
     # the credit backend (the ledger seam); the library's own ledger by default
     ledger: Ledger = field(default_factory=lambda: DEFAULT_LEDGER)
     # what a finished job commits and refunds (reconcile.settlement); the ledger executes it.

@@ -13,19 +13,20 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import Field, PlainValidator, field_validator
+from pydantic import Field, PlainValidator, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .core.redact import remember_secrets
 from .settlement import SettlementPolicy
 
 __all__ = [
-    "DEFAULT_SQLITE_URL", "LegacySweep", "PollMode", "Settings", "get_settings",
+    "DEFAULT_SQLITE_URL", "LegacySweep", "PollMode", "QueueLayout", "Settings", "get_settings",
 ]
 
 DEFAULT_SQLITE_URL = "sqlite:///reconcile.db"
 LegacySweep = Literal["observe", "enforce", "off"]
 PollMode = Literal["chain", "batch"]
+QueueLayout = Literal["split", "single"]
 
 
 def _share(value: object) -> Fraction:
@@ -129,11 +130,27 @@ class Settings(BaseSettings):
     # each inside the claim lease (a larger size reads in rounds: README, Batch polling)
     poll_batch_size: int = Field(default=32, ge=1, le=5000)
     poll_batch_threads: int = Field(default=32, ge=1, le=256)  # concurrent status reads
+    # per-job outcomes of one round (completions: media download + upload, the completion's
+    # CAS and ledger commit; failures; errors) finalized at once per process, each in its own
+    # transactions; bounded below the engine's pool (5 + 5 overflow connections)
+    poll_batch_finalize_threads: int = Field(default=8, ge=1, le=64)
     poll_batch_interval: float = Field(default=1.0, gt=0)  # s between beat's poll_due ticks (scaled)
     # seconds one poll_due run keeps claiming while rows are due (scaled); then it ends and
     # re-enqueues itself at the queue's tail, so create messages queued meanwhile wait at most
     # about this long for a pool process
     poll_batch_time_budget: float = Field(default=5.0, gt=0)
+    # "split": creates, polls and the sweep on queues of their own (reconcile.create,
+    # reconcile.poll, reconcile.sweep; the rest on reconcile), so a burst of submissions never
+    # delays the in-flight jobs' reads; "single": every task but the sweep on reconcile (the
+    # layout before the split; for a rolling upgrade whose old workers consume only reconcile)
+    queue_layout: QueueLayout = "split"
+    # worker liveness (reconcile.worker.heartbeat): each worker process renews its row in
+    # reconcile_workers every heartbeat_interval seconds (0: no heartbeat, claims end at their
+    # lease only); a row not renewed for heartbeat_timeout seconds is a dead process, whose
+    # create claims become uncertain and whose poll turns and batch claims are released at once.
+    # Wall-clock seconds, never scaled: worker hosts' clocks must agree (NTP), as leases need
+    heartbeat_interval: float = Field(default=2.0, ge=0)
+    heartbeat_timeout: float = Field(default=6.0, gt=0)
     time_scale: float = 1.0
     # retention (`reconcile prune`, and the beat's prune entry when either is set); None: keep
     job_events_retention_days: float | None = None
@@ -177,7 +194,7 @@ class Settings(BaseSettings):
             return "enforce" if value.strip().lower() in ("true", "1") else "off"
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("poll_mode", mode="before")
+    @field_validator("poll_mode", "queue_layout", mode="before")
     @classmethod
     def _poll_mode(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
@@ -197,6 +214,14 @@ class Settings(BaseSettings):
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
         return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+    @model_validator(mode="after")
+    def _heartbeat(self) -> Settings:
+        # a lapse needs at least two missed beats: one late beat on a busy host is not a death
+        if self.heartbeat_interval and self.heartbeat_timeout < 2 * self.heartbeat_interval:
+            raise ValueError(f"HEARTBEAT_TIMEOUT ({self.heartbeat_timeout} s) must be at least "
+                             f"twice HEARTBEAT_INTERVAL ({self.heartbeat_interval} s)")
+        return self
 
     def model_post_init(self, context: object) -> None:
         """The configured secrets' values are redacted wherever the library logs or stores text

@@ -17,10 +17,11 @@ from . import lifecycle
 from .celery_install import connect_worker_checks, send
 from .runtime import Runtime
 from .settings import Settings, get_settings
-from .worker import broker
+from .worker import broker, heartbeat
 
 __all__ = [
-    "create", "enqueue_create", "enqueue_poll", "enqueue_reconcile_job", "get_runtime", "poll",
+    "create", "enqueue_create", "enqueue_poll", "enqueue_reconcile_job", "get_runtime",
+    "has_runtime", "poll",
     "poll_due", "prune", "reconcile_job", "reset_runtime", "set_runtime", "settle", "sweep",
 ]
 
@@ -33,13 +34,19 @@ _RUNTIME: dict[int, Runtime] = {}
 
 
 def get_runtime() -> Runtime:
-    """This process's runtime, built from the environment on first use."""
+    """This process's runtime, built from the environment on first use; its ``worker_id`` is
+    the process's live heartbeat id (:mod:`reconcile.worker.heartbeat`), when it has one."""
     rt = _RUNTIME.get(os.getpid())
     if rt is None:
         rt = Runtime.from_settings(Settings(), enqueue_create=enqueue_create,
                                    enqueue_poll=enqueue_poll)
         _install_crash_hook(rt)
-        _RUNTIME[os.getpid()] = rt
+        # a runtime set meanwhile (set_runtime from the platform's worker_process_init, while
+        # the heartbeat's reaper thread built this one) wins
+        rt = _RUNTIME.setdefault(os.getpid(), rt)
+    live = heartbeat.current_id()
+    if live is not None and rt.worker_id != live:
+        rt.worker_id = live
     return rt
 
 
@@ -52,6 +59,11 @@ def set_runtime(rt: Runtime) -> None:
 
 def reset_runtime() -> None:
     _RUNTIME.clear()
+
+
+def has_runtime() -> bool:
+    """Whether this process has its runtime already (set, or built by a task)."""
+    return os.getpid() in _RUNTIME
 
 
 def _install_crash_hook(rt: Runtime) -> None:

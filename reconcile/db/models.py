@@ -114,6 +114,10 @@ class Job(Base):
     # the code of reconcile_last_error (migration 0021); NULL on rows written before it (then
     # jobstore.legacy_error_code reads the code from the text) and for errors without a code
     reconcile_last_error_code: Mapped[str | None] = mapped_column(Text)
+    # the worker process (reconcile_workers.worker_id) that wrote the row's current claim: the
+    # create claim, the poll turn or the batch claim; NULL when the writer had no heartbeat.
+    # When that worker's heartbeat lapses its claims end at once instead of at their lease
+    claimed_by: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         # in-flight rows by call start (migration 0019; 0022 dropped the one-column
@@ -405,3 +409,18 @@ class IdempotencyKey(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
     response_status: Mapped[int | None] = mapped_column(Integer)
     response_body: Mapped[Any | None] = mapped_column(JSONType)
+
+
+class WorkerHeartbeat(Base):
+    """One live worker process (``reconcile.worker.heartbeat``): renewed every
+    ``HEARTBEAT_INTERVAL`` seconds; past ``expires_at`` the process counts as dead and the claims
+    it holds (``jobs.claimed_by``) end at once (``reconcile.sweep.liveness``)."""
+
+    __tablename__ = "reconcile_workers"
+
+    worker_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    hostname: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    beat_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)

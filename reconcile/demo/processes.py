@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ..celery_install import QUEUES
 from .plan import SWEEP_EVERY
 
 # ----------------------------------------------------------------------------- processes
@@ -84,7 +85,7 @@ def _die_with_parent() -> None:
 
 def worker_argv(name: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "reconcile.celery_app", "worker",
-            "--pool=prefork", "-c", "2", "-Q", "reconcile,reconcile.sweep", "-n", f"{name}@demo",
+            "--pool=prefork", "-c", "2", "-Q", ",".join(QUEUES), "-n", f"{name}@demo",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"]
 
 
@@ -244,10 +245,10 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
 def broker_backlog(app: Any, say: Printer, *, purge: bool) -> None:
     """A given broker is never wiped; messages left in its queues (by earlier runs, or by
     workers that died or were stopped holding them) run before this run's and only slow it down
-    (each one is fenced or finds its job finished). ``--purge-broker`` empties the two queues."""
+    (each one is fenced or finds its job finished). ``--purge-broker`` empties them."""
     with app.connection_for_write() as conn:
         channel = conn.default_channel
-        for queue in ("reconcile", "reconcile.sweep"):
+        for queue in QUEUES:
             try:
                 waiting = channel.queue_declare(queue=queue, passive=True).message_count
             except Exception:  # not declared yet

@@ -17,7 +17,8 @@ The package is one writer split along its seams; callers use ``jobstore.X`` from
 - :mod:`.turns`: the poll turn (:func:`take_poll_turn`, its lease by kind and age);
 - :mod:`.poll`: a new chain, attempts, the last error noted, progress;
 - :mod:`.batch`: batch polling's claims and set-based writes;
-- :mod:`.terminal`: failed / cancelled / completed, cost, settlement, re-charge, anomalies.
+- :mod:`.terminal`: failed / cancelled / completed, cost, settlement, re-charge, anomalies;
+- :mod:`.workers`: worker heartbeats and the end of a dead worker's claims.
 
 Beside the writer, the jobs layer's side tables (imported as ``reconcile.jobstore.X``, never
 through this facade, and never writing ``jobs`` themselves — the single-writer test scans them):
@@ -80,8 +81,16 @@ from .terminal import (
     resolve_anomalies,
     settle_failed,
     settled,
+    write_completion,
 )
 from .turns import LeaseSteps, take_poll_turn
+from .workers import (
+    end_claims_of,
+    register_worker,
+    remove_worker,
+    renew_worker,
+    take_lapsed_workers,
+)
 
 __all__ = [
     "LeaseSteps", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
@@ -94,4 +103,5 @@ __all__ = [
     "settled", "settlement_due", "settlement_pending", "start_new_chain", "take_poll_turn",
     "uncertain_expired", "unknown_outcome_in_flight",
     "is_outcome_unknown", "must_settle", "outcome_known",
+    "write_completion", "end_claims_of", "register_worker", "remove_worker", "renew_worker", "take_lapsed_workers",
 ]

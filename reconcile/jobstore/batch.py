@@ -22,15 +22,18 @@ from .cas import _cas
 
 
 def claim_due(session: Session, now: datetime, lease: timedelta, limit: int, *,
-              kinds: Sequence[str] | None = None) -> list[Job]:
+              kinds: Sequence[str] | None = None, worker: str | None = None) -> list[Job]:
     """Up to ``limit`` in-flight rows due at ``now``, oldest due first, skipping rows another
     claimer holds locked; each moves one lease ahead with ``poll_seq + 1`` (its claim).
-    ``kinds``: only rows of those provider kinds (the ones the claimer can read)."""
-    return [job for job, _ in claim_due_with_times(session, now, lease, limit, kinds=kinds)]
+    ``kinds``: only rows of those provider kinds (the ones the claimer can read); ``worker``:
+    the live worker process claiming (``claimed_by``)."""
+    return [job for job, _ in claim_due_with_times(session, now, lease, limit, kinds=kinds,
+                                                   worker=worker)]
 
 
 def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limit: int, *,
-                         kinds: Sequence[str] | None = None) -> list[tuple[Job, datetime]]:
+                         kinds: Sequence[str] | None = None, worker: str | None = None
+                         ) -> list[tuple[Job, datetime]]:
     """:func:`claim_due`, each row with the due time it had before the claim moved it (the
     batch poller schedules the next read from it: no drift of one tick per read)."""
     from ..db.models import IN_FLIGHT as IN_FLIGHT_SQL
@@ -49,7 +52,7 @@ def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limi
     rows = session.execute(
         update(Job).where(Job.id.in_(ids)).values(
             poll_due_at=now + lease, poll_seq=Job.poll_seq + 1,
-            poll_lease_expires_at=now + lease).returning(Job),
+            poll_lease_expires_at=now + lease, claimed_by=worker).returning(Job),
         execution_options={"synchronize_session": False, "populate_existing": True},
     ).scalars().all()
     order = {job_id: n for n, job_id in enumerate(ids)}

@@ -76,9 +76,12 @@ def claim_reenqueue(session: Session, job_id: uuid.UUID, now: datetime,
 
 
 def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
-                 lease: timedelta, *, kinds: Sequence[str] | None = None) -> Job | None:
+                 lease: timedelta, *, kinds: Sequence[str] | None = None,
+                 worker: str | None = None) -> Job | None:
     """not_started → submitting, only for a pending row past its not-before time (and, with
-    ``kinds``, only for a row of one of those provider kinds): the claim and the load in one."""
+    ``kinds``, only for a row of one of those provider kinds): the claim and the load in one.
+    ``worker``: the live worker process claiming (recorded as ``claimed_by``: if its heartbeat
+    lapses the claim ends then, not at its lease)."""
     where: list[Any] = [] if kinds is None else [Job.provider_kind.in_(list(kinds))]
     return _cas(
         session,
@@ -92,6 +95,7 @@ def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
         claim_expires_at=now + lease,
         provider_call_started_at=_coalesce(Job.provider_call_started_at, now),
         started_at=now,
+        claimed_by=worker,
     )
 
 

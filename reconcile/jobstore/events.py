@@ -48,11 +48,18 @@ def add_event(session: Session, job: Job, type_: str, now: datetime,
     otherwise it is unpublished until :func:`publish_events` (after the commit) or the sweep's
     republish hands it over.
     """
-    published_at = now if rt is not None and not has_publisher(rt) else None
-    event = JobEvent(event_id=str(uuid.uuid4()), job_id=job.id, user_id=job.user_id, type=type_,
-                     payload=payload or {}, created_at=now, published_at=published_at)
+    event = new_event(job, type_, now, payload, rt=rt)
     session.add(event)
     return event
+
+
+def new_event(job: Job, type_: str, now: datetime, payload: dict[str, Any] | None = None, *,
+              rt: Runtime | None = None) -> JobEvent:
+    """:func:`add_event`'s row, not added to any session (a caller that writes it with its own
+    statement: ``jobstore.write_completion``)."""
+    published_at = now if rt is not None and not has_publisher(rt) else None
+    return JobEvent(event_id=str(uuid.uuid4()), job_id=job.id, user_id=job.user_id, type=type_,
+                    payload=payload or {}, created_at=now, published_at=published_at)
 
 
 def record_cancel_request(rt: Runtime, job_id: uuid.UUID) -> bool:

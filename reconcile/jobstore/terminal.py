@@ -4,15 +4,17 @@ the settlement (claimed, settled, retried), an operator's re-charge — and the 
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, insert, select, text, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from ..core import redact
-from ..db.models import CreditAnomaly, Job, table_of
+from ..db.models import Asset, CreditAnomaly, Job, JobEvent, table_of
 from ..db.session import rowcount
 from ..settlement import CANCEL_READ_CODE
 from ..states import IN_FLIGHT, Status
@@ -111,6 +113,62 @@ def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | 
         values.setdefault("reconcile_last_error_code", None)
     return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), status=Status.COMPLETED,
                 next_poll_at=None, poll_lease_expires_at=None, claim_expires_at=None, **values)
+
+
+# a won completion's other rows in ONE statement (PostgreSQL): the final cost when it was not
+# known at the completion CAS, every asset (unnest of the arrays: a fixed text, nothing to
+# compile per job) and the outbox event, whose id comes back for the publisher
+_COMPLETION_ROWS = text("""
+WITH cost AS (
+  UPDATE jobs SET credits_actual = CAST(:cost AS bigint), display_cost = CAST(:cost AS bigint)
+  WHERE jobs.id = CAST(:job_id AS uuid) AND jobs.status = 'completed'
+    AND CAST(:set_cost AS boolean)
+), assets AS (
+  INSERT INTO reconcile_assets (id, job_id, user_id, "index", storage_key, media_type,
+                                is_public, watermarked, created_at)
+  SELECT a.id, CAST(:job_id AS uuid), CAST(:user_id AS uuid), a.idx, a.skey, a.mtype,
+         CAST(:is_public AS boolean), CAST(:watermarked AS boolean), CAST(:now AS timestamptz)
+  FROM unnest(CAST(:asset_ids AS uuid[]), CAST(:indexes AS int[]), CAST(:keys AS text[]),
+              CAST(:types AS text[])) AS a(id, idx, skey, mtype)
+)
+INSERT INTO reconcile_job_events (event_id, job_id, user_id, type, payload, created_at,
+                                  published_at)
+VALUES (CAST(:event_id AS text), CAST(:job_id AS uuid), CAST(:user_id AS uuid),
+        CAST(:type AS text), CAST(:payload AS jsonb), CAST(:now AS timestamptz),
+        CAST(:published_at AS timestamptz))
+RETURNING id""")
+
+
+def write_completion(session: Session, job: Job, *, cost: int | None,
+                     assets: list[tuple[int, str, str | None]], is_public: bool,
+                     watermarked: bool, event: JobEvent, now: datetime) -> JobEvent:
+    """A won completion's other rows, after its CAS and its ledger commit, in the same
+    transaction: the final cost (``cost``; None: the CAS wrote it already), the assets
+    ``(index, storage key, media type)`` and the ``event`` (built by ``events.new_event``, not in
+    any session; its id is set here). One statement on PostgreSQL; the ORM's rows elsewhere. A
+    second completion's assets break ``uq_reconcile_assets_job_id_index`` (IntegrityError), as
+    the ORM's flush would."""
+    if session.get_bind().dialect.name != "postgresql":
+        if cost is not None:
+            record_cost(session, job.id, cost)
+        for index, key, media_type in assets:
+            session.add(Asset(id=uuid.uuid4(), job_id=job.id, user_id=job.user_id, index=index,
+                              storage_key=key, media_type=media_type, is_public=is_public,
+                              watermarked=watermarked, created_at=now))
+        session.add(event)
+        return event
+    event.id = session.execute(_COMPLETION_ROWS, {
+        "cost": cost, "set_cost": cost is not None, "job_id": job.id, "user_id": job.user_id,
+        "is_public": is_public, "watermarked": watermarked, "now": now,
+        "asset_ids": [uuid.uuid4() for _ in assets], "indexes": [a[0] for a in assets],
+        "keys": [a[1] for a in assets], "types": [a[2] for a in assets],
+        "event_id": event.event_id, "type": event.type, "payload": json.dumps(event.payload),
+        "published_at": event.published_at,
+    }).scalar_one()
+    if cost is not None:  # the caller's row object says what was written (no flush: committed)
+        set_committed_value(job, "credits_actual", cost)
+        set_committed_value(job, "display_cost", cost)
+    return event
 
 
 def record_cost(session: Session, job_id: uuid.UUID, credits_actual: int) -> bool:

@@ -27,14 +27,16 @@ LeaseSteps = Mapping[str, Sequence[tuple[timedelta | None, timedelta]]]
 
 
 def take_poll_turn(session: Session, job_id: uuid.UUID, generation: int, seq: int,
-                   lease_until: datetime | LeaseSteps, *, now: datetime | None = None) -> Job | None:
+                   lease_until: datetime | LeaseSteps, *, now: datetime | None = None,
+                   worker: str | None = None) -> Job | None:
     """Fence a poll run: move ``poll_seq`` from ``seq`` to ``seq + 1`` for this generation.
 
     A duplicate run, a stale chain or a terminal job loses and must not call the provider.
     ``lease_until`` is a time, or (with ``now``) the lease by kind and age: then the turn is
     also the step's load (one ``UPDATE … RETURNING``), and a row of a kind not named loses.
     That statement is built once per distinct set of steps (:func:`_turn_by_kind`); each poll
-    only binds its values.
+    only binds its values. ``worker``: the live worker process taking the turn (its heartbeat's
+    id, recorded as the row's ``claimed_by``; None: no heartbeat, the lease alone ends it).
     """
     if not isinstance(lease_until, Mapping):
         return _cas(
@@ -46,12 +48,14 @@ def take_poll_turn(session: Session, job_id: uuid.UUID, generation: int, seq: in
             Job.poll_seq == seq,
             poll_seq=seq + 1,
             poll_lease_expires_at=lease_until,
+            claimed_by=worker,
         )
     if now is None:
         raise ValueError("a lease by kind needs now")
     turn = _turn_by_kind(tuple((name, tuple(steps)) for name, steps in lease_until.items()))
     params: dict[str, Any] = {"turn_job": job_id, "turn_generation": generation,
-                              "turn_seq": seq, "turn_next": seq + 1, "turn_now": now}
+                              "turn_seq": seq, "turn_next": seq + 1, "turn_now": now,
+                              "turn_worker": worker}
     for name, delta in turn.offsets:
         params[name] = now + delta
     return session.execute(
@@ -105,7 +109,8 @@ def _turn_by_kind(steps: tuple[tuple[str, tuple[tuple[timedelta | None, timedelt
             Job.provider_kind.in_([name for name, _ in steps]),
         )
         .values({table.c.poll_seq: bindparam("turn_next"),
-                 table.c.poll_lease_expires_at: lease_sql})
+                 table.c.poll_lease_expires_at: lease_sql,
+                 table.c.claimed_by: bindparam("turn_worker", type_=Job.claimed_by.type)})
         .returning(*table.c)
     )
     # a Core UPDATE … RETURNING mapped onto Job: the same one statement and the same row object

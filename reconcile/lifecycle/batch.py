@@ -24,6 +24,10 @@ rows stay due past its time budget) runs :func:`poll_due`:
    does — after :func:`reconcile.jobstore.hold_claim` confirmed (and extended) the claim, so a
    result read under a claim that was taken over is refused. Finalize stays one transaction,
    attempts / threshold / exhaustion are the chain's own code (``lifecycle._unfinished``).
+   Those per-job outcomes of one round run concurrently, ``POLL_BATCH_FINALIZE_THREADS`` at a
+   time (a bounded thread pool: the media downloads and uploads of a round's completions
+   overlap); each job's claim check, CAS and ledger commit are its own transactions, so one
+   job's failure never rolls back another's completion.
 
 The loop claims again while rows are due and its time budget is left.
 """
@@ -133,7 +137,7 @@ def claim(rt: Runtime, *, limit: int | None = None, now: datetime | None = None)
         # does, instead of being claimed and dropped every lease; the sweep reports it
         # (``unknown_kind``) when no process knows it
         rows = jobstore.claim_due_with_times(session, now, claim_lease(rt), limit,
-                                             kinds=_async_kinds())
+                                             kinds=_async_kinds(), worker=rt.worker_id)
     return [Claim(job, rt.kind(job.provider_kind), job.poll_generation, job.poll_seq, was_due)
             for job, was_due in rows]
 
@@ -173,6 +177,7 @@ def run_claims(rt: Runtime, claims: list[Claim], report: BatchReport | None = No
     (fenced: its result is not written). A live poller keeps its rows however many rounds it
     needs; a dead one's rows are due again one lease after its last extension."""
     report = report if report is not None else BatchReport()
+    rt.crash_point("mid_batch")  # claimed (committed), nothing read yet
     claims, results = _read_rounds(rt, claims, report)
     _write(rt, claims, results, report)
     return report
@@ -224,13 +229,30 @@ def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchRe
         report.running += won
         report.fenced += len(running) - won
         report.outcomes["in_flight"] = report.outcomes.get("in_flight", 0) + won
-    for c, result in others:
-        try:
-            outcome = _one(rt, c, result, report)
-        except Exception:  # one row's failure (a database error…) never stops the others
-            log.exception("batch_row_failed job_id=%s", c.job.id)
-            outcome = "error"  # still claimed: due again after its lease, as a dead poller's
+    threads = min(rt.settings.poll_batch_finalize_threads, len(others))
+    if threads <= 1:
+        for c, result in others:
+            report.add(_isolated(rt, c, result, report))
+        return
+    # concurrently: each job in its own thread with its own report, merged here
+    pool = _finalize_pool(rt.settings.poll_batch_finalize_threads)
+    for outcome, part in pool.map(lambda item: _alone(rt, *item), others):
         report.add(outcome)
+        report.observed += part.observed
+        report.fenced += part.fenced
+
+
+def _alone(rt: Runtime, c: Claim, result: Any) -> tuple[str, BatchReport]:
+    part = BatchReport()
+    return _isolated(rt, c, result, part), part
+
+
+def _isolated(rt: Runtime, c: Claim, result: Any, report: BatchReport) -> str:
+    try:
+        return _one(rt, c, result, report)
+    except Exception:  # one row's failure (a database error…) never stops the others
+        log.exception("batch_row_failed job_id=%s", c.job.id)
+        return "error"  # still claimed: due again after its lease, as a dead poller's
 
 
 def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseException,
@@ -268,16 +290,23 @@ _POOLS: dict[int, tuple[int, ThreadPoolExecutor]] = {}
 _POOL_LOCK = threading.Lock()
 
 
-def _pool(size: int) -> ThreadPoolExecutor:
+def _pool(size: int, name: str = "reconcile-poll") -> ThreadPoolExecutor:
     """This process's read pool (made after fork, in the process that uses it)."""
     with _POOL_LOCK:
-        held = _POOLS.get(os.getpid())
+        key = os.getpid() if name == "reconcile-poll" else -os.getpid()
+        held = _POOLS.get(key)
         if held is None or held[0] != size:
             if held is not None:
                 held[1].shutdown(wait=False)
-            held = (size, ThreadPoolExecutor(max_workers=size, thread_name_prefix="reconcile-poll"))
-            _POOLS[os.getpid()] = held
+            held = (size, ThreadPoolExecutor(max_workers=size, thread_name_prefix=name))
+            _POOLS[key] = held
         return held[1]
+
+
+def _finalize_pool(threads: int) -> ThreadPoolExecutor:
+    """This process's finalize pool (the per-job outcomes of a round; database work and media:
+    kept apart from the read pool, whose threads do HTTP only)."""
+    return _pool(threads, "reconcile-finalize")
 
 
 def _read(rt: Runtime, c: Claim) -> PollResult | ProviderError | BaseException:

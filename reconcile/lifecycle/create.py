@@ -71,7 +71,8 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
     with rt.sessions.begin() as session:
         claimed = jobstore.claim_create(session, job_id, token, now,
                                         rt.settings.scaled(CREATE_CLAIM_LEASE),
-                                        kinds=_async_kinds())  # sync kinds: the platform's request
+                                        kinds=_async_kinds(),  # sync kinds: the platform's request
+                                        worker=rt.worker_id)
     if claimed is None:
         return _not_claimed(rt, job_id, now)
     kind = rt.kind(claimed.provider_kind)

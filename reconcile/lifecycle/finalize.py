@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from .. import jobstore
 from ..db.models import Asset, Job
-from ..jobstore.events import add_event, publish_events
+from ..jobstore.events import add_event, new_event, publish_events
 from ..kinds import provider_of
 from ..providers.base import Output, PollResult
 from ..runtime import Runtime
@@ -129,9 +129,11 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
 
                     actual = commit_settled(rt.ledger, session, job_id, amount, now=now)
                     actual = actual if actual is not None else 0
-                    if actual != amount:
-                        # not known at the completion CAS (no pricing hook), or the commit settled
-                        # otherwise (nothing held any more, legacy refunds)
+                    # not known at the completion CAS (no pricing hook), or the commit settled
+                    # otherwise (nothing held any more, legacy refunds): written with the
+                    # assets and the event below (one statement), or here on the repair path
+                    late_cost = actual if actual != amount else None
+                    if late_cost is not None and restored:
                         jobstore.record_cost(session, job_id, actual)  # refreshes ``done`` too
                     if restored:
                         jobstore.record_anomaly(session, job_id=job_id, user_id=job.user_id,
@@ -145,14 +147,15 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
                                                "credits_actual": done.credits_actual, "via": source},
                                               rt=rt)
                 if done is not None and not restored:
-                    for index, s in enumerate(stored):
-                        session.add(Asset(id=uuid.uuid4(), job_id=job_id, user_id=job.user_id, index=index,
-                                          storage_key=s.key, media_type=s.media_type, is_public=is_public,
-                                          watermarked=watermark and rt.watermark_hook is not None,
-                                          created_at=now))
-                    completed = add_event(session, done, "completed", now,
-                                          {"outputs": len(stored), "credits_actual": done.credits_actual,
-                                           "via": source}, rt=rt)
+                    credits_actual = done.credits_actual if late_cost is None else late_cost
+                    completed = jobstore.write_completion(
+                        session, done, cost=late_cost,
+                        assets=[(index, s.key, s.media_type) for index, s in enumerate(stored)],
+                        is_public=is_public, watermarked=watermark and rt.watermark_hook is not None,
+                        event=new_event(done, "completed", now,
+                                        {"outputs": len(stored), "credits_actual": credits_actual,
+                                         "via": source}, rt=rt),
+                        now=now)
                     _reopen_workflow(session, done)
                     hook = rt.completion_hooks.get(job.provider_kind or "")
                     if hook is not None:

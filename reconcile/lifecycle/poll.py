@@ -123,7 +123,7 @@ def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
     now = rt.now()
     with rt.sessions.begin() as session:
         turn = jobstore.take_poll_turn(session, job_id, generation, seq, _turn_leases(rt),
-                                       now=now)
+                                       now=now, worker=rt.worker_id)
     kind = rt.kind(turn.provider_kind) if turn is not None else None
     if turn is None or kind is None:
         with rt.sessions() as session:

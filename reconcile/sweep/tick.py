@@ -83,6 +83,14 @@ def sweep(rt: Runtime, *, dry_run: bool = False, now: datetime | None = None,
     limit = budget if budget is not None else rt.settings.scaled(
         timedelta(seconds=rt.settings.sweep_time_budget)).total_seconds()
     tally = _Tally()
+    if not dry_run:  # workers whose heartbeat lapsed: their claims end now, not at their lease
+        from .liveness import reap
+
+        try:
+            reap(rt)
+        except Exception:
+            log.exception("sweep_reap_failed")
+            tally.errors += 1
     for phase, query in _phases(_settle_cutoff(rt, now)):
         cursor: _Cursor = None
         while True:

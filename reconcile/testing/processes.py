@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from ..celery_install import QUEUE, QUEUES, routes
+from ..settings import Settings
+
 __all__ = ["CeleryWorker", "ScratchRedis", "WebhookReceiver", "celery_sender",
            "close_rabbitmq_connections", "enqueuers", "free_port"]
 
@@ -125,7 +128,7 @@ class CeleryWorker:
     """``celery -A reconcile.celery_app worker`` in its own process group (killed as a whole)."""
 
     def __init__(self, env: Mapping[str, str], log_path: Path, *, concurrency: int = 1,
-                 queues: str = "reconcile,reconcile.sweep", name: str | None = None) -> None:
+                 queues: str = ",".join(QUEUES), name: str | None = None) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._start = log_path.stat().st_size
@@ -245,8 +248,8 @@ def celery_sender(broker: str) -> Any:
     from celery import Celery
 
     app = Celery("chaos-sender", broker=broker)
-    app.conf.task_default_queue = "reconcile"
-    app.conf.task_routes = {"reconcile.sweep": {"queue": "reconcile.sweep"}}
+    app.conf.task_default_queue = QUEUE
+    app.conf.task_routes = routes(Settings().queue_layout)
     app.conf.broker_connection_retry_on_startup = True
     return app
 

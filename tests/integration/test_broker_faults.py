@@ -29,6 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits, lifecycle
+from reconcile.celery_install import POLL_QUEUE, QUEUES
 from reconcile.db.models import Job
 from reconcile.runtime import Runtime
 from reconcile.sweep import sweep
@@ -207,7 +208,7 @@ def rabbitmq_vhost() -> str:
     url = f"amqp://guest:guest@127.0.0.1:5672/{VHOST}"
     app = celery_sender(url)
     with app.connection_for_write() as conn:
-        for queue in ("reconcile", "reconcile.sweep"):
+        for queue in QUEUES:
             try:
                 conn.default_channel.queue_purge(queue)
             except Exception:  # not declared yet
@@ -298,6 +299,6 @@ def test_soft_shutdown_lets_a_running_poll_finish_then_requeues_held_messages(
         worker.proc.wait(timeout=90)
         log = worker.log_path.read_text(errors="replace")
         assert f"reconcile.poll[{running}] succeeded" in log, log[-3000:]
-        assert client.llen("reconcile") >= 3 and client.hlen("unacked") == 0, log[-3000:]
+        assert client.llen(POLL_QUEUE) >= 3 and client.hlen("unacked") == 0, log[-3000:]
     finally:
         worker.stop()

@@ -74,9 +74,9 @@ def test_install_keeps_and_warns_about_the_platforms_conflicting_values(
 def test_an_enqueue_from_another_thread_goes_through_the_installed_app(
         restore_installed: None, redis_url: str) -> None:
     """A web server's worker thread has Celery's default app as its current app; the library's
-    enqueue still publishes to the installed app's broker and the ``reconcile`` queue."""
+    enqueue still publishes to the installed app's broker and the ``reconcile.create`` queue."""
     client = redis.Redis.from_url(redis_url)
-    client.delete("reconcile", "acme", "celery")
+    client.delete("reconcile", "reconcile.create", "acme", "celery")
     app = _platform_app(redis_url)
     reconcile.install(app)
     job_id = uuid.uuid4()
@@ -92,9 +92,10 @@ def test_an_enqueue_from_another_thread_goes_through_the_installed_app(
     worker.start()
     worker.join()
     assert seen and seen[0] is not app  # the thread's current app is not the platform's
-    assert client.llen("reconcile") == 1
+    assert client.llen("reconcile.create") == 1
     assert client.llen("acme") == 0 and client.llen("celery") == 0
-    message = json.loads(client.lpop("reconcile"))
+    assert client.llen("reconcile") == 0
+    message = json.loads(client.lpop("reconcile.create"))
     assert message["headers"]["task"] == "reconcile.create"
     assert json.loads(__import__("base64").b64decode(message["body"]))[0] == [str(job_id)]
 

@@ -34,10 +34,10 @@ from tests.integration.harness import balance, fund
 
 CREDITS = 40
 RUNNING_POLLS = 3
-# outside the polls (issue 16's aim: ≤ 15): submit 4 (job, balance lock, reserve CTE, event),
-# create 3 (claim, id save, event), finalize 6 (completion, reserved-log lock, commit CTE,
-# credits_actual when no pricing hook gave it, asset, event)
-STATEMENTS_OUTSIDE_POLLS_MAX = 13
+# outside the polls: submit 4 (job, balance lock, reserve CTE, event), create 3 (claim, id
+# save, event), finalize 4 (completion, reserved-log lock, commit CTE, then ONE statement for
+# the rest: credits_actual when no pricing hook gave it, the assets, the event)
+STATEMENTS_OUTSIDE_POLLS_MAX = 11
 LEDGER_TABLES = ("usage_logs", "reconcile_credit_")
 
 
@@ -133,13 +133,17 @@ def test_happy_path_round_trips_without_a_publisher(world: World, amount: int | 
     outside = (c.of("submit")["statements"] + c.of("create")["statements"]
                + c.of(final)["statements"] - 1)
     assert outside <= STATEMENTS_OUTSIDE_POLLS_MAX
-    # the library's own: INSERT job + event; claim, save, event; complete (+ cost), asset, event
+    # the library's own: INSERT job + event; claim, save, event; complete, then (cost +) assets
+    # + event in one statement
     own = _own(_texts(world, "submit", "create", final))
     own.remove(c.texts(final)[0])  # the final poll's turn (counted as a poll)
-    assert len(own) == (8 if amount is not None else 9), own
+    assert len(own) == 7, own
     assert not any(t.startswith("SELECT jobs") for t in own), own  # no job row is re-read
     events = [t for t in _texts(world, "submit", "create", *polls) if "reconcile_job_events" in t]
-    assert len(events) == 3 and all(t.startswith("INSERT") for t in events), events
+    assert len(events) == 3, events
+    assert all(t.startswith("INSERT") for t in events[:2]), events
+    completion = events[2]  # the completion's: cost, assets and event, one statement
+    assert completion.startswith("WITH cost AS") and "INSERT INTO reconcile_assets" in completion
 
     job = _job(world, job_id)
     expected = CREDITS if amount is None else amount

@@ -16,6 +16,7 @@ from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits, lifecycle
+from reconcile.celery_install import QUEUES
 from reconcile.db.models import Job
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import fund, make_runtime
@@ -35,7 +36,7 @@ BROKERS = {
 def _purge(url: str) -> None:
     app = Celery(broker=url)
     with app.connection_for_write() as conn:
-        for queue in ("reconcile", "reconcile.sweep"):
+        for queue in QUEUES:
             try:
                 conn.default_channel.queue_purge(queue)
             except Exception:  # queue not declared yet

@@ -10,6 +10,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from reconcile.celery_install import QUEUE, QUEUES, routes
+
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).parent / "celery")
 
@@ -18,7 +20,7 @@ class Worker:
     """``celery -A reconcile.celery_app worker`` in its own process group."""
 
     def __init__(self, env: Mapping[str, str], log_path: Path, *, concurrency: int = 1,
-                 queues: str = "reconcile,reconcile.sweep") -> None:
+                 queues: str = ",".join(QUEUES)) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -71,6 +73,6 @@ def make_sender(broker: str):  # type: ignore[no-untyped-def]
     from celery import Celery
 
     app = Celery(broker=broker)
-    app.conf.task_default_queue = "reconcile"
-    app.conf.task_routes = {"reconcile.sweep": {"queue": "reconcile.sweep"}}
+    app.conf.task_default_queue = QUEUE
+    app.conf.task_routes = routes()
     return app

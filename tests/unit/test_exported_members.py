@@ -32,9 +32,10 @@ EXPORTED = {
     },
     "reconcile.celery_app": {"app"},
     "reconcile.celery_install": {
-        "BEAT_ENTRY", "POLL_DUE_ENTRY", "PRUNE_ENTRY", "QUEUE", "SWEEP_QUEUE",
-        "SWEEP_TASK", "SettingConflict", "check_broker_limits", "check_settings",
-        "connect_worker_checks", "fresh_engines", "install", "installed_app", "library_settings",
+        "BEAT_ENTRY", "CREATE_QUEUE", "POLL_DUE_ENTRY", "POLL_QUEUE", "PRUNE_ENTRY", "QUEUE",
+        "QUEUES", "SWEEP_QUEUE", "SWEEP_TASK", "SettingConflict", "check_broker_limits",
+        "check_settings", "connect_worker_checks", "consume_split_queues", "fresh_engines",
+        "install", "installed_app", "library_settings", "routes",
     },
     "reconcile.celery_settings": {
         "accept_content", "beat_max_loop_interval", "beat_schedule",
@@ -118,7 +119,8 @@ EXPORTED = {
         "WatermarkHook",
     },
     "reconcile.settings": {
-        "DEFAULT_SQLITE_URL", "LegacySweep", "PollMode", "Settings", "get_settings",
+        "DEFAULT_SQLITE_URL", "LegacySweep", "PollMode", "QueueLayout", "Settings",
+        "get_settings",
     },
     "reconcile.states": {
         "ATTEMPT_SPACING", "CREATE_CLAIM_LEASE", "IN_FLIGHT", "LEGACY_AGE", "MAX_ATTEMPTS",
@@ -141,6 +143,7 @@ EXPORTED = {
     "reconcile.sync": {"SyncCall", "check_sync_deadline", "run_sync", "sync_call"},
     "reconcile.tasks": {
         "create", "enqueue_create", "enqueue_poll", "enqueue_reconcile_job", "get_runtime",
+        "has_runtime",
         "poll", "poll_due", "prune", "reconcile_job", "reset_runtime", "set_runtime",
         "settle", "sweep",
     },
@@ -204,7 +207,7 @@ NOT_EXPORTED = {
     "reconcile.db.models": {
         "BIGID", "COMPLETED_AFTER_FAILURE", "IN_FLIGHT", "IdempotencyKey", "NAMING",
         "UNKNOWN_OUTCOME_IN_FLIGHT",
-        "POLL_DUE", "UsageLogId",
+        "POLL_DUE", "UsageLogId", "WorkerHeartbeat",
     },
     "reconcile.db.session": {"SQLITE_BUSY_TIMEOUT_MS"},
     "reconcile.idempotency": {
@@ -258,7 +261,8 @@ PRIVATE = {
     "reconcile.credits.importer",
     "reconcile.db.types",
     "reconcile.sweep.carry", "reconcile.sweep.claims", "reconcile.sweep.report",
-    "reconcile.sweep.table", "reconcile.sweep.tick",
+    "reconcile.sweep.table", "reconcile.sweep.tick", "reconcile.sweep.liveness",
+    "reconcile.jobstore.workers",
     "reconcile.providers.deadline", "reconcile.providers.http", "reconcile.providers.outcome",
     "reconcile.webhooks.registry",
     "reconcile.testing.counting", "reconcile.testing.platform_ledger",

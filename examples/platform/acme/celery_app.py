@@ -1,6 +1,6 @@
 """acme's own Celery app, with its own task and the library installed into it.
 
-    celery -A acme.celery_app worker -Q acme,reconcile,reconcile.sweep
+    celery -A acme.celery_app worker -Q acme,reconcile.poll,reconcile.create,reconcile,reconcile.sweep
     celery -A acme.celery_app beat       # one beat: acme's schedule and the library's sweep
 """
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...celery_install import QUEUES
 from ..processes import CeleryWorker, ScratchRedis
 from .plan import Fault, Plan
 
@@ -259,7 +260,7 @@ def _queue_depth(redis_server: ScratchRedis) -> int:
 
     try:
         client = redis.Redis(port=redis_server.port, socket_timeout=1, socket_connect_timeout=1)
-        return int(client.llen("reconcile")) + int(client.llen("reconcile.sweep"))
+        return sum(int(client.llen(queue)) for queue in QUEUES)
     except redis.RedisError:
         return 0
 
