@@ -20,7 +20,7 @@ production-equivalent). Per sweep interval (the default 300 s, and 30 s):
   tick phase.
 
 The backstop is measured here: the heartbeat is off (``RECONCILE_HEARTBEAT_INTERVAL=0``), since
-its timings are real seconds and would not scale with the rest; figure 8 measures the heartbeat
+its timings are real seconds and would not scale with the rest; figure 9 measures the heartbeat
 at the default settings.
 
 Expected shape: the poll lease still running at the kill (``lifecycle.poll_lease``: 2 × interval
