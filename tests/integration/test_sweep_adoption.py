@@ -217,6 +217,15 @@ def test_the_late_completion_query_uses_its_partial_index(world: World) -> None:
     from reconcile.db.models import COMPLETED_AFTER_FAILURE
 
     stmt = select(Job).where(text(COMPLETED_AFTER_FAILURE)).order_by(Job.id).limit(100)
+    # a history of ordinary completions beside a few late ones, as on a live platform: the
+    # operator lists' jobs_completed_at_idx (every completion) must not be the cheaper plan
+    with world.db.begin() as s:
+        s.execute(text(
+            "INSERT INTO jobs (id, user_id, job_type, status, created_at, completed_at, error_code) "
+            "SELECT gen_random_uuid(), :u, 'image', 'completed', now(), now(), "
+            "CASE WHEN n % 500 = 0 THEN 'UPSTREAM_FAILED' END FROM generate_series(1, 3000) n"),
+            {"u": world.user})
+        s.execute(text("ANALYZE jobs"))
     with world.db() as s:
         conn = s.connection()
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")

@@ -60,10 +60,11 @@ def _checkout_modules() -> set[str]:
     package = ROOT / "reconcile"
     found = {p.relative_to(ROOT).as_posix() for p in package.rglob("*.py")
              if "__pycache__" not in p.parts}
-    console = {p.relative_to(ROOT).as_posix()
-               for folder in ("templates", "static")
-               for p in (package / "console" / folder).iterdir() if p.is_file()}
-    return found | console | {"reconcile/py.typed", "reconcile/migrations/script.py.mako"}
+    data = {p.relative_to(ROOT).as_posix()
+            for folder in (package / "console" / "templates", package / "console" / "static",
+                           package / "contrib" / "django" / "templates")
+            for p in folder.rglob("*") if p.is_file()}
+    return found | data | {"reconcile/py.typed", "reconcile/migrations/script.py.mako"}
 
 
 def _wheel_modules(wheel: Path) -> set[str]:
