@@ -124,7 +124,7 @@ def test_a_builtin_family_without_its_simulator_module_fails_loudly(
     ghost = ProviderFamily("atk2nosuchfamily", kinds=(
         Kind("atk2nosuchfamily-x", False, timedelta(minutes=1), None, None, None, "x:y"),),
         simulator="reconcile.testing.sim_atk2nosuchfamily")
-    monkeypatch.setattr(registry, "_LOADED", (*registry.families(), ghost))
+    monkeypatch.setattr(registry, "_LOADED", (ghost, *registry.families()))
     monkeypatch.setattr(sim_registry, "_MISSING", {})
     with pytest.raises(ModuleNotFoundError, match="sim_atk2nosuchfamily"):
         sim_registry.load_builtin()
@@ -140,6 +140,8 @@ def test_a_missing_simulator_module_costs_only_its_family(
 
     from reconcile.providers import family as registry
 
+    sim_registry.load_builtin(strict=False)
+    already = set(sim_registry.missing())  # none, unless another family's module is broken too
     lost = tuple(dataclasses.replace(f, simulator="reconcile.testing.sim_atk2lost")
                  if f.name == "kie" else f for f in registry.families())
     monkeypatch.setattr(registry, "_LOADED", lost)
@@ -148,8 +150,8 @@ def test_a_missing_simulator_module_costs_only_its_family(
                         {p: r for p, r in sim_registry._ROUTES.items() if p != "kie"})
     loaded = sim_registry.load_builtin(strict=False)
     assert [m.__name__.rsplit(".sim_", 1)[1] for m in loaded] == \
-        [f for f in BUILTIN_PROVIDERS if f != "kie"]
-    assert set(sim_registry.missing()) == {"kie"}
+        [f for f in BUILTIN_PROVIDERS if f != "kie" and f not in already]
+    assert set(sim_registry.missing()) == {"kie"} | already
     assert "reconcile.testing.sim_atk2lost" in sim_registry.missing()["kie"]
     with Simulator() as sim:
         settings = sim.settings()
