@@ -2,7 +2,9 @@
 
 A kind says whether the call is sync or async, how long before a job of that kind is stale,
 how often to poll, how long its result URLs live, where the job id is planted for the provider
-to echo back, and how to build its client. A platform registers its own with
+to echo back, and how to build its client. The built-in kinds are declared by their provider
+families (``FAMILY.kinds`` in ``reconcile/providers/<family>/``,
+:class:`~reconcile.providers.family.ProviderFamily`); a platform registers its own with
 :func:`register_kind`.
 
 A kind also names its provider family (:attr:`Kind.provider`): the value stored in
@@ -14,76 +16,12 @@ keeps its family; a platform kind named otherwise sets it. Nothing else reads th
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .providers.family import ClientFactory, Kind, families, family_of_name
 
 if TYPE_CHECKING:
-    import requests
-
-    from .providers.base import AsyncProvider, SyncProvider
-    from .settings import Settings
     from .webhooks import WebhookScheme
-
-ClientFactory = Callable[["Settings", "requests.Session | None"], Any]
-
-MIN = timedelta(minutes=1)
-SEC = timedelta(seconds=1)
-
-
-@dataclass(frozen=True)
-class Kind:
-    name: str
-    sync: bool
-    stale_threshold: timedelta
-    poll_interval: timedelta | None
-    # None: no URL to fetch (sync) or unbounded (ElevenLabs: while the dubbing exists)
-    result_url_lifetime: timedelta | None
-    plant: str | None  # where the job id is planted for the provider to echo it back
-    client: str  # "module:factory" resolved lazily, or set ``factory``
-    factory: ClientFactory | None = field(default=None, compare=False)
-    # (after, interval): poll less often as a job ages (KIE: 2–3 s early, 15–30 s later)
-    backoff: tuple[tuple[timedelta, timedelta], ...] = ()
-    # The provider family: jobs.provider, the webhook path segment and the webhook scheme's
-    # name. "" (the default) means the name's first "-" segment.
-    provider: str = ""
-    # Whether a stored delivery the provider's signature does not bind to a job may be bound by
-    # a read of the task echoing the planted job id (KIE, ElevenLabs). None: the provider's
-    # webhook scheme decides (:attr:`reconcile.webhooks.WebhookScheme.echo_check`).
-    echo_check: bool | None = None
-    # The binding fields: the create fields the library writes itself because the provider
-    # echoes them back as what ties a delivery or a read to this job (README "Webhook fields
-    # that are trusted"). An input setting one is refused at submit (:func:`binding_key`).
-    # Every built-in kind declares its row (``()``: it plants nothing); None is a platform kind
-    # that declares none.
-    binds: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if not self.provider:
-            object.__setattr__(self, "provider", family_of_name(self.name))
-
-    def build(self, settings: Settings, session: requests.Session | None = None) -> AsyncProvider | SyncProvider:
-        factory = self.factory
-        if factory is None:
-            module_name, _, attr = self.client.partition(":")
-            factory = getattr(importlib.import_module(module_name), attr)
-        client: AsyncProvider | SyncProvider = factory(settings, session)
-        return client
-
-    def interval_at(self, age: timedelta) -> timedelta:
-        """The poll interval for a job that has been running ``age``."""
-        for after, interval in self.interval_steps():
-            if after is None or age >= after:
-                return interval
-        raise AssertionError("interval_steps ends with an unconditional step")
-
-    def interval_steps(self) -> tuple[tuple[timedelta | None, timedelta], ...]:
-        """``(age, interval)`` in the order they are tried: the first step whose age a job has
-        reached applies (the last backoff entry reached wins); ``None``, last, is any age."""
-        return (*((after, slower) for after, slower in reversed(self.backoff)),
-                (None, self.poll_interval or timedelta(seconds=5)))
 
 
 def binding_key(kind: Kind, key: str) -> str | None:
@@ -96,72 +34,17 @@ def binding_key(kind: Kind, key: str) -> str | None:
     return next((f for f in kind.binds or () if f.casefold() == name), None)
 
 
-def family_of_name(name: str | None) -> str:
-    """The default provider family of a kind name: its first ``-`` segment."""
-    return (name or "").split("-", 1)[0]
-
-
-H24 = timedelta(hours=24)
-H1 = timedelta(hours=1)
-_KIE_BACKOFF = ((2 * MIN, 15 * SEC),)
-# Each kind's binding fields (README "Webhook fields that are trusted"): KIE's record echoes the
-# body's callBackUrl; Replicate's prediction echoes ``webhook`` (and its filter); an ElevenLabs
-# dubbing echoes ``name``, a speech-to-text webhook ``webhook_metadata`` (``webhook`` turns it
-# on); fal's webhook is the ``fal_webhook`` query parameter. Sync kinds plant nothing.
-_KIE_BINDS = ("callBackUrl",)
-_REPLICATE_BINDS = ("webhook", "webhook_events_filter")
-_ELEVENLABS_BINDS = ("name", "webhook_metadata", "webhook")
-_FAL_BINDS = ("fal_webhook",)
-
-
-def _kie(name: str, threshold: int, interval: int, api: str) -> Kind:
-    return Kind(
-        name=name,
-        sync=False,
-        stale_threshold=threshold * MIN,
-        poll_interval=interval * SEC,
-        result_url_lifetime=H24,
-        plant="callBackUrl query",
-        client=f"reconcile.providers.kie:{api}",
-        backoff=_KIE_BACKOFF if interval < 15 else (),
-        binds=_KIE_BINDS,
-    )
-
-
-_BUILTIN: tuple[Kind, ...] = (
-    _kie("kie-standard", 10, 5, "market_client"),
-    _kie("kie-veo", 25, 10, "veo_client"),
-    _kie("kie-suno", 30, 10, "suno_client"),
-    _kie("kie-kontext", 10, 5, "kontext_client"),
-    _kie("kie-luma", 25, 15, "luma_client"),
-    _kie("kie-kling3", 25, 10, "market_client"),
-    _kie("kie-runway", 25, 10, "runway_client"),
-    _kie("kie-lip-sync", 75, 15, "market_client"),
-    Kind("kie-llm", True, 5 * MIN, None, None, None, "reconcile.providers.kie:llm_client",
-         binds=()),
-    Kind("replicate-prediction", False, 20 * MIN, 3 * SEC, H1, "webhook query",
-         "reconcile.providers.replicate:prediction_client", binds=_REPLICATE_BINDS),
-    Kind("replicate-training", False, 30 * MIN, 15 * SEC, H1, "webhook query",
-         "reconcile.providers.replicate:training_client", binds=_REPLICATE_BINDS),
-    Kind("elevenlabs-async", False, 15 * MIN, 10 * SEC, None, "STT webhook_metadata",
-         "reconcile.providers.elevenlabs:async_client", binds=_ELEVENLABS_BINDS),
-    Kind("elevenlabs-sync", True, 5 * MIN, None, None, None,
-         "reconcile.providers.elevenlabs:sync_client", binds=()),
-    Kind("anthropic-sync", True, 5 * MIN, None, None, None,
-         "reconcile.providers.anthropic:sync_client", binds=()),
-    Kind("fal-queue", False, 20 * MIN, 3 * SEC, H1, "fal_webhook query",
-         "reconcile.providers.fal:queue_client", binds=_FAL_BINDS),
-)
+# Each built-in family declares its kinds (``FAMILY.kinds`` in reconcile/providers/<family>/),
+# with their thresholds, intervals, URL lifetimes and binding fields.
+_BUILTIN: tuple[Kind, ...] = tuple(kind for family in families() for kind in family.kinds)
 
 _REGISTRY: dict[str, Kind] = {k.name: k for k in _BUILTIN}
 
 BUILTIN_KINDS: tuple[str, ...] = tuple(k.name for k in _BUILTIN)
-# The shipped provider families, in the order their first kind appears above. A family is one
-# plug-in unit: its client module (each kind's ``client``), its webhook scheme
-# (``reconcile/webhooks/<family>.py``, found by :mod:`reconcile.webhooks` itself) and its
-# simulator module (``reconcile/testing/sim_<family>.py``, loaded through this tuple). A new
-# built-in family is a kind here plus those modules; nothing else lists the families.
-BUILTIN_PROVIDERS: tuple[str, ...] = tuple(dict.fromkeys(k.provider for k in _BUILTIN))
+# The shipped provider families, in order (:data:`reconcile.providers.family.BUILTIN_FAMILIES`).
+# A family is one package, reconcile/providers/<family>/, with one declaration (``FAMILY``); every
+# list of the families derives from those declarations.
+BUILTIN_PROVIDERS: tuple[str, ...] = tuple(family.name for family in families())
 
 
 def register_kind(

@@ -64,6 +64,19 @@ def _share(value: object) -> Fraction:
 _Share = Annotated[Fraction, PlainValidator(_share)]
 
 
+class _Redacted:
+    """Marks a field whose value is redacted wherever the library logs or stores text
+    (:func:`reconcile.core.redact.text`): a credential or a webhook secret."""
+
+    def __repr__(self) -> str:
+        return "REDACTED"
+
+
+_REDACTED = _Redacted()
+_Secret = Annotated[str, _REDACTED]
+_OptionalSecret = Annotated[str | None, _REDACTED]
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RECONCILE_", extra="ignore")
 
@@ -156,18 +169,20 @@ class Settings(BaseSettings):
     job_events_retention_days: float | None = None
     webhook_deliveries_retention_days: float | None = None
 
-    # Providers
+    # Providers: each family's fields, named <family>_… (its FAMILY declaration lists them:
+    # urls, secrets, settings; tests/unit/test_provider_family.py checks the two agree). A
+    # _Secret is redacted wherever the library logs or stores text.
     kie_base_url: str = "https://api.kie.ai"
-    kie_api_key: str = ""
+    kie_api_key: _Secret = ""
     replicate_base_url: str = "https://api.replicate.com"
-    replicate_api_key: str = ""
+    replicate_api_key: _Secret = ""
     elevenlabs_base_url: str = "https://api.elevenlabs.io"
-    elevenlabs_api_key: str = ""
+    elevenlabs_api_key: _Secret = ""
     fal_base_url: str = "https://queue.fal.run"
     fal_sync_base_url: str = "https://fal.run"
-    fal_api_key: str = ""
+    fal_api_key: _Secret = ""
     anthropic_base_url: str = "https://api.anthropic.com"
-    anthropic_api_key: str = ""
+    anthropic_api_key: _Secret = ""
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
     sync_read_timeout: float = 300.0
@@ -176,9 +191,9 @@ class Settings(BaseSettings):
     sync_deadline: float = 240.0
 
     # Webhook secrets
-    replicate_webhook_secret: str | None = None
-    kie_webhook_hmac_key: str | None = None
-    elevenlabs_webhook_secret: str | None = None
+    replicate_webhook_secret: _OptionalSecret = None
+    kie_webhook_hmac_key: _OptionalSecret = None
+    elevenlabs_webhook_secret: _OptionalSecret = None
     fal_jwks_url: str = "https://rest.fal.ai/.well-known/jwks.json"
     # fal signs every account's webhooks with one JWKS: only a delivery whose signed
     # X-Fal-Webhook-User-Id is this id can bind to a job (unset: fal evidence is operator-only)
@@ -224,11 +239,15 @@ class Settings(BaseSettings):
         return self
 
     def model_post_init(self, context: object) -> None:
-        """The configured secrets' values are redacted wherever the library logs or stores text
-        (:func:`reconcile.core.redact.text`)."""
-        remember_secrets(self.kie_api_key, self.replicate_api_key, self.elevenlabs_api_key,
-                         self.fal_api_key, self.anthropic_api_key, self.replicate_webhook_secret,
-                         self.kie_webhook_hmac_key, self.elevenlabs_webhook_secret)
+        """The configured secrets' values (every ``_Secret`` field) are redacted wherever the
+        library logs or stores text (:func:`reconcile.core.redact.text`)."""
+        remember_secrets(*(getattr(self, name) for name in self.secret_fields()))
+
+    @classmethod
+    def secret_fields(cls) -> tuple[str, ...]:
+        """The fields whose values are redacted (credentials and webhook secrets)."""
+        return tuple(name for name, info in cls.model_fields.items()
+                     if any(isinstance(m, _Redacted) for m in info.metadata))
 
     @field_validator("failure_refund", "cancel_refund", mode="after")
     @classmethod

@@ -10,8 +10,8 @@ webhooks with one JWKS; KIE signs only ``taskId.timestamp``) can put any job id 
 
 Per provider, its webhook scheme's :attr:`~reconcile.webhooks.WebhookScheme.binding` says
 which signed field binds a delivery to a job and which read confirms an adopted id; each
-provider's webhook module (:mod:`reconcile.webhooks`) explains its row, and README "Security
-model" carries the whole table. For example: Replicate signs the body, whose ``webhook`` is our
+provider's webhook module (``reconcile/providers/<family>/webhook.py``) explains its row, and
+README "Security model" carries the whole table. For example: Replicate signs the body, whose ``webhook`` is our
 callback URL with its ``job_id``, and ``GET /v1/predictions/{id}`` echoes it; KIE signs only
 ``taskId`` and the timestamp, so only its ``record-info`` echo of ``param.callBackUrl`` binds;
 fal's signed ``X-Fal-Webhook-User-Id`` must equal ``RECONCILE_FAL_WEBHOOK_USER_ID`` (checked at
@@ -37,11 +37,12 @@ from sqlalchemy.orm import Session
 
 from ..db.models import Job, WebhookDelivery
 from ..kinds import Kind, provider_of
+from ..providers.fal.webhook import FAL_CHECKED_USER
 from ..settings import Settings
-from ..webhooks import FAL_CHECKED_USER, PROVIDERS, Binding, get_scheme
+from ..webhooks import PROVIDERS, Binding, get_scheme
 
 # The shipped schemes' rows of the table; each provider's webhook module
-# (:mod:`reconcile.webhooks`) owns its row, and a platform's scheme brings its own.
+# (``reconcile/providers/<family>/webhook.py``) owns its row; a platform's scheme brings its own.
 BINDINGS: dict[str, Binding] = {p: scheme.binding for p in PROVIDERS
                                 if (scheme := get_scheme(p)) is not None}
 

@@ -7,7 +7,8 @@ each endpoint declares the output it expects, and only the *declared* output mis
 result. A text or JSON output becomes an :class:`~reconcile.providers.base.Output` with ``text``,
 which the lifecycle stores as an object like any media file, so the snapshot shape is unchanged.
 
-Defaults (one rule, two providers):
+Defaults (one rule; each provider family declares its own, ``FAMILY.output``, with its built-in
+endpoint declarations, ``FAMILY.outputs``; a provider that declares none expects ``MEDIA``):
 
 * fal — ``MEDIA``: a fal result mixes the product with metadata (``seed``, ``timings``,
   ``prompt``), so only media objects count unless the endpoint declares otherwise;
@@ -16,7 +17,8 @@ Defaults (one rule, two providers):
   (URLs, a string, a token list, JSON) counts; declare ``MEDIA`` for a model whose text-only
   output would be a failure.
 
-A platform declares its own endpoints with :func:`declare_output`.
+A platform declares its own endpoints with :func:`declare_output` (a declaration wins over a
+family's built-in one).
 """
 
 from __future__ import annotations
@@ -51,17 +53,11 @@ class OutputSpec:
 
 MEDIA = OutputSpec(Expect.MEDIA)
 ANY = OutputSpec(Expect.ANY)
-_DEFAULTS = {"fal": MEDIA, "replicate": ANY}
 _LOCK = threading.Lock()
-# (provider, model prefix) → spec. Builtins: fal endpoints whose documented result is text:
-# fal.ai/models/fal-ai/whisper and fal-ai/wizper answer {"text", "chunks"}; fal-ai/any-llm
-# answers {"output", "reasoning", "partial", "error"}; fal-ai/elevenlabs/speech-to-text {"text"}.
-_DECLARED: dict[tuple[str, str], OutputSpec] = {
-    ("fal", "fal-ai/whisper"): OutputSpec(Expect.TEXT, "text"),
-    ("fal", "fal-ai/wizper"): OutputSpec(Expect.TEXT, "text"),
-    ("fal", "fal-ai/any-llm"): OutputSpec(Expect.TEXT, "output"),
-    ("fal", "fal-ai/elevenlabs/speech-to-text"): OutputSpec(Expect.TEXT, "text"),
-}
+# (provider, model prefix) → spec: the platform's own declarations (:func:`declare_output`)
+_DECLARED: dict[tuple[str, str], OutputSpec] = {}
+# provider → (its default, its built-in declarations), from the families' declarations
+_FAMILIES: dict[str, tuple[OutputSpec, dict[str, OutputSpec]]] | None = None
 
 
 def declare_output(provider: str, model: str, spec: OutputSpec) -> None:
@@ -70,17 +66,32 @@ def declare_output(provider: str, model: str, spec: OutputSpec) -> None:
         _DECLARED[(provider, model.strip("/"))] = spec
 
 
+def _family_outputs() -> dict[str, tuple[OutputSpec, dict[str, OutputSpec]]]:
+    """Each built-in family's ``output`` and ``outputs`` (loaded once; the families import this
+    module, so never at its import)."""
+    global _FAMILIES
+    if _FAMILIES is None:
+        from .family import families
+
+        _FAMILIES = {f.name: (f.output, {m.strip("/"): spec for m, spec in f.outputs.items()})
+                     for f in families()}
+    return _FAMILIES
+
+
 def declared_output(provider: str, model: str | None) -> OutputSpec:
     """The spec of the longest declared prefix of ``model`` (path segments; a Replicate
-    ``:version`` is ignored), else the provider's default."""
+    ``:version`` is ignored) — the platform's declaration, else the family's built-in one —,
+    else the provider's default."""
     name = (model or "").removeprefix("deployment:").partition(":")[0].strip("/")
     segments = name.split("/")
+    default, builtin = _family_outputs().get(provider, (MEDIA, {}))
     with _LOCK:
         for end in range(len(segments), 0, -1):
-            spec = _DECLARED.get((provider, "/".join(segments[:end])))
+            prefix = "/".join(segments[:end])
+            spec = _DECLARED.get((provider, prefix)) or builtin.get(prefix)
             if spec is not None:
                 return spec
-    return _DEFAULTS.get(provider, MEDIA)
+    return default
 
 
 def text_output(value: Any) -> Output | None:

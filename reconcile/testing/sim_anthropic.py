@@ -105,4 +105,5 @@ register_route(SimRoute(
     PREFIX, authorized, error, handle, url_settings={"anthropic_base_url": ""},
     api_key_settings=("anthropic_api_key",),
     examples={"anthropic-sync": ("claude-sonnet",
-                                 {"messages": [{"role": "user", "content": "hi"}]})}))
+                                 {"messages": [{"role": "user", "content": "hi"}]})},
+    chaos={"anthropic-sync": 1}))

@@ -119,7 +119,7 @@ class SimSecrets:
 
     def settings_env(self) -> dict[str, str]:
         """Each registered provider's webhook setting, as the library reads it."""
-        sim_registry.load_builtin()
+        sim_registry.load_builtin(strict=False)
         return {sim_registry.env_name(hooks.secret_setting): self.webhook_secret(hooks.provider)
                 for hooks in sim_registry.registered_webhooks() if hooks.secret_setting}
 
@@ -323,11 +323,17 @@ def int_or_raw(value: Any) -> Any:
 
 def base_urls_for(url: str) -> dict[str, str]:
     """The settings environment that points every client at a simulator running at ``url``:
-    each registered route's ``url_settings``, and the media host."""
+    each registered route's ``url_settings``, and the media host. A built-in family's URL
+    setting no route names (its simulator module did not load) points at ``{url}/<family>``,
+    which answers 404: never at the real provider."""
+    from ..providers.family import families
+
     host = urlsplit(url).hostname or "127.0.0.1"
-    sim_registry.load_builtin()
-    env = {sim_registry.env_name(setting): f"{url}/{route.prefix}{path}"
-           for route in sim_registry.routes() for setting, path in route.url_settings.items()}
+    sim_registry.load_builtin(strict=False)
+    env = {sim_registry.env_name(setting): f"{url}/{family.name}"
+           for family in families() for setting in family.urls}
+    env.update({sim_registry.env_name(setting): f"{url}/{route.prefix}{path}"
+                for route in sim_registry.routes() for setting, path in route.url_settings.items()})
     # every port: the simulator picks a free one
     env["RECONCILE_MEDIA_ALLOWED_HOSTS"] = json.dumps([f"{host}:*"])
     return env

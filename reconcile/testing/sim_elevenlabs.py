@@ -349,7 +349,8 @@ register_route(SimRoute(
     api_key_settings=("elevenlabs_api_key",),
     examples={"elevenlabs-async": ("dubbing", {"source_url": "https://example.com/a.mp4",
                                                "target_lang": "es"}),
-              "elevenlabs-sync": ("tts:voice1", {"text": "hello"})}))
+              "elevenlabs-sync": ("tts:voice1", {"text": "hello"})},
+    chaos={"elevenlabs-async": 1, "elevenlabs-sync": 1}))
 register_webhooks(SimWebhooks(PROVIDER, callback, elevenlabs_headers,
                               secret_setting="elevenlabs_webhook_secret",
                               secret=lambda secrets: secrets.elevenlabs_webhook_secret, sign=sign))

@@ -242,7 +242,8 @@ register_route(SimRoute(
     PREFIX, authorized, error, handle,
     url_settings={"fal_base_url": "", "fal_jwks_url": "/.well-known/jwks.json"},
     api_key_settings=("fal_api_key",),
-    examples={"fal-queue": ("fal-ai/flux/dev", {"prompt": "x"})}))
+    examples={"fal-queue": ("fal-ai/flux/dev", {"prompt": "x"})},
+    chaos={"fal-queue": 3}))
 # fal signs every account with one JWKS: the setting binds its deliveries to the simulated account
 register_webhooks(SimWebhooks(PROVIDER, callback, fal_headers,
                               secret_setting="fal_webhook_user_id",

@@ -299,7 +299,8 @@ register_route(SimRoute(
         "kie-runway": ("runway-duration-5-generate", {"prompt": "x", "aspectRatio": "16:9"}),
         "kie-lip-sync": ("infinitalk/from-audio", {"prompt": "x"}),
         "kie-llm": ("gpt-x", {"messages": [{"role": "user", "content": "hi"}]}),
-    }))
+    },
+    chaos={"kie-standard": 3, "kie-veo": 2, "kie-llm": 1}))
 register_webhooks(SimWebhooks(PROVIDER, callback, kie_headers,
                               secret_setting="kie_webhook_hmac_key",
                               secret=lambda secrets: secrets.kie_webhook_hmac_key, sign=sign))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 
 
@@ -22,8 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    from .sim_registry import missing
     from .simulator import Simulator
 
+    for family, why in missing().items():
+        print(f"warning: nothing simulates provider family {family!r} ({why}); its URL "
+              f"settings point at a path that answers 404", file=sys.stderr, flush=True)
     with Simulator(args.host, args.port, seed=args.seed, time_scale=args.time_scale) as sim:
         print(sim.url, flush=True)
         for name, value in sim.env().items():

@@ -10,10 +10,13 @@ settings environment (:func:`~reconcile.testing.sim_core.base_urls_for`,
 :meth:`~reconcile.testing.simulator.Simulator.env`, :class:`~reconcile.testing.sim_core.SimSecrets`)
 and the library's own tests read this registry.
 
-The built-in families' modules are loaded by :func:`load_builtin`: ``sim_<family>`` for each
-family of :data:`reconcile.kinds.BUILTIN_PROVIDERS` (a new built-in family adds its module and
-lists nothing). A platform's tests serve their own provider family too: import the module that
-registers its route (and webhooks) before starting the simulator.
+The built-in families' modules are loaded by :func:`load_builtin`: the ``simulator`` module each
+family declares (``FAMILY.simulator``, :mod:`reconcile.providers.family`; a new built-in family
+adds its module and lists nothing). The simulator itself loads them leniently: a module that is
+missing or fails to import is recorded (:func:`missing`) and costs only that family — the
+simulator serves nothing for it and points its URL settings at a path of its own that answers
+404, never at the real provider. A platform's tests serve their own provider family too: import
+the module that registers its route (and webhooks) before starting the simulator.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ class SimRoute:
       this route, with the path below ``{url}/{prefix}`` it takes (``""``: the prefix itself);
     - ``api_key_settings``: the credential fields a client sends here (the simulator's
       environment fills each with a dummy key);
-    - ``examples``: for each kind name this route serves, one request it accepts.
+    - ``examples``: for each kind name this route serves, one request it accepts;
+    - ``chaos``: the kinds the chaos run submits here, each with its weight in the mix.
     """
 
     prefix: str
@@ -51,6 +55,8 @@ class SimRoute:
     url_settings: Mapping[str, str] = field(default_factory=dict, compare=False)
     api_key_settings: tuple[str, ...] = ()
     examples: Mapping[str, Example] = field(default_factory=dict, compare=False)
+    # kind → its weight in the chaos run's mix (each runs its example); none: not in the run
+    chaos: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -149,17 +155,39 @@ def env_name(setting: str) -> str:
     return "RECONCILE_" + setting.upper()
 
 
-def load_builtin() -> tuple[ModuleType, ...]:
-    """Import (once) the simulator module of every built-in provider family, ``sim_<family>``
-    (each registers itself on import). Every built-in family has one: a missing module (an
-    install that lost it) raises ModuleNotFoundError rather than leave that family's settings
-    at the real provider's URLs."""
-    from .. import kinds
+_MISSING: dict[str, str] = {}  # family → why its simulator module did not load
 
-    return tuple(importlib.import_module(f"{__package__}.sim_{family}")
-                 for family in kinds.BUILTIN_PROVIDERS)
+
+def load_builtin(*, strict: bool = True) -> tuple[ModuleType, ...]:
+    """Import (once) the simulator module of every built-in provider family (``FAMILY.simulator``;
+    each registers itself on import), in the families' order.
+
+    ``strict`` (the default): a module that is missing (an install that lost it) or fails to
+    import raises, rather than leave that family's settings unserved. Otherwise the failure is
+    recorded for :func:`missing` and the other families' modules still load: what the simulator
+    does at import, so one family's broken module fails that family's tests only."""
+    from ..providers.family import families
+
+    loaded = []
+    for family in families():
+        if family.simulator is None:
+            continue
+        try:
+            loaded.append(importlib.import_module(family.simulator))
+        except Exception as exc:
+            if strict:
+                raise
+            _MISSING[family.name] = f"{family.simulator} did not import: {exc!r}"
+        else:
+            _MISSING.pop(family.name, None)
+    return tuple(loaded)
+
+
+def missing() -> dict[str, str]:
+    """Built-in family → why its simulator module did not load (empty when every one did)."""
+    return dict(_MISSING)
 
 
 __all__ = ["Example", "SimRoute", "SimWebhooks", "env_name", "examples", "load_builtin",
-           "prefixes", "register_route", "register_webhooks", "registered_webhooks", "route",
-           "routes", "sign", "unregister", "verify_key", "webhooks_for"]
+           "missing", "prefixes", "register_route", "register_webhooks", "registered_webhooks",
+           "route", "routes", "sign", "unregister", "verify_key", "webhooks_for"]

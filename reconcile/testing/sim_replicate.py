@@ -269,7 +269,8 @@ register_route(SimRoute(
     PREFIX, authorized, error, handle, url_settings={"replicate_base_url": ""},
     api_key_settings=("replicate_api_key",),
     examples={"replicate-prediction": ("owner/model:v1", {"prompt": "x"}),
-              "replicate-training": ("owner/model:v1", {"steps": 1})}))
+              "replicate-training": ("owner/model:v1", {"steps": 1})},
+    chaos={"replicate-prediction": 3}))
 register_webhooks(SimWebhooks(PROVIDER, callback, replicate_headers,
                               secret_setting="replicate_webhook_secret",
                               secret=lambda secrets: secrets.replicate_webhook_secret, sign=sign))

@@ -6,19 +6,15 @@ case-insensitively), the raw ``body`` bytes, the callback URL's ``query`` (where
 plants ``job_id``), the secret and an injected ``now``; it returns a :class:`WebhookEvent` or
 raises a :class:`~reconcile.errors.WebhookError` subclass — never anything else for bad input.
 
-One module per provider owns its scheme (verify, where its secret comes from, what it signs
-that binds a delivery to a job) and registers it in :mod:`.registry`. Every public module of this
-package is such a module: importing the package imports each of them (nothing here lists them),
-and :data:`PROVIDERS` is what they registered. The shipped ones:
-
-- :mod:`.replicate`: HMAC-SHA256 of ``{webhook-id}.{webhook-timestamp}.{body}`` (Standard
-  Webhooks, base64, ``v1,`` entries); ±5 min; body signed.
-- :mod:`.kie`: base64 HMAC-SHA256 of ``{taskId}.{X-Webhook-Timestamp}``; ±5 min; body **not**
-  signed.
-- :mod:`.elevenlabs`: hex HMAC-SHA256 of ``{t}.{body}`` (``ElevenLabs-Signature: t=…,v0=…``);
-  ±30 min; body signed.
-- :mod:`.fal`: Ed25519 over ``{request_id}\\n{user_id}\\n{timestamp}\\n{sha256_hex(body)}`` by
-  any key of fal's JWKS; ±300 s; body signed.
+Each provider family owns its scheme (verify, where its secret comes from, what it signs that
+binds a delivery to a job) in its own package, ``reconcile/providers/<family>/webhook.py``, and
+declares it as its ``FAMILY.webhook`` (:mod:`reconcile.providers.family`). Importing this package
+registers every built-in family's scheme (nothing here lists them) and re-exports the public
+names of each family's webhook module (its ``__all__`` but ``SCHEME``: ``verify_kie``,
+``JwksCache`` …); :data:`PROVIDERS` is the families that declare one. Each webhook module says
+what its provider signs and for how long (Replicate: Standard Webhooks over the body, ±5 min;
+KIE: ``{taskId}.{timestamp}`` only, ±5 min; ElevenLabs: ``{t}.{body}``, ±30 min; fal: Ed25519
+by fal's JWKS, ±300 s).
 
 KIE signs only the task id and the timestamp, so its status fields are hints
 (``signed_body=False``): re-read the task before acting on it. ``planted_job_id`` comes from
@@ -33,20 +29,21 @@ with are here too (:func:`header`, :func:`require_secret`, :func:`fresh_timestam
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import sys
 from collections.abc import Mapping
 from datetime import datetime
-from types import ModuleType
 from typing import Any
 
 from ..errors import WebhookPayloadError
-from ._common import (
+from ..providers.family import families
+from ..providers.scheme import (
     FAILED,
     MAX_DEPTH,
     RUNNING,
     SUCCEEDED,
+    Binding,
     WebhookEvent,
+    WebhookScheme,
     _event,
     _header,
     _hmac_sha256,
@@ -54,54 +51,49 @@ from ._common import (
     _require_secret,
     _required,
     _timestamp,
+    from_settings,
     payload_digest,
 )
-from .elevenlabs import DUBBING_NAME_PREFIX, ELEVENLABS_TOLERANCE, verify_elevenlabs
-from .fal import (
-    FAL_CHECKED_USER,
-    FAL_TOLERANCE,
-    JWKS_FAILURE_TTL,
-    JWKS_MAX_AGE,
-    JWKS_MAX_BYTES,
-    JWKS_MIN_REFRESH,
-    JwksCache,
-    parse_jwks,
-    verify_fal,
-)
-from .kie import KIE_TOLERANCE, verify_kie
 from .registry import (
-    Binding,
-    WebhookScheme,
-    from_settings,
     get_scheme,
     register_webhook_scheme,
     schemes,
     unregister_webhook_scheme,
 )
-from .replicate import REPLICATE_TOLERANCE, verify_replicate
 
 
-def _builtin_scheme_modules() -> tuple[ModuleType, ...]:
-    """Every public module of this package that defines a ``SCHEME`` (importing it registers
-    it), by module name: a built-in provider family's webhooks need no line here. A module
-    whose ``SCHEME`` is not the one registered for its provider (never registered: a stray
-    module, a forgotten foot line) fails the import, rather than name a provider whose
-    deliveries every route would refuse."""
-    found = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_"):
-            module = importlib.import_module(f"{__name__}.{info.name}")
-            scheme = getattr(module, "SCHEME", None)
-            if isinstance(scheme, WebhookScheme):
-                if get_scheme(scheme.provider) != scheme:
-                    raise ImportError(f"{module.__name__} defines the webhook scheme "
-                                      f"{scheme.provider!r} but did not register it")
-                found.append(module)
-    return tuple(found)
+def _family_exports() -> dict[str, Any]:
+    """Register every built-in family's scheme; the public names of each family's webhook module
+    (the module defining its ``verify``: its ``__all__`` but ``SCHEME``), re-exported here."""
+    found: dict[str, Any] = {}
+    for family in families():
+        scheme = family.webhook
+        if scheme is None:
+            continue
+        register_webhook_scheme(scheme)
+        module = sys.modules[scheme.verify.__module__]
+        for name in getattr(module, "__all__", ()):
+            if name != "SCHEME":
+                if name in found:
+                    raise ImportError(f"{module.__name__} exports {name!r}, which another "
+                                      f"family's webhook module exports too")
+                found[name] = getattr(module, name)
+    return found
 
 
-# The shipped schemes, by module name (a platform's own are in ``schemes()`` too).
-PROVIDERS: tuple[str, ...] = tuple(m.SCHEME.provider for m in _builtin_scheme_modules())
+_EXPORTS = _family_exports()
+
+# The shipped schemes, by family name (a platform's own are in ``schemes()`` too).
+PROVIDERS: tuple[str, ...] = tuple(sorted(f.name for f in families() if f.webhook is not None))
+
+
+def __getattr__(name: str) -> Any:
+    """A built-in family's webhook name (``reconcile.webhooks.verify_kie`` …)."""
+    try:
+        return _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
 
 # Public names for the shared checks, for a platform's own scheme.
 header = _header
@@ -137,23 +129,12 @@ def verify(
 
 
 __all__ = [
-    "DUBBING_NAME_PREFIX",
-    "ELEVENLABS_TOLERANCE",
     "FAILED",
-    "FAL_CHECKED_USER",
-    "FAL_TOLERANCE",
-    "JWKS_FAILURE_TTL",
-    "JWKS_MAX_AGE",
-    "JWKS_MAX_BYTES",
-    "JWKS_MIN_REFRESH",
-    "KIE_TOLERANCE",
     "MAX_DEPTH",
     "PROVIDERS",
-    "REPLICATE_TOLERANCE",
     "RUNNING",
     "SUCCEEDED",
     "Binding",
-    "JwksCache",
     "WebhookEvent",
     "WebhookScheme",
     "event",
@@ -163,7 +144,6 @@ __all__ = [
     "header",
     "hmac_sha256",
     "json_object",
-    "parse_jwks",
     "payload_digest",
     "register_webhook_scheme",
     "require_secret",
@@ -171,8 +151,5 @@ __all__ = [
     "schemes",
     "unregister_webhook_scheme",
     "verify",
-    "verify_elevenlabs",
-    "verify_fal",
-    "verify_kie",
-    "verify_replicate",
+    *sorted(_EXPORTS),
 ]

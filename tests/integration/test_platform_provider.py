@@ -1,7 +1,8 @@
 """A platform adds a provider family — kind, client and webhook scheme — without editing the
 library, and its signed deliveries go through the real ingest path (issue 17).
 
-The fake family "acme" is registered at runtime. Its kind is deliberately NOT named ``acme-…``:
+The fake family "testfam" is registered at runtime (a name no real provider family will take).
+Its kind is deliberately NOT named ``testfam-…``:
 the webhook path, ``jobs.provider`` and the scheme all follow :attr:`Kind.provider`, never a
 name prefix.
 """
@@ -37,11 +38,11 @@ from reconcile.testing.simulator import Simulator
 from reconcile.webhook_ingest import handle_webhook
 from tests.integration.harness import Queues, drain, fund, make_runtime
 
-SECRET = "acme-webhook-secret"
+SECRET = "testfam-webhook-secret"
 TOLERANCE = timedelta(minutes=5)
 
 
-class AcmeClient:
+class FakeFamilyClient:
     """An in-memory AsyncProvider: a task runs until the test finishes it."""
 
     name = "studio-render"
@@ -52,7 +53,7 @@ class AcmeClient:
 
     def create(self, request: CreateRequest) -> Created:
         self.creates.append(request)
-        return Created(task_id=f"acme-{len(self.creates)}")
+        return Created(task_id=f"testfam-{len(self.creates)}")
 
     def poll(self, task_id: str, *, model: str | None = None) -> PollResult:
         if task_id in self.done:
@@ -67,20 +68,20 @@ class AcmeClient:
         return None
 
 
-def verify_acme(headers: Mapping[str, str], body: bytes, query: Mapping[str, str], key: Any,
+def verify_testfam(headers: Mapping[str, str], body: bytes, query: Mapping[str, str], key: Any,
                 now: datetime) -> webhooks.WebhookEvent:
-    """hex HMAC-SHA256 of ``{X-Acme-Timestamp}.{body}``, built from the library's shared checks."""
-    secret = webhooks.require_secret(key, "acme")
-    (given,) = webhooks.required_headers(headers, ("X-Acme-Signature",),
-                                         "missing X-Acme-Signature header")
-    ts = webhooks.fresh_timestamp(headers, "X-Acme-Timestamp", now, TOLERANCE)
+    """hex HMAC-SHA256 of ``{X-Testfam-Timestamp}.{body}``, built from the library's shared checks."""
+    secret = webhooks.require_secret(key, "testfam")
+    (given,) = webhooks.required_headers(headers, ("X-Testfam-Signature",),
+                                         "missing X-Testfam-Signature header")
+    ts = webhooks.fresh_timestamp(headers, "X-Testfam-Timestamp", now, TOLERANCE)
     expected = hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected.encode(), given.encode()):
-        raise WebhookSignatureError("X-Acme-Signature does not match the body")
+        raise WebhookSignatureError("X-Testfam-Signature does not match the body")
     data = webhooks.json_object(body)
     status = data.get("status")
     return webhooks.event(
-        "acme", delivery_id=f"{data.get('id')}:{ts}", task_id=data.get("id"),
+        "testfam", delivery_id=f"{data.get('id')}:{ts}", task_id=data.get("id"),
         planted=query.get("job_id"), status=status,
         outcome={"done": webhooks.SUCCEEDED, "error": webhooks.FAILED}.get(status),
         error=None, payload=data, signed_body=True,
@@ -88,46 +89,46 @@ def verify_acme(headers: Mapping[str, str], body: bytes, query: Mapping[str, str
 
 
 SCHEME = webhooks.WebhookScheme(
-    provider="acme",
-    verify=verify_acme,
+    provider="testfam",
+    verify=verify_testfam,
     secret=lambda rt: SECRET,
     binding=webhooks.Binding("signed body `id`", None),
 )
 
 
 @pytest.fixture
-def acme() -> Iterator[AcmeClient]:
-    client = AcmeClient()
+def fake_family() -> Iterator[FakeFamilyClient]:
+    client = FakeFamilyClient()
     kind = Kind("studio-render", sync=False, stale_threshold=timedelta(minutes=10),
                 poll_interval=timedelta(seconds=5), result_url_lifetime=None,
                 plant="webhook query", client="unused:unused",
-                factory=lambda settings, session: client, provider="acme")
-    assert webhooks.get_scheme("acme") is None
+                factory=lambda settings, session: client, provider="testfam")
+    assert webhooks.get_scheme("testfam") is None
     register_kind(kind, webhook=SCHEME)
     try:
         yield client
     finally:
         unregister_kind("studio-render")
-        webhooks.unregister_webhook_scheme("acme")
+        webhooks.unregister_webhook_scheme("testfam")
 
 
 def _signed(task_id: str, status: str, *, secret: str = SECRET) -> tuple[dict[str, str], bytes]:
     body = json.dumps({"id": task_id, "status": status}).encode()
     ts = str(int(datetime.now().timestamp()))
     signature = hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
-    return {"X-Acme-Signature": signature, "X-Acme-Timestamp": ts}, body
+    return {"X-Testfam-Signature": signature, "X-Testfam-Timestamp": ts}, body
 
 
 def _deliveries(db: sessionmaker[Session]) -> int:
     with db() as s:
         return s.scalar(select(func.count()).select_from(WebhookDelivery).where(
-            WebhookDelivery.provider == "acme")) or 0
+            WebhookDelivery.provider == "testfam")) or 0
 
 
 def _start(db: sessionmaker[Session], rt: Any, q: Queues) -> uuid.UUID:
     user = uuid.uuid4()
     fund(db, user)
-    job_id = lifecycle.submit_job(rt, user, "studio-render", "acme/v1", {"prompt": "x"}, 30,
+    job_id = lifecycle.submit_job(rt, user, "studio-render", "testfam/v1", {"prompt": "x"}, 30,
                                   job_type="render").job_id
     lifecycle.create_step(rt, q.creates.popleft())
     q.polls.clear()  # the poll chain would finish the job too: only the webhook may here
@@ -135,44 +136,44 @@ def _start(db: sessionmaker[Session], rt: Any, q: Queues) -> uuid.UUID:
 
 
 def test_a_platform_kind_brings_its_webhook_scheme(db, simulator: Simulator, tmp_path,
-                                                   acme: AcmeClient) -> None:  # type: ignore[no-untyped-def]
+                                                   fake_family: FakeFamilyClient) -> None:  # type: ignore[no-untyped-def]
     rt, q = make_runtime(db, simulator, tmp_path)
     kind = get_kind("studio-render")
-    assert kind is not None and kind.provider == "acme" and provider_of("studio-render") == "acme"
+    assert kind is not None and kind.provider == "testfam" and provider_of("studio-render") == "testfam"
     job_id = _start(db, rt, q)
     # the planted callback URL names the kind's provider family, not the kind name's prefix
-    assert acme.creates[0].webhook_url == f"https://platform.example/hooks/webhooks/acme?job_id={job_id}"
+    assert fake_family.creates[0].webhook_url == f"https://platform.example/hooks/webhooks/testfam?job_id={job_id}"
     query = {"job_id": str(job_id)}
-    acme.done.add("acme-1")
+    fake_family.done.add("testfam-1")
 
     # a bad signature is refused before anything is stored
-    headers, body = _signed("acme-1", "done", secret="not-the-secret")
-    status, answer = handle_webhook(rt, "acme", headers, body, query)
+    headers, body = _signed("testfam-1", "done", secret="not-the-secret")
+    status, answer = handle_webhook(rt, "testfam", headers, body, query)
     assert status == 401 and answer["error"]["code"] == "WEBHOOK_REJECTED"
     assert _deliveries(db) == 0
-    headers, body = _signed("acme-1", "done")
-    assert handle_webhook(rt, "acme", {**headers, "X-Acme-Timestamp": "1"}, body, query)[0] == 401
+    headers, body = _signed("testfam-1", "done")
+    assert handle_webhook(rt, "testfam", {**headers, "X-Testfam-Timestamp": "1"}, body, query)[0] == 401
 
     # a signed delivery is stored, confirmed by a read, and the job completes through the CAS path
-    status, answer = handle_webhook(rt, "acme", headers, body, query)
+    status, answer = handle_webhook(rt, "testfam", headers, body, query)
     assert (status, answer) == (202, {"status": "enqueued"})
     assert _deliveries(db) == 1
-    assert handle_webhook(rt, "acme", headers, body, query) == (200, {"status": "duplicate"})
+    assert handle_webhook(rt, "testfam", headers, body, query) == (200, {"status": "duplicate"})
     drain(rt, q)
     with db() as s:
         job = s.get(Job, job_id)
-        assert job is not None and job.status == "completed" and job.provider == "acme"
+        assert job is not None and job.status == "completed" and job.provider == "testfam"
 
 
 def test_a_delivery_on_a_shipped_route_never_reads_a_platform_job(
-        db, simulator: Simulator, tmp_path, acme: AcmeClient) -> None:  # type: ignore[no-untyped-def]
+        db, simulator: Simulator, tmp_path, fake_family: FakeFamilyClient) -> None:  # type: ignore[no-untyped-def]
     from reconcile.testing import sim_signing
 
     rt, q = make_runtime(db, simulator, tmp_path)
     job_id = _start(db, rt, q)
-    acme.done.add("acme-1")
-    body = json.dumps({"code": 200, "data": {"taskId": "acme-1", "state": "success"}}).encode()
-    headers = sim_signing.kie_headers(simulator.secrets.kie_webhook_hmac_key, "acme-1",
+    fake_family.done.add("testfam-1")
+    body = json.dumps({"code": 200, "data": {"taskId": "testfam-1", "state": "success"}}).encode()
+    headers = sim_signing.kie_headers(simulator.secrets.kie_webhook_hmac_key, "testfam-1",
                                       sim_signing.now_seconds())
     status, answer = handle_webhook(rt, "kie", headers, body, {"job_id": str(job_id)})
     assert (status, answer) == (202, {"status": "stored"})  # the route's family is not the job's
@@ -182,27 +183,27 @@ def test_a_delivery_on_a_shipped_route_never_reads_a_platform_job(
 
 
 def test_an_unregistered_scheme_is_refused_and_evidence_follows_the_scheme(
-        db, simulator: Simulator, tmp_path, acme: AcmeClient) -> None:  # type: ignore[no-untyped-def]
+        db, simulator: Simulator, tmp_path, fake_family: FakeFamilyClient) -> None:  # type: ignore[no-untyped-def]
     rt, _ = make_runtime(db, simulator, tmp_path)
-    headers, body = _signed("acme-1", "done")
-    status, answer = handle_webhook(rt, "acme-typo", headers, body, {})
+    headers, body = _signed("testfam-1", "done")
+    status, answer = handle_webhook(rt, "testfam-typo", headers, body, {})
     assert status == 400 and "unknown webhook provider" in answer["error"]["message"]
 
     kind = get_kind("studio-render")
     assert kind is not None
-    row = WebhookDelivery(provider="acme", delivery_id="d", upstream_id="acme-1",
-                          job_id=uuid.uuid4(), payload={"id": "acme-1"})
+    row = WebhookDelivery(provider="testfam", delivery_id="d", upstream_id="testfam-1",
+                          job_id=uuid.uuid4(), payload={"id": "testfam-1"})
     # the scheme signs nothing that names a job and has no confirming read: operator only
     judged = evidence.assess(row, str(row.job_id), kind, rt.settings)
     assert not judged.usable and not judged.needs_read
     assert evidence.same_kind(row, kind) and not evidence.same_kind(row, get_kind("kie-standard"))
     # a kind may opt in to the echo check on its own
     echoing = Kind("studio-echo", False, timedelta(minutes=1), None, None, None, "unused:unused",
-                   provider="acme", echo_check=True)
+                   provider="testfam", echo_check=True)
     assert evidence.assess(row, str(row.job_id), echoing, rt.settings).needs_read
 
 
-def test_register_kind_refuses_a_scheme_of_another_family(acme: AcmeClient) -> None:
+def test_register_kind_refuses_a_scheme_of_another_family(fake_family: FakeFamilyClient) -> None:
     other = Kind("studio-other", False, timedelta(minutes=1), None, None, None, "unused:unused",
                  provider="other")
     with pytest.raises(ValueError, match="not kind 'studio-other'"):
@@ -210,4 +211,4 @@ def test_register_kind_refuses_a_scheme_of_another_family(acme: AcmeClient) -> N
     assert get_kind("studio-other") is None
     with pytest.raises(ValueError, match="already registered"):
         webhooks.register_webhook_scheme(
-            webhooks.WebhookScheme("acme", verify_acme, lambda rt: "another secret"))
+            webhooks.WebhookScheme("testfam", verify_testfam, lambda rt: "another secret"))

@@ -1,7 +1,7 @@
 """Route coverage: every path the library's provider clients can call is served by the simulator.
 
 The paths come from the client code, not from a list kept here: every path template in
-``reconcile/providers/*.py`` and the provider subpackages' modules (string constants and f-strings that look like API paths; ``{…}``
+each provider family's package, ``reconcile/providers/<family>/`` (string constants and f-strings that look like API paths; ``{…}``
 parts are wildcards) is collected from the modules' syntax trees. Then every client operation of
 every built-in kind runs against the shipped simulator through a recording ``requests.Session``.
 A template no recorded request matches fails (a new client path must be exercised here), and so
@@ -29,8 +29,12 @@ from reconcile.kinds import BUILTIN_KINDS, all_kinds, get_kind
 from reconcile.providers.base import AsyncProvider, CreateRequest, SyncProvider, resume
 from reconcile.testing import sim_registry
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_clients_vs_simulator import ASYNC, SYNC
 
+# kind → (model, input): the example each simulator module registers for the kinds it serves
+EXAMPLES = sim_registry.examples()
+ASYNC = {name: ex for name, ex in EXAMPLES.items()
+         if (k := get_kind(name)) is not None and not k.sync}
+SYNC = {name: ex for name, ex in EXAMPLES.items() if (k := get_kind(name)) is not None and k.sync}
 PROVIDERS_DIR = Path(reconcile.providers.__file__).parent
 # module → the simulator prefix its client's base URL points at: every module a built-in kind's
 # client lives in, served under the prefix of its own name (sim_<family> registers it)
@@ -49,7 +53,7 @@ def _template(node: ast.AST) -> str | None:
 
 
 def _sources(module: str) -> list[Path]:
-    """A provider's one module, or every module of its subpackage (``providers/kie/…``)."""
+    """Every module of a provider family's package (``providers/kie/…``), or its one module."""
     single = PROVIDERS_DIR / f"{module}.py"
     return [single] if single.exists() else sorted((PROVIDERS_DIR / module).glob("*.py"))
 

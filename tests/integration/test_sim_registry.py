@@ -5,10 +5,14 @@ other task its delivery."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 
+from reconcile.errors import CreateRejected
 from reconcile.kinds import BUILTIN_KINDS, BUILTIN_PROVIDERS, get_kind
+from reconcile.providers.base import CreateRequest
+from reconcile.providers.family import Kind, ProviderFamily
 from reconcile.settings import Settings
 from reconcile.testing import sim_registry
 from reconcile.testing.sim_registry import SimWebhooks
@@ -114,10 +118,46 @@ def test_a_builtin_family_without_its_simulator_module_fails_loudly(
     removed from an installed wheel: ``Simulator.settings().kie_base_url`` was
     https://api.kie.ai, 14 variables instead of 17). Before the registry, simulator.py imported
     each module by name and an absent one raised; load_builtin swallowed the
-    ModuleNotFoundError."""
-    import reconcile.kinds
+    ModuleNotFoundError. The strict load (the default) raises."""
+    from reconcile.providers import family as registry
 
-    monkeypatch.setattr(reconcile.kinds, "BUILTIN_PROVIDERS",
-                        (*BUILTIN_PROVIDERS, "atk2nosuchfamily"))
+    ghost = ProviderFamily("atk2nosuchfamily", kinds=(
+        Kind("atk2nosuchfamily-x", False, timedelta(minutes=1), None, None, None, "x:y"),),
+        simulator="reconcile.testing.sim_atk2nosuchfamily")
+    monkeypatch.setattr(registry, "_LOADED", (ghost, *registry.families()))
+    monkeypatch.setattr(sim_registry, "_MISSING", {})
     with pytest.raises(ModuleNotFoundError, match="sim_atk2nosuchfamily"):
         sim_registry.load_builtin()
+
+
+def test_a_missing_simulator_module_costs_only_its_family(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator loads the families' modules leniently: a missing one no longer breaks every
+    test's import, only its own family — which it records with a clear reason, serves nothing
+    for, and points at a path of its own that answers 404: never at the real provider (the
+    hazard above). Here KIE's module is "lost": the other families still load and run."""
+    import dataclasses
+
+    from reconcile.providers import family as registry
+
+    sim_registry.load_builtin(strict=False)
+    already = set(sim_registry.missing())  # none, unless another family's module is broken too
+    lost = tuple(dataclasses.replace(f, simulator="reconcile.testing.sim_atk2lost")
+                 if f.name == "kie" else f for f in registry.families())
+    monkeypatch.setattr(registry, "_LOADED", lost)
+    monkeypatch.setattr(sim_registry, "_MISSING", {})
+    monkeypatch.setattr(sim_registry, "_ROUTES",
+                        {p: r for p, r in sim_registry._ROUTES.items() if p != "kie"})
+    loaded = sim_registry.load_builtin(strict=False)
+    assert [m.__name__.rsplit(".sim_", 1)[1] for m in loaded] == \
+        [f for f in BUILTIN_PROVIDERS if f != "kie" and f not in already]
+    assert set(sim_registry.missing()) == {"kie"} | already
+    assert "reconcile.testing.sim_atk2lost" in sim_registry.missing()["kie"]
+    with Simulator() as sim:
+        settings = sim.settings()
+        assert settings.kie_base_url == sim.url + "/kie"  # never https://api.kie.ai
+        assert settings.replicate_base_url == sim.url + "/replicate"
+        client = get_kind("kie-standard").build(settings)  # type: ignore[union-attr]
+        with pytest.raises(CreateRejected):  # the simulator's bare 404
+            client.create(CreateRequest("seedream/4.5-edit", {"prompt": "x"}, "j"))  # type: ignore[union-attr]
+        assert sim.unrouted and sim.unrouted[0][1].startswith("/kie/")

@@ -20,8 +20,8 @@ import requests
 
 from reconcile.errors import ReadFailed
 from reconcile.providers import deadline
+from reconcile.providers.fal.webhook import JwksCache
 from reconcile.providers.http import HttpClient, ProviderSession
-from reconcile.webhooks.fal import JwksCache
 
 LINES = 40  # one header line per GAP: 20 s of headers in all
 GAP = 0.5

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.kinds import BUILTIN_PROVIDERS
+from reconcile.providers.family import families
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "reconcile"
@@ -157,7 +157,7 @@ EXPORTED = {
     "reconcile.testing": set(),
     "reconcile.testing.fixtures": {"simulator", "simulator_env", "simulator_session"},
     "reconcile.testing.sim_registry": {
-        "Example", "SimRoute", "SimWebhooks", "env_name", "examples", "load_builtin",
+        "Example", "SimRoute", "SimWebhooks", "env_name", "examples", "load_builtin", "missing",
         "prefixes", "register_route", "register_webhooks", "registered_webhooks", "route",
         "routes", "sign", "unregister", "verify_key", "webhooks_for",
     },
@@ -214,7 +214,6 @@ NOT_EXPORTED = {
         "PURGE_BATCH", "Replay", "check_key", "claim", "fingerprint", "purge",
         "record_answer",
     },
-    "reconcile.kinds": {"H1", "H24", "MIN", "SEC"},
     "reconcile.ledger": {"TERMINAL", "anomaly_recorded", "ledger_of"},
     "reconcile.lifecycle": {
         "exhaust", "finalize_job_with_media", "past_threshold", "poll_countdown",
@@ -263,7 +262,8 @@ PRIVATE = {
     "reconcile.sweep.carry", "reconcile.sweep.claims", "reconcile.sweep.report",
     "reconcile.sweep.table", "reconcile.sweep.tick", "reconcile.sweep.liveness",
     "reconcile.jobstore.workers",
-    "reconcile.providers.deadline", "reconcile.providers.http", "reconcile.providers.outcome",
+    "reconcile.providers.deadline", "reconcile.providers.family", "reconcile.providers.http",
+    "reconcile.providers.outcome", "reconcile.providers.scheme",
     "reconcile.webhooks.registry",
     "reconcile.testing.counting", "reconcile.testing.platform_ledger",
     "reconcile.testing.platform_schema",
@@ -295,11 +295,10 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 # A built-in provider family's plug-in units are private by rule, like the modules above: its
-# client module (or subpackage), its webhook scheme and its simulator module — each of them
-# says ``Internal:`` on its docstring's first line too. The families come from the kinds.
-PLUGINS = {name for family in BUILTIN_PROVIDERS
-           for name in (f"reconcile.providers.{family}", f"reconcile.webhooks.{family}",
-                        f"reconcile.testing.sim_{family}")
+# package (clients, webhook scheme, declaration) and its simulator module — each of them says
+# ``Internal:`` on its docstring's first line too. The families come from their declarations.
+PLUGINS = {name for family in families()
+           for name in (f"reconcile.providers.{family.name}", family.simulator or "")
            if name in MODULES}
 
 

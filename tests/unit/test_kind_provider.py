@@ -35,8 +35,8 @@ def test_every_async_kind_has_a_webhook_scheme_for_its_family() -> None:
 
 
 def test_the_family_is_a_field_not_a_prefix() -> None:
-    assert _kind("studio-render", provider="acme").provider == "acme"
-    assert _kind("acme").provider == "acme"
+    assert _kind("studio-render", provider="testfam").provider == "testfam"
+    assert _kind("testfam").provider == "testfam"
     assert provider_of(None) is None and provider_of("") is None
     assert provider_of("gone-kind") == "gone"  # rows of a kind no longer registered
 

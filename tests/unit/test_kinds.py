@@ -63,18 +63,18 @@ def test_every_kind_builds_a_client_of_the_right_shape(name: str) -> None:
 
 def test_a_platform_registers_its_own_kind_and_cannot_shadow_by_accident() -> None:
     """register_kind adds a kind; re-registering a name needs replace=True."""
-    custom = Kind("acme-async", False, timedelta(minutes=7), timedelta(seconds=2),
+    custom = Kind("testfam-async", False, timedelta(minutes=7), timedelta(seconds=2),
                   timedelta(hours=2), "webhook query", "reconcile.providers.replicate:prediction_client")
     register_kind(custom)
     try:
-        assert get_kind("acme-async") is custom
+        assert get_kind("testfam-async") is custom
         with pytest.raises(ValueError):
             register_kind(custom)
         with pytest.raises(ValueError):
             register_kind(Kind("kie-standard", True, timedelta(1), None, None, None, "x:y"))
     finally:
-        unregister_kind("acme-async")
-    assert get_kind("acme-async") is None and get_kind(None) is None
+        unregister_kind("testfam-async")
+    assert get_kind("testfam-async") is None and get_kind(None) is None
 
 
 def test_kie_polls_back_off_as_a_job_ages() -> None:

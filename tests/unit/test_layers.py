@@ -28,7 +28,11 @@ LAYERS = {
     "reconcile.providers.deadline": CORE,
     # 1 db: schema, engines, migrations
     "reconcile.db": DB, "reconcile.migrations": DB,
-    # 2 gateway: provider HTTP clients, the media fetch and its guard, storage, webhook schemes
+    # 2 gateway: provider HTTP clients, the media fetch and its guard, storage, webhook schemes.
+    # A provider family is one package here (clients, webhook scheme, its FAMILY declaration);
+    # the declaration's type and registry (providers.family: Kind, ProviderFamily) and the
+    # schemes' toolkit (providers.scheme) sit in this layer too, below the kinds registry and
+    # the webhooks facade that derive from them
     "reconcile.providers": GATEWAY, "reconcile.media": GATEWAY, "reconcile.storage": GATEWAY,
     "reconcile.webhooks": GATEWAY,
     # 3 kinds: the provider-kind registry (thresholds, client factories, webhook schemes)
@@ -167,5 +171,7 @@ def test_the_scan_sees_local_imports_and_skips_type_checking(tmp_path: Path) -> 
     imports = _imports("reconcile.errors", fake)
     assert imports == {"reconcile.states", "reconcile.api", "reconcile.tasks"}
     assert layer_of("reconcile.providers.kie.market") == GATEWAY
+    assert layer_of("reconcile.providers.kie.webhook") == GATEWAY
+    assert layer_of("reconcile.providers.family") == GATEWAY < layer_of("reconcile.kinds")  # type: ignore[operator]
     assert layer_of("reconcile.providers.base") == CORE
     assert layer_of("reconcile.unknown_module") is None

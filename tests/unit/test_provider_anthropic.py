@@ -1,4 +1,9 @@
-"""Anthropic Messages client: the text answer, the sync outcome rows, no retries."""
+"""Anthropic Messages client: the text answer, the sync outcome rows, no retries.
+
+What every provider family does alike (``run`` reporting the task before the first poll,
+transport failures on create, read retries, ReadFailed) is ``tests/integration/
+test_provider_contract.py``, once for every family; this file keeps what only this provider does.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,7 @@ import responses
 from hypothesis import given, settings, strategies as st
 
 from reconcile.errors import ErrorCode, ReconcileError, SyncCallFailed
-from reconcile.kinds import get_kind
 from reconcile.providers import anthropic
-from reconcile.providers.base import SyncProvider
 from reconcile.settings import Settings
 
 BASE = "https://anthropic.test"
@@ -137,28 +140,6 @@ def test_a_non_json_5xx_is_upstream_failed(status: int) -> None:
         anthropic.parse_message(status, b"<html>bad gateway</html>", {})
     assert info.value.code is ErrorCode.UPSTREAM_FAILED
     assert info.value.body == "<html>bad gateway</html>"
-
-
-@pytest.mark.parametrize(("exc", "code"), [
-    (requests.ReadTimeout("slow"), ErrorCode.UPSTREAM_TIMEOUT),
-    (requests.ConnectTimeout("connect"), ErrorCode.UPSTREAM_TIMEOUT),
-    (requests.ConnectionError("reset"), ErrorCode.UPSTREAM_FAILED),
-])
-@responses.activate
-def test_transport_errors(exc: Exception, code: ErrorCode) -> None:
-    """A timeout is UPSTREAM_TIMEOUT; another transport error is UPSTREAM_FAILED; sent once."""
-    responses.post(URL, body=exc)
-    with pytest.raises(SyncCallFailed) as info:
-        client().call("claude-x", {"prompt": "x"})
-    assert info.value.code is code
-    assert len(responses.calls) == 1
-
-
-def test_registry_builds_the_anthropic_client() -> None:
-    """anthropic-sync resolves to this module's SyncProvider."""
-    kind = get_kind("anthropic-sync")
-    assert kind is not None
-    assert isinstance(kind.build(SETTINGS, None), SyncProvider)
 
 
 json_values = st.recursive(

@@ -1,4 +1,9 @@
-"""ElevenLabs clients: dubbing and webhook STT (async), the sync endpoints, error mapping."""
+"""ElevenLabs clients: dubbing and webhook STT (async), the sync endpoints, error mapping.
+
+What every provider family does alike (``run`` reporting the task before the first poll,
+transport failures on create, read retries, ReadFailed) is ``tests/integration/
+test_provider_contract.py``, once for every family; this file keeps what only this provider does.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,6 @@ import json
 from collections.abc import Iterator
 
 import pytest
-import requests
 import responses
 from hypothesis import given, settings, strategies as st
 
@@ -23,7 +27,7 @@ from reconcile.errors import (
     SyncCallFailed,
 )
 from reconcile.providers import elevenlabs
-from reconcile.providers.base import CreateRequest, PollStatus, run
+from reconcile.providers.base import CreateRequest, PollStatus
 from reconcile.providers.elevenlabs import ElevenLabsAsyncClient, ElevenLabsSyncClient
 from reconcile.settings import Settings
 
@@ -223,15 +227,6 @@ def test_create_classification_and_never_retried(rsps, status, body, error, code
         assert info.value.retry_after == 4.0
 
 
-@pytest.mark.parametrize("exc", [requests.ReadTimeout("t"), requests.ConnectionError("c")])
-def test_create_transport_failure_is_uncertain(rsps, exc):
-    """A timeout or connection error on create is uncertain and not retried."""
-    rsps.post(f"{BASE}/v1/dubbing", body=exc)
-    with pytest.raises(CreateUncertain):
-        make().create(dub_request())
-    assert len(rsps.calls) == 1
-
-
 # --- async poll -------------------------------------------------------------------------------
 
 
@@ -333,21 +328,6 @@ def test_no_cancel_no_listing():
     assert make().find_created("job-7", None) is None  # type: ignore[arg-type]
 
 
-def test_run_calls_on_task_created_before_polling(rsps):
-    """run() reports the dubbing id once, before the first status read."""
-    rsps.post(f"{BASE}/v1/dubbing", json={"dubbing_id": "dub1"})
-    rsps.get(f"{BASE}/v1/dubbing/dub1", json=dubbing("dubbed"))
-    seen: list[tuple[str, int]] = []
-    result = run(
-        make(),
-        dub_request(),
-        on_task_created=lambda t: seen.append((t, len(rsps.calls))),
-        sleep=lambda s: None,
-    )
-    assert seen == [("dub1", 1)] and result.status is PollStatus.SUCCEEDED
-    assert run(make(), dub_request(), sleep=lambda s: None).status is PollStatus.SUCCEEDED
-
-
 # --- sync -------------------------------------------------------------------------------------
 
 
@@ -447,22 +427,6 @@ def test_sync_error_codes_and_no_retry(rsps, status, body, code):
     rsps.post(f"{BASE}/v1/text-to-speech/v1", status=status, **kwargs)
     with pytest.raises(SyncCallFailed) as info:
         make_sync().call("tts:v1", {"text": "x"})
-    assert info.value.code is code
-    assert len(rsps.calls) == 1
-
-
-@pytest.mark.parametrize(
-    ("exc", "code"),
-    [
-        (requests.ReadTimeout("t"), ErrorCode.UPSTREAM_TIMEOUT),
-        (requests.ConnectionError("c"), ErrorCode.UPSTREAM_FAILED),
-    ],
-)
-def test_sync_transport_failures(rsps, exc, code):
-    """A sync timeout is UPSTREAM_TIMEOUT; a connection error is UPSTREAM_FAILED."""
-    rsps.post(f"{BASE}/v1/sound-generation", body=exc)
-    with pytest.raises(SyncCallFailed) as info:
-        make_sync().call("sound-effects", {"text": "x"})
     assert info.value.code is code
     assert len(rsps.calls) == 1
 

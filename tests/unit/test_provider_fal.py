@@ -1,4 +1,9 @@
-"""fal queue client: submit classification, COMPLETED decided by the result, media extraction."""
+"""fal queue client: submit classification, COMPLETED decided by the result, media extraction.
+
+What every provider family does alike (``run`` reporting the task before the first poll,
+transport failures on create, read retries, ReadFailed) is ``tests/integration/
+test_provider_contract.py``, once for every family; this file keeps what only this provider does.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,6 @@ from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import requests
 import responses
 from hypothesis import given, settings, strategies as st
 
@@ -21,7 +25,7 @@ from reconcile.errors import (
     ReconcileError,
 )
 from reconcile.providers import fal
-from reconcile.providers.base import CreateRequest, PollStatus, run
+from reconcile.providers.base import CreateRequest, PollStatus
 from reconcile.providers.fal import FalQueueClient
 from reconcile.settings import Settings
 
@@ -179,17 +183,6 @@ def test_submit_classification_and_never_retried(rsps, status, body, headers, er
         assert info.value.retry_after == 12.0
 
 
-@pytest.mark.parametrize(
-    "exc", [requests.ConnectTimeout("t"), requests.ReadTimeout("t"), requests.ConnectionError("c")]
-)
-def test_submit_transport_failure_is_uncertain(rsps, exc):
-    """A timeout or connection error on submit is uncertain and not retried."""
-    rsps.post(f"{BASE}/{MODEL}", body=exc)
-    with pytest.raises(CreateUncertain):
-        make().create(request())
-    assert len(rsps.calls) == 1
-
-
 # --- poll -------------------------------------------------------------------------------------
 
 
@@ -324,16 +317,6 @@ def test_wrapped_result_is_success_with_media(rsps):
     assert result.request_id == "w-9"
 
 
-def test_reads_are_retried_on_5xx_and_429(rsps):
-    """Status reads retry 500 and 429 (honouring Retry-After) before answering."""
-    sleeps: list[float] = []
-    rsps.get(f"{APP}/{RID}/status", status=500)
-    rsps.get(f"{APP}/{RID}/status", status=429, headers={"Retry-After": "3"})
-    rsps.get(f"{APP}/{RID}/status", status=202, json={"status": "IN_PROGRESS", "logs": []})
-    assert make(sleeps).poll(RID, model=MODEL).status is PollStatus.RUNNING
-    assert len(rsps.calls) == 3 and sleeps[1] == 3.0
-
-
 def test_cancel_puts_under_the_app(rsps):
     """cancel PUTs .../requests/{id}/cancel under owner/app and is True on 2xx only."""
     rsps.put(f"{APP}/{RID}/cancel", status=202, json={"status": "CANCELLATION_REQUESTED"})
@@ -345,21 +328,6 @@ def test_cancel_puts_under_the_app(rsps):
 def test_find_created_is_none():
     """fal has no listing: the evidence search finds nothing."""
     assert make().find_created("job-42", None) is None  # type: ignore[arg-type]
-
-
-def test_run_reports_task_before_first_poll(rsps):
-    """run() calls on_task_created once before the first status read, and works without it."""
-    rsps.post(f"{BASE}/{MODEL}", json=submitted())
-    completed(rsps, json={"images": [{"url": IMG1}]})
-    seen: list[tuple[str, int]] = []
-    result = run(
-        make(),
-        request(),
-        on_task_created=lambda t: seen.append((t, len(rsps.calls))),
-        sleep=lambda s: None,
-    )
-    assert seen == [(RID, 1)] and result.status is PollStatus.SUCCEEDED
-    assert run(make(), request(), sleep=lambda s: None).outputs[0].url == IMG1
 
 
 # --- robustness -------------------------------------------------------------------------------

@@ -1,4 +1,9 @@
-"""KIE.ai clients: create classification, every record shape, retries, run/resume."""
+"""KIE.ai clients: create classification, every record shape, the endpoints they read.
+
+What every provider family does alike (``run`` reporting the task before the first poll,
+transport failures on create, read retries, ReadFailed) is ``tests/integration/
+test_provider_contract.py``, once for every family; this file keeps what only this provider does.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +36,6 @@ from reconcile.providers.base import (
     CreateRequest,
     PollStatus,
     SyncProvider,
-    resume,
-    run,
 )
 from reconcile.settings import Settings
 
@@ -210,17 +213,6 @@ def test_a_2xx_without_a_task_id_is_uncertain(body: bytes) -> None:
     with pytest.raises(CreateUncertain) as info:
         kie.parse_create(200, body, {})
     assert info.value.code is ErrorCode.UPSTREAM_SUBMISSION_UNCERTAIN
-
-
-@pytest.mark.parametrize("error", [requests.ConnectTimeout("connect"),
-                                   requests.ReadTimeout("read"),
-                                   requests.ConnectionError("reset by peer")])
-@responses.activate
-def test_transport_errors_make_the_create_uncertain(error: Exception) -> None:
-    """A timeout or dropped connection on create leaves the outcome unknown: uncertain."""
-    responses.post(f"{BASE}/api/v1/jobs/createTask", body=error)
-    with pytest.raises(CreateUncertain):
-        client().create(request())
 
 
 @pytest.mark.parametrize("status", [500, 502, 503, 429])
@@ -520,7 +512,7 @@ def test_runway_success_and_failure() -> None:
     assert kie.parse_record_runway(runway("odd")).status is PollStatus.UNKNOWN
 
 
-# ------------------------------------------------------------------ poll I/O, run, resume
+# ------------------------------------------------------------------ poll I/O, the kinds
 
 POLL_ENDPOINTS = [
     (kie.market_client, "/api/v1/jobs/recordInfo", market("waiting")),
@@ -544,59 +536,6 @@ def test_each_client_reads_its_record_endpoint(
     assert isinstance(c, AsyncProvider)
     assert c.poll("abc").status is PollStatus.RUNNING
     assert responses.calls[0].request.headers["Authorization"] == "Bearer sk-kie"
-
-
-@responses.activate
-def test_reads_retry_on_5xx_and_429_then_succeed() -> None:
-    """A read is retried on 5xx and 429 (honouring Retry-After) and then succeeds."""
-    url = f"{BASE}/api/v1/jobs/recordInfo"
-    responses.get(url, status=502, body="bad gateway")
-    responses.get(url, status=429, json={"code": 429}, headers={"Retry-After": "4"})
-    responses.get(url, json=market("success", resultJson='{"resultUrls":["https://c.test/x.png"]}'))
-    delays: list[float] = []
-    result = client(delays=delays).poll("task_1")
-    assert result.status is PollStatus.SUCCEEDED
-    assert len(responses.calls) == 3
-    assert delays[1] == 4.0
-
-
-@responses.activate
-def test_reads_that_keep_failing_raise_read_failed() -> None:
-    """A read failing at the transport level on every attempt raises ReadFailed."""
-    responses.get(f"{BASE}/api/v1/jobs/recordInfo", body=requests.ConnectionError("down"))
-    with pytest.raises(ReadFailed):
-        client().poll("task_1")
-
-
-@responses.activate
-def test_run_calls_on_task_created_once_before_the_first_poll() -> None:
-    """run(): create → on_task_created(task_id) exactly once → polls to the end."""
-    events: list[str] = []
-    responses.post(f"{BASE}/api/v1/jobs/createTask", json=ok({"taskId": "task_7"}))
-    poll_url = f"{BASE}/api/v1/jobs/recordInfo"
-
-    def record(req: Any) -> tuple[int, dict[str, str], str]:
-        events.append("poll")
-        state = "generating" if events.count("poll") == 1 else "success"
-        return 200, {}, json.dumps(market(state, resultJson='{"resultUrls":["https://c.test/o.png"]}'))
-
-    responses.add_callback(responses.GET, poll_url, callback=record)
-    result = run(client(), request(), on_task_created=lambda tid: events.append(f"saved:{tid}"),
-                 interval=0, sleep=lambda _: None)
-    assert events == ["saved:task_7", "poll", "poll"]
-    assert result.status is PollStatus.SUCCEEDED
-
-
-@responses.activate
-def test_run_works_without_on_task_created_and_resume_polls() -> None:
-    """run() without a callback still works; resume() polls an existing id to the end."""
-    responses.post(f"{BASE}/api/v1/veo/generate", json=ok({"taskId": "veo_9"}))
-    responses.get(f"{BASE}/api/v1/veo/record-info",
-                  json=flagged(1, resultUrls=["https://c.test/v.mp4"]))
-    assert run(client(kie.VEO), request("veo3"), sleep=lambda _: None).status is (
-        PollStatus.SUCCEEDED)
-    assert resume(client(kie.VEO), "veo_9", sleep=lambda _: None).outputs[0].url == (
-        "https://c.test/v.mp4")
 
 
 def test_cancel_and_listing_are_unsupported() -> None:
@@ -670,19 +609,6 @@ def test_llm_failures_map_to_sync_codes_and_are_never_retried(
         llm().call("gemini-2.5-flash", {"messages": [{"role": "user", "content": "x"}]})
     assert info.value.code is code
     assert len(responses.calls) == 1
-
-
-@pytest.mark.parametrize(("error", "code"), [
-    (requests.ReadTimeout("slow"), ErrorCode.UPSTREAM_TIMEOUT),
-    (requests.ConnectionError("reset"), ErrorCode.UPSTREAM_FAILED),
-])
-@responses.activate
-def test_llm_transport_errors(error: Exception, code: ErrorCode) -> None:
-    """A timeout is UPSTREAM_TIMEOUT; another transport error is UPSTREAM_FAILED."""
-    responses.post(CHAT, body=error)
-    with pytest.raises(SyncCallFailed) as info:
-        llm().call("gemini-2.5-flash", {"prompt": "x"})
-    assert info.value.code is code
 
 
 # ------------------------------------------------------------------ arbitrary JSON

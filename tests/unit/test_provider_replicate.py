@@ -1,4 +1,9 @@
-"""Replicate client: create classification, status mapping, outputs, evidence search."""
+"""Replicate client: create classification, status mapping, outputs, evidence search.
+
+What every provider family does alike (``run`` reporting the task before the first poll,
+transport failures on create, read retries, ReadFailed) is ``tests/integration/
+test_provider_contract.py``, once for every family; this file keeps what only this provider does.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ from datetime import UTC, datetime
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import requests
 import responses
 from hypothesis import given, settings, strategies as st
 from responses import matchers
@@ -19,11 +23,10 @@ from reconcile.errors import (
     CreateUncertain,
     ErrorCode,
     InvalidParam,
-    ReadFailed,
     ReconcileError,
 )
 from reconcile.providers import replicate
-from reconcile.providers.base import CreateRequest, PollStatus, resume, run
+from reconcile.providers.base import CreateRequest, PollStatus
 from reconcile.providers.replicate import ReplicateClient
 from reconcile.settings import Settings
 
@@ -36,11 +39,6 @@ WEBHOOK = "https://platform.test/hooks/replicate?job_id=job-123"
 def rsps() -> Iterator[responses.RequestsMock]:
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
         yield mock
-
-
-@pytest.fixture
-def sleeps() -> list[float]:
-    return []
 
 
 def make(resource: str = "predictions", sleeps: list[float] | None = None) -> ReplicateClient:
@@ -242,22 +240,6 @@ def test_429_without_header_reads_the_reset_hint(rsps):
     assert info.value.retry_after == 30.0
 
 
-@pytest.mark.parametrize(
-    "exc",
-    [
-        requests.ConnectTimeout("slow"),
-        requests.ReadTimeout("slow"),
-        requests.ConnectionError("reset"),
-    ],
-)
-def test_create_transport_failure_is_uncertain_and_not_retried(rsps, exc):
-    """A timeout or connection error on create is uncertain and the POST is not repeated."""
-    rsps.post(f"{BASE}/v1/predictions", body=exc)
-    with pytest.raises(CreateUncertain):
-        make().create(request())
-    assert len(rsps.calls) == 1
-
-
 # --- poll -------------------------------------------------------------------------------------
 
 
@@ -337,26 +319,6 @@ def test_training_poll_reads_trainings_and_weights(rsps):
     assert [o.url for o in make("trainings").poll("t1").outputs] == [weights]
 
 
-def test_reads_are_retried_on_5xx_and_429_honouring_retry_after(rsps, sleeps):
-    """A poll retries 503 and 429 (waiting Retry-After) and returns the eventual answer."""
-    url = f"{BASE}/v1/predictions/p1"
-    rsps.get(url, status=503)
-    rsps.get(url, status=429, headers={"Retry-After": "2"})
-    rsps.get(url, json=prediction("succeeded", output=URL1))
-    result = make(sleeps=sleeps).poll("p1")
-    assert result.status is PollStatus.SUCCEEDED
-    assert len(rsps.calls) == 3
-    assert sleeps[1] == 2.0
-
-
-def test_read_failing_every_time_raises_read_failed(rsps):
-    """A poll that keeps answering 500 ends in ReadFailed, not a status."""
-    rsps.get(f"{BASE}/v1/predictions/p1", status=500, json={"detail": "boom"})
-    with pytest.raises(ReadFailed):
-        make().poll("p1")
-    assert len(rsps.calls) == 4  # one attempt + three retries
-
-
 def test_cancel_posts_and_reports_2xx(rsps):
     """cancel POSTs .../cancel and is True only on 2xx."""
     rsps.post(f"{BASE}/v1/predictions/p1/cancel", json=prediction("canceled"))
@@ -419,32 +381,7 @@ def test_find_created_is_bounded(rsps):
     assert len(rsps.calls) == replicate.MAX_LIST_PAGES
 
 
-# --- run / resume -----------------------------------------------------------------------------
-
-
-def test_run_calls_on_task_created_once_before_the_first_poll(rsps):
-    """run() hands the task id to on_task_created exactly once, before any poll is sent."""
-    rsps.post(f"{BASE}/v1/predictions", status=201, json=prediction("starting", id="p1"))
-    rsps.get(f"{BASE}/v1/predictions/p1", json=prediction("processing", id="p1"))
-    rsps.get(f"{BASE}/v1/predictions/p1", json=prediction("succeeded", id="p1", output=URL1))
-    seen: list[tuple[str, int]] = []
-    result = run(
-        make(),
-        request(),
-        on_task_created=lambda tid: seen.append((tid, len(rsps.calls))),
-        interval=0,
-        sleep=lambda s: None,
-    )
-    assert seen == [("p1", 1)]  # only the create had been sent
-    assert result.status is PollStatus.SUCCEEDED
-
-
-def test_run_without_callback_and_resume(rsps):
-    """run() works with no callback, and resume() polls an existing id to the end."""
-    rsps.post(f"{BASE}/v1/predictions", status=201, json=prediction("starting", id="p1"))
-    rsps.get(f"{BASE}/v1/predictions/p1", json=prediction("succeeded", id="p1", output=URL1))
-    assert run(make(), request(), sleep=lambda s: None).status is PollStatus.SUCCEEDED
-    assert resume(make(), "p1", sleep=lambda s: None).outputs[0].url == URL1
+# --- the kinds' factories ---------------------------------------------------------------------
 
 
 def test_factories_build_clients_with_the_kind_names():

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from reconcile.cli import main
 from reconcile.core import redact
+from reconcile.providers.elevenlabs.webhook import signed_job_id, verify_elevenlabs
 from reconcile.testing import sim_signing
-from reconcile.webhooks.elevenlabs import signed_job_id, verify_elevenlabs
 
 SECRET = "s3cr%t"
 # (database URL or DSN, the secret parts it holds)

@@ -105,46 +105,46 @@ TABLE: list[tuple[str, dict[str, Any], str | None, dict[str, Any], datetime | No
      {"legacy_job_types": ["video"]}, CUTOFF, Decision("legacy", F, observable=True)),
     # --- rows 1-2: a platform row of a kind this process does not know follows the adoption
     # rules (issue 24 finding 2), else one unknown_kind anomaly; never failed merely by age
-    ("unknown_kind_candidate", {"provider_kind": "acme-video", "created_at": OLD,
+    ("unknown_kind_candidate", {"provider_kind": "unregistered-video", "created_at": OLD,
                                 "started_at": ago(6), "provider_call_started_at": ago(6)},
      None, {}, CUTOFF, Decision("legacy", F, observable=True)),
-    ("unknown_kind_observe", {"provider_kind": "acme-video", "created_at": OLD,
+    ("unknown_kind_observe", {"provider_kind": "unregistered-video", "created_at": OLD,
                               "started_at": ago(6)}, None, {"legacy_sweep": "observe"}, CUTOFF,
      Decision("legacy", F, observable=True)),  # the executor only logs it
-    ("unknown_kind_young", {"provider_kind": "acme-video", "created_at": OLD,
+    ("unknown_kind_young", {"provider_kind": "unregistered-video", "created_at": OLD,
                             "started_at": ago(4), "provider_call_started_at": ago(4)},
      None, {}, CUTOFF, Decision("unknown_kind", A)),
-    ("unknown_kind_default_age", {"provider_kind": "acme-video", "created_at": OLD,
+    ("unknown_kind_default_age", {"provider_kind": "unregistered-video", "created_at": OLD,
                                   "started_at": ago(6), "provider_call_started_at": ago(6)},
      None, {"legacy_sweep": "observe", "legacy_age": None}, CUTOFF,
      Decision("unknown_kind", A)),
-    ("unknown_kind_off", {"provider_kind": "acme-video", "created_at": OLD,
+    ("unknown_kind_off", {"provider_kind": "unregistered-video", "created_at": OLD,
                           "started_at": ago(6)}, None, {"legacy_sweep": "off"}, CUTOFF,
      Decision("unknown_kind", A)),
-    ("unknown_kind_after_cutoff", {"provider_kind": "acme-video", "created_at": CUTOFF + MIN,
+    ("unknown_kind_after_cutoff", {"provider_kind": "unregistered-video", "created_at": CUTOFF + MIN,
                                    "provider_call_started_at": ago(6)}, None, {}, CUTOFF,
      Decision("unknown_kind", A)),
-    ("unknown_kind_no_cutoff", {"provider_kind": "acme-video", "created_at": OLD,
+    ("unknown_kind_no_cutoff", {"provider_kind": "unregistered-video", "created_at": OLD,
                                 "provider_call_started_at": ago(6)}, None, {}, None,
      Decision("unknown_kind", A)),
-    ("unknown_kind_excluded_type", {"provider_kind": "acme-video", "created_at": OLD,
+    ("unknown_kind_excluded_type", {"provider_kind": "unregistered-video", "created_at": OLD,
                                     "started_at": ago(6), "job_type": "pipeline"}, None,
      {"legacy_exclude_job_types": ["pipeline"]}, CUTOFF, Decision("unknown_kind", A)),
     ("unknown_kind_empty_name", {"provider_kind": "", "created_at": ago(6)}, None, {}, CUTOFF,
      Decision("unknown_kind", A)),
     # --- row 3: an unknown kind on a row the library submitted, or on a platform row with a
     # task id (an upstream job only a process knowing the kind can read): one anomaly, any age
-    ("unknown_kind_platform_task", {"provider_kind": "acme-video", "created_at": OLD,
+    ("unknown_kind_platform_task", {"provider_kind": "unregistered-video", "created_at": OLD,
                                     "started_at": ago(60), "provider_task_id": "t-1"},
      None, {}, CUTOFF, Decision("unknown_kind", A)),
-    ("unknown_kind_task", {"provider_kind": "acme-video", "submission_state": "accepted",
+    ("unknown_kind_task", {"provider_kind": "unregistered-video", "submission_state": "accepted",
                            "provider_task_id": "t-1", "created_at": OLD,
                            "provider_call_started_at": ago(60)}, None, {}, CUTOFF,
      Decision("unknown_kind", A)),
-    ("unknown_kind_state", {"provider_kind": "acme-video", "submission_state": "submitting",
+    ("unknown_kind_state", {"provider_kind": "unregistered-video", "submission_state": "submitting",
                             "provider_call_started_at": ago(1)}, None, {}, None,
      Decision("unknown_kind", A)),
-    ("unknown_kind_not_started", {"provider_kind": "acme-video", "created_at": OLD,
+    ("unknown_kind_not_started", {"provider_kind": "unregistered-video", "created_at": OLD,
                                   "submission_state": "not_started", "status": "pending"},
      None, {}, CUTOFF, Decision("unknown_kind", A)),
     # --- row 4: a platform row (no submission state) with no upstream handle
@@ -336,10 +336,10 @@ def test_legacy_cutoff_is_needed_only_for_foreign_rows_in_flight() -> None:
     assert not needs_legacy_cutoff(settings, job(status="failed"), None)
     assert not needs_legacy_cutoff(settings, job(provider_kind="unit-async"), ASYNC)
     # a platform row of a kind this process does not know is decided by the adoption rules
-    assert needs_legacy_cutoff(settings, job(provider_kind="acme-video"), None)
+    assert needs_legacy_cutoff(settings, job(provider_kind="unregistered-video"), None)
     assert not needs_legacy_cutoff(settings, job(submission_state="accepted"), None)
     assert not needs_legacy_cutoff(
-        settings, job(provider_kind="acme-video", submission_state="accepted"), None)
+        settings, job(provider_kind="unregistered-video", submission_state="accepted"), None)
     assert not needs_legacy_cutoff(Settings(**{**BASE_SETTINGS, "legacy_sweep": "off"}), job(),
                                    None)
 
@@ -364,10 +364,10 @@ def test_the_runtime_wrapper_passes_kind_and_cutoff() -> None:
     assert decide_rt(rt, job(created_at=OLD, started_at=ago(6)), NOW) == Decision("legacy", F, observable=True)
     assert decide_rt(rt, job(**accepted(provider_call_started_at=ago(11))), NOW) \
         == Decision("accepted", P)
-    assert decide_rt(rt, job(provider_kind="acme-video", provider_task_id="t-1"), NOW) \
+    assert decide_rt(rt, job(provider_kind="unregistered-video", provider_task_id="t-1"), NOW) \
         == Decision("unknown_kind", A)
     # an unknown kind on an old platform row: the wrapper reads the cutoff for it too
-    assert decide_rt(rt, job(provider_kind="acme-video", created_at=OLD, started_at=ago(6)),
+    assert decide_rt(rt, job(provider_kind="unregistered-video", created_at=OLD, started_at=ago(6)),
                      NOW) == Decision("legacy", F, observable=True)
 
 

@@ -528,7 +528,7 @@ def test_dispatch_routes_by_provider_and_refuses_unknown_ones() -> None:
     body = _json(KIE_MARKET)
     assert verify("kie", kie_headers("task_abc"), body, {}, KIE_KEY, NOW).provider == "kie"
     with pytest.raises(WebhookPayloadError):
-        verify("acme", {}, body, {}, "k", NOW)
+        verify("nosuchfamily", {}, body, {}, "k", NOW)
 
 
 def test_payload_digest_is_sha256_hex() -> None:
@@ -666,32 +666,26 @@ def test_elevenlabs_dubbing_event_names_its_job_through_the_project_name() -> No
     assert (event.task_id, event.planted_job_id) == ("dub_1", "1234")
 
 
-def test_a_scheme_module_that_does_not_register_its_scheme_fails_loudly(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """atk2: the package's scan puts every module defining ``SCHEME`` into PROVIDERS ("what
-    they registered"). A module there that defines one but never registers it (a module
-    dropped into reconcile/webhooks/ by mistake, a new family's forgotten foot line) made
-    PROVIDERS name a provider whose deliveries every route refused as unknown — a silent drop
-    of that provider's webhooks. The scan now refuses to load such a package."""
-    import pkgutil
-    import sys
-    import types
+def test_a_declared_scheme_is_registered_and_a_foreign_one_is_refused() -> None:
+    """atk2: PROVIDERS is "what the families declared", and each one is served. (Before the
+    declarations, the package scanned its own modules for ``SCHEME``: a module defining one but
+    never registering it — dropped there by mistake, a new family's forgotten foot line — made
+    PROVIDERS name a provider whose deliveries every route refused as unknown, a silent drop of
+    that provider's webhooks, and the scan refused to load such a package.) Now a family's
+    scheme is registered from its declaration, and a declaration naming another provider's
+    scheme is refused where it is written."""
+    from datetime import timedelta as _timedelta
 
     import reconcile.webhooks as package
+    from reconcile.providers.family import Kind, ProviderFamily, families
     from reconcile.webhooks import WebhookScheme
 
-    stray = types.ModuleType("reconcile.webhooks.atk2stray")
-    stray.SCHEME = WebhookScheme("atk2stray", verify=lambda *a, **k: None,  # type: ignore[attr-defined]
-                                 secret=lambda rt: "x")
-    monkeypatch.setitem(sys.modules, stray.__name__, stray)
-    real = pkgutil.iter_modules
-
-    def with_stray(path: Any = None, prefix: str = "") -> Any:
-        yield from real(path, prefix)
-        if path == package.__path__:
-            yield pkgutil.ModuleInfo(None, "atk2stray", False)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(pkgutil, "iter_modules", with_stray)
-    with pytest.raises(ImportError, match="atk2stray"):
-        package._builtin_scheme_modules()
-    assert package.get_scheme("atk2stray") is None
+    declared = {f.name: f.webhook for f in families() if f.webhook is not None}
+    assert set(package.PROVIDERS) == set(declared) and declared
+    for name, scheme in declared.items():
+        assert package.get_scheme(name) is scheme
+    stray = WebhookScheme("atk2stray", verify=lambda *a, **k: None, secret=lambda rt: "x")
+    kind = Kind("atk2-render", False, _timedelta(minutes=1), None, None, None, "unused:unused")
+    with pytest.raises(ValueError, match="atk2stray"):
+        ProviderFamily("atk2", kinds=(kind,), webhook=stray)
+    assert package.get_scheme("atk2stray") is None and package.get_scheme("atk2") is None

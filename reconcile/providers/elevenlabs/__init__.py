@@ -30,11 +30,12 @@ so stored JSON inputs can carry files) become file parts; other values become fo
 
 :mod:`.async_jobs` holds the async families, :mod:`.sync` the sync calls, :mod:`._common` what
 they share (:func:`to_error`, form parts, the HTTP plumbing). The webhook scheme is
-:mod:`reconcile.webhooks.elevenlabs`.
+:mod:`.webhook`; :data:`FAMILY` declares the family (its kinds, settings, scheme and simulator).
 """
 
 from __future__ import annotations
 
+from ..family import MIN, SEC, Kind, ProviderFamily
 from ._common import JOB_NAME_PREFIX, ApiErrorDetail, FormParts, form_parts, to_error
 from .async_jobs import (
     AsyncOperation,
@@ -60,8 +61,28 @@ from .sync import (
     parse_sync,
     sync_client,
 )
+from .webhook import SCHEME
+
+# a dubbing echoes ``name``, a speech-to-text webhook ``webhook_metadata`` (``webhook`` turns it
+# on): README "Webhook fields that are trusted"
+_BINDS = ("name", "webhook_metadata", "webhook")
+
+FAMILY = ProviderFamily(
+    name="elevenlabs",
+    kinds=(
+        Kind("elevenlabs-async", False, 15 * MIN, 10 * SEC, None, "STT webhook_metadata",
+             "reconcile.providers.elevenlabs:async_client", binds=_BINDS),
+        Kind("elevenlabs-sync", True, 5 * MIN, None, None, None,
+             "reconcile.providers.elevenlabs:sync_client", binds=()),
+    ),
+    urls=("elevenlabs_base_url",),
+    secrets=("elevenlabs_api_key", "elevenlabs_webhook_secret"),
+    webhook=SCHEME,
+    simulator="reconcile.testing.sim_elevenlabs",
+)
 
 __all__ = [
+    "FAMILY",
     "JOB_NAME_PREFIX",
     "ApiErrorDetail",
     "AsyncOperation",

@@ -11,26 +11,39 @@ from typing import Any
 
 # --------------------------------------------------------------------------- the seeded plan
 
+
+def _mix() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, int], dict[str, int]]:
+    """The run's kinds, from the provider families: each family's simulator route names the
+    kinds the run submits and their weights (``SimRoute.chaos``), and its example request of
+    each. A family whose simulator module did not load is left out (its tests say why)."""
+    from ...kinds import get_kind
+    from ...providers.family import families
+    from .. import sim_registry
+
+    sim_registry.load_builtin(strict=False)
+    examples: dict[str, tuple[str, dict[str, Any]]] = {}
+    async_weights: dict[str, int] = {}
+    sync_weights: dict[str, int] = {}
+    for family in families():
+        route = sim_registry.route(family.name)
+        if route is None:
+            continue
+        for kind, weight in route.chaos.items():
+            model, inp = route.examples[kind]
+            examples[kind] = (model, dict(inp))
+            spec = get_kind(kind)
+            (sync_weights if spec is not None and spec.sync else async_weights)[kind] = weight
+    return examples, async_weights, sync_weights
+
+
 # (kind, model, input) per provider family; a sync kind is run by the platform's request
-FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "kie-standard": ("seedream/4.5-edit", {"prompt": "a cat"}),
-    "kie-veo": ("veo3_fast", {"prompt": "a dog"}),
-    "replicate-prediction": ("owner/model:abc123", {"prompt": "x"}),
-    "elevenlabs-async": ("dubbing", {"source_url": "https://example.com/a.mp4",
-                                     "target_lang": "es"}),
-    "fal-queue": ("fal-ai/flux/dev", {"prompt": "x"}),
-    "anthropic-sync": ("claude-sonnet-4-5", {"prompt": "hi"}),
-    "kie-llm": ("gpt-5", {"messages": [{"role": "user", "content": "hi"}]}),
-    "elevenlabs-sync": ("tts:voice1", {"text": "hi"}),
-}
-SYNC_KINDS = ("anthropic-sync", "kie-llm", "elevenlabs-sync")
-ASYNC_WEIGHTS = {"kie-standard": 3, "kie-veo": 2, "replicate-prediction": 3,
-                 "elevenlabs-async": 1, "fal-queue": 3}
+FAMILIES, ASYNC_WEIGHTS, _SYNC_WEIGHTS = _mix()
+SYNC_KINDS = tuple(_SYNC_WEIGHTS)
 # the kind every process of the run lists in OBSERVE_ONLY_KINDS: its library jobs still complete
 # and settle (observe-only governs decisions about the upstream, never a settlement owed)
 OBSERVED_KIND = "elevenlabs-async"
 # a provider kind no process registers: the platform's own rows of it are left alone
-UNKNOWN_KIND = "acme-video"
+UNKNOWN_KIND = "unregistered-video"
 # the fractions of the plan that are platform rows (no submission_state): of the unknown kind,
 # and of the observe-only kind
 PLATFORM_SHARES = {UNKNOWN_KIND: 0.03, OBSERVED_KIND: 0.02}
@@ -105,7 +118,7 @@ def make_plan(seed: int, jobs: int, *, rate: float = 12.0, workers: int = 2) -> 
     window = max(8.0, jobs / rate)
     users = max(3, jobs // 50)
     kinds = list(ASYNC_WEIGHTS) + list(SYNC_KINDS)
-    weights = list(ASYNC_WEIGHTS.values()) + [1] * len(SYNC_KINDS)
+    weights = list(ASYNC_WEIGHTS.values()) + list(_SYNC_WEIGHTS.values())
     specs = []
     platform_kinds = list(PLATFORM_SHARES)
     platform_cumulative = [sum(list(PLATFORM_SHARES.values())[:i + 1])

@@ -16,15 +16,17 @@ import hmac
 import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import WebhookSignatureError
-from ..providers.base import JOB_REF_PREFIX
-from ._common import (
+from ...errors import WebhookSignatureError
+from ..base import JOB_REF_PREFIX
+from ..scheme import (
     FAILED,
     SUCCEEDED,
+    Binding,
     Headers,
     WebhookEvent,
+    WebhookScheme,
     _event,
     _fresh,
     _json_object,
@@ -32,12 +34,9 @@ from ._common import (
     _require_secret,
     _required,
     _text,
+    from_settings,
     payload_digest,
 )
-from .registry import Binding, WebhookScheme, from_settings, register_webhook_scheme
-
-if TYPE_CHECKING:
-    pass
 
 ELEVENLABS_TOLERANCE = timedelta(minutes=30)
 
@@ -151,7 +150,6 @@ SCHEME = WebhookScheme(
                     "GET dubbing echoes `name` (speech-to-text: none)"),
     signed_job_id=lambda payload, job_id, settings: signed_job_id(payload),
 )
-register_webhook_scheme(SCHEME)
 
-__all__ = ["DUBBING_NAME_PREFIX", "ELEVENLABS_TOLERANCE", "SCHEME", "signed_job_id",
-           "verify_elevenlabs"]
+# what reconcile.webhooks re-exports (signed_job_id is the scheme's own, not a platform's)
+__all__ = ["DUBBING_NAME_PREFIX", "ELEVENLABS_TOLERANCE", "SCHEME", "verify_elevenlabs"]

@@ -1,8 +1,14 @@
-"""What every webhook scheme shares: the normalised event, header and secret handling, the
-timestamp window, the bounded JSON body, and the outcome mapping.
+"""Internal: the library's own mechanics, not an import path for platforms (may move).
 
-Private to :mod:`reconcile.webhooks`; a platform's own scheme may use these helpers (they are
-re-exported there under public names) so it refuses bad input the same way the shipped ones do.
+What every provider family's webhook scheme is made of: :class:`WebhookScheme` (verify, secret,
+the evidence facts), :class:`Binding`, the normalised :class:`WebhookEvent`, and the shared checks
+(header and secret handling, the timestamp window, the bounded JSON body, the outcome mapping).
+
+A family's scheme module (``reconcile/providers/<family>/webhook.py``) builds its ``SCHEME`` from
+these; :mod:`reconcile.webhooks` registers it from the family's declaration and re-exports the
+public names (a platform's own scheme uses them from there, so it refuses bad input the same way
+the shipped ones do). This module sits below :mod:`reconcile.webhooks` so that a family package
+never imports the package that imports every family.
 """
 
 from __future__ import annotations
@@ -11,12 +17,17 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import WebhookPayloadError, WebhookSignatureError, WebhookTimestampError
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+    from ..settings import Settings
+    from .family import Kind
 
 Headers = Mapping[str, str]  # headers (looked up case-insensitively) and the query string
 _UNIX_SECONDS = re.compile(r"\d{1,12}")  # bounded so float conversion can never overflow
@@ -161,3 +172,83 @@ def _event(provider: str, *, delivery_id: str, task_id: str | None, planted: str
     return WebhookEvent(provider=provider, delivery_id=delivery_id, task_id=task_id,
                         planted_job_id=planted, status=status, succeeded=succeeded, failed=failed,
                         error=error, payload=payload, signed_body=signed_body)
+
+
+# -- the scheme -------------------------------------------------------------------------
+
+# (headers, body, query, key, now, **options) -> WebhookEvent; raises a WebhookError subclass
+Verifier = Callable[..., WebhookEvent]
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What ties a stored delivery to a job: the signed field, and the read that confirms it.
+
+    ``signed_field``: the field the provider's signature covers that names the job (None: none).
+    ``confirming_read``: the read of the task that echoes the planted job id (None: none).
+    """
+
+    signed_field: str | None
+    confirming_read: str | None
+
+
+def _no_options(settings: Settings) -> Mapping[str, Any]:
+    return {}
+
+
+def _nothing_signed(payload: Mapping[str, Any], job_id: str | None, settings: Settings) -> None:
+    return None
+
+
+def _any_kind(payload: Mapping[str, Any], kind: Kind) -> bool:
+    return True
+
+
+def _unchanged(payload: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    return payload
+
+
+@dataclass(frozen=True)
+class WebhookScheme:
+    """One provider family's webhooks.
+
+    - ``verify(headers, body, query, key, now, **options)`` → :class:`WebhookEvent`, or raises a
+      :class:`~reconcile.errors.WebhookError` subclass (never anything else for bad input);
+    - ``secret(rt)``: the ``key`` ingestion hands to ``verify`` (None/empty: fail closed);
+    - ``options(settings)``: extra keyword arguments for ``verify`` (fal: the account id);
+    - ``keywords``: keyword arguments of :func:`reconcile.webhooks.verify` this scheme's
+      ``verify`` takes under its own name (fal: ``fal_user_id`` → ``user_id``); ``verify``
+      hands them to this scheme only and drops them for every other one;
+    - ``binding``: the evidence table's row (README "Security model");
+    - ``signed_job_id(payload, stored_job_id, settings)``: the job id the signature itself ties a
+      stored delivery to, or None;
+    - ``same_kind(payload, kind)``: False when the body says it is for another kind of the family;
+    - ``stamp(payload, settings)``: what ingestion records with the stored payload.
+    """
+
+    provider: str
+    verify: Verifier
+    secret: Callable[[Runtime], Any]
+    binding: Binding = Binding(None, None)
+    options: Callable[[Settings], Mapping[str, Any]] = field(default=_no_options, compare=False)
+    signed_job_id: Callable[[Mapping[str, Any], str | None, Settings], str | None] = field(
+        default=_nothing_signed, compare=False)
+    same_kind: Callable[[Mapping[str, Any], Kind], bool] = field(default=_any_kind, compare=False)
+    stamp: Callable[[dict[str, Any], Settings], dict[str, Any]] = field(
+        default=_unchanged, compare=False)
+    keywords: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def echo_check(self) -> bool:
+        """A delivery not bound by the signature may be bound by a read echoing the job id."""
+        return self.binding.confirming_read is not None
+
+
+def from_settings(attribute: str) -> Callable[[Runtime], Any]:
+    """A ``secret`` that is one attribute of the runtime's settings (an HMAC key, say)."""
+
+    def secret(rt: Runtime) -> Any:
+        return getattr(rt.settings, attribute)
+
+    secret.__qualname__ = f"from_settings({attribute!r})"
+    return secret

@@ -17,11 +17,11 @@ from typing import Any
 import requests
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import ErrorCode, SyncCallFailed, bounded
-from ..settings import Settings
-from . import deadline
-from .base import Output, SyncResult
-from .http import HttpClient, _chat_body, parse_retry_after
+from ...errors import ErrorCode, SyncCallFailed, bounded
+from ...settings import Settings
+from .. import deadline
+from ..base import Output, SyncResult
+from ..http import HttpClient, _chat_body, parse_retry_after
 
 __all__ = ["AnthropicClient", "Message", "code_for", "error_for", "parse_message", "sync_client"]
 

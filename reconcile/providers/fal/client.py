@@ -41,20 +41,20 @@ from urllib.parse import quote, urlsplit
 import requests
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import (
+from ...errors import (
     InvalidParam,
 )
-from ..settings import Settings
-from .base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
-from .http import (
+from ...settings import Settings
+from ..base import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus, unwrap_sdk
+from ..http import (
     body_json as _json,
     cancel_once,
     header_value as _header,
     provider_http,
     send_create,
 )
-from .outcome import make_to_error, validated
-from .outputs import (
+from ..outcome import make_to_error, validated
+from ..outputs import (
     Expect,
     OutputSpec,
     data_uri_output,
@@ -87,7 +87,7 @@ MEDIA_KEYS = frozenset(
 _MAX_DEPTH = 32
 _REQUEST_ID_HEADERS = ("x-fal-request-id",)
 APP_NAMESPACES = frozenset({"workflows", "comfy"})  # fal_client.client.APP_NAMESPACES
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # "reconcile.providers.fal", as before the package
 
 
 class Submitted(BaseModel):

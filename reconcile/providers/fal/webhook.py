@@ -24,12 +24,14 @@ import requests
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ..errors import ReadFailed, WebhookSignatureError
-from ._common import (
+from ...errors import ReadFailed, WebhookSignatureError
+from ..scheme import (
     FAILED,
     SUCCEEDED,
+    Binding,
     Headers,
     WebhookEvent,
+    WebhookScheme,
     _event,
     _json_object,
     _planted,
@@ -38,11 +40,10 @@ from ._common import (
     _timestamp,
     payload_digest,
 )
-from .registry import Binding, WebhookScheme, register_webhook_scheme
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
-    from ..settings import Settings
+    from ...runtime import Runtime
+    from ...settings import Settings
 
 FAL_TOLERANCE = timedelta(seconds=300)
 JWKS_MAX_AGE = timedelta(hours=24)
@@ -135,8 +136,8 @@ class JwksCache:
         return self._fetched_at is None or now - self._fetched_at >= JWKS_MIN_REFRESH
 
     def _fetch(self) -> tuple[Ed25519PublicKey, ...]:
-        from ..providers.deadline import bounded, prepare
-        from ..providers.http import load_bounded
+        from ..deadline import bounded, prepare
+        from ..http import load_bounded
 
         deadline = time.monotonic() + self.timeout
         try:
@@ -248,7 +249,6 @@ SCHEME = WebhookScheme(
     signed_job_id=_signed_job_id,
     stamp=_stamp,
 )
-register_webhook_scheme(SCHEME)
 
-__all__ = ["FAL_CHECKED_USER", "FAL_TOLERANCE", "JWKS_MAX_AGE", "JWKS_MIN_REFRESH", "JwksCache",
-           "SCHEME", "parse_jwks", "verify_fal"]
+__all__ = ["FAL_CHECKED_USER", "FAL_TOLERANCE", "JWKS_FAILURE_TTL", "JWKS_MAX_AGE", "JWKS_MAX_BYTES",
+           "JWKS_MIN_REFRESH", "JwksCache", "SCHEME", "parse_jwks", "verify_fal"]

@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from standardwebhooks import Webhook
 
-from ..errors import WebhookPayloadError, WebhookSignatureError
-from ._common import (
+from ...errors import WebhookPayloadError, WebhookSignatureError
+from ..scheme import (
     FAILED,
     RUNNING,
     SUCCEEDED,
+    Binding,
     Headers,
     WebhookEvent,
+    WebhookScheme,
     _event,
     _json_object,
     _planted,
@@ -35,12 +37,12 @@ from ._common import (
     _required,
     _text,
     _timestamp,
+    from_settings,
 )
-from .registry import Binding, WebhookScheme, from_settings, register_webhook_scheme
 
 if TYPE_CHECKING:
-    from ..kinds import Kind
-    from ..settings import Settings
+    from ...settings import Settings
+    from ..family import Kind
 
 REPLICATE_TOLERANCE = timedelta(minutes=5)
 
@@ -95,7 +97,7 @@ def _matches_v1(expected: bytes, entry: str) -> bool:
 
 def _signed_job_id(payload: Mapping[str, Any], job_id: str | None, settings: Settings) -> str | None:
     """The signed body is the prediction, whose ``webhook`` is our callback URL (its job_id)."""
-    from ..providers.replicate import planted_job_id
+    from ._common import planted_job_id
 
     return planted_job_id(payload.get("webhook"))
 
@@ -116,6 +118,5 @@ SCHEME = WebhookScheme(
     signed_job_id=_signed_job_id,
     same_kind=_same_kind,
 )
-register_webhook_scheme(SCHEME)
 
 __all__ = ["REPLICATE_TOLERANCE", "SCHEME", "verify_replicate"]

@@ -16,13 +16,15 @@ import hmac
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..errors import WebhookPayloadError, WebhookSignatureError
-from ._common import (
+from ...errors import WebhookPayloadError, WebhookSignatureError
+from ..scheme import (
     FAILED,
     RUNNING,
     SUCCEEDED,
+    Binding,
     Headers,
     WebhookEvent,
+    WebhookScheme,
     _event,
     _hmac_sha256,
     _json_object,
@@ -31,8 +33,8 @@ from ._common import (
     _required,
     _text,
     _timestamp,
+    from_settings,
 )
-from .registry import Binding, WebhookScheme, from_settings, register_webhook_scheme
 
 KIE_TOLERANCE = timedelta(minutes=5)
 
@@ -96,6 +98,5 @@ SCHEME = WebhookScheme(
     secret=from_settings("kie_webhook_hmac_key"),
     binding=Binding(None, "record-info/record-detail echoes param.callBackUrl's job_id"),
 )
-register_webhook_scheme(SCHEME)
 
 __all__ = ["KIE_TOLERANCE", "SCHEME", "verify_kie"]
