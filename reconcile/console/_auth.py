@@ -74,7 +74,7 @@ class DevLogin:
     def exchange(self, token: str | None) -> str | None:
         """The session for the one-time token (None: wrong, or used already)."""
         with self._lock:
-            if self.token is None or not token or not hmac.compare_digest(self.token, token):
+            if self.token is None or not token or not _same(self.token, token):
                 return None
             self.token = None
             session = secrets.token_urlsafe(32)
@@ -103,12 +103,20 @@ class Csrf:
         return secrets.token_urlsafe(32)
 
     def token(self, cookie: str, operator: str) -> str:
-        return hmac.new(self.secret, f"{cookie}\n{operator}".encode(), hashlib.sha256).hexdigest()
+        message = f"{cookie}\n{operator}".encode("utf-8", "surrogatepass")
+        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
 
     def valid(self, cookie: str | None, operator: str, token: str | None) -> bool:
         if not cookie or not token:
             return False
-        return hmac.compare_digest(self.token(cookie, operator), token)
+        return _same(self.token(cookie, operator), token)
+
+
+def _same(expected: str, given: str) -> bool:
+    """A constant-time comparison of any text a request carries (``hmac.compare_digest``
+    raises on non-ASCII text: compared as UTF-8 bytes, never an error)."""
+    return hmac.compare_digest(expected.encode("utf-8", "surrogatepass"),
+                               given.encode("utf-8", "surrogatepass"))
 
 
 NOT_CONFIGURED = f"""\
