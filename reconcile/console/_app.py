@@ -350,5 +350,9 @@ def build_app(console: Console) -> Starlette:
                         "Not found", "No such page.", who)
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    # no redirect of "/audit/" to "/audit": the router answers it before the hook runs (a 307
+    # to a URL built from the Host header, without the security headers); a 404 goes through
+    # the hook like every other answer
+    app.router.redirect_slashes = False
     app.state.console = console
     return app

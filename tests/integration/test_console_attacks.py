@@ -64,3 +64,24 @@ def test_a_csrf_or_dev_token_that_is_not_ascii_is_refused_not_a_500(world: World
     r = dev.get("/login?token=%C3%A9")
     assert r.status_code == 403 and secured(r)
     assert world.job(job_id).status == "pending" and records(world) == []
+
+
+# ----------------------------------------------------------------------------- the hook
+
+
+ODD = ["/audit/", "/lists/stuck/", "/static/console.css/", "/audit//", "//audit", "/jobs/x/",
+       "/%2e%2e/audit", "/jobs/../audit", "/login/"]
+
+
+def test_with_no_hook_an_odd_path_answers_403_never_a_redirect(world: World) -> None:
+    """Starlette's router answered a trailing slash with a 307 to a URL built from the Host
+    header — before the hook ran, without the security headers."""
+    job_id = world.submit("kie-standard")
+    c = client(world, "alice", authorize=None)
+    for method in ("GET", "HEAD", "POST", "OPTIONS"):
+        for path in [*ODD, f"/jobs/{job_id}/", f"/jobs/{job_id}/fail/"]:
+            r = c.request(method, path, headers={"host": "evil.example"})
+            assert r.status_code == 403 and secured(r), (method, path, r.status_code,
+                                                         r.headers.get("location"))
+            assert "location" not in r.headers
+    assert world.job(job_id).status == "pending" and records(world) == []
