@@ -20,6 +20,7 @@ from . import _charts
 
 FIRST_PAGE = 20  # rows per list on "needs attention"
 PAGE = 50  # rows per page of one list
+MAX_MINUTES = 10 * 366 * 24 * 60  # a minutes parameter's bound: ten years back
 TITLES = {
     "uncertain": "Uncertain submissions",
     "stuck": "Stuck: in flight past their kind's threshold",
@@ -44,16 +45,28 @@ class BadRequest(ValueError):
     """A query parameter that is not what the page takes (400)."""
 
 
+def minutes(value: str, name: str, *, whole: bool = False) -> timedelta:
+    """A page's minutes parameter: a number (``whole``: an integer) from 0 to
+    :data:`MAX_MINUTES` (BadRequest for anything else: a time that far back does not exist)."""
+    try:
+        number = int(value) if whole else float(value)
+    except ValueError as exc:
+        raise BadRequest(f"{name} is minutes ({'an integer' if whole else 'a number'})") from exc
+    if not 0 <= number <= MAX_MINUTES:  # NaN fails it too
+        raise BadRequest(f"{name} is minutes, from 0 to {MAX_MINUTES}")
+    return timedelta(minutes=number)
+
+
 def filters(params: Mapping[str, str]) -> tuple[queries.Filters, queries.Filters, dict[str, str]]:
     """The job lists' filters, the anomaly list's, and the values to echo into the form."""
     echo = {k: params.get(k, "").strip() for k in ("kind", "older_than", "user", "anomaly")}
+    older = minutes(echo["older_than"], "older_than") if echo["older_than"] else None
     try:
-        older = timedelta(minutes=float(echo["older_than"])) if echo["older_than"] else None
         user = uuid.UUID(echo["user"]) if echo["user"] else None
     except ValueError as exc:
-        raise BadRequest("older_than is minutes (a number); user is a user id (UUID)") from exc
-    if older is not None and older < timedelta(0):
-        raise BadRequest("older_than is minutes, not negative")
+        raise BadRequest("user is a user id (UUID)") from exc
+    if echo["anomaly"] and not (echo["anomaly"].isprintable() and len(echo["anomaly"]) <= 100):
+        raise BadRequest("anomaly is an anomaly kind (printable, at most 100 characters)")
     kind = echo["kind"] or None
     if kind is not None:
         from ..kinds import all_kinds
@@ -132,9 +145,9 @@ def audit(rt: Runtime, params: Mapping[str, str]) -> dict[str, Any]:
     now = rt.now()
     try:
         since = queries.parse_since(since_text, now) if mode == "since" else None
-        grace = timedelta(minutes=int(params.get("grace_minutes") or 10))
     except ValueError as exc:
         raise BadRequest(str(exc)) from exc
+    grace = minutes(params.get("grace_minutes") or "10", "grace_minutes", whole=True)
     if mode == "since" and since is None:
         raise BadRequest("give --since: a duration such as 15m or an ISO 8601 time")
     started = datetime.now().astimezone()

@@ -256,7 +256,10 @@ def anomalies(session: Session, *, now: datetime, limit: int, after: str | None 
     if filters.older_than is not None:
         stmt = stmt.where(a.created_at < now - filters.older_than)
     if after:
-        stmt = stmt.where(a.id < int(after))
+        before = int(after)
+        if not 0 < before < 2**63:  # an anomaly id is a positive bigint
+            raise ValueError(f"anomaly cursor {after!r} out of range")
+        stmt = stmt.where(a.id < before)
     found = list(session.execute(stmt.order_by(a.id.desc()).limit(limit + 1)).scalars())
     more, found = len(found) > limit, found[:limit]
     rows = [{"id": r.id, "job_id": r.job_id, "user_id": r.user_id, "kind": r.kind,
@@ -354,11 +357,12 @@ def parse_since(value: str | None, now: datetime) -> datetime | None:
         return None
     value = value.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if value[-1:] in units and value[:-1].isdigit():
-        return now - timedelta(seconds=int(value[:-1]) * units[value[-1]])
     try:
+        if value[-1:] in units and value[:-1].isdigit():
+            return now - timedelta(seconds=int(value[:-1]) * units[value[-1]])
         at = datetime.fromisoformat(value)
-    except ValueError as exc:
+        # in UTC: a time whose UTC is out of range (0001-01-01T00:00+14:00) is refused here
+        return (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).astimezone(UTC)
+    except (ValueError, OverflowError) as exc:  # OverflowError: a duration past year 1
         raise ValueError(f"--since {value!r}: an ISO 8601 time or a duration such as 15m, "
                          "2h") from exc
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

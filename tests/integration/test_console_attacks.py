@@ -85,3 +85,45 @@ def test_with_no_hook_an_odd_path_answers_403_never_a_redirect(world: World) -> 
                                                          r.headers.get("location"))
             assert "location" not in r.headers
     assert world.job(job_id).status == "pending" and records(world) == []
+
+
+# ----------------------------------------------------------------------------- query strings
+
+
+BAD_QUERIES = [
+    "/?older_than=1e308", "/?older_than=inf", "/?older_than=-inf", "/?older_than=1e12",
+    "/lists/stuck?older_than=99999999999", "/?anomaly=a%00b", "/lists/anomalies?anomaly=a%00b",
+    "/lists/anomalies?anomaly=%1b%5b2J", "/lists/anomalies?after=99999999999999999999999",
+    "/lists/anomalies?after=-99999999999999999999999", "/lists/anomalies?after=0",
+    "/audit?run=full&grace_minutes=99999999999", "/audit?run=full&grace_minutes=-5",
+    "/audit?run=since&since=99999999999d", "/audit?run=since&since=0001-01-01T00:00:00%2B14:00",
+    "/audit?run=since&since=9999-12-31T23:59:59-14:00",
+]
+
+
+def test_malformed_filters_cursors_and_audit_params_answer_400_never_500(world: World) -> None:
+    """Each of these was a 500 (OverflowError in a timedelta or a datetime, a NUL byte or an
+    out-of-range bigint sent to PostgreSQL) without the security headers."""
+    alice = client(world)
+    for path in BAD_QUERIES:
+        r = alice.get(path)
+        assert r.status_code == 400 and secured(r), (path, r.status_code, r.text[:200])
+        assert "Traceback" not in r.text
+    # the CLI's --since is the same parser: a refusal (exit 2), not a traceback
+    from tests.integration.test_cli import cli_with
+
+    said = cli_with(world.rt, "audit", "--since", "99999999999d")
+    assert said.exit_code == 2, said.output
+
+
+def test_an_unexpected_error_answers_500_with_the_security_headers_and_no_detail(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconcile.console import _pages
+
+    def broken(rt: Any) -> Any:
+        raise RuntimeError("secret-db-password in a traceback")
+
+    monkeypatch.setattr(_pages, "health", broken)
+    r = client(world).get("/health")
+    assert r.status_code == 500 and secured(r)
+    assert "secret-db-password" not in r.text and "Traceback" not in r.text
