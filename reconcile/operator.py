@@ -155,6 +155,11 @@ def _refusal(rt: Runtime, session: Session, action: str, job_id: uuid.UUID, job:
                     "to adopt; use --not-submitted")
         if upstream_id is not None:
             from .jobstore import evidence
+            from .lifecycle import usable_task_id
+
+            if upstream_id and not usable_task_id(upstream_id):
+                return (f"upstream id {upstream_id!r} cannot be stored (a NUL or an unpaired "
+                        "surrogate): no provider answers with one")
 
             holder = evidence.holders(session, [upstream_id], job_id).get(upstream_id)
             if holder is not None:

@@ -127,3 +127,27 @@ def test_an_unexpected_error_answers_500_with_the_security_headers_and_no_detail
     r = client(world).get("/health")
     assert r.status_code == 500 and secured(r)
     assert "secret-db-password" not in r.text and "Traceback" not in r.text
+
+
+# ----------------------------------------------------------------------------- actions
+
+
+def test_an_upstream_id_postgresql_cannot_store_is_refused_not_a_500(world: World) -> None:
+    """The holder check sent the id to PostgreSQL first: a NUL in the form's upstream id was a
+    500 (the CLI's argv cannot carry one; the console's form and ``operator.run`` can)."""
+    from reconcile import operator
+    from tests.integration.test_console import outcome_of, uncertain_fal
+
+    job_id = uncertain_fal(world)
+    alice = client(world)
+    token = csrf_of(alice.get(f"/jobs/{job_id}").text)
+    r = alice.post(f"/jobs/{job_id}/resolve_upstream",
+                   data={"csrf": token, "reason": "the dashboard", "upstream_id": "req\x00-1"})
+    assert r.status_code == 409 and outcome_of(r.text) == "refused" and secured(r)
+    assert "upstream id" in r.text
+    assert "cannot" in (operator.refusal(world.rt, operator.RESOLVE_UPSTREAM, job_id,
+                                         upstream_id="\ud800") or "")
+    job = world.job(job_id)
+    assert (job.status, job.submission_state, job.provider_task_id) == ("pending", "uncertain",
+                                                                       None)
+    assert records(world) == []
