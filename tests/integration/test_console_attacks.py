@@ -151,3 +151,82 @@ def test_an_upstream_id_postgresql_cannot_store_is_refused_not_a_500(world: Worl
     assert (job.status, job.submission_state, job.provider_task_id) == ("pending", "uncertain",
                                                                        None)
     assert records(world) == []
+
+
+def _run_all(calls: list[Any]) -> list[Any]:
+    """Each call in its own thread (an operator's request); what each returned or raised."""
+    import threading
+
+    out: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = calls[i]()
+        except Exception as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def test_two_operators_adopting_one_upstream_id_for_two_jobs_one_wins(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "another job holds this upstream id" rule was checked in each transaction and not
+    serialised: two operators resolving two uncertain jobs with the same id (each check before
+    the other's commit) both adopted it — two jobs polling one paid task, the user charged
+    twice. Here the second operator's check runs while the first's transaction is open, after
+    its own check; it must see the first's job (wait for it), not adopt."""
+    import threading
+
+    from sqlalchemy import select, text
+
+    from reconcile import operator
+    from reconcile.db.models import Job
+    from reconcile.jobstore import evidence
+    from tests.integration.test_console import uncertain_fal
+
+    first, second = uncertain_fal(world, "u-1"), uncertain_fal(world, "u-2")
+    checked, go = threading.Event(), threading.Event()
+    real = evidence.held_elsewhere
+
+    def held_elsewhere(session: Any, ids: Any, job_id: Any) -> set[str]:
+        found = real(session, ids, job_id)
+        if job_id == first:  # the first operator: checked, its transaction still open
+            checked.set()
+            go.wait(30)
+        return found
+
+    monkeypatch.setattr(evidence, "held_elsewhere", held_elsewhere)
+
+    def act(job_id: Any, who: str) -> Any:
+        return lambda: operator.run(world.rt, operator.RESOLVE_UPSTREAM, job_id,
+                                    operator=operator.Operator(who, via="console"),
+                                    reason="the dashboard", upstream_id="req-shared")
+
+    results: list[Any] = []
+    t1 = threading.Thread(target=lambda: results.extend(_run_all([act(first, "alice")])))
+    t1.start()
+    assert checked.wait(30)
+    t2 = threading.Thread(target=lambda: results.extend(_run_all([act(second, "bob")])))
+    t2.start()
+    # the second runs until it is done (no lock) or waits on a lock the first holds
+    with world.db() as s:
+        while t2.is_alive() and not s.execute(text(
+                "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                "WHERE NOT l.granted AND d.datname = current_database()")).scalar_one():
+            t2.join(0.02)
+            s.rollback()
+    go.set()
+    t1.join(60)
+    t2.join(60)
+    done = [r for r in results if isinstance(r, operator.Done) and r.changed]
+    assert len(done) == 1, results
+    assert [type(r) for r in results if r not in done] == [operator.ActionLost], results
+    with world.db() as s:
+        holders = s.execute(select(Job.id).where(Job.provider_task_id == "req-shared")).all()
+    assert holders == [(done[0].job_id,)]
+    assert [r.job_id for r in records(world)] == [done[0].job_id]
