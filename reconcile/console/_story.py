@@ -8,11 +8,11 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from .. import jobstore, operator
-from ..db.models import CreditTransaction, Job, UsageLog
+from ..db.models import CreditTransaction, Job, UsageLog, WebhookDelivery
 from ..jobstore.horizon import exhaustion_deadline
 from ..ops import queries
 from ..runtime import Runtime
@@ -142,6 +142,10 @@ def story(rt: Runtime, session: Session, job_id: uuid.UUID, now: datetime) -> di
         orphan_detail(session, job_id)
     if detail is None:
         return None
+    shown = len(detail["webhook_deliveries"])
+    deliveries = shown if shown < queries.DELIVERIES or job is None else session.execute(
+        select(func.count()).select_from(WebhookDelivery).where(queries.deliveries_of(job))
+    ).scalar_one()
     held_rows = queries.reserved(session, [job_id])
     held = held_rows[job_id][0] if job_id in held_rows else None
     events = queries.events(session, job_id)
@@ -170,5 +174,5 @@ def story(rt: Runtime, session: Session, job_id: uuid.UUID, now: datetime) -> di
         "waiting": waiting_for(rt, job, now, held),
         "timeline": timeline(detail, events, actions, job),
         "facts": facts, "pools": pools(detail), "settlement": settlement, "actions": actions,
-        "events": events,
+        "events": events, "deliveries": deliveries,
     }

@@ -230,3 +230,56 @@ def test_two_operators_adopting_one_upstream_id_for_two_jobs_one_wins(
         holders = s.execute(select(Job.id).where(Job.provider_task_id == "req-shared")).all()
     assert holders == [(done[0].job_id,)]
     assert [r.job_id for r in records(world)] == [done[0].job_id]
+
+
+# ----------------------------------------------------------------------------- volumes
+
+
+def _statements(w: World) -> Any:
+    """A counter of the SQL statements the test database runs while the block runs."""
+    from contextlib import contextmanager
+
+    from sqlalchemy import event
+
+    @contextmanager
+    def counting() -> Any:
+        seen: list[str] = []
+        engine = w.db.kw["bind"]
+
+        def before(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+            seen.append(statement)
+
+        event.listen(engine, "before_cursor_execute", before)
+        try:
+            yield seen
+        finally:
+            event.remove(engine, "before_cursor_execute", before)
+
+    return counting()
+
+
+def test_a_job_story_with_a_thousand_webhook_deliveries_stays_bounded(world: World) -> None:
+    """Anyone with a fal account gets fal's signature on a webhook naming any job id; a hostile
+    provider signs what it likes. The story listed every stored delivery twice and judged each
+    with its own query (N+1): a thousand deliveries were a thousand queries and a megabyte page.
+    It shows the newest ones, says how many there are, and its queries do not grow with them."""
+    from sqlalchemy import text
+
+    from tests.integration.test_console import uncertain_fal
+
+    job_id = uncertain_fal(world, upstream="req-first")
+    with world.db.begin() as s:
+        s.execute(text(
+            "INSERT INTO reconcile_webhook_deliveries (provider, delivery_id, upstream_id, job_id,"
+            " received_at, payload_digest, status, payload) SELECT 'fal', 'flood-' || g,"
+            " 'flood-' || g, :job, :at - g * interval '1 second', 'x', 'OK', '{}'"
+            " FROM generate_series(1, 1000) AS g"), {"job": job_id, "at": world.clock.now})
+    alice = client(world)
+    with _statements(world) as seen:
+        page = alice.get(f"/jobs/{job_id}")
+    assert page.status_code == 200
+    assert len(seen) < 40, len(seen)
+    assert page.text.count('class="upstream-id"') <= 100
+    assert "req-first" in page.text  # the newest delivery (the one that matters) is shown
+    assert "1001 webhook deliveries" in page.text
+    assert len(page.content) < 200_000
