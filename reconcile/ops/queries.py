@@ -362,9 +362,9 @@ def job_detail(rt: Runtime, session: Session, job: Job) -> dict[str, Any]:
 
 
 def events(session: Session, job_id: uuid.UUID, limit: int = 500) -> list[JobEvent]:
-    """The job's events (the customer's stream), oldest first."""
+    """The job's newest ``limit`` events (the customer's stream), oldest first."""
     return list(session.execute(select(JobEvent).where(JobEvent.job_id == job_id)
-                                .order_by(JobEvent.id).limit(limit)).scalars())
+                                .order_by(JobEvent.id.desc()).limit(limit)).scalars())[::-1]
 
 
 def parse_since(value: str | None, now: datetime) -> datetime | None:

@@ -283,3 +283,25 @@ def test_a_job_story_with_a_thousand_webhook_deliveries_stays_bounded(world: Wor
     assert "req-first" in page.text  # the newest delivery (the one that matters) is shown
     assert "1001 webhook deliveries" in page.text
     assert len(page.content) < 200_000
+
+
+def test_a_job_story_with_ten_thousand_events_shows_the_newest_and_counts_the_rest(
+        world: World) -> None:
+    """The story read the job's first 500 events and said nothing of the others: with more, the
+    operator never saw the newest (what the job did last)."""
+    from sqlalchemy import text
+
+    job_id = world.submit("kie-standard")
+    with world.db.begin() as s:
+        s.execute(text(
+            "INSERT INTO reconcile_job_events (event_id, job_id, user_id, type, payload,"
+            " created_at, published_at) SELECT gen_random_uuid()::text, :job, :user,"
+            " CASE WHEN g = 10000 THEN 'the_newest' ELSE 'progress' END, '{}',"
+            " :at + g * interval '1 millisecond', :at FROM generate_series(1, 10000) AS g"),
+            {"job": job_id, "user": world.user, "at": world.clock.now})
+    with _statements(world) as seen:
+        page = client(world).get(f"/jobs/{job_id}")
+    assert page.status_code == 200 and len(seen) < 40
+    assert "event the_newest" in page.text
+    assert page.text.count("event progress") <= 500
+    assert "9501 earlier events not shown" in page.text
