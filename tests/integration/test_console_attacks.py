@@ -305,3 +305,27 @@ def test_a_job_story_with_ten_thousand_events_shows_the_newest_and_counts_the_re
     assert "event the_newest" in page.text
     assert page.text.count("event progress") <= 500
     assert "9501 earlier events not shown" in page.text
+
+
+def test_health_counts_every_refund_and_completion_of_the_day(world: World) -> None:
+    """The health page read at most 20,000 refund rows (in no order) and 5,000 completions, and
+    reported what it read as the day's totals: a busy day's refunds per hour were an arbitrary
+    part of them, and "5000 jobs completed"."""
+    from sqlalchemy import text
+
+    with world.db.begin() as s:
+        s.execute(text(
+            "INSERT INTO reconcile_credit_transactions (id, user_id, job_id, type, amount,"
+            " from_sub, from_topup, created_at) SELECT 'refund-' || g, :user, gen_random_uuid(),"
+            " 'REFUND', 2, 2, 0, :at - (g % 3000) * interval '1 second'"
+            " FROM generate_series(1, 20500) AS g"), {"user": world.user, "at": world.clock.now})
+        s.execute(text(
+            "INSERT INTO jobs (id, user_id, job_type, status, progress, created_at, started_at,"
+            " provider_call_started_at, completed_at) SELECT gen_random_uuid(), :user, 'image',"
+            " 'completed', 100, :at - interval '1 hour', :at - interval '1 hour',"
+            " :at - interval '1 hour', :at - (g % 600) * interval '1 second'"
+            " FROM generate_series(1, 5200) AS g"), {"user": world.user, "at": world.clock.now})
+    page = client(world).get("/health")
+    assert page.status_code == 200
+    assert "20500 refunds, 41000 credits, in the last 24 hours" in page.text
+    assert "5200 jobs completed in the last 24 hours" in page.text
