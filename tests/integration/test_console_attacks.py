@@ -5,6 +5,8 @@ hook), and the money and the operator record stay right."""
 
 from __future__ import annotations
 
+import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -329,3 +331,70 @@ def test_health_counts_every_refund_and_completion_of_the_day(world: World) -> N
     assert page.status_code == 200
     assert "20500 refunds, 41000 credits, in the last 24 hours" in page.text
     assert "5200 jobs completed in the last 24 hours" in page.text
+
+
+# ----------------------------------------------------------------------------- parity
+
+
+def _uncertain_with_its_id_held(w: World) -> uuid.UUID:
+    """An uncertain job whose upstream id (the one the parity test offers: ``up-{job}``) is
+    already another job's task."""
+    from tests.integration.test_console import _uncertain_kie
+
+    job_id = _uncertain_kie(w)
+    holder = w.submit("kie-standard")
+    w.set(holder, status="processing", submission_state="accepted",
+          provider_task_id=f"up-{job_id}")
+    return job_id
+
+
+def _cancelled_settlement_pending(w: World) -> uuid.UUID:
+    from reconcile import jobstore
+
+    job_id = w.submit("kie-standard")
+    with w.db.begin() as s:
+        assert jobstore.mark_failed(s, job_id, now=w.clock.now, code="CANCELED",
+                                    message="cancelled", detail=None,
+                                    status="cancelled") is not None
+    return job_id
+
+
+def _at_now(w: World) -> Any:
+    return w.clock.now
+
+
+MORE_STATES: dict[str, Any] = {
+    "uncertain_unknown_kind": lambda w: _set(w, w.submit("kie-standard"),
+                                             provider_kind="gone-kind",
+                                             submission_state="uncertain",
+                                             provider_call_started_at=_at_now(w)),
+    "uncertain_upstream_held_elsewhere": _uncertain_with_its_id_held,
+    "platform_row_with_task_id": lambda w: w.platform_row(provider_task_id="t-plat",
+                                                          provider_call_started_at=_at_now(w)),
+    "platform_pending_never_called": lambda w: w.platform_row(status="pending"),
+    "processing_sync_kind": lambda w: _set(w, w.submit("anthropic-sync", job_type="llm"),
+                                           status="processing", submission_state="accepted",
+                                           provider_call_started_at=_at_now(w)),
+    "cancelled_settlement_pending": _cancelled_settlement_pending,
+    "submitting_live_claim_unknown_kind": lambda w: _set(
+        w, w.submit("kie-standard"), provider_kind="gone-kind", submission_state="submitting",
+        claim_token="c", claim_expires_at=_at_now(w) + timedelta(minutes=5)),
+}
+
+
+def _set(w: World, job_id: uuid.UUID, **values: Any) -> uuid.UUID:
+    w.set(job_id, **values)
+    return job_id
+
+
+@pytest.mark.parametrize("state", sorted(MORE_STATES))
+def test_the_console_and_the_cli_agree_on_states_the_parity_test_did_not_cover(
+        world: World, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parity test's own body (every action, CLI vs form, same answer and same state
+    after) over rows it did not build: unknown kinds, a sync kind in flight, platform rows with
+    and without a task id, an upstream id another job holds, a cancelled job owed its refund."""
+    from tests.integration import test_console
+
+    monkeypatch.setitem(test_console.STATES, state, MORE_STATES[state])
+    test_console.test_the_console_refuses_and_allows_every_action_exactly_as_the_cli(
+        world, state)
