@@ -342,17 +342,20 @@ def _record(rt: Runtime, done: Done, operator: Operator, reason: str,
 
 def records(session: Session, *, job_id: uuid.UUID | None = None,
             since: datetime | None = None, limit: int = 200) -> list[dict[str, Any]]:
-    """The operator record, oldest first: every action, or one job's, or those since ``since``."""
-    query = select(OperatorAction).order_by(OperatorAction.created_at, OperatorAction.id)
+    """The operator record's newest ``limit`` rows, oldest first: every action, or one job's, or
+    those since ``since``."""
+    query = select(OperatorAction).order_by(OperatorAction.created_at.desc(),
+                                            OperatorAction.id.desc())
     if job_id is not None:
         query = query.where(OperatorAction.job_id == job_id)
     if since is not None:
         query = query.where(OperatorAction.created_at >= since)
+    newest = list(session.execute(query.limit(limit)).scalars())[::-1]
     return [{"id": r.id, "at": r.created_at.isoformat(), "operator": r.operator, "via": r.via,
              "action": r.action, "job_id": str(r.job_id) if r.job_id else None,
              "user_id": str(r.user_id) if r.user_id else None, "reason": r.reason,
              "detail": r.detail}
-            for r in session.execute(query.limit(limit)).scalars()]
+            for r in newest]
 
 
 __all__ = ["ACTIONS", "ActionLost", "ActionRefused", "Done", "Operator", "allowed",

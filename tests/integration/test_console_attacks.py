@@ -398,3 +398,27 @@ def test_the_console_and_the_cli_agree_on_states_the_parity_test_did_not_cover(
     monkeypatch.setitem(test_console.STATES, state, MORE_STATES[state])
     test_console.test_the_console_refuses_and_allows_every_action_exactly_as_the_cli(
         world, state)
+
+
+# ----------------------------------------------------------------------------- the record
+
+
+def test_the_operator_log_exports_the_newest_actions(world: World) -> None:
+    """``operator.records`` took the *first* ``limit`` rows: once the record held more than 200
+    actions, ``reconcile operator-log`` (and a story's record) never showed the newest."""
+    import json
+
+    from sqlalchemy import text
+
+    from tests.integration.test_cli import cli_with
+
+    with world.db.begin() as s:
+        s.execute(text(
+            "INSERT INTO reconcile_operator_actions (created_at, operator, via, action, job_id,"
+            " reason) SELECT :at - (300 - g) * interval '1 minute', 'op-' || g, 'cli', 'fail',"
+            " gen_random_uuid(), 'r' FROM generate_series(1, 300) AS g"), {"at": world.clock.now})
+    said = cli_with(world.rt, "operator-log", "--json")
+    assert said.exit_code == 0, said.output
+    rows = json.loads(said.stdout)
+    assert len(rows) == 200 and rows[-1]["operator"] == "op-300"  # the newest, oldest first
+    assert rows[0]["operator"] == "op-101" and rows == sorted(rows, key=lambda r: r["at"])
