@@ -30,7 +30,8 @@ CSRF_FIELD = "csrf"
 @dataclass(frozen=True)
 class OperatorIdentity:
     """An operator as the platform vouches for it: the ``name`` recorded with every action it
-    takes, whether it may read the console (``can_read``) and act on jobs (``can_act``)."""
+    takes, whether it may read the console (``can_read``) and act on jobs (``can_act``), each
+    True or False (anything else raises ValueError: the hook then vouches for nobody)."""
 
     name: str
     can_read: bool = True
@@ -39,6 +40,10 @@ class OperatorIdentity:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError("an operator identity needs a name")
+        # a permission is True or False: "no" (a setting read as text) is truthy, so anything
+        # else fails closed, as a hook that raises does
+        if not isinstance(self.can_read, bool) or not isinstance(self.can_act, bool):
+            raise ValueError("an operator identity's can_read and can_act are True or False")
 
 
 Authorize = Callable[[Any], Any]  # (starlette Request) -> OperatorIdentity | None (or awaitable)

@@ -89,6 +89,25 @@ def test_with_no_hook_an_odd_path_answers_403_never_a_redirect(world: World) -> 
     assert world.job(job_id).status == "pending" and records(world) == []
 
 
+def test_a_hook_whose_permissions_are_not_booleans_vouches_for_nobody(world: World) -> None:
+    """``can_act="no"`` (a setting read as text, say) is truthy: the console let that operator
+    act. A permission must be True or False; anything else fails closed, like a raising hook."""
+    from reconcile.console import OperatorIdentity
+
+    job_id = world.submit("kie-standard")
+    for garbage in ("no", "false", 0, 1, None):
+        c = client(world, None,
+                   authorize=lambda r, g=garbage: OperatorIdentity("eve", True, g))
+        assert c.get(f"/jobs/{job_id}").status_code == 403, garbage
+        c.cookies.set("reconcile_console_csrf", "c")
+        token = c.app.state.console.csrf.token("c", "eve")  # type: ignore[attr-defined]
+        r = c.post(f"/jobs/{job_id}/fail", data={"csrf": token, "reason": "x"})
+        assert r.status_code == 403 and secured(r), garbage
+    with pytest.raises(ValueError):
+        OperatorIdentity("eve", can_read="yes")  # type: ignore[arg-type]
+    assert world.job(job_id).status == "pending" and records(world) == []
+
+
 # ----------------------------------------------------------------------------- query strings
 
 
