@@ -441,3 +441,46 @@ def test_the_operator_log_exports_the_newest_actions(world: World) -> None:
     rows = json.loads(said.stdout)
     assert len(rows) == 200 and rows[-1]["operator"] == "op-300"  # the newest, oldest first
     assert rows[0]["operator"] == "op-101" and rows == sorted(rows, key=lambda r: r["at"])
+
+
+def test_racing_operators_refund_once_record_each_change_once_and_leave_the_audit_clean(
+        world: World) -> None:
+    """Pairs (and a trio) of operators acting on one job at the same moment: at most one
+    refund per job, exactly one record per action that changed something, none for one that
+    was refused or lost, and the ledger audit clean afterwards."""
+    from reconcile import operator
+    from reconcile.ledger import audit
+    from tests.integration.test_console import _orphan, _uncertain_kie
+    from tests.integration.test_settle_owed import library_failed
+
+    def op(action: str, job_id: uuid.UUID, who: str, **kw: Any) -> Any:
+        return lambda: operator.run(world.rt, action, job_id,
+                                    operator=operator.Operator(who, via="console"),
+                                    reason=f"{who}'s reason", **kw)
+
+    races = [
+        (_uncertain_kie, [("resolve_upstream", {"upstream_id": "req-a"}),
+                          ("resolve_not_submitted", {})]),
+        (_uncertain_kie, [("resolve_not_submitted", {}), ("resolve_not_submitted", {})]),
+        (_uncertain_kie, [("resolve_upstream", {"upstream_id": "req-b"}),
+                          ("resolve_upstream", {"upstream_id": "req-c"})]),
+        (library_failed, [("retry_settle", {}), ("retry_settle", {}), ("fail", {})]),
+        (lambda w: w.submit("kie-standard"), [("fail", {}), ("fail", {}), ("retry_settle", {})]),
+        (_orphan, [("release_orphan", {}), ("release_orphan", {}), ("release_orphan", {})]),
+    ]
+    for build, actions in races:
+        job_id = build(world)
+        before = {r.id for r in records(world)}
+        results = _run_all([op(a, job_id, f"op{i}", **kw) for i, (a, kw) in enumerate(actions)])
+        changed = [r for r in results if isinstance(r, operator.Done) and r.changed]
+        assert all(isinstance(r, operator.Done | operator.ActionLost | operator.ActionRefused)
+                   for r in results), results
+        assert world.refunds(job_id) <= 1, (actions, results)
+        new = [r for r in records(world) if r.id not in before]
+        assert sorted((r.action, r.operator) for r in new) == sorted(
+            (d.action, f"op{results.index(d)}") for d in changed), (actions, results)
+        if actions[0][0].startswith("resolve"):
+            assert len(changed) == 1, (actions, results)
+    with world.db() as s:
+        assert audit(world.rt.ledger, s, now=world.clock.now, grace=timedelta(0),
+                     settings=world.rt.settings, policy=world.rt.settlement_policy) == []
