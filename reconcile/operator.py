@@ -155,6 +155,11 @@ def _refusal(rt: Runtime, session: Session, action: str, job_id: uuid.UUID, job:
                     "to adopt; use --not-submitted")
         if upstream_id is not None:
             from .jobstore import evidence
+            from .lifecycle import usable_task_id
+
+            if upstream_id and not usable_task_id(upstream_id):
+                return (f"upstream id {upstream_id!r} cannot be stored (a NUL or an unpaired "
+                        "surrogate): no provider answers with one")
 
             holder = evidence.holders(session, [upstream_id], job_id).get(upstream_id)
             if holder is not None:
@@ -337,17 +342,20 @@ def _record(rt: Runtime, done: Done, operator: Operator, reason: str,
 
 def records(session: Session, *, job_id: uuid.UUID | None = None,
             since: datetime | None = None, limit: int = 200) -> list[dict[str, Any]]:
-    """The operator record, oldest first: every action, or one job's, or those since ``since``."""
-    query = select(OperatorAction).order_by(OperatorAction.created_at, OperatorAction.id)
+    """The operator record's newest ``limit`` rows, oldest first: every action, or one job's, or
+    those since ``since``."""
+    query = select(OperatorAction).order_by(OperatorAction.created_at.desc(),
+                                            OperatorAction.id.desc())
     if job_id is not None:
         query = query.where(OperatorAction.job_id == job_id)
     if since is not None:
         query = query.where(OperatorAction.created_at >= since)
+    newest = list(session.execute(query.limit(limit)).scalars())[::-1]
     return [{"id": r.id, "at": r.created_at.isoformat(), "operator": r.operator, "via": r.via,
              "action": r.action, "job_id": str(r.job_id) if r.job_id else None,
              "user_id": str(r.user_id) if r.user_id else None, "reason": r.reason,
              "detail": r.detail}
-            for r in session.execute(query.limit(limit)).scalars()]
+            for r in newest]
 
 
 __all__ = ["ACTIONS", "ActionLost", "ActionRefused", "Done", "Operator", "allowed",

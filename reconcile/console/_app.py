@@ -47,6 +47,11 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
            "Cache-Control": "no-store"}
 STATIC = Path(__file__).resolve().parent / "static"
+SERVER_ERROR = ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Error · "
+                "reconcile</title></head><body><h1>Something went wrong</h1><p id=\"outcome\" "
+                "data-outcome=\"error\">The console failed to answer this request; the server's "
+                "log has the detail. After an action, reload the job's story to see its state."
+                "</p></body></html>")
 
 
 def _span(value: timedelta) -> str:
@@ -349,6 +354,15 @@ def build_app(console: Console) -> Starlette:
         return c.refuse(request, 404 if getattr(exc, "status_code", 404) == 404 else 405,
                         "Not found", "No such page.", who)
 
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # the server logs the exception; the browser gets no detail of it, and the headers
+        return HTMLResponse(SERVER_ERROR, status_code=500, headers=HEADERS)
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found,
+                                                       Exception: server_error})
+    # no redirect of "/audit/" to "/audit": the router answers it before the hook runs (a 307
+    # to a URL built from the Host header, without the security headers); a 404 goes through
+    # the hook like every other answer
+    app.router.redirect_slashes = False
     app.state.console = console
     return app

@@ -30,7 +30,8 @@ CSRF_FIELD = "csrf"
 @dataclass(frozen=True)
 class OperatorIdentity:
     """An operator as the platform vouches for it: the ``name`` recorded with every action it
-    takes, whether it may read the console (``can_read``) and act on jobs (``can_act``)."""
+    takes, whether it may read the console (``can_read``) and act on jobs (``can_act``), each
+    True or False (anything else raises ValueError: the hook then vouches for nobody)."""
 
     name: str
     can_read: bool = True
@@ -39,6 +40,10 @@ class OperatorIdentity:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError("an operator identity needs a name")
+        # a permission is True or False: "no" (a setting read as text) is truthy, so anything
+        # else fails closed, as a hook that raises does
+        if not isinstance(self.can_read, bool) or not isinstance(self.can_act, bool):
+            raise ValueError("an operator identity's can_read and can_act are True or False")
 
 
 Authorize = Callable[[Any], Any]  # (starlette Request) -> OperatorIdentity | None (or awaitable)
@@ -74,7 +79,7 @@ class DevLogin:
     def exchange(self, token: str | None) -> str | None:
         """The session for the one-time token (None: wrong, or used already)."""
         with self._lock:
-            if self.token is None or not token or not hmac.compare_digest(self.token, token):
+            if self.token is None or not token or not _same(self.token, token):
                 return None
             self.token = None
             session = secrets.token_urlsafe(32)
@@ -103,12 +108,20 @@ class Csrf:
         return secrets.token_urlsafe(32)
 
     def token(self, cookie: str, operator: str) -> str:
-        return hmac.new(self.secret, f"{cookie}\n{operator}".encode(), hashlib.sha256).hexdigest()
+        message = f"{cookie}\n{operator}".encode("utf-8", "surrogatepass")
+        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
 
     def valid(self, cookie: str | None, operator: str, token: str | None) -> bool:
         if not cookie or not token:
             return False
-        return hmac.compare_digest(self.token(cookie, operator), token)
+        return _same(self.token(cookie, operator), token)
+
+
+def _same(expected: str, given: str) -> bool:
+    """A constant-time comparison of any text a request carries (``hmac.compare_digest``
+    raises on non-ASCII text: compared as UTF-8 bytes, never an error)."""
+    return hmac.compare_digest(expected.encode("utf-8", "surrogatepass"),
+                               given.encode("utf-8", "surrogatepass"))
 
 
 NOT_CONFIGURED = f"""\

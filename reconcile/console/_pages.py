@@ -10,7 +10,7 @@ from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import case, func, select, text
 
 from .. import jobstore
 from ..db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, Job
@@ -20,6 +20,8 @@ from . import _charts
 
 FIRST_PAGE = 20  # rows per list on "needs attention"
 PAGE = 50  # rows per page of one list
+MAX_MINUTES = 10 * 366 * 24 * 60  # a minutes parameter's bound: ten years back
+DELAY_SAMPLE = 5000  # the health page's completion delays: the newest completions
 TITLES = {
     "uncertain": "Uncertain submissions",
     "stuck": "Stuck: in flight past their kind's threshold",
@@ -44,16 +46,28 @@ class BadRequest(ValueError):
     """A query parameter that is not what the page takes (400)."""
 
 
+def minutes(value: str, name: str, *, whole: bool = False) -> timedelta:
+    """A page's minutes parameter: a number (``whole``: an integer) from 0 to
+    :data:`MAX_MINUTES` (BadRequest for anything else: a time that far back does not exist)."""
+    try:
+        number = int(value) if whole else float(value)
+    except ValueError as exc:
+        raise BadRequest(f"{name} is minutes ({'an integer' if whole else 'a number'})") from exc
+    if not 0 <= number <= MAX_MINUTES:  # NaN fails it too
+        raise BadRequest(f"{name} is minutes, from 0 to {MAX_MINUTES}")
+    return timedelta(minutes=number)
+
+
 def filters(params: Mapping[str, str]) -> tuple[queries.Filters, queries.Filters, dict[str, str]]:
     """The job lists' filters, the anomaly list's, and the values to echo into the form."""
     echo = {k: params.get(k, "").strip() for k in ("kind", "older_than", "user", "anomaly")}
+    older = minutes(echo["older_than"], "older_than") if echo["older_than"] else None
     try:
-        older = timedelta(minutes=float(echo["older_than"])) if echo["older_than"] else None
         user = uuid.UUID(echo["user"]) if echo["user"] else None
     except ValueError as exc:
-        raise BadRequest("older_than is minutes (a number); user is a user id (UUID)") from exc
-    if older is not None and older < timedelta(0):
-        raise BadRequest("older_than is minutes, not negative")
+        raise BadRequest("user is a user id (UUID)") from exc
+    if echo["anomaly"] and not (echo["anomaly"].isprintable() and len(echo["anomaly"]) <= 100):
+        raise BadRequest("anomaly is an anomaly kind (printable, at most 100 characters)")
     kind = echo["kind"] or None
     if kind is not None:
         from ..kinds import all_kinds
@@ -132,9 +146,9 @@ def audit(rt: Runtime, params: Mapping[str, str]) -> dict[str, Any]:
     now = rt.now()
     try:
         since = queries.parse_since(since_text, now) if mode == "since" else None
-        grace = timedelta(minutes=int(params.get("grace_minutes") or 10))
     except ValueError as exc:
         raise BadRequest(str(exc)) from exc
+    grace = minutes(params.get("grace_minutes") or "10", "grace_minutes", whole=True)
     if mode == "since" and since is None:
         raise BadRequest("give --since: a duration such as 15m or an ISO 8601 time")
     started = datetime.now().astimezone()
@@ -154,14 +168,22 @@ def health(rt: Runtime) -> dict[str, Any]:
             select(Job.provider_kind, Job.status, func.count()).where(jobstore.in_flight())
             .group_by(Job.provider_kind, Job.status).order_by(Job.provider_kind, Job.status)
         ).all()
-        delays = session.execute(
-            select(Job.completed_at, queries.started())
-            .where(text("jobs.status = 'completed'"), Job.completed_at >= day)
-            .order_by(Job.completed_at.desc()).limit(5000)).all()
-        refunds = session.execute(
-            select(CreditTransaction.created_at, CreditTransaction.amount)
-            .where(text("reconcile_credit_transactions.type = 'REFUND'"),
-                   CreditTransaction.created_at >= day).limit(20000)).all()
+        completed_today = (text("jobs.status = 'completed'"), Job.completed_at >= day)
+        completed = session.execute(select(func.count()).select_from(Job)
+                                    .where(*completed_today)).scalar_one()
+        delays = session.execute(  # the distribution of the newest DELAY_SAMPLE
+            select(Job.completed_at, queries.started()).where(*completed_today)
+            .order_by(Job.completed_at.desc()).limit(DELAY_SAMPLE)).all()
+        hours = [(now - timedelta(hours=h)).replace(minute=0, second=0, microsecond=0)
+                 for h in range(23, -1, -1)]
+        # every refund of the day, counted per hour in the database (one pass of its index)
+        at, amount = CreditTransaction.created_at, CreditTransaction.amount
+        slots = [(at >= h) & (at < h + timedelta(hours=1)) for h in hours]
+        counted = session.execute(
+            select(*[func.sum(case((slot, 1), else_=0)) for slot in slots],
+                   *[func.sum(case((slot, amount), else_=0)) for slot in slots])
+            .where(text("reconcile_credit_transactions.type = 'REFUND'"), at >= hours[0])
+        ).one()
         anomalies = session.execute(
             select(CreditAnomaly.kind, func.count()).where(CreditAnomaly.resolved_at.is_(None))
             .group_by(CreditAnomaly.kind).order_by(CreditAnomaly.kind)).all()
@@ -169,19 +191,12 @@ def health(rt: Runtime) -> dict[str, Any]:
                                     .where(jobstore.settlement_pending())).scalar_one()
     seconds = [max((done - began).total_seconds(), 0.0) for done, began in delays
                if done and began]
-    hours = [(now - timedelta(hours=h)).replace(minute=0, second=0, microsecond=0)
-             for h in range(23, -1, -1)]
-    per_hour = dict.fromkeys(hours, 0)
-    credits_per_hour = dict.fromkeys(hours, 0)
-    for at, amount in refunds:
-        slot = at.replace(minute=0, second=0, microsecond=0)
-        if slot in per_hour:
-            per_hour[slot] += 1
-            credits_per_hour[slot] += int(amount)
+    per_hour = {h: int(n or 0) for h, n in zip(hours, counted[:24], strict=True)}
+    credits_per_hour = {h: int(n or 0) for h, n in zip(hours, counted[24:], strict=True)}
     edges = [0, 5, 15, 30, 60, 120, 300, 600, 1800, 3600]
     return {
         "in_flight": in_flight, "unsettled": unsettled, "anomalies": anomalies,
-        "completed": len(seconds),
+        "completed": completed, "sampled": len(seconds),
         "delay_chart": _charts.histogram(seconds, edges,
                                          title="Completion delay, jobs completed in the last 24 h"),
         "refund_chart": _charts.bars([(h.strftime("%H:00"), per_hour[h]) for h in hours],

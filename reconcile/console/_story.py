@@ -8,16 +8,18 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from .. import jobstore, operator
-from ..db.models import CreditTransaction, Job, UsageLog
+from ..db.models import CreditTransaction, Job, JobEvent, UsageLog, WebhookDelivery
 from ..jobstore.horizon import exhaustion_deadline
 from ..ops import queries
 from ..runtime import Runtime
 from ..settlement import RECORD_KEY
 from ..states import MAX_ATTEMPTS, TERMINAL, UNKNOWN_OUTCOME, Status, Submission
+
+EVENTS = 500  # a story's events: the newest, the earlier ones counted
 
 
 def _at(value: datetime | None) -> str:
@@ -142,9 +144,16 @@ def story(rt: Runtime, session: Session, job_id: uuid.UUID, now: datetime) -> di
         orphan_detail(session, job_id)
     if detail is None:
         return None
+    shown = len(detail["webhook_deliveries"])
+    deliveries = shown if shown < queries.DELIVERIES or job is None else session.execute(
+        select(func.count()).select_from(WebhookDelivery).where(queries.deliveries_of(job))
+    ).scalar_one()
     held_rows = queries.reserved(session, [job_id])
     held = held_rows[job_id][0] if job_id in held_rows else None
-    events = queries.events(session, job_id)
+    events = queries.events(session, job_id, EVENTS)
+    earlier = 0 if len(events) < EVENTS else session.execute(
+        select(func.count()).select_from(JobEvent).where(JobEvent.job_id == job_id,
+                                                         JobEvent.id < events[0].id)).scalar_one()
     actions = operator.records(session, job_id=job_id)
     settlement = [u["metadata"][RECORD_KEY] for u in detail["usage_logs"]
                   if isinstance(u["metadata"], dict) and RECORD_KEY in u["metadata"]]
@@ -170,5 +179,5 @@ def story(rt: Runtime, session: Session, job_id: uuid.UUID, now: datetime) -> di
         "waiting": waiting_for(rt, job, now, held),
         "timeline": timeline(detail, events, actions, job),
         "facts": facts, "pools": pools(detail), "settlement": settlement, "actions": actions,
-        "events": events,
+        "events": events, "earlier_events": earlier, "deliveries": deliveries,
     }

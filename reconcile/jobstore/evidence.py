@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import Integer, cast, func, literal, select
 from sqlalchemy.orm import Session
 
 from ..db.models import Job, WebhookDelivery
@@ -105,6 +105,21 @@ def held_elsewhere(session: Session, upstream_ids: Iterable[str], job_id: uuid.U
     return set(holders(session, upstream_ids, job_id))
 
 
+#: the advisory-lock class of :func:`lock_upstream_id` (PostgreSQL's two-key form: the id's
+#: hash is the second key), so its keys never meet another use of advisory locks
+UPSTREAM_LOCK_CLASS = 0x7265636F
+
+
+def lock_upstream_id(session: Session, upstream_id: str) -> None:
+    """Hold, until the caller's transaction ends, the lock of ``upstream_id``: two transactions
+    adopting one id (for two jobs: two operators, an operator and the sweep) take turns, so the
+    second's :func:`held_elsewhere` sees the first's job instead of both adopting it. Taken
+    before that check. On SQLite a write transaction already excludes every other."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_advisory_xact_lock(
+            cast(literal(UPSTREAM_LOCK_CLASS), Integer), func.hashtext(upstream_id))))
+
+
 def holders(session: Session, upstream_ids: Iterable[str], job_id: uuid.UUID
             ) -> dict[str, uuid.UUID]:
     """:func:`held_elsewhere` with the job holding each: ``{upstream id: that job's id}``."""
@@ -123,5 +138,6 @@ def confirmed(assessment: Assessment, echoed: str | None, job_id: str) -> bool:
     return assessment.bound
 
 
-__all__ = ["BINDINGS", "FAL_CHECKED_USER", "Assessment", "Binding", "assess", "confirmed", "family",
-           "held_elsewhere", "holders", "same_kind", "signed_job_id"]
+__all__ = ["BINDINGS", "FAL_CHECKED_USER", "UPSTREAM_LOCK_CLASS", "Assessment", "Binding", "assess",
+           "confirmed", "family", "held_elsewhere", "holders", "lock_upstream_id", "same_kind",
+           "signed_job_id"]

@@ -33,6 +33,7 @@ def adopt_upstream_id(rt: Runtime, job_id: uuid.UUID, task_id: str, *, source: s
         kind = rt.kind(job.provider_kind) if job else None
         if job is None or kind is None or kind.sync or not usable_task_id(task_id):
             return False
+        evidence.lock_upstream_id(session, task_id)  # one adoption of an id at a time
         if evidence.held_elsewhere(session, [task_id], job_id):
             log.warning("adopt_refused_held_elsewhere job_id=%s task_id=%s source=%s", job_id,
                         task_id, source)

@@ -35,6 +35,7 @@ from ..states import LEGACY_AGE
 
 LEGACY = "legacy"  # the kind filter's name for rows without a provider_kind
 LISTS = ("uncertain", "stuck", "past_horizon", "unsettled", "anomalies")
+DELIVERIES = 50  # a job's webhook deliveries shown: the newest (count them with deliveries_of)
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,10 @@ def anomalies(session: Session, *, now: datetime, limit: int, after: str | None 
     if filters.older_than is not None:
         stmt = stmt.where(a.created_at < now - filters.older_than)
     if after:
-        stmt = stmt.where(a.id < int(after))
+        before = int(after)
+        if not 0 < before < 2**63:  # an anomaly id is a positive bigint
+            raise ValueError(f"anomaly cursor {after!r} out of range")
+        stmt = stmt.where(a.id < before)
     found = list(session.execute(stmt.order_by(a.id.desc()).limit(limit + 1)).scalars())
     more, found = len(found) > limit, found[:limit]
     rows = [{"id": r.id, "job_id": r.job_id, "user_id": r.user_id, "kind": r.kind,
@@ -284,36 +288,52 @@ def _row(obj: Any, fields: Sequence[str]) -> dict[str, Any]:
     return {f: getattr(obj, f) for f in fields}
 
 
-def evidence_note(settings: Any, session: Session, job: Job, delivery: WebhookDelivery) -> str:
-    """What the sweep may do with a delivery for this job (``jobstore.evidence``); where it may
-    not, the operator decides with ``resolve --upstream-id``."""
+def evidence_notes(settings: Any, session: Session, job: Job,
+                   deliveries: Sequence[WebhookDelivery]) -> list[str]:
+    """What the sweep may do with each delivery for this job (``jobstore.evidence``); where it
+    may not, the operator decides with ``resolve --upstream-id``. One query for them all."""
     from ..jobstore import evidence
     from ..kinds import get_kind
 
     kind = get_kind(job.provider_kind)
     if kind is None or job.provider_task_id:
-        return ""
-    holder = evidence.holders(session, [delivery.upstream_id or ""], job.id)
-    if holder:
-        return f"never: the task of job {next(iter(holder.values()))}"
-    judged = evidence.assess(delivery, str(job.id), kind, settings)
-    if not judged.usable:
-        return f"operator only: {judged.reason}"
-    return "adoptable once a read confirms it" if judged.needs_read else "adoptable (signed)"
+        return [""] * len(deliveries)
+    held = evidence.holders(session, [d.upstream_id or "" for d in deliveries], job.id)
+    notes = []
+    for delivery in deliveries:
+        if delivery.upstream_id and delivery.upstream_id in held:
+            notes.append(f"never: the task of job {held[delivery.upstream_id]}")
+            continue
+        judged = evidence.assess(delivery, str(job.id), kind, settings)
+        notes.append(f"operator only: {judged.reason}" if not judged.usable else
+                     "adoptable once a read confirms it" if judged.needs_read else
+                     "adoptable (signed)")
+    return notes
+
+
+def deliveries_of(job: Job) -> Any:
+    """SQL: the webhook deliveries that name the job (its planted id, or its upstream id)."""
+    match = WebhookDelivery.job_id == job.id
+    if job.provider_task_id:
+        match = match | (WebhookDelivery.upstream_id == job.provider_task_id)
+    return match
 
 
 def job_detail(rt: Runtime, session: Session, job: Job) -> dict[str, Any]:
     """One job: its row (with ``credits_returned``: what its settlement gave back, a partial
-    refund included), usage logs, ledger transactions, anomalies, webhook deliveries (with what
-    each may prove), assets — what ``reconcile show`` prints and the console's story draws."""
+    refund included), usage logs, ledger transactions, anomalies, webhook deliveries (the newest
+    :data:`DELIVERIES`, with what each may prove), assets — what ``reconcile show`` prints and
+    the console's story draws."""
     job_id = job.id
     returned = rt.ledger.refunded(session, job_id) if job.credits_actual is not None else None
-    delivery_match = WebhookDelivery.job_id == job_id
-    if job.provider_task_id:
-        delivery_match = delivery_match | (WebhookDelivery.upstream_id == job.provider_task_id)
 
     def rows(stmt: Any) -> list[Any]:
         return list(session.execute(stmt).scalars())
+
+    # the newest DELIVERIES (anyone holding a provider's signature can store more), oldest first
+    deliveries = rows(select(WebhookDelivery).where(deliveries_of(job))
+                      .order_by(WebhookDelivery.received_at.desc(), WebhookDelivery.id.desc())
+                      .limit(DELIVERIES))[::-1]
 
     return {
         "job": {**_row(job, SHOW_FIELDS), "credits_returned": returned},
@@ -332,9 +352,9 @@ def job_detail(rt: Runtime, session: Session, job: Job) -> dict[str, Any]:
                           .order_by(CreditAnomaly.id))],
         "webhook_deliveries": [
             {**_row(w, ("provider", "delivery_id", "upstream_id", "status", "received_at")),
-             "evidence": evidence_note(rt.settings, session, job, w)}
-            for w in rows(select(WebhookDelivery).where(delivery_match)
-                          .order_by(WebhookDelivery.received_at))],
+             "evidence": note}
+            for w, note in zip(deliveries, evidence_notes(rt.settings, session, job, deliveries),
+                               strict=True)],
         "assets": [
             _row(a, ("index", "storage_key", "media_type", "is_public", "watermarked"))
             for a in rows(select(Asset).where(Asset.job_id == job_id).order_by(Asset.index))],
@@ -342,9 +362,9 @@ def job_detail(rt: Runtime, session: Session, job: Job) -> dict[str, Any]:
 
 
 def events(session: Session, job_id: uuid.UUID, limit: int = 500) -> list[JobEvent]:
-    """The job's events (the customer's stream), oldest first."""
+    """The job's newest ``limit`` events (the customer's stream), oldest first."""
     return list(session.execute(select(JobEvent).where(JobEvent.job_id == job_id)
-                                .order_by(JobEvent.id).limit(limit)).scalars())
+                                .order_by(JobEvent.id.desc()).limit(limit)).scalars())[::-1]
 
 
 def parse_since(value: str | None, now: datetime) -> datetime | None:
@@ -354,11 +374,12 @@ def parse_since(value: str | None, now: datetime) -> datetime | None:
         return None
     value = value.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if value[-1:] in units and value[:-1].isdigit():
-        return now - timedelta(seconds=int(value[:-1]) * units[value[-1]])
     try:
+        if value[-1:] in units and value[:-1].isdigit():
+            return now - timedelta(seconds=int(value[:-1]) * units[value[-1]])
         at = datetime.fromisoformat(value)
-    except ValueError as exc:
+        # in UTC: a time whose UTC is out of range (0001-01-01T00:00+14:00) is refused here
+        return (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).astimezone(UTC)
+    except (ValueError, OverflowError) as exc:  # OverflowError: a duration past year 1
         raise ValueError(f"--since {value!r}: an ISO 8601 time or a duration such as 15m, "
                          "2h") from exc
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

@@ -5,7 +5,8 @@ The hook is a stand-in for acme's real staff login, as ``X-User-Id`` is for its 
 ``ACME_OPERATORS`` lists acme's staff, ``name=act`` or ``name=read``, comma-separated (default
 ``ops@acme.test=act,viewer@acme.test=read``). A request names one with the ``X-Operator`` header
 or the ``acme_operator`` cookie, which ``GET /ops-login?as=NAME`` sets for a browser. Both are
-honoured from loopback only: the demo hook vouches for nobody on the network. A real platform
+honoured from loopback only, for a request addressed to a loopback name: the demo hook vouches
+for nobody on the network, nor for a page that rebinds its DNS name to 127.0.0.1. A real platform
 asks its own session instead (see README, Operator console).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import PlainTextResponse, RedirectResponse
@@ -35,7 +37,12 @@ def staff() -> dict[str, bool]:
 
 
 def _loopback(request: Any) -> bool:
-    return request.client is not None and request.client.host in LOOPBACK
+    """From loopback, and addressed to a loopback name: a web page that points its own DNS name
+    at 127.0.0.1 reaches the demo from the operator's browser (a loopback client) with any
+    header it likes, but under its own name in ``Host``."""
+    host = urlsplit("//" + request.headers.get("host", "")).hostname
+    return (request.client is not None and request.client.host in LOOPBACK
+            and host in (*LOOPBACK, "localhost"))
 
 
 def authorize(request: Any) -> OperatorIdentity | None:
