@@ -7,7 +7,7 @@ The hook is a stand-in for acme's real staff login, as ``X-User-Id`` is for its 
 or the ``acme_operator`` cookie, which ``GET /ops-login?as=NAME`` sets for a browser. Both are
 honoured from loopback only, for a request addressed to a loopback name: the demo hook vouches
 for nobody on the network, nor for a page that rebinds its DNS name to 127.0.0.1. A real platform
-asks its own session instead (see README, Operator console).
+asks its own session instead (see README, Operate with the console).
 """
 
 from __future__ import annotations
