@@ -36,7 +36,8 @@ TABLES = (
     "jobs", "usage_logs", "workflow_executions", "reconcile_credit_balances", "reconcile_credit_lots",
     "reconcile_credit_transactions", "reconcile_webhook_deliveries", "reconcile_assets",
     "reconcile_credit_anomalies", "reconcile_job_events",
-    "reconcile_idempotency_keys", "reconcile_workers",
+    "reconcile_idempotency_keys", "reconcile_workers", "reconcile_operator_actions",
+    "reconcile_sweep_ticks",
 )
 
 

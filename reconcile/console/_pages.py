@@ -13,7 +13,14 @@ from typing import Any
 from sqlalchemy import case, func, select, text
 
 from .. import jobstore
-from ..db.models import CreditAnomaly, CreditBalance, CreditLot, CreditTransaction, Job
+from ..db.models import (
+    CreditAnomaly,
+    CreditBalance,
+    CreditLot,
+    CreditTransaction,
+    Job,
+    SweepTick,
+)
 from ..ops import queries
 from ..runtime import Runtime
 from . import _charts
@@ -21,6 +28,7 @@ from . import _charts
 FIRST_PAGE = 20  # rows per list on "needs attention"
 PAGE = 50  # rows per page of one list
 MAX_MINUTES = 10 * 366 * 24 * 60  # a minutes parameter's bound: ten years back
+TICKS_SHOWN = 20  # the health page's newest sweep ticks
 DELAY_SAMPLE = 5000  # the health page's completion delays: the newest completions
 TITLES = {
     "uncertain": "Uncertain submissions",
@@ -189,6 +197,8 @@ def health(rt: Runtime) -> dict[str, Any]:
             .group_by(CreditAnomaly.kind).order_by(CreditAnomaly.kind)).all()
         unsettled = session.execute(select(func.count()).select_from(Job)
                                     .where(jobstore.settlement_pending())).scalar_one()
+        ticks = session.execute(select(SweepTick).order_by(SweepTick.started_at.desc())
+                                .limit(TICKS_SHOWN)).scalars().all()
     seconds = [max((done - began).total_seconds(), 0.0) for done, began in delays
                if done and began]
     per_hour = {h: int(n or 0) for h, n in zip(hours, counted[:24], strict=True)}
@@ -196,6 +206,10 @@ def health(rt: Runtime) -> dict[str, Any]:
     edges = [0, 5, 15, 30, 60, 120, 300, 600, 1800, 3600]
     return {
         "in_flight": in_flight, "unsettled": unsettled, "anomalies": anomalies,
+        "ticks": [{"at": t.started_at, "elapsed_ms": t.elapsed_ms, "scanned": t.scanned,
+                   "recovered": t.recovered, "failed": t.failed,
+                   "still_running": t.still_running, "errors": t.errors,
+                   "decisions": sorted((t.decisions or {}).items())} for t in ticks],
         "completed": completed, "sampled": len(seconds),
         "delay_chart": _charts.histogram(seconds, edges,
                                          title="Completion delay, jobs completed in the last 24 h"),

@@ -370,6 +370,27 @@ def table_of(model: type[Base]) -> Table:
     return table
 
 
+class SweepTick(Base):
+    """One sweep tick's counts and decisions (``reconcile.sweep``), kept a week for the
+    operator's health page; the log line and the metrics carry the same figures."""
+
+    __tablename__ = "reconcile_sweep_ticks"
+
+    id: Mapped[int] = mapped_column(BIGID, Identity(), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    elapsed_ms: Mapped[int] = mapped_column(Integer)
+    scanned: Mapped[int] = mapped_column(Integer)
+    recovered: Mapped[int] = mapped_column(Integer)
+    failed: Mapped[int] = mapped_column(Integer)
+    still_running: Mapped[int] = mapped_column(Integer)
+    errors: Mapped[int] = mapped_column(Integer)
+    fanned_out: Mapped[int] = mapped_column(Integer)
+    observed: Mapped[int] = mapped_column(Integer)
+    late_completions: Mapped[int] = mapped_column(Integer)
+    # {"<row> <action> <outcome>": count} of the rows it acted on
+    decisions: Mapped[Any | None] = mapped_column(JSONType)
+
+
 class OperatorAction(Base):
     """The operator record: one row per action a person took on a job by hand
     (:mod:`reconcile.operator`), with who, through which surface, and why. Customers never read
@@ -390,7 +411,7 @@ class OperatorAction(Base):
 
 __all__ = [
     "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
-    "CreditTransaction", "Job", "JobEvent", "OperatorAction", "ReconcileMeta", "UsageLog",
+    "CreditTransaction", "Job", "JobEvent", "OperatorAction", "ReconcileMeta", "SweepTick", "UsageLog",
     "WebhookDelivery", "WorkflowExecution", "table_of",
 ]
 

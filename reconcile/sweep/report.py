@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
 
 from .table import RECOVERING, Action, Decision
 
@@ -61,6 +63,36 @@ class SweepReport:
                 f"would_other={other} observed={self.observed} "
                 f"observed_would_fail={self.observed_would_fail} errors={self.errors} "
                 f"({self.elapsed_ms}ms)")
+
+
+#: how long the stored ticks are kept (the health page shows the newest)
+TICKS_KEPT = timedelta(days=7)
+
+
+def record(sessions: Any, report: SweepReport, started_at: datetime) -> None:
+    """Store a (real, not dry-run) tick's counts and its decisions by row, action and outcome,
+    and drop the ticks older than :data:`TICKS_KEPT`: one transaction; a failure is logged,
+    never raised (the tick's work is done)."""
+    from sqlalchemy import delete, insert
+
+    from ..db.models import SweepTick, table_of
+
+    decisions: dict[str, int] = {}
+    for a in report.actions:
+        key = f"{a.row} {a.action} {a.outcome}"
+        decisions[key] = decisions.get(key, 0) + 1
+    try:
+        with sessions.begin() as session:
+            session.execute(insert(table_of(SweepTick)).values(
+                started_at=started_at, elapsed_ms=report.elapsed_ms, scanned=report.scanned,
+                recovered=report.recovered, failed=report.failed,
+                still_running=report.still_running, errors=report.errors,
+                fanned_out=report.fanned_out, observed=report.observed,
+                late_completions=report.late_completions, decisions=decisions or None))
+            session.execute(delete(SweepTick).where(SweepTick.started_at
+                                                    < started_at - TICKS_KEPT))
+    except Exception:
+        log.exception("sweep_tick_record_failed")
 
 
 @dataclass

@@ -19,7 +19,7 @@ from ..jobstore.events import publish
 from ..runtime import Runtime
 from .carry import _carry_out
 from .claims import _anomaly_once, _Plan, _plan, _settle_cutoff
-from .report import SweepReport, _Tally
+from .report import SweepReport, _Tally, record
 from .table import _ERROR, Action
 
 log = logging.getLogger("reconcile.sweep")
@@ -137,6 +137,8 @@ def sweep(rt: Runtime, *, dry_run: bool = False, now: datetime | None = None,
         observed_would_fail=tally.observed_would_fail, would=tuple(sorted(tally.would.items())),
         late_completions=late)
     log.info(report.line())
+    if not dry_run:
+        record(rt.sessions, report, now)
     return report
 
 

@@ -381,6 +381,32 @@ def test_the_user_audit_and_health_pages(world: World) -> None:
     health = alice.get("/health")
     assert health.status_code == 200 and health.text.count("<svg") == 2
     assert "<script" not in health.text
+    assert "no sweep tick stored yet" in health.text
+
+
+def test_health_shows_the_sweeps_last_ticks_and_their_decisions(world: World) -> None:
+    """Each real tick is stored with its counts and its decisions by row, action and outcome;
+    a dry run is not; the page shows the newest first, and a week-old tick is dropped."""
+
+    from reconcile.db.models import SweepTick
+
+    job_id = library_failed(world)  # its refund is due: the tick settles it
+    world.clock.advance(minutes=5)
+    from reconcile import sweep
+
+    sweep.sweep(world.rt, dry_run=True)
+    report = world.tick()
+    assert report.failed == 1 and world.job(job_id).credits_actual == 0
+    with world.db() as s:
+        (tick,) = s.query(SweepTick).all()
+    assert (tick.scanned, tick.failed, tick.errors) == (1, 1, 0)
+    assert tick.decisions == {"unsettled settle settled": 1}
+    page = client(world).get("/health").text
+    assert 'id="ticks"' in page and "unsettled settle settled ×1" in page
+    world.clock.advance(days=8)
+    world.tick()
+    with world.db() as s:
+        assert [t.scanned for t in s.query(SweepTick).all()] == [0]  # the old one dropped
 
 
 def test_dev_login_takes_its_token_once(world: World) -> None:

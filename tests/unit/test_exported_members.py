@@ -63,7 +63,7 @@ EXPORTED = {
     "reconcile.db.migrate": {"alembic_config", "downgrade", "repair", "upgrade"},
     "reconcile.db.models": {
         "Asset", "Base", "CreatedObject", "CreditAnomaly", "CreditBalance", "CreditLot",
-        "CreditTransaction", "Job", "JobEvent", "OperatorAction", "ReconcileMeta", "UsageLog",
+        "CreditTransaction", "Job", "JobEvent", "OperatorAction", "ReconcileMeta", "SweepTick", "UsageLog",
         "WebhookDelivery", "WorkflowExecution", "table_of",
     },
     "reconcile.db.session": {
