@@ -12,7 +12,8 @@ it with one dict in the Django settings::
     }
 
 The database is ``DATABASES[database_alias]`` (PostgreSQL, or SQLite for development), never a
-second URL. :func:`settings` builds the library's :class:`~reconcile.settings.Settings` from
+second URL; the broker, where neither the dict nor ``RECONCILE_BROKER_URL`` names one, is
+Django's ``CELERY_BROKER_URL``. :func:`settings` builds the library's :class:`~reconcile.settings.Settings` from
 both (``RECONCILE_*`` environment variables fill the fields the dict does not name); the app's
 ``ready()`` exports them as ``RECONCILE_*`` variables (:func:`export_environment`), so the parts
 of the library that read the environment — the Celery settings ``reconcile.install`` merges,
@@ -137,6 +138,14 @@ def _library_values() -> dict[str, Any]:
         raise ImproperlyConfigured(
             f"RECONCILE: unknown setting(s) {', '.join(unknown)} (the keys are the fields of "
             f"reconcile.settings.Settings, or {', '.join(_OWN_KEYS)})")
+    if "broker_url" not in values and not os.environ.get("RECONCILE_BROKER_URL"):
+        # the workers' broker: a process that sends through the library's own Celery app (a
+        # web process that never imports the project's) must not fall back to filesystem://
+        from django.conf import settings as django_settings
+
+        celery = getattr(django_settings, "CELERY_BROKER_URL", None)
+        if celery:
+            values["broker_url"] = celery
     return values
 
 
