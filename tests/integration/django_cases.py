@@ -34,6 +34,13 @@ from reconcile.testing.simulator import Script
 QUICK = Script(timeline=((0.0, "queued"), (0.05, "running"), (0.1, "succeeded")))
 SLOW = Script(timeline=((0.0, "queued"), (0.05, "running"), (600.0, "succeeded")))
 EAGER = {**settings.RECONCILE, "eager": True, "time_scale": 0.02}
+
+
+def priced_at_seven() -> dict[str, Any]:
+    """``RECONCILE["runtime_options"]``: the platform's hooks for the library's runtime."""
+    return {"pricing_hook": lambda job, result: 7}
+
+
 SENT = {**EAGER, "eager": False}  # creates and polls go to the broker (``tasks.send``, mocked)
 
 
@@ -154,6 +161,21 @@ class CommitAwareEnqueue(_Cases):
         for job_id in (first, inner, innermost):
             self.assertEqual(self.row(job_id), ("cancelled", "not_started", 0))
         self.assertEqual((self.sim.creates(), self.sent.call_count, self.balance()), (0, 0, 100))
+        self.assertEqual(self.audit(), [])
+
+    def test_the_platforms_hooks_reach_the_runtime_its_views_and_workers_use(self) -> None:
+        """``RECONCILE["runtime_options"]`` names the platform's hooks (a pricing hook here):
+        ``runtime()`` builds with them and installs that runtime for the library's tasks in the
+        process, so a completion commits the priced amount, not the whole reservation."""
+        from reconcile import tasks as library_tasks
+
+        with override_settings(RECONCILE={**EAGER, "runtime_options":
+                                          "django_cases.priced_at_seven"}):
+            rt = runtime()
+            self.assertIs(library_tasks.get_runtime(), rt)
+            job_id = self.submit()
+        self.assertEqual(self.row(job_id), ("completed", "accepted", 7))
+        self.assertEqual(self.balance(), 93)
         self.assertEqual(self.audit(), [])
 
     def test_a_send_that_fails_after_the_commit_leaves_the_job_to_the_sweep(self) -> None:

@@ -103,6 +103,19 @@ def test_the_broker_is_celerys_when_neither_the_dict_nor_the_environment_names_o
         assert contrib.settings().broker_url == "redis://127.0.0.1:6379/9"  # so does the env
 
 
+def test_runtime_options_name_a_function_that_returns_the_runtimes_keyword_arguments() -> None:
+    with override_settings(RECONCILE={"runtime_options": "builtins.dict"}):
+        assert contrib.runtime_options() == {}
+        contrib.settings()  # the integration's own key: no library setting of that name
+        assert "RECONCILE_RUNTIME_OPTIONS" not in os.environ
+    assert contrib.runtime_options() == {}  # none named
+    for value, message in (("no_such_module.options", "runtime_options"),
+                           ("builtins.list", "must return a dict"), (dict, "dotted path")):
+        with override_settings(RECONCILE={"runtime_options": value}), \
+                pytest.raises(ImproperlyConfigured, match=message):
+            contrib.runtime_options()
+
+
 @pytest.mark.parametrize(("config", "message"), [
     ({"sweep_intervall": 60}, "unknown setting.*sweep_intervall"),
     ({"database_url": "postgresql://elsewhere/db"}, "the database is DATABASES"),
