@@ -216,6 +216,33 @@ class AdminActions(_Cases):
         self.assertEqual(self.row(job_id)[0], "processing")
         self.assertFalse(OperatorAction.objects.exists())
 
+    def test_a_reason_with_markup_and_control_characters_is_kept_and_shown_escaped(
+            self) -> None:
+        job_id = self.accepted()
+        client = self.client_for(self.staff[0])
+        r = client.post(f"/admin/reconcile/job/{job_id}/act/",
+                        {"action": "fail", "reason": "ticket 7\x00 drop"})
+        self.assertContains(r, "Null characters are not allowed.")  # Django's form refuses it
+        self.assertEqual(self.row(job_id)[0], "processing")
+        reason = "ticket 7 <script>alert(1)</script> \x1b[31mred\u202egnp.exe"
+        r = client.post(f"/admin/reconcile/job/{job_id}/act/",
+                        {"action": "fail", "reason": reason})
+        self.assertEqual(r.status_code, 302)
+        (record,) = OperatorAction.objects.filter(job_id=job_id)
+        self.assertEqual((record.reason, record.operator, record.via),
+                         (reason, "ann", "django-admin"))
+        page = client.get("/admin/reconcile/operatoraction/")
+        self.assertNotContains(page, "<script>alert(1)</script>")
+        self.assertContains(page, "&lt;script&gt;alert(1)&lt;/script&gt;")
+
+    def test_acting_on_a_job_id_that_is_no_job_is_not_found(self) -> None:
+        client = self.client_for(self.staff[0])
+        for job_id in (uuid.uuid4(), "not-a-uuid", "../../user/1"):
+            r = client.post(f"/admin/reconcile/job/{job_id}/act/",
+                            {"action": "fail", "reason": "who is this"})
+            self.assertEqual(r.status_code, 404, job_id)
+        self.assertFalse(OperatorAction.objects.exists())
+
     def test_two_staff_failing_one_job_at_once_one_wins_with_one_record(self) -> None:
         job_id = self.accepted()
         both_checked = threading.Barrier(2, timeout=30)

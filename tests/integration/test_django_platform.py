@@ -353,7 +353,8 @@ def test_django_platform_own_test_suites_run_on_a_test_database_the_library_uses
     uncertain submission from the admin. Django's runner also runs the library's own cases
     against the example (``django_cases.py``: a commit never taken for a rollback, a rollback
     that never refunds an accepted job, a failed send left to the sweep, the platform's hooks
-    in the runtime, the admin's CSRF check and two staff racing one job). Each runner then
+    in the runtime, the admin's CSRF check, a reason with markup and control characters, a job
+    id that is no job, and two staff racing one job). Each runner then
     drops its test database, which the library's pooled connections would block."""
     url = pg_databases.create("rtdjsuite")
     name = url.rsplit("/", 1)[-1]
@@ -372,7 +373,7 @@ def test_django_platform_own_test_suites_run_on_a_test_database_the_library_uses
     try:
         django_runner = _manage(env, "test", "platform_app", "django_cases", "-v", "2", ok=False)
         assert django_runner.returncode == 0, django_runner.stdout + django_runner.stderr
-        assert "Ran 15 tests" in django_runner.stderr and "OK" in django_runner.stderr
+        assert "Ran 17 tests" in django_runner.stderr and "OK" in django_runner.stderr
         assert f"Destroying test database for alias 'default' ('test_{name}')" in \
             django_runner.stderr
         assert test_databases() == []
