@@ -190,7 +190,14 @@ def repair(url: str) -> list[str]:
     table rebuild drops them, as Django's SQLite ``AlterField`` does — and its own tables. Each
     from the models (which ``alembic check`` keeps equal to the migrations); nothing that
     exists is touched, and the values a rebuild dropped do not come back. Returns the
-    statements it ran (none: nothing was missing)."""
+    statements it ran (none: nothing was missing).
+
+    On PostgreSQL it is deploy-safe as the migrations are: the ``lock_timeout`` and
+    ``statement_timeout`` of :func:`set_lock_timeout` (behind a long transaction it fails
+    rather than queue the platform's traffic behind itself; the columns are added in one
+    transaction, so all or none), ``ADD COLUMN IF NOT EXISTS``, indexes ``CONCURRENTLY``; an
+    index of the library's that an interrupted concurrent build left invalid is dropped and
+    built again."""
     from sqlalchemy.schema import CreateColumn, CreateIndex
 
     from .contract import LIBRARY_TABLES, PLATFORM_COLUMNS, PLATFORM_TABLES
@@ -198,9 +205,17 @@ def repair(url: str) -> list[str]:
     from .session import make_engine
 
     engine = make_engine(url)
+    pg = engine.dialect.name == "postgresql"
+
+    def guard(conn: Any) -> None:
+        if pg:
+            conn.exec_driver_sql(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+            conn.exec_driver_sql(f"SET statement_timeout = '{STATEMENT_TIMEOUT}'")
+
     done: list[str] = []
     try:
         with engine.begin() as conn:
+            guard(conn)
             inspector = sa.inspect(conn)
             for name in PLATFORM_TABLES:
                 if not inspector.has_table(name):
@@ -215,7 +230,8 @@ def repair(url: str) -> list[str]:
                     if now and conn.dialect.name == "sqlite":
                         # SQLite adds no column with a non-constant default (revision 0023)
                         ddl = ddl.split(" DEFAULT ")[0].replace(" NOT NULL", "")
-                    statements = [f"ALTER TABLE {name} ADD COLUMN {ddl}"]
+                    add = "ADD COLUMN IF NOT EXISTS" if pg else "ADD COLUMN"
+                    statements = [f"ALTER TABLE {name} {add} {ddl}"]
                     if now and conn.dialect.name == "sqlite":
                         statements.append(f"UPDATE {name} SET {column.name} = CURRENT_TIMESTAMP")
                     for statement in statements:
@@ -223,7 +239,7 @@ def repair(url: str) -> list[str]:
                         done.append(statement)
             for name in LIBRARY_TABLES:
                 if not inspector.has_table(name):
-                    Base.metadata.tables[name].create(conn)
+                    Base.metadata.tables[name].create(conn, checkfirst=True)
                     done.append(f"CREATE TABLE {name} (with its indexes)")
         indexes = []
         with engine.connect() as conn:
@@ -232,15 +248,19 @@ def repair(url: str) -> list[str]:
                 if not inspector.has_table(name):
                     continue
                 live_indexes = inspector.get_indexes(name)
+                invalid = _invalid_indexes(conn, name) if pg else set()
                 for index in sorted(Base.metadata.tables[name].indexes, key=lambda i: str(i.name)):
-                    if not _index_missing(index, live_indexes):
+                    if index.name in invalid:
+                        indexes.append(f"DROP INDEX CONCURRENTLY IF EXISTS {index.name}")
+                    elif not _index_missing(index, live_indexes):
                         continue
                     if index.name:
                         indexes.append(str(CreateIndex(index, if_not_exists=True).compile(
                             dialect=conn.dialect)))
-        if indexes and engine.dialect.name == "postgresql":
+        if indexes and pg:
             # deploy-safe on the platform's tables: CONCURRENTLY, outside a transaction
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                guard(conn)
                 for statement in indexes:
                     statement = statement.replace("CREATE INDEX ", "CREATE INDEX CONCURRENTLY ", 1)
                     conn.exec_driver_sql(statement)
@@ -253,6 +273,14 @@ def repair(url: str) -> list[str]:
     finally:
         engine.dispose()
     return done
+
+
+def _invalid_indexes(conn: Any, table: str) -> set[str]:
+    """PostgreSQL: the names of ``table``'s indexes that are not valid (a concurrent build that
+    failed leaves one; ``CREATE INDEX ... IF NOT EXISTS`` would skip it)."""
+    return set(conn.exec_driver_sql(
+        "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE i.indrelid = to_regclass(%(t)s) AND NOT i.indisvalid", {"t": table}).scalars())
 
 
 def _partial(index: Any) -> bool:

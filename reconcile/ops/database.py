@@ -42,9 +42,18 @@ def db_repair(cli: Cli) -> None:
     """Add back the library's columns, indexes and tables that are gone although its migrations
     are at head (a table rebuilt after them, as Django's SQLite AlterField does). Nothing that
     exists is changed; the values a rebuild dropped do not come back."""
-    from ..db.migrate import repair
+    from sqlalchemy import exc
 
-    done = repair(cli.url())
+    from ..db.migrate import LOCK_TIMEOUT, repair
+
+    try:
+        done = repair(cli.url())
+    except exc.OperationalError as error:
+        if "lock timeout" not in str(error):
+            raise
+        raise Failed(f"the repair waited {LOCK_TIMEOUT} for a lock on a platform table that a "
+                     "long transaction holds, and stopped (the columns are added all or none; "
+                     "an index in progress is rebuilt by the next run): run it again") from error
     for statement in done:
         click.echo(statement)
     click.echo(f"repaired: {len(done)} statement(s)" if done else "nothing to repair")

@@ -350,13 +350,19 @@ def test_django_platform_own_test_suites_run_on_a_test_database_the_library_uses
     fixtures). Both run on a test database the library follows, with the shipped simulator and
     ``RECONCILE["eager"]``: a job completes in the request, a create waits for the platform's
     commit, a rolled-back submit is withdrawn and never reaches the provider; staff resolve an
-    uncertain submission from the admin. Each runner then
+    uncertain submission from the admin. Django's runner also runs the library's own cases
+    against the example (``django_cases.py``: a commit never taken for a rollback, a rollback
+    that never refunds an accepted job, a failed send left to the sweep, the platform's hooks
+    in the runtime, the admin's CSRF check, a reason with markup and control characters, a job
+    id that is no job, and two staff racing one job). Each runner then
     drops its test database, which the library's pooled connections would block."""
     url = pg_databases.create("rtdjsuite")
     name = url.rsplit("/", 1)[-1]
     env = _env(PLATFORM_DATABASE_URL=url.replace("+psycopg", ""), CELERY_BROKER_URL=redis_url,
                PLATFORM_MEDIA_URL=f"file://{tmp_path / 'media'}")
-    env["PYTHONPATH"] = os.pathsep.join((str(EXAMPLE), env["PYTHONPATH"]))
+    # the example's suites and the library's own cases run against it (django_cases.py)
+    env["PYTHONPATH"] = os.pathsep.join((str(EXAMPLE), env["PYTHONPATH"],
+                                         str(ROOT / "tests" / "integration")))
     engine = make_engine(url)
 
     def test_databases() -> list[str]:
@@ -365,9 +371,9 @@ def test_django_platform_own_test_suites_run_on_a_test_database_the_library_uses
                                           ":n"), {"n": f"test_{name}%"}).scalars())
 
     try:
-        django_runner = _manage(env, "test", "platform_app", "-v", "2", ok=False)
+        django_runner = _manage(env, "test", "platform_app", "django_cases", "-v", "2", ok=False)
         assert django_runner.returncode == 0, django_runner.stdout + django_runner.stderr
-        assert "Ran 8 tests" in django_runner.stderr and "OK" in django_runner.stderr
+        assert "Ran 17 tests" in django_runner.stderr and "OK" in django_runner.stderr
         assert f"Destroying test database for alias 'default' ('test_{name}')" in \
             django_runner.stderr
         assert test_databases() == []

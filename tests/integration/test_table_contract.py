@@ -8,6 +8,7 @@ it, then migrated by the library (first to 0022, what that platform ran, then to
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -260,12 +261,69 @@ def test_a_column_and_index_gone_at_head_are_repaired_by_db_repair(
     repaired = CliRunner().invoke(main, ["--database-url", url, "db", "repair"])
     assert repaired.exit_code == 0, repaired.output
     assert repaired.stdout.splitlines() == [
-        "ALTER TABLE jobs ADD COLUMN progress INTEGER DEFAULT 0 NOT NULL",
+        "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS progress INTEGER DEFAULT 0 NOT NULL",
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_poll_due_idx ON jobs (poll_due_at) WHERE "
         "status IN ('pending', 'processing') AND poll_due_at IS NOT NULL",
         "repaired: 2 statement(s)"]
     code, out = _db_check(url)
     assert code == 0, out
+    again = CliRunner().invoke(main, ["--database-url", url, "db", "repair"])
+    assert again.stdout.strip() == "nothing to repair"
+
+
+def test_db_repair_on_postgresql_gives_up_behind_a_long_transaction_instead_of_queueing(
+        pg_databases: PgDatabases, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deploy-safe as the migrations are: behind a platform transaction that holds ``jobs``,
+    the repair's ``ALTER TABLE`` waits at most its ``lock_timeout`` and fails (exit 1, nothing
+    changed) instead of queueing every later read of ``jobs`` behind itself; run again once the
+    table is free, it repairs."""
+    from reconcile.db import migrate
+
+    url = _platform(pg_databases, DJANGO_PG.format(usage_id=BIGINT_IDENTITY))
+    with _psql(url) as conn:
+        conn.execute("ALTER TABLE jobs DROP COLUMN progress")
+    monkeypatch.setattr(migrate, "LOCK_TIMEOUT", "200ms")
+    outcome: list[Any] = []
+    holder = _psql(url)
+    holder.autocommit = False
+    try:
+        holder.execute("SELECT count(*) FROM jobs")  # a platform transaction left open
+        repair = threading.Thread(target=lambda: outcome.append(
+            CliRunner().invoke(main, ["--database-url", url, "db", "repair"])))
+        repair.start()
+        repair.join(60)  # a bound, not a measurement: a repair that queues waits for the holder
+    finally:
+        holder.rollback()
+        holder.close()
+    repair.join(60)
+    (result,) = outcome
+    assert result.exit_code == 1, result.output
+    assert "Error: the repair waited 200ms for a lock on a platform table" in result.output
+    assert _db_check(url)[0] == 1  # nothing half-done: the column is still missing
+    again = CliRunner().invoke(main, ["--database-url", url, "db", "repair"])
+    assert again.exit_code == 0, again.output
+    assert _db_check(url)[0] == 0
+
+
+def test_db_repair_rebuilds_an_index_an_interrupted_concurrent_build_left_invalid(
+        pg_databases: PgDatabases) -> None:
+    """A ``CREATE INDEX CONCURRENTLY`` that fails (a lock or statement timeout, a deploy killed
+    mid-way) leaves an invalid index under the library's name, which ``IF NOT EXISTS`` then
+    skips for ever: the repair drops it and builds it again, concurrently."""
+    url = _platform(pg_databases, DJANGO_PG.format(usage_id=BIGINT_IDENTITY))
+    with _psql(url) as conn:
+        conn.execute("UPDATE pg_index SET indisvalid = false "
+                     "WHERE indexrelid = 'jobs_poll_due_idx'::regclass")
+    repaired = CliRunner().invoke(main, ["--database-url", url, "db", "repair"])
+    assert repaired.exit_code == 0, repaired.output
+    assert repaired.stdout.splitlines() == [
+        "DROP INDEX CONCURRENTLY IF EXISTS jobs_poll_due_idx",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_poll_due_idx ON jobs (poll_due_at) WHERE "
+        "status IN ('pending', 'processing') AND poll_due_at IS NOT NULL",
+        "repaired: 2 statement(s)"]
+    with _psql(url) as conn:
+        assert conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = "
+                            "'jobs_poll_due_idx'::regclass").fetchone() == (True,)
     again = CliRunner().invoke(main, ["--database-url", url, "db", "repair"])
     assert again.stdout.strip() == "nothing to repair"
 

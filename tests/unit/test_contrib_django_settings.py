@@ -83,6 +83,39 @@ def test_settings_come_from_the_dict_and_the_database_from_the_alias() -> None:
         assert contrib.jobs_migration() == ("platform", "0002_usage_logs")
 
 
+def test_the_broker_is_celerys_when_neither_the_dict_nor_the_environment_names_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A web process that submits without importing the project's Celery app sends through the
+    library's own app: with the library's default broker (``filesystem://``, a folder in the
+    web server's working directory) no worker would ever see its creates, and every job would
+    wait for the sweep. Django's ``CELERY_BROKER_URL`` is the broker the workers read."""
+    monkeypatch.delenv("RECONCILE_BROKER_URL", raising=False)
+    celery = "redis://127.0.0.1:6379/3"
+    with override_settings(RECONCILE={}, CELERY_BROKER_URL=celery):
+        assert contrib.settings().broker_url == celery
+        assert contrib.export_environment().broker_url == celery
+        assert Settings().broker_url == celery  # what the workers and the CLI read
+    with override_settings(RECONCILE={"broker_url": "amqp://127.0.0.1//"},
+                           CELERY_BROKER_URL=celery):
+        assert contrib.settings().broker_url == "amqp://127.0.0.1//"  # the dict wins
+    monkeypatch.setenv("RECONCILE_BROKER_URL", "redis://127.0.0.1:6379/9")
+    with override_settings(RECONCILE={}, CELERY_BROKER_URL=celery):
+        assert contrib.settings().broker_url == "redis://127.0.0.1:6379/9"  # so does the env
+
+
+def test_runtime_options_name_a_function_that_returns_the_runtimes_keyword_arguments() -> None:
+    with override_settings(RECONCILE={"runtime_options": "builtins.dict"}):
+        assert contrib.runtime_options() == {}
+        contrib.settings()  # the integration's own key: no library setting of that name
+        assert "RECONCILE_RUNTIME_OPTIONS" not in os.environ
+    assert contrib.runtime_options() == {}  # none named
+    for value, message in (("no_such_module.options", "runtime_options"),
+                           ("builtins.list", "must return a dict"), (dict, "dotted path")):
+        with override_settings(RECONCILE={"runtime_options": value}), \
+                pytest.raises(ImproperlyConfigured, match=message):
+            contrib.runtime_options()
+
+
 @pytest.mark.parametrize(("config", "message"), [
     ({"sweep_intervall": 60}, "unknown setting.*sweep_intervall"),
     ({"database_url": "postgresql://elsewhere/db"}, "the database is DATABASES"),

@@ -151,7 +151,7 @@ EXPORTED = {
     "reconcile.contrib": set(),
     "reconcile.contrib.django": {
         "close_connections", "database_alias", "database_url", "eager", "export_environment",
-        "jobs_migration", "runtime", "settings", "url_for",
+        "jobs_migration", "runtime", "runtime_options", "settings", "url_for",
     },
     "reconcile.contrib.django.testing": {"ReconcileTestRunner", "flush", "simulated"},
     "reconcile.testing": set(),

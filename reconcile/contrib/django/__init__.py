@@ -12,7 +12,8 @@ it with one dict in the Django settings::
     }
 
 The database is ``DATABASES[database_alias]`` (PostgreSQL, or SQLite for development), never a
-second URL. :func:`settings` builds the library's :class:`~reconcile.settings.Settings` from
+second URL; the broker, where neither the dict nor ``RECONCILE_BROKER_URL`` names one, is
+Django's ``CELERY_BROKER_URL``. :func:`settings` builds the library's :class:`~reconcile.settings.Settings` from
 both (``RECONCILE_*`` environment variables fill the fields the dict does not name); the app's
 ``ready()`` exports them as ``RECONCILE_*`` variables (:func:`export_environment`), so the parts
 of the library that read the environment — the Celery settings ``reconcile.install`` merges,
@@ -43,11 +44,11 @@ from ...settings import Settings
 
 __all__ = [
     "close_connections", "database_alias", "database_url", "eager", "export_environment",
-    "jobs_migration", "runtime", "settings", "url_for",
+    "jobs_migration", "runtime", "runtime_options", "settings", "url_for",
 ]
 
 # keys of the RECONCILE dict that are the integration's own, not library settings
-_OWN_KEYS = ("database_alias", "eager", "jobs_app")
+_OWN_KEYS = ("database_alias", "eager", "jobs_app", "runtime_options")
 # libpq connection parameters passed on from DATABASES[...]["OPTIONS"]; Django-only options
 # (pool, isolation_level, server_side_binding, assume_role) do not apply to the library's engine
 _LIBPQ_OPTIONS = frozenset({
@@ -137,6 +138,14 @@ def _library_values() -> dict[str, Any]:
         raise ImproperlyConfigured(
             f"RECONCILE: unknown setting(s) {', '.join(unknown)} (the keys are the fields of "
             f"reconcile.settings.Settings, or {', '.join(_OWN_KEYS)})")
+    if "broker_url" not in values and not os.environ.get("RECONCILE_BROKER_URL"):
+        # the workers' broker: a process that sends through the library's own Celery app (a
+        # web process that never imports the project's) must not fall back to filesystem://
+        from django.conf import settings as django_settings
+
+        celery = getattr(django_settings, "CELERY_BROKER_URL", None)
+        if celery:
+            values["broker_url"] = celery
     return values
 
 
@@ -192,6 +201,29 @@ def eager() -> bool:
     return value
 
 
+def runtime_options() -> dict[str, Any]:
+    """The platform's keyword arguments for the library's :class:`~reconcile.runtime.Runtime`
+    (its hooks: ``pricing_hook``, ``watermark_hook``, ``completion_hooks``, ``event_hooks``, …):
+    ``RECONCILE["runtime_options"]`` names a function (``"platform_app.billing.options"``) that
+    returns them; none without it."""
+    from django.utils.module_loading import import_string
+
+    path = _config().get("runtime_options")
+    if not path:
+        return {}
+    if not isinstance(path, str):
+        raise ImproperlyConfigured("RECONCILE['runtime_options'] names a function by its dotted "
+                                   f"path, not {path!r}")
+    try:
+        options = import_string(path)()
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"RECONCILE['runtime_options']: {exc}") from exc
+    if not isinstance(options, dict):
+        raise ImproperlyConfigured(f"RECONCILE['runtime_options']: {path}() must return a dict "
+                                   "of Runtime keyword arguments")
+    return options
+
+
 _runtimes: dict[tuple[Any, ...], Runtime] = {}
 _lock = threading.Lock()
 
@@ -212,8 +244,10 @@ def runtime() -> Runtime:
     under Django's test runner (which renames the database after ``ready()``) the library
     reads and writes the test database; likewise a test's ``override_settings(RECONCILE=...)``
     or ``RECONCILE_*`` variables apply from the next call. One runtime is built per process and
-    configuration (the table contract is checked then). Its creates wait for the platform's
-    commit (``transaction.on_commit``) and run inline with ``RECONCILE["eager"]``
+    configuration (the table contract is checked then), with the platform's hooks
+    (:func:`runtime_options`); call it in the workers' ``worker_process_init`` so the library's
+    tasks there run with them too. Its creates wait for the platform's commit
+    (``transaction.on_commit``) and run inline with ``RECONCILE["eager"]``
     (:mod:`reconcile.contrib.django.enqueue`)."""
     from ... import tasks
     from .enqueue import wire
@@ -223,7 +257,7 @@ def runtime() -> Runtime:
     with _lock:
         rt = _runtimes.get(key)
         if rt is None:
-            rt = Runtime.from_settings(settings())
+            rt = Runtime.from_settings(settings(), **runtime_options())
             tasks.set_runtime(rt)  # the Celery sends; wire() wraps them
             wire(rt, database_alias(), eager)
             _runtimes[key] = rt

@@ -8,7 +8,11 @@ commit (``transaction.on_commit``): a view that submits and then raises never se
 Django keeps no hook for a rollback, but it drops the on-commit callback when the transaction
 (or the savepoint around the submit) rolls back; the callback's finalizer then withdraws the
 job (``lifecycle.cancel.withdraw``: cancelled, refunded in full, by the same compare-and-set on
-``not_started`` the create claim needs), so the sweep never sends it later either. A job whose
+``not_started`` the create claim needs), so the sweep never sends it later either. Django also
+drops the callbacks after a commit when an earlier one of the platform's raises: on PostgreSQL
+the submit notes the platform transaction's id (``txid_current()``, one round trip) and the
+finalizer asks the server whether it committed (``txid_status``): a committed job is never
+withdrawn, and its create is left to the sweep, as after a failed send. A job whose
 transaction stays open longer than the sweep's not-started age (two minutes) may be sent by the
 sweep before the commit: keep a transaction that submits short.
 
@@ -68,10 +72,12 @@ def wire(rt: Runtime, alias: str, eager: Callable[[], bool]) -> None:
 def _after_commit(rt: Runtime, alias: str, job_id: uuid.UUID, step: Callable[[], None]) -> None:
     from django.db import connections, transaction
 
-    if not connections[alias].in_atomic_block:
+    connection = connections[alias]
+    if not connection.in_atomic_block:
         step()
         return
     ran = {"done": False}
+    xid = _transaction_id(connection)
 
     def on_commit() -> None:
         ran["done"] = True
@@ -82,12 +88,45 @@ def _after_commit(rt: Runtime, alias: str, job_id: uuid.UUID, step: Callable[[],
 
     # the finalizer holds no reference to the callback: it runs when Django drops the callback,
     # after calling it (commit) or without (a rollback of the transaction or its savepoint)
-    weakref.finalize(on_commit, _dropped, rt, job_id, ran)
+    weakref.finalize(on_commit, _dropped, rt, job_id, ran, xid)
     transaction.on_commit(on_commit, using=alias)
 
 
-def _dropped(rt: Runtime, job_id: uuid.UUID, ran: dict[str, bool]) -> None:
+def _transaction_id(connection: Any) -> int | None:
+    """The id of the platform's transaction on PostgreSQL (None elsewhere, or when it is
+    already bound to roll back): a dropped callback then tells a commit from a rollback."""
+    if connection.vendor != "postgresql" or connection.needs_rollback:
+        return None
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT txid_current()")
+            row = cursor.fetchone()
+    except Exception:  # the transaction is failing already: it cannot commit
+        log.warning("submit_transaction_id_unread", exc_info=True)
+        return None
+    return int(row[0]) if row else None
+
+
+def _committed(rt: Runtime, xid: int) -> bool:
+    from sqlalchemy import text
+
+    try:
+        with rt.sessions() as session:
+            status = session.execute(text("SELECT txid_status(:xid)"), {"xid": xid}).scalar()
+    except Exception:
+        log.exception("submit_transaction_status_unread xid=%s", xid)
+        return False
+    return status == "committed"
+
+
+def _dropped(rt: Runtime, job_id: uuid.UUID, ran: dict[str, bool], xid: int | None) -> None:
     if ran["done"]:
+        return
+    if xid is not None and _committed(rt, xid):
+        # committed, but Django dropped the callback (an earlier on-commit hook raised): the
+        # job is the platform's; the sweep sends its create (the not-started row)
+        log.warning("create_enqueue_dropped_after_commit job_id=%s (the sweep enqueues it)",
+                    job_id)
         return
     from ...lifecycle.cancel import withdraw
 
