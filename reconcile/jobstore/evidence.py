@@ -128,7 +128,7 @@ def holders(session: Session, upstream_ids: Iterable[str], job_id: uuid.UUID
         return {}
     return {task_id: holder for task_id, holder in session.execute(
         select(Job.provider_task_id, Job.id).where(
-            Job.provider_task_id.in_(ids), Job.id != job_id)).tuples() if task_id}
+            Job.provider_task_id.in_(ids), Job.id != job_id)) if task_id}
 
 
 def confirmed(assessment: Assessment, echoed: str | None, job_id: str) -> bool:

@@ -133,7 +133,7 @@ def may_be_past_deadline_sql(settings: Any, now: datetime, kinds: Sequence[Kind]
     earlier). Rows it keeps are decided by :func:`exhaustion_deadline`. SQLite has no interval
     arithmetic: there the bound is the threshold alone (looser, still necessary but for an
     async row counted past ``MAX_ATTEMPTS``, which it keeps too)."""
-    from sqlalchemy import Interval, and_, case, literal, or_
+    from sqlalchemy import Interval, and_, case, func, literal, or_
 
     from ..db.models import Job
 
@@ -150,8 +150,12 @@ def may_be_past_deadline_sql(settings: Any, now: datetime, kinds: Sequence[Kind]
 
     threshold = case({k.name: span(settings.scaled(k.stale_threshold)) for k in kinds},
                      value=Job.provider_kind, else_=span(timedelta(0)))
-    spacing = span(settings.scaled(ATTEMPT_SPACING))
+    # the spacings left, as seconds (PostgreSQL's make_interval): SQLAlchemy refuses to multiply
+    # an Interval literal by a column in a future release
+    left = literal(settings.scaled(ATTEMPT_SPACING).total_seconds()) \
+        * (MAX_ATTEMPTS - func.coalesce(Job.reconcile_attempts, 0))
     tail = case((Job.provider_kind.in_([k.name for k in kinds if not k.sync]),
-                 spacing * (MAX_ATTEMPTS - Job.reconcile_attempts)), else_=span(timedelta(0)))
+                 func.make_interval(0, 0, 0, 0, 0, 0, left, type_=Interval())),
+                else_=span(timedelta(0)))
     return and_(Job.provider_kind.in_(known), not_uncertain,
                 _start_sql() + threshold + tail < literal(now))
