@@ -27,7 +27,7 @@ from . import _charts
 
 FIRST_PAGE = 20  # rows per list on "needs attention"
 PAGE = 50  # rows per page of one list
-MAX_MINUTES = 10 * 366 * 24 * 60  # a minutes parameter's bound: ten years back
+MAX_MINUTES = queries.MAX_MINUTES  # a minutes parameter's bound
 TICKS_SHOWN = 20  # the health page's newest sweep ticks
 DELAY_SAMPLE = 5000  # the health page's completion delays: the newest completions
 TITLES = {

@@ -12,6 +12,7 @@ import click
 
 from .app import JOB_ID, Cli, Refused, _load, json_option, limit_option, main, pass_cli
 from .output import _cell, _dump, _listing, _table
+from .queries import MAX_MINUTES
 
 
 def _filters(kind: str | None, older_than: timedelta | None = None) -> Any:
@@ -121,7 +122,8 @@ def _since(value: str | None, now: datetime) -> datetime | None:
 
 
 @main.command()
-@click.option("--grace-minutes", type=click.IntRange(min=0), default=10, show_default=True,
+@click.option("--grace-minutes", type=click.IntRange(min=0, max=MAX_MINUTES), default=10,
+              show_default=True,
               help="A terminal job may hold a reserved usage log this long.")
 @click.option("--since", "since_arg", metavar="TIME|DURATION",
               help="Incremental: only users touched since then (e.g. 15m, 2026-12-01T08:00Z), "

@@ -34,6 +34,9 @@ from ..runtime import Runtime
 from ..states import LEGACY_AGE
 
 LEGACY = "legacy"  # the kind filter's name for rows without a provider_kind
+# the bound of an operator read's minutes parameter (an age filter, the audit's grace): ten
+# years back; a time further back does not exist
+MAX_MINUTES = 10 * 366 * 24 * 60
 LISTS = ("uncertain", "stuck", "past_horizon", "unsettled", "anomalies")
 DELIVERIES = 50  # a job's webhook deliveries shown: the newest (count them with deliveries_of)
 

@@ -353,3 +353,15 @@ def test_python_dash_m_reconcile_runs_the_command(db: sessionmaker[Session]) -> 
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert [row["id"] for row in json.loads(proc.stdout)] == [str(job_id)]
+
+
+def test_audit_grace_past_the_minutes_bound_is_a_usage_error_not_a_traceback(
+        db: sessionmaker[Session]) -> None:
+    """`--grace-minutes 99999999999` overflowed the timedelta (a traceback); it is bounded as
+    the console's minutes parameters are (the one bound, ops.queries.MAX_MINUTES)."""
+    from reconcile.ops.queries import MAX_MINUTES
+
+    said = cli(db, "audit", "--grace-minutes", "99999999999")
+    assert said.exit_code == 2 and "--grace-minutes" in said.output
+    assert "Traceback" not in said.output
+    assert cli(db, "audit", "--grace-minutes", str(MAX_MINUTES)).exit_code == 0
