@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import text
 
 from .common import Proc, log, make_sender, summary, throwaway_db, worker_env
-from .seed import add_inflight_jobs, add_users, sim_tasks
+from .seed import add_inflight_jobs, add_users, sim_tasks, spread
 
 SCALE = 0.05
 JOBS = 12
@@ -81,8 +81,7 @@ def _one(name: str, interval: float) -> dict[str, Any]:
             tasks = sim_tasks(sim, ids)
             now = datetime.now(UTC)
             with engine.begin() as conn:
-                add_inflight_jobs(conn, [(j, users[i % len(users)], t) for i, (j, t)
-                                         in enumerate(zip(ids, tasks, strict=True))],
+                add_inflight_jobs(conn, spread(ids, users, tasks),
                                   kind="kie-standard", model="m", started=now,
                                   lease=now + timedelta(seconds=lease_real))
             sender = make_sender(redis.url(0))

@@ -36,7 +36,7 @@ from .common import (
     worker_env,
 )
 from .fig_recovery import Sampler, _latencies
-from .seed import add_inflight_jobs, add_users, sim_tasks
+from .seed import add_inflight_jobs, add_users, sim_tasks, spread
 
 JOBS = 200
 LEASE = poll_lease_seconds("kie-standard")
@@ -80,8 +80,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             tasks = sim_tasks(sim, ids)
             now = datetime.now(UTC)
             with engine.begin() as conn:
-                add_inflight_jobs(conn, [(j, users[i % len(users)], t) for i, (j, t)
-                                         in enumerate(zip(ids, tasks, strict=True))],
+                add_inflight_jobs(conn, spread(ids, users, tasks),
                                   kind="kie-standard", model="m", started=now,
                                   lease=now + timedelta(seconds=LEASE))
             sampler.track(ids)

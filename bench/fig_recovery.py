@@ -52,7 +52,7 @@ from .common import (
     wait_until,
     worker_env,
 )
-from .seed import add_inflight_jobs, add_users, sim_tasks
+from .seed import add_inflight_jobs, add_users, sim_tasks, spread
 
 SCALE = 0.1
 JOBS = 12
@@ -197,8 +197,7 @@ def _one_config(name: str, interval: float, rounds: int, quick: bool) -> dict[st
                     tasks = sim_tasks(sim, ids)
                     now = datetime.now(UTC)
                     with engine.begin() as conn:
-                        add_inflight_jobs(conn, [(j, users[i % len(users)], t) for i, (j, t)
-                                                 in enumerate(zip(ids, tasks, strict=True))],
+                        add_inflight_jobs(conn, spread(ids, users, tasks),
                                           kind="kie-standard", model="m", started=now,
                                           lease=now + timedelta(seconds=lease_real))
                     sampler.track(ids)

@@ -69,6 +69,13 @@ def add_inflight_jobs(conn: Any, jobs: Sequence[tuple[uuid.UUID, uuid.UUID, str]
         {"users": sorted({str(u) for _, u, _ in jobs})})
 
 
+def spread(job_ids: Sequence[uuid.UUID], users: Sequence[uuid.UUID],
+           tasks: Sequence[str]) -> list[tuple[uuid.UUID, uuid.UUID, str]]:
+    """:func:`add_inflight_jobs`' rows: each job with its upstream task, the users in turn."""
+    return [(j, users[i % len(users)], t) for i, (j, t) in enumerate(zip(job_ids, tasks,
+                                                                        strict=True))]
+
+
 def sim_tasks(sim: Any, job_ids: Sequence[uuid.UUID], model: str = "m") -> list[str]:
     """One upstream KIE market task per job, created directly in the in-process simulator (the
     default script decides its timeline). Returns the task ids."""
