@@ -214,6 +214,7 @@ NOT_EXPORTED = {
         "PURGE_BATCH", "Replay", "check_key", "claim", "fingerprint", "purge",
         "record_answer",
     },
+    "reconcile.kinds": {"DEADLINE_MARGIN", "check_sync_deadline"},
     "reconcile.ledger": {"TERMINAL", "anomaly_recorded", "ledger_of"},
     "reconcile.lifecycle": {
         "exhaust", "finalize_job_with_media", "past_threshold", "poll_countdown",
@@ -232,7 +233,7 @@ NOT_EXPORTED = {
         "BATCH_SIZE", "EVENT_REPUBLISH_AGE", "LATE_BATCH", "LISTING_SLACK", "RECOVERING",
         "SETTLE_GRACE",
     },
-    "reconcile.sync": {"DEADLINE_MARGIN", "FINISH_SLACK", "claim_lease"},
+    "reconcile.sync": {"FINISH_SLACK", "claim_lease"},
     "reconcile.testing.simulator": {"PROVIDER_MODULES"},
 }
 
@@ -244,6 +245,8 @@ KEPT_IMPORTABLE = {
         "BATCH_SIZE", "EVENT_REPUBLISH_AGE", "LATE_BATCH", "LISTING_SLACK", "RECOVERING",
         "SETTLE_GRACE", "_cursor_of", "_phases",
     },
+    # moved down to reconcile.kinds (the runtime's start-up check runs it)
+    "reconcile.sync": {"DEADLINE_MARGIN"},
 }
 
 # Private: the library's own mechanics, inside the layer packages (README "Architecture"); each

@@ -73,9 +73,6 @@ LAYERS = {
 
 # (importer, imported): the upward imports that exist today, all function-local.
 ALLOWED_UPWARD = {
-    # Runtime.from_settings checks at start-up that SYNC_DEADLINE fits every sync kind; the
-    # check lives with the sync helper (it owns the deadline). Candidate: move the check down.
-    ("reconcile.runtime", "reconcile.sync"),
     # `reconcile simulator` and `reconcile demo` are commands of the operator CLI that start
     # the top-layer tools; imported inside the command so the CLI never loads them otherwise.
     ("reconcile.ops.tools", "reconcile.testing.simulator"),
