@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import WebhookPayloadError, WebhookSignatureError, WebhookTimestampError
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from ..core.runtime_view import RuntimeView
     from ..settings import Settings
     from .family import Kind
 
@@ -228,7 +228,7 @@ class WebhookScheme:
 
     provider: str
     verify: Verifier
-    secret: Callable[[Runtime], Any]
+    secret: Callable[[RuntimeView], Any]
     binding: Binding = Binding(None, None)
     options: Callable[[Settings], Mapping[str, Any]] = field(default=_no_options, compare=False)
     signed_job_id: Callable[[Mapping[str, Any], str | None, Settings], str | None] = field(
@@ -244,10 +244,10 @@ class WebhookScheme:
         return self.binding.confirming_read is not None
 
 
-def from_settings(attribute: str) -> Callable[[Runtime], Any]:
+def from_settings(attribute: str) -> Callable[[RuntimeView], Any]:
     """A ``secret`` that is one attribute of the runtime's settings (an HMAC key, say)."""
 
-    def secret(rt: Runtime) -> Any:
+    def secret(rt: RuntimeView) -> Any:
         return getattr(rt.settings, attribute)
 
     secret.__qualname__ = f"from_settings({attribute!r})"
