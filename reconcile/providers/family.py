@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .outputs import MEDIA, OutputSpec
+from .output_spec import MEDIA, OutputSpec
 
 if TYPE_CHECKING:
     import requests

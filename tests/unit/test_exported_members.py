@@ -227,7 +227,6 @@ NOT_EXPORTED = {
     },
     "reconcile.orchestrator": {"mark_node_timed_out"},
     "reconcile.providers.base": {"JOB_REF_PREFIX", "unwrap_sdk"},
-    "reconcile.providers.outputs": {"ANY", "MEDIA"},
     "reconcile.runtime": {"utcnow"},
     "reconcile.sweep": {
         "BATCH_SIZE", "EVENT_REPUBLISH_AGE", "LATE_BATCH", "LISTING_SLACK", "RECOVERING",
@@ -245,6 +244,8 @@ KEPT_IMPORTABLE = {
         "BATCH_SIZE", "EVENT_REPUBLISH_AGE", "LATE_BATCH", "LISTING_SLACK", "RECOVERING",
         "SETTLE_GRACE", "_cursor_of", "_phases",
     },
+    # moved down to reconcile.providers.output_spec (the family declarations default to MEDIA)
+    "reconcile.providers.outputs": {"ANY", "MEDIA"},
     # moved down to reconcile.kinds (the runtime's start-up check runs it)
     "reconcile.sync": {"DEADLINE_MARGIN"},
 }
@@ -266,7 +267,8 @@ PRIVATE = {
     "reconcile.sweep.table", "reconcile.sweep.tick", "reconcile.sweep.liveness",
     "reconcile.jobstore.workers",
     "reconcile.providers.deadline", "reconcile.providers.family", "reconcile.providers.http",
-    "reconcile.providers.outcome", "reconcile.providers.scheme",
+    "reconcile.providers.outcome", "reconcile.providers.output_spec",
+    "reconcile.providers.scheme",
     "reconcile.webhooks.registry",
     "reconcile.testing.counting", "reconcile.testing.platform_ledger",
     "reconcile.testing.platform_schema",
