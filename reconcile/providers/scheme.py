@@ -27,7 +27,7 @@ from ..errors import WebhookPayloadError, WebhookSignatureError, WebhookTimestam
 if TYPE_CHECKING:
     from ..core.runtime_view import RuntimeView
     from ..settings import Settings
-    from .family import Kind
+    from .kind import Kind
 
 Headers = Mapping[str, str]  # headers (looked up case-insensitively) and the query string
 _UNIX_SECONDS = re.compile(r"\d{1,12}")  # bounded so float conversion can never overflow

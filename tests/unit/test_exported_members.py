@@ -267,7 +267,7 @@ PRIVATE = {
     "reconcile.sweep.table", "reconcile.sweep.tick", "reconcile.sweep.liveness",
     "reconcile.jobstore.workers",
     "reconcile.providers.deadline", "reconcile.providers.family", "reconcile.providers.http",
-    "reconcile.providers.outcome", "reconcile.providers.output_spec",
+    "reconcile.providers.kind", "reconcile.providers.outcome", "reconcile.providers.output_spec",
     "reconcile.providers.scheme",
     "reconcile.webhooks.registry",
     "reconcile.testing.counting", "reconcile.testing.platform_ledger",
