@@ -186,7 +186,6 @@ NOT_EXPORTED = {
         "SUBMISSION_FAILED_MESSAGE", "SUBMISSION_UNCERTAIN_MESSAGE", "customer_message",
         "iso", "settlement_pending",
     },
-    "reconcile.celery_install": {"send"},
     "reconcile.credits": {
         "LOT_PAGE", "SETTLED_KEY", "TERMINAL_JOB_STATUSES", "commit_txn_id", "held_pools",
         "legacy_refunded", "legacy_refunded_pools", "lock_balance",
@@ -244,6 +243,8 @@ KEPT_IMPORTABLE = {
         "BATCH_SIZE", "EVENT_REPUBLISH_AGE", "LATE_BATCH", "LISTING_SLACK", "RECOVERING",
         "SETTLE_GRACE", "_cursor_of", "_phases",
     },
+    # moved down to reconcile.worker.installed (the tasks module enqueues through it)
+    "reconcile.celery_install": {"send"},
     # moved down to reconcile.providers.output_spec (the family declarations default to MEDIA)
     "reconcile.providers.outputs": {"ANY", "MEDIA"},
     # moved down to reconcile.kinds (the runtime's start-up check runs it)
