@@ -62,7 +62,9 @@ class SyncCall:
     result: SyncResult | None = None
 
 
-def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCall:
+def claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCall:
+    """The claim :func:`sync_call` takes on entry (the explorer's scenarios take it alone, as a
+    request that then died)."""
     check_sync_deadline(rt.settings)  # a misconfigured deadline makes no call at all
     now = rt.now()
     with rt.sessions.begin() as session:
@@ -97,7 +99,7 @@ def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCal
 @contextmanager
 def sync_call(rt: Runtime, job_id: uuid.UUID, *, provider_kind: str | None = None) -> Iterator[SyncCall]:
     """Claim the job, run the caller's block, then finish or fail (+ refund) the job."""
-    call = _claim(rt, job_id, provider_kind)
+    call = claim(rt, job_id, provider_kind)
     rt.crash_point("sync_before_call")
     where = (Job.claim_token == call.token,) if call.token else ()
     try:

@@ -252,3 +252,14 @@ def from_settings(attribute: str) -> Callable[[RuntimeView], Any]:
 
     secret.__qualname__ = f"from_settings({attribute!r})"
     return secret
+
+
+# The shared checks under the names a platform's own scheme uses them by (reconcile.webhooks
+# re-exports them); the shipped schemes call them by their underscored names
+header = _header
+required_headers = _required
+require_secret = _require_secret
+fresh_timestamp = _timestamp
+json_object = _json_object
+hmac_sha256 = _hmac_sha256
+event = _event

@@ -231,7 +231,7 @@ NOT_EXPORTED = {
         "BATCH_SIZE", "EVENT_REPUBLISH_AGE", "LATE_BATCH", "LISTING_SLACK", "RECOVERING",
         "SETTLE_GRACE",
     },
-    "reconcile.sync": {"FINISH_SLACK", "claim_lease"},
+    "reconcile.sync": {"FINISH_SLACK", "claim", "claim_lease"},
     "reconcile.testing.simulator": {"PROVIDER_MODULES"},
 }
 
