@@ -193,6 +193,7 @@ NOT_EXPORTED = {
         "release_txn_id", "reservation_pools", "returned", "settle_commit", "settled_amount",
         "take_from_lots", "take_in_order", "usage_txn_id",
     },
+    "reconcile.console": {"DevLogin"},
     "reconcile.db.migrate": {
         "LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "add_column_if_absent",
         "create_index_concurrently", "create_table_if_absent", "drop_index_concurrently",
