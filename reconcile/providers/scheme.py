@@ -228,7 +228,9 @@ class WebhookScheme:
 
     provider: str
     verify: Verifier
-    secret: Callable[[RuntimeView], Any]
+    # (rt) -> the key, rt the Runtime (typed loosely: a platform's own may take a ``Runtime``,
+    # the shipped ones take what they read of it, a RuntimeView)
+    secret: Callable[[Any], Any]
     binding: Binding = Binding(None, None)
     options: Callable[[Settings], Mapping[str, Any]] = field(default=_no_options, compare=False)
     signed_job_id: Callable[[Mapping[str, Any], str | None, Settings], str | None] = field(
