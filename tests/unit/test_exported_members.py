@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from reconcile.core.facade import MOVED
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs" / "reference" / "api.md").read_text()
 PUBLIC = re.findall(r"^## `(reconcile(?:\.\w+)*)`", PAGE, re.M)
@@ -96,15 +98,17 @@ def test_the_documentation_and_the_examples_import_only_public_names() -> None:
     assert not_public(imports) == []
 
 
-def test_a_moved_name_keeps_working_from_its_old_module_and_warns() -> None:
-    from reconcile.core.facade import MOVED
+MOVED_NAMES = [(module, name, home) for module, names in MOVED.items()
+               for name, home in names.items()]
 
-    for module, names in MOVED.items():
-        for name, home in names.items():
-            with pytest.warns(DeprecationWarning, match=f"import {name} from {home} "):
-                old = getattr(importlib.import_module(module), name)
-            assert old is getattr(importlib.import_module(home), name)
-            assert name in importlib.import_module(home).__all__
+
+@pytest.mark.parametrize(("module", "name", "home"), MOVED_NAMES)
+def test_a_moved_name_keeps_working_from_its_old_module_and_warns(
+        module: str, name: str, home: str) -> None:
+    with pytest.warns(DeprecationWarning, match=f"import {name} from {home} "):
+        old = getattr(importlib.import_module(module), name)
+    assert old is getattr(importlib.import_module(home), name)
+    assert name in importlib.import_module(home).__all__
 
 
 def test_the_library_reads_its_own_modules_without_a_warning() -> None:
