@@ -90,9 +90,12 @@ class Action:
     when allowed; it reads, never writes), its change (``act``, through the lifecycle), the
     anomaly kinds it answers (``resolves``), and ``command``: the ``reconcile`` command that runs
     it as ``reconcile <command> JOB_ID --reason …`` (None: the CLI writes its own command,
-    as ``fail`` and ``resolve`` do). ``needs_job``: refused for a job id with no row."""
+    as ``fail`` and ``resolve`` do). ``label`` is what the console and the Django admin show.
+    ``needs_job``: refused for a job id with no row (False: an action on a job row that is
+    gone, which a job's page never offers)."""
 
     name: str
+    label: str
     refusal: Refusal
     act: Act
     resolves: frozenset[str] = frozenset()
@@ -136,7 +139,7 @@ def allowed(rt: Runtime, job_id: uuid.UUID) -> list[str]:
 
 def _refusal(rt: Runtime, session: Session, action: str, job_id: uuid.UUID, job: Job | None,
              upstream_id: str | None, now: datetime) -> str | None:
-    spec = _REGISTRY.get(action)
+    spec = REGISTRY.get(action)
     if spec is None:
         return f"unknown action {action!r}"
     if spec.needs_job and job is None:
@@ -253,7 +256,7 @@ def run(rt: Runtime, action: str, job_id: uuid.UUID, *, operator: Operator, reas
         status = job.status if job is not None else None
     if refused is not None:
         raise ActionRefused(refused)
-    done = _REGISTRY[action].act(rt, job_id, status, why, operator, upstream_id)
+    done = REGISTRY[action].act(rt, job_id, status, why, operator, upstream_id)
     if done.changed:
         _record(rt, done, operator, why, user_id)
     return done
@@ -337,30 +340,36 @@ def _release_orphan(rt: Runtime, job_id: uuid.UUID, status: str | None, why: str
                 {"refunded": after})
 
 
-_REGISTRY: dict[str, Action] = {a.name: a for a in (
+#: every action by name: the one declaration each surface derives its list from
+REGISTRY: dict[str, Action] = {a.name: a for a in (
     # in the order a surface lists them
-    Action(RESOLVE_UPSTREAM, _adopt_refusal, _resolve_upstream,
+    Action(RESOLVE_UPSTREAM, "Resolve: the provider created it — adopt this upstream id",
+           _adopt_refusal, _resolve_upstream,
            # the sweep's "nobody resolved this uncertain submission" note
            resolves=frozenset({"uncertain_unresolved"})),
-    Action(RESOLVE_NOT_SUBMITTED, _resolve_refusal, _resolve_not_submitted,
+    Action(RESOLVE_NOT_SUBMITTED, "Resolve: nothing was created upstream — fail and refund",
+           _resolve_refusal, _resolve_not_submitted,
            resolves=frozenset({"uncertain_unresolved"})),
     # a row of a kind this process does not know: failing it is the operator's answer
-    Action(FAIL, _fail_refusal, _fail, resolves=frozenset({"unknown_provider_kind"})),
+    Action(FAIL, "Fail the job and refund its credits", _fail_refusal, _fail,
+           resolves=frozenset({"unknown_provider_kind"})),
     # the ledger refused the settlement (or its usage metadata was unusable): it settled now
-    Action(RETRY_SETTLE, _settle_refusal, _retry_settle,
+    Action(RETRY_SETTLE, "Retry the settlement now", _settle_refusal, _retry_settle,
            resolves=frozenset({"ledger_error", "bad_usage_metadata"}), command="retry-settle"),
     # the release writes its own note: the release is its answer
-    Action(RELEASE_ORPHAN, _release_refusal, _release_orphan,
+    Action(RELEASE_ORPHAN, "Release the orphaned reservation", _release_refusal, _release_orphan,
            resolves=frozenset({"orphan_released"}), needs_job=False),
 )}
 #: every action, in the order a surface lists them
-ACTIONS = tuple(_REGISTRY)
+ACTIONS = tuple(REGISTRY)
 #: the anomaly kinds an action answers: when it changes the job, the job's open anomalies of
 #: these kinds are closed (``resolved_at``/``resolved_by``/``resolved_action``), in the
 #: transaction that writes the operator record. A kind no action answers stays open.
-RESOLVES: dict[str, frozenset[str]] = {a.name: a.resolves for a in _REGISTRY.values()}
+RESOLVES: dict[str, frozenset[str]] = {a.name: a.resolves for a in REGISTRY.values()}
 #: the actions the CLI runs as ``reconcile <command> JOB_ID --reason …``
-COMMANDS: dict[str, Action] = {a.command: a for a in _REGISTRY.values() if a.command}
+COMMANDS: dict[str, Action] = {a.command: a for a in REGISTRY.values() if a.command}
+#: the actions a job's page offers (the console, the Django admin), in :data:`ACTIONS` order
+JOB_ACTIONS = tuple(a.name for a in REGISTRY.values() if a.needs_job)
 
 
 # ----------------------------------------------------------------------------- the record
@@ -407,5 +416,5 @@ def records(session: Session, *, job_id: uuid.UUID | None = None,
             for r in newest]
 
 
-__all__ = ["ACTIONS", "Action", "ActionLost", "ActionRefused", "COMMANDS", "Done", "Operator",
-           "allowed", "clean_reason", "records", "refusal", "run"]
+__all__ = ["ACTIONS", "Action", "ActionLost", "ActionRefused", "COMMANDS", "Done", "JOB_ACTIONS",
+           "Operator", "REGISTRY", "allowed", "clean_reason", "records", "refusal", "run"]
