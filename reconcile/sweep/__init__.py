@@ -1,4 +1,4 @@
-"""The reconcile sweep: one tick over in-flight and unsettled jobs.
+"""Internal: The reconcile sweep: one tick over in-flight and unsettled jobs.
 
 A tick reads candidate rows in batches with ``SELECT … FOR UPDATE SKIP LOCKED`` (on SQLite a
 plain select: ``BEGIN IMMEDIATE`` serialises writers). Inside that short transaction it decides

@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits
+from reconcile import Ledger, credits
 from reconcile.db.models import CreditBalance
-from reconcile.ledger import BuiltinLedger, Ledger, audit as library_audit
+from reconcile.ledger import BuiltinLedger, audit as library_audit
 from reconcile.testing.platform_ledger import DDL, PlatformLedger
 
 _seq = itertools.count()

@@ -23,7 +23,7 @@ from reconcile.db.models import JobEvent
 from reconcile.errors import ErrorCode
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.lifecycle.cancel import cancel_job
-from reconcile.providers.base import PollResult, PollStatus
+from reconcile.providers import PollResult, PollStatus
 from reconcile.states import ATTEMPT_SPACING, MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.test_sweep import FOREVER, INSTANT, World

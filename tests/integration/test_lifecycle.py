@@ -16,11 +16,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import lifecycle
+from reconcile import lifecycle, sync_call
 from reconcile.db.models import Asset, Job, JobEvent, WorkflowExecution
 from reconcile.errors import SyncCallFailed
 from reconcile.settlement import SettleOutcome
-from reconcile.sync import sync_call
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook
@@ -426,7 +425,7 @@ def test_webhook_stream_refuses_a_declared_length_unread_and_cuts_a_chunked_body
     """Issue 25 finding 3, the library's helper: a ``Content-Length`` over the cap is refused
     (413) before one chunk is pulled; a body without one is pulled only to the cap + 1 byte.
     Fails on old code: the helpers did not exist (handle_webhook took the whole body)."""
-    from reconcile.settings import Settings
+    from reconcile import Settings
     from reconcile.webhook_ingest import BodyRefused, handle_webhook_stream, read_capped
 
     pulled: list[int] = []

@@ -16,11 +16,10 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits, lifecycle
+from reconcile import Runtime, credits, lifecycle
 from reconcile.db.models import CreditBalance, CreditTransaction, Job
 from reconcile.errors import LedgerError
 from reconcile.lifecycle.cancel import cancel_job
-from reconcile.runtime import Runtime
 from reconcile.settlement import SettlementPolicy, SettleOutcome, kept_of
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import Clock, fund, make_runtime

@@ -15,19 +15,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import api, lifecycle
+from reconcile import Kind, api, lifecycle, register_kind
 from reconcile.db.models import CreditAnomaly, Job, WebhookDelivery
 from reconcile.errors import MediaFetchFailed
-from reconcile.kinds import Kind, register_kind, unregister_kind
+from reconcile.kinds import unregister_kind
 from reconcile.media import fetch as media
-from reconcile.providers.base import (
-    Created,
-    CreateRequest,
-    ListedTask,
-    Output,
-    PollResult,
-    PollStatus,
-)
+from reconcile.providers import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook

@@ -21,7 +21,7 @@ from reconcile import api, lifecycle
 from reconcile.cli import main
 from reconcile.db.models import CreditTransaction, Job, UsageLog, WebhookDelivery
 from reconcile.kinds import BUILTIN_KINDS, get_kind
-from reconcile.providers.base import ListedTask
+from reconcile.providers import ListedTask
 from reconcile.providers.elevenlabs import form_parts
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator

@@ -326,7 +326,7 @@ def test_platform_row_with_task_id_is_polled_only_past_its_threshold(world: Worl
     chain started), then treated as accepted: polled, finalized, credits committed."""
     world.sim.script_default(Script(timeline=INSTANT))
     client = world.rt.client(world.rt.kind("kie-standard"))
-    from reconcile.providers.base import CreateRequest
+    from reconcile.providers import CreateRequest
 
     job_id = uuid.uuid4()
     created = client.create(CreateRequest(model="m/x", input={"prompt": "p"}, job_id=str(job_id),

@@ -19,12 +19,10 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import lifecycle
+from reconcile import Kind, Runtime, Settings, lifecycle, register_kind
 from reconcile.jobstore.adoption import SettingsError
-from reconcile.kinds import Kind, register_kind, unregister_kind
-from reconcile.providers.base import CreateRequest
-from reconcile.runtime import Runtime
-from reconcile.settings import Settings
+from reconcile.kinds import unregister_kind
+from reconcile.providers import CreateRequest
 from reconcile.storage import LocalStorage
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator

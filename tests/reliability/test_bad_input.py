@@ -18,19 +18,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import api, credits, lifecycle
+from reconcile import Kind, api, credits, lifecycle, register_kind, sync_call
 from reconcile.db.models import Asset, CreditTransaction, Job, JobEvent, UsageLog, WebhookDelivery
-from reconcile.kinds import Kind, register_kind, unregister_kind
-from reconcile.providers.base import (
-    Created,
-    CreateRequest,
-    ListedTask,
-    Output,
-    PollResult,
-    PollStatus,
-)
+from reconcile.kinds import unregister_kind
+from reconcile.providers import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus
 from reconcile.sweep import sweep
-from reconcile.sync import sync_call
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook
@@ -442,7 +434,7 @@ def test_sync_call_with_a_hostile_output_url_never_completes(
     """A sync answer whose output is a metadata URL: the finalize refuses it, the job is left
     for the sweep, which fails and refunds it past the kind's threshold; nothing is fetched."""
     from reconcile.errors import MediaError
-    from reconcile.providers.base import SyncResult
+    from reconcile.providers import SyncResult
 
     clock = Clock(datetime.now(UTC))
     rt, _ = runtime(db, simulator, tmp_path, clock=clock)

@@ -18,6 +18,7 @@ import responses
 from hypothesis import given, settings, strategies as st
 from responses import matchers
 
+from reconcile import Settings
 from reconcile.errors import (
     CreateRateLimited,
     CreateRejected,
@@ -30,14 +31,7 @@ from reconcile.errors import (
     SyncCallFailed,
 )
 from reconcile.kinds import get_kind
-from reconcile.providers import kie
-from reconcile.providers.base import (
-    AsyncProvider,
-    CreateRequest,
-    PollStatus,
-    SyncProvider,
-)
-from reconcile.settings import Settings
+from reconcile.providers import AsyncProvider, CreateRequest, PollStatus, SyncProvider, kie
 
 BASE = "https://kie.test"
 HOOK = "https://platform.test/hooks/kie?job_id=job-42"

@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
+from reconcile import Kind, Settings
 from reconcile.db.models import Job
-from reconcile.kinds import Kind
-from reconcile.settings import Settings
 from reconcile.sweep import Action, Decision, decide as decide_rt
 from reconcile.sweep.table import SETTLE_GRACE, Guard, decide, needs_legacy_cutoff
 
