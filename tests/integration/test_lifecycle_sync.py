@@ -19,7 +19,7 @@ from reconcile.errors import Conflict
 from reconcile.lifecycle.cancel import cancel_job
 from reconcile.sync import sync_call
 from reconcile.testing.simulator import Simulator
-from tests.integration.test_sweep import World, assert_refunded
+from tests.integration._sweep_helpers import World, assert_refunded
 
 
 @pytest.fixture
