@@ -49,5 +49,5 @@ from .tick import (
 )
 
 # kept importable here, not exported (``x as x``): the tuning constants, and the keyset walk's
-# statements (bench/fig_query.py, tests/integration/test_sweep.py)
+# statements (bench/fig_query.py, tests/integration/test_sweep_tick_guarantees.py)
 __all__ = ["Action", "Decision", "SweepAction", "SweepReport", "decide", "reconcile_job", "sweep"]

@@ -37,7 +37,7 @@ from reconcile.providers.http import HttpClient, ProviderSession
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import BodyRefused, handle_webhook, read_capped
-from tests.integration.test_sweep import FOREVER, World
+from tests.integration._sweep_helpers import FOREVER, World
 
 # ----------------------------------------------------------------------------- webhooks
 

@@ -18,7 +18,7 @@ from reconcile import lifecycle, sync, sync_call
 from reconcile.errors import Conflict
 from reconcile.lifecycle.cancel import cancel_job
 from reconcile.testing.simulator import Simulator
-from tests.integration.test_sweep import World, assert_refunded
+from tests.integration._sweep_helpers import World, assert_refunded
 
 
 @pytest.fixture

@@ -473,8 +473,8 @@ def _platform_completes_clearing_its_error(db: sessionmaker[Session], simulator:
     completed and its error fields cleared (``error_code = NULL``)."""
     from sqlalchemy import update as sql_update
 
+    from tests.integration._sweep_helpers import World
     from tests.integration.test_settle_owed import half_settled_then_completed
-    from tests.integration.test_sweep import World
 
     w = World(db, simulator, tmp_path)
     row = half_settled_then_completed(w)

@@ -24,8 +24,8 @@ from reconcile.providers import Created, CreateRequest, ListedTask, Output, Poll
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook
+from tests.integration._sweep_helpers import FOREVER, INSTANT, World
 from tests.integration.harness import drain
-from tests.integration.test_sweep import FOREVER, INSTANT, World
 from tests.unit.test_media_ssrf import RawServer
 
 ATTACKER = "attacker-fal-account"

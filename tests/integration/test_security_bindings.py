@@ -26,8 +26,8 @@ from reconcile.providers.elevenlabs import form_parts
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook
+from tests.integration._sweep_helpers import FOREVER, INPUTS, MODELS, World
 from tests.integration.harness import fund
-from tests.integration.test_sweep import FOREVER, INPUTS, MODELS, World
 
 DUBBING_INPUT = {"source_url": "https://example.com/a.mp4", "target_lang": "es"}
 

@@ -20,7 +20,7 @@ from reconcile.db.models import Asset, JobEvent
 from reconcile.providers import PollResult
 from reconcile.states import MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_sweep import FOREVER, INSTANT, World, assert_refunded
+from tests.integration._sweep_helpers import FOREVER, INSTANT, World, assert_refunded
 
 
 @pytest.fixture

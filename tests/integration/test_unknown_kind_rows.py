@@ -27,7 +27,7 @@ from reconcile.storage import LocalStorage
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook
-from tests.integration.test_sweep import World, assert_refunded, snapshot
+from tests.integration._sweep_helpers import World, assert_refunded, snapshot
 from tests.integration.test_sweep_adoption import before_adoption, defaults
 
 UNKNOWN = "acme-video"  # registered by no process here
