@@ -50,7 +50,7 @@ def test_a_stray_create_message_never_makes_a_sync_job_uncertain(world: World) -
     ever); the sweep then fails and refunds it past the threshold."""
     w = world
     job_id = w.submit("anthropic-sync")
-    sync._claim(w.rt, job_id, None)  # sync_call's claim; the request then dies in its block
+    sync.claim(w.rt, job_id, None)  # sync_call's claim; the request then dies in its block
     assert w.job(job_id).submission_state == "submitting"
     w.clock.advance(minutes=10)  # past the claim lease and the 5-minute threshold
     assert lifecycle.create_step(w.rt, job_id).action == "lost"
@@ -187,7 +187,7 @@ def test_a_platform_rows_sync_call_gets_the_same_time_as_a_library_rows(world: W
         assert (job.status, job.credits_actual) == ("completed", 40), kind
         assert w.log_status(job_id) == "committed"
     dead = w.platform_row(status="pending")
-    sync._claim(w.rt, dead, "anthropic-sync")  # the platform's request then dies in its block
+    sync.claim(w.rt, dead, "anthropic-sync")  # the platform's request then dies in its block
     lease = sync.claim_lease(w.rt.settings, w.rt.kind("anthropic-sync"))  # type: ignore[arg-type]
     w.clock.advance(seconds=lease.total_seconds() - 1)
     w.tick()
