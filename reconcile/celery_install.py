@@ -1,4 +1,4 @@
-"""Install the library into a platform's own Celery app: ``reconcile.install(app)``.
+"""Internal: Install the library into a platform's own Celery app: ``reconcile.install(app)``.
 
 What it does to ``app`` (call it after the app is configured: a later ``config_from_object``
 replaces the configuration and with it these changes):

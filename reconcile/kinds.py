@@ -1,4 +1,4 @@
-"""The ``provider_kind`` registry (README, Design notes: Thresholds and URL lifetimes).
+"""Internal: The ``provider_kind`` registry (README, Design notes: Thresholds and URL lifetimes).
 
 A kind says whether the call is sync or async, how long before a job of that kind is stale,
 how often to poll, how long its result URLs live, where the job id is planted for the provider
@@ -107,3 +107,8 @@ __all__ = [
     "register_kind",
     "unregister_kind",
 ]
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

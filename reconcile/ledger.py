@@ -1,4 +1,4 @@
-"""The ledger seam: how the lifecycle, the sweep, cancel and the CLI reach credits.
+"""Internal: The ledger seam: how the lifecycle, the sweep, cancel and the CLI reach credits.
 
 The library never touches balances except through a :class:`Ledger`. The default,
 :class:`BuiltinLedger`, is the library's own ledger (``reconcile.credits``: balances per pool,
@@ -275,3 +275,8 @@ def ledger_of(rt: Runtime | None) -> Ledger:
 
 __all__ = ["COMPLETED_AFTER_REFUND", "DEFAULT", "BuiltinLedger", "Ledger", "audit",
            "commit_settled", "completed_after_failure", "job_checks"]
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

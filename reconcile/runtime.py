@@ -1,4 +1,4 @@
-"""Everything a lifecycle step needs, built once per process and passed in.
+"""Internal: Everything a lifecycle step needs, built once per process and passed in.
 
 A :class:`Runtime` carries the settings, the session factory, storage, the HTTP session, the
 clock, the platform's hooks and the two enqueue functions (set by the Celery tasks module; a
@@ -164,3 +164,8 @@ class Runtime:
         if not base:
             return None
         return f"{base.rstrip('/')}/webhooks/{provider}?job_id={job_id}"
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

@@ -1,4 +1,4 @@
-"""The one place the environment is read.
+"""Internal: The one place the environment is read.
 
 Every setting is ``RECONCILE_<NAME>``; build a :class:`Settings` at the edge (worker start,
 CLI, request handler) and pass it in. Durations in the library are ``timedelta`` and are
@@ -273,3 +273,8 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process-wide settings read from the environment (edges only)."""
     return Settings()
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

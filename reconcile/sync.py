@@ -1,4 +1,4 @@
-"""Sync provider calls: run by the platform's request, never by a create task.
+"""Internal: Sync provider calls: run by the platform's request, never by a create task.
 
 ::
 
@@ -167,3 +167,8 @@ def run_sync(rt: Runtime, job_id: uuid.UUID) -> Job:
     if done.status not in (Status.COMPLETED, Status.FAILED):
         log.warning("sync_job_not_terminal job_id=%s status=%s", job_id, done.status)
     return done
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

@@ -1,4 +1,4 @@
-"""What an endpoint's result is expected to hold (README, Design notes: Text and JSON
+"""Internal: What an endpoint's result is expected to hold (README, Design notes: Text and JSON
 outputs), for fal and Replicate.
 
 The contract's ``UPSTREAM_EMPTY_RESULT`` is "COMPLETED but no media". Endpoints whose product is
@@ -126,3 +126,8 @@ def data_uri_output(value: str) -> Output | None:
     except (binascii.Error, ValueError):
         return None
     return Output(data=data, media_type=media_type) if data else None
+
+
+from ..core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

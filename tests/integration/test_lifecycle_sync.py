@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import lifecycle, sync
+from reconcile import lifecycle, sync, sync_call
 from reconcile.errors import Conflict
 from reconcile.lifecycle.cancel import cancel_job
-from reconcile.sync import sync_call
 from reconcile.testing.simulator import Simulator
-from tests.integration.test_sweep import World, assert_refunded
+from tests.integration._sweep_helpers import World, assert_refunded
 
 
 @pytest.fixture
@@ -202,9 +201,7 @@ def test_a_platform_rows_sync_call_gets_the_same_time_as_a_library_rows(world: W
 def test_settings_that_break_the_sync_deadline_are_refused_at_start_up(pg_url: str) -> None:
     """Hole 7: the deadline must fit every sync kind (threshold − 60 s: 240 s for the 5-minute
     kinds) and exceed the connect timeout; otherwise start-up fails with a clear error."""
-    from reconcile.kinds import Kind
-    from reconcile.runtime import Runtime
-    from reconcile.settings import Settings
+    from reconcile import Kind, Runtime, Settings
 
     Runtime.from_settings(Settings(database_url=pg_url))  # the defaults fit: 240 s
     with pytest.raises(ValueError, match=r"SYNC_DEADLINE=241s .*threshold 300s minus 60 s = 240s"):

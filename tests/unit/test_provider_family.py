@@ -8,8 +8,10 @@ from datetime import timedelta
 
 import pytest
 
+from reconcile import Settings
 from reconcile.core import redact
 from reconcile.kinds import BUILTIN_KINDS, BUILTIN_PROVIDERS
+from reconcile.providers import declared_output
 from reconcile.providers.family import (
     BUILTIN_FAMILIES,
     Kind,
@@ -17,8 +19,7 @@ from reconcile.providers.family import (
     families,
     family,
 )
-from reconcile.providers.outputs import ANY, MEDIA, declared_output
-from reconcile.settings import Settings
+from reconcile.providers.outputs import ANY, MEDIA
 
 FAMILIES = [pytest.param(f, id=f.name) for f in families()]
 
