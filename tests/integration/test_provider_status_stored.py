@@ -22,10 +22,10 @@ from reconcile import lifecycle
 from reconcile.errors import ProviderError
 from reconcile.jobstore import PROVIDER_STATUS_MAX
 from reconcile.lifecycle import batch as batch_poll, poll
-from reconcile.providers.base import PollResult, PollStatus
+from reconcile.providers import PollResult, PollStatus
 from reconcile.testing.counting import Counting
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_sweep import World
+from tests.integration._sweep_helpers import World
 
 KIND = "replicate-prediction"  # the simulator's "running" is Replicate's "processing"
 RUNNING = ((0.0, "running"),)
