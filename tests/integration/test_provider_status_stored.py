@@ -91,13 +91,13 @@ def test_the_chains_next_turn_stores_the_status_its_read_saw(
 
 def test_a_status_the_adapter_does_not_know_is_stored_as_read(
         pg_and_sqlite: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
-    """``paused`` is UNKNOWN to the adapter (an observation, no verdict); its raw token is what
-    the row keeps, for a rule to read."""
-    w, carried, job_id = _chain(pg_and_sqlite, simulator, tmp_path, ((0.0, "unknown:paused"),))
+    """A token the adapter does not know is UNKNOWN (an observation, no verdict); its raw
+    token is what the row keeps, for a rule to read."""
+    w, carried, job_id = _chain(pg_and_sqlite, simulator, tmp_path, ((0.0, "unknown:on_hold"),))
     for _ in range(2):
         assert carried.run_next(w) == "in_flight"
     job = w.job(job_id)
-    assert job.provider_status == "paused"
+    assert job.provider_status == "on_hold"
     assert job.reconcile_last_error_code == "UPSTREAM_UNKNOWN_STATUS"  # as before
 
 
@@ -177,11 +177,11 @@ def test_every_other_batch_outcome_stores_its_status_with_the_claim_check(
         pg_and_sqlite: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
     """An unknown status goes through the chain's code per job; the claim check before it
     (``hold_claim``) stores the raw token."""
-    w, (job_id,) = _batch(pg_and_sqlite, simulator, tmp_path, ((0.0, "unknown:paused"),))
+    w, (job_id,) = _batch(pg_and_sqlite, simulator, tmp_path, ((0.0, "unknown:on_hold"),))
     _due(w)
     report = batch_poll.poll_due(w.rt)
     assert report.observed == 1 and report.outcomes == {"in_flight": 1}
-    assert w.job(job_id).provider_status == "paused"
+    assert w.job(job_id).provider_status == "on_hold"
 
 
 def test_a_failed_batch_read_keeps_the_stored_status(
