@@ -12,6 +12,10 @@ flushed) and two worker processes:
   modes (``RECONCILE_POLL_MODE``);
 * ``dbos`` (:mod:`.dbos_app`): DBOS Transact, a durable workflow per job, the same ledger.
 
-``python -m bench.peers.run`` drives it (:mod:`.run`); never imported by the library or its
-tests (DBOS is only in the ``bench`` extra).
+``python -m bench.peers.run`` drives it (:mod:`.run`: the passes and the files;
+:mod:`.measure`: one system's run and its recovery run; :mod:`.limits`: the machine's limits;
+:mod:`.report`: the table; :mod:`.web`: the web tier's process; :mod:`.harness`: processes,
+the simulator process, CPU per process group, the CPU burners; :mod:`.upstream`: the peers'
+client of the simulator). Never imported by the library; the tests import :mod:`.ledger`,
+:mod:`.measure` and :mod:`.report` only (DBOS is in the ``bench`` extra, not the ``test`` one).
 """

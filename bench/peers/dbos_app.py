@@ -7,7 +7,7 @@ Worker" example: workers launch DBOS and register a queue; the web tier enqueues
 * workflow ``run_job``: a step to create the upstream task (and store its id), then
   ``DBOS.sleep(5)`` between poll steps until the task is done, then a step to finalize
   (download the output, write the result and commit the credits in one transaction; refund if
-  the task failed).
+  the task or its create failed). The create and finalize steps use DBOS's step retries.
 
 Each worker process is ``python -m bench.peers.dbos_app <executor id>``: its own executor id, so
 a restarted process recovers its own pending workflows (DBOS's self-hosting guide). The DBOS
@@ -37,11 +37,15 @@ _engine: list[Any] = []
 
 def db() -> Any:
     if not _engine:
-        _engine.append(create_engine(os.environ["BENCH_DB_URL"], pool_size=10))
+        # steps run in DBOS's executor threads, one per workflow: a small shared pool (DBOS's
+        # own system-database pool is 20 per process; the server allows 100 connections)
+        _engine.append(create_engine(os.environ["BENCH_DB_URL"], pool_size=5, max_overflow=5))
     return _engine[0]
 
 
-@DBOS.step()
+# transient failures (a reset connection, an upstream 5xx) are retried by DBOS (its step
+# retries: 1 s, 2 s, 4 s); a create still failing after them fails the job and refunds it
+@DBOS.step(retries_allowed=True, max_attempts=4)
 def create_task(job_id: str) -> str:
     task_id = upstream.create(job_id)
     with db().begin() as conn:
@@ -57,11 +61,11 @@ def check_task(task_id: str) -> tuple[str, list[str]]:
         return "running", []
 
 
-@DBOS.step()
+@DBOS.step(retries_allowed=True, max_attempts=4)
 def finalize(job_id: str, state: str, urls: list[str]) -> str:
     if state != "succeeded" or not urls:
         with db().begin() as conn:
-            ledger.fail(conn, job_id, "upstream failed")
+            ledger.fail(conn, job_id, f"upstream {state}")
         return "failed"
     path = upstream.download(urls[0], Path(os.environ["BENCH_MEDIA_DIR"]) / f"{job_id}.png")
     with db().begin() as conn:
@@ -71,7 +75,10 @@ def finalize(job_id: str, state: str, urls: list[str]) -> str:
 
 @DBOS.workflow()
 def run_job(job_id: str) -> str:
-    task_id = create_task(job_id)
+    try:
+        task_id = create_task(job_id)
+    except Exception:
+        return finalize(job_id, "create failed", [])
     while True:
         DBOS.sleep(INTERVAL_S)
         state, urls = check_task(task_id)

@@ -61,11 +61,12 @@ class _Driver:
     def __init__(self, libpq: str, system: System) -> None:
         self.conn = psycopg.connect(libpq)
         self.pid = self.conn.info.backend_pid
-        self.sql = (f"SELECT count(*), count(*) FILTER (WHERE status IN {TERMINAL!r}), "
-                    f"count({system.task_column}) FROM {system.table}")
+        done = f"status IN {TERMINAL!r}"
+        self.sql = (f"SELECT count(*), count(*) FILTER (WHERE {done}), count(*) FILTER (WHERE "
+                    f"{system.task_column} IS NOT NULL OR {done}) FROM {system.table}")
 
     def progress(self) -> tuple[int, int, int]:
-        """(jobs, terminal, with an upstream task)."""
+        """(jobs, terminal, past their create: with an upstream task, or terminal)."""
         row = self.conn.execute(self.sql).fetchone()
         assert row is not None
         return int(row[0]), int(row[1]), int(row[2])
@@ -181,9 +182,10 @@ def run(system: System, n: int, sim: SimulatorProcess, *, recovery: bool = False
         try:
             extras = system.start_extras(s, "a")
             workers = system.start_workers(s, "a")
+            redis = [p for p in [redis_pid()] if p]
             tracker = CpuTracker({
                 "workers": lambda: [p for w in workers + extras for p in tree(w.pid)],
-                "postgres": backends, "redis": lambda: [p for p in [redis_pid()] if p],
+                "postgres": backends, "redis": lambda: redis,
                 "simulator": lambda: tree(sim.proc.pid)})
             web = Proc([PYTHON, "-m", "bench.peers.web", system.module, str(n),
                         str(tmpd / "users.json"), str(tmpd / "web.json")], system.env(s),
@@ -263,10 +265,11 @@ def run(system: System, n: int, sim: SimulatorProcess, *, recovery: bool = False
 
 def _kill_and_restart(system: System, s: Setup, workers: list[Proc], driver: _Driver,
                       n: int) -> dict[str, Any]:
-    """Once every job has its upstream task and one more interval passed, SIGKILL every worker
-    (each process group) and start new ones at once. ``workers`` is replaced in place."""
+    """Once every job is past its create (its upstream task exists, or the job is already
+    terminal) and one more interval passed, SIGKILL every worker (each process group) and start
+    new ones at once. ``workers`` is replaced in place."""
     if not _wait(lambda: driver.progress()[2] == n, time.monotonic() + 300, interval=0.5):
-        raise RuntimeError(f"not every job got its upstream task: {driver.progress()}")
+        raise RuntimeError(f"not every job got past its create: {driver.progress()}")
     time.sleep(INTERVAL_S + 2.0)  # every job polled at least once: each is mid-poll
     for w in workers:
         w.kill()

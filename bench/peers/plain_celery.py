@@ -4,9 +4,10 @@
 
 * web tier: insert the job + reserve its credits (one transaction), then ``create_job.delay``;
 * ``create_job``: create the upstream task, store its id, send ``poll_job`` in 5 s;
-* ``poll_job``: read the task's state; running → ``self.retry(countdown=5)``; succeeded →
-  download the output, then write the result and commit the credits (one transaction); failed
-  → refund.
+* ``poll_job``: read the task's state; running (or the read failed) →
+  ``self.retry(countdown=5)``; succeeded → download the output, then write the result and
+  commit the credits (one transaction; a failure there retries too); failed → refund. A create
+  failing 4 times refunds.
 
 Celery's defaults otherwise (Redis broker, its default visibility timeout, prefetch ×4):
 ``celery -A bench.peers.plain_celery worker -Q bench.peers.plain --concurrency=2``.
@@ -77,9 +78,12 @@ def poll_job(self: Any, job_id: str, task_id: str) -> None:
     if state == "failed" or not urls:
         _fail(job_id, "upstream failed")
         return
-    path = upstream.download(urls[0], Path(os.environ["BENCH_MEDIA_DIR"]) / f"{job_id}.png")
-    with db().begin() as conn:
-        ledger.complete(conn, job_id, str(path))
+    try:
+        path = upstream.download(urls[0], Path(os.environ["BENCH_MEDIA_DIR"]) / f"{job_id}.png")
+        with db().begin() as conn:
+            ledger.complete(conn, job_id, str(path))
+    except Exception as exc:  # a failed download or write: the next run reads and tries again
+        raise self.retry(exc=exc, countdown=INTERVAL_S) from exc
 
 
 def web_submitter() -> Any:

@@ -26,12 +26,18 @@ NOTES = (
     "with whatever else uses it) + the simulator. *web CPU/submit*: the web tier's own CPU "
     "over its submit loop ÷ jobs (its PostgreSQL backend counts under PG). *delay*: result "
     "written − upstream done (the task's create time in the simulator + 30 s), in 5-s poll "
-    "intervals, p50/p99 over the jobs. *xacts/job*: `pg_stat_database.xact_commit` delta of the "
+    "intervals, p50/p99 over the jobs (30 s is 6 intervals, and every system starts its first "
+    "wait when the create returns, so a poll that runs on time reads \"done\" just after it "
+    "happened: the delay is how late the polls ran, plus the download and the final write). "
+    "*xacts/job*: `pg_stat_database.xact_commit` delta of the "
     "run's database ÷ jobs (read-only transactions count too; the driver's reads commit none). "
     "*recovery p99*: 200 jobs (`make bench-peers`); once each has its upstream task and was polled, every worker "
     "process is SIGKILLed at once and new ones started at once; the p99 delay (intervals) of "
     "those jobs, with the time from the kill until the last one was terminal. \"≥\": jobs were "
-    "still in flight at the cap, the figure is a lower bound.")
+    "still in flight at the cap (180 s after the kill), the figure is a lower bound. Each peer "
+    "runs its own defaults: plain Celery its Redis visibility timeout (3600 s: a dead worker's "
+    "held messages come back after it) and prefetch ×4; DBOS a thread per running workflow, "
+    "each worker polling the queue every second; `reconcile` its shipped Celery settings.")
 
 
 def _f(value: Any, suffix: str = "") -> str:

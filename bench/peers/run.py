@@ -17,7 +17,9 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -160,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-logs", default=None, help="copy each run's logs to this folder")
     parser.add_argument("--out", default=str(RESULTS), help="folder for peers.json / peers.md")
     args = parser.parse_args(argv)
+    # a SIGTERM (a CI timeout, kill) unwinds like ^C: every process stopped, databases dropped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     loads = ("saturated",) if args.saturated_only else (
         ("quiet", "saturated") if args.saturated else ("quiet",))
     res = measure_all([int(n) for n in args.jobs.split(",") if n.strip()],
