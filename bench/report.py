@@ -62,11 +62,11 @@ def markdown(res: dict[str, Any], pictures: dict[str, str] | None = None) -> str
     out.append(_profiles(res.get("profiles_dir")))
     for key, render in (("fig1", _fig1), ("fig2", _fig2), ("fig3", _fig3), ("fig4", _fig4),
                         ("fig5", _fig5), ("fig6", _fig6), ("fig7", _fig7), ("fig8", _fig8),
-                        ("fig9", _fig9)):
+                        ("fig9", _fig9), ("fig10", _fig10)):
         entry = figs.get(key)
         if entry is None:
             continue
-        out.append(f"## {key[-1]}. {entry['title']}\n")
+        out.append(f"## {key.removeprefix('fig')}. {entry['title']}\n")
         out.append(f"_{entry['seconds']} s; load {entry['load_before'].get('loadavg_1m')} → "
                    f"{entry['load_after'].get('loadavg_1m')}"
                    + (f"; {entry['overlap']}" if entry.get("overlap") else "") + "._\n")
@@ -200,6 +200,16 @@ def _summary_rows(figs: dict[str, Any]) -> list[str]:
             f"**{r['job_story']['ms']['p50']} ms** (rendered by the app); {r['list_queries']} "
             f"list queries EXPLAINed, {len(r['seq_scans'])} with a sequential scan | every list "
             f"query on an index | {_verdict(r['all_use_an_index'])} |")
+    r = res("fig10")
+    if r:
+        for n, runs in next(iter(r["passes"].values()), {}).get("runs", {}).items():
+            rows.append(
+                f"| 10 | peers, {int(n):,} jobs of 30-s generations, same workload | " + "; ".join(
+                    f"{name}: {_get(v, 'jobs_per_s')} jobs/s, "
+                    f"{_get(v, 'cpu_ms_per_job', 'total')} ms CPU/job, p99 delay "
+                    f"{_get(v, 'delay_intervals', 'p99')} intervals, {_get(v, 'xacts_per_job')} "
+                    f"xacts/job" for name, v in runs.items() if "error" not in v)
+                + " | reported, no aim | n/a |")
     return rows
 
 
@@ -799,6 +809,15 @@ def _fig9(r: dict[str, Any]) -> str:
             f"kill and logged {r.get('reaps_logged')} reap(s).\n")
 
 
+def _fig10(r: dict[str, Any]) -> str:
+    from .peers.report import NOTES, WORKLOAD, tables
+
+    return (WORKLOAD + "\n\n" + tables(r.get("passes", {})) + "\n" + NOTES + "\n\n"
+            "The no-op Celery rate is figure 2's and pgbench figure 4's (same run). The full run "
+            "(500 and 2,000 jobs, quiet and saturated host, the recovery runs, every machine "
+            "limit) is `make bench-peers` (`bench/results/peers.md`).\n")
+
+
 def _peers(res: dict[str, Any]) -> str:
     """Where it stands against peers: measured here where we can, labelled where we cannot."""
     figs = res["figures"]
@@ -819,7 +838,7 @@ def _peers(res: dict[str, Any]) -> str:
          f"| plain Celery, same worker, same broker | no-op tasks/s (a Redis INCR) | "
          f"{noop.get('tasks_per_s', 'not run')} tasks/s | measured here (figure 2) |",
          "| DBOS (Postgres-backed durable workflows) | overhead per durable step | 1–2 ms "
-         "| **published, not measured here** |",
+         "| **published**; the same workload on DBOS, plain Celery and `reconcile`: figure 10 |",
          f"| `reconcile`, this run | one durable poll turn (fenced CAS + status read, one "
          f"transaction) | {poll_ms if poll_ms is not None else 'not run'} ms wall per in-flight "
          f"poll task (p50); {cpu.get('total', '—')} ms CPU (worker + PostgreSQL + simulator) | "

@@ -1,11 +1,11 @@
 """``make bench``: measure speed and scale, side by side with the seed design and the machine.
 
-Runs the eight figures in order, each isolated (one failing is recorded and the rest still run),
+Runs the figures in order, each isolated (one failing is recorded and the rest still run),
 then writes ``bench/results/latest.json``, ``bench/results/latest.md`` and the PNGs beside them
 (``bench/pictures.py``; matplotlib from the ``bench`` extra). Figures are reported,
 never asserted: a missed aim does not fail the run; an error in a figure does (exit 1).
 
-    python -m bench.run                 # everything, bounded: ≈ 13–14 min on a loaded 2-core box
+    python -m bench.run                 # everything, bounded: ≈ 17–18 min on a loaded 2-core box
     python -m bench.run --full          # make bench-full: the drain waits for all 10,000, figure 3
                                         # waits up to 400 s per run, figure 6 runs 300 s sweeps
     python -m bench.run --quick         # small sizes, a smoke test of the harness (≈ 3 min)
@@ -99,10 +99,10 @@ def _environment() -> dict[str, Any]:
 
 
 # each figure's expected wall time under make bench's bounds on a quiet 2-core host (seconds;
-# ≈ 13.5 min in all); the bounds themselves are in each figure (fig_drain.BUDGET_S,
+# ≈ 17.5 min in all); the bounds themselves are in each figure (fig_drain.BUDGET_S,
 # fig_capacity.CAP_S, fig_recovery's rounds). At load 10–17 the run took 1,053 s.
 BUDGETS = {"fig1": 80, "fig5": 5, "fig4": 70, "fig2": 160, "fig3": 270, "fig6": 110, "fig7": 45,
-           "fig8": 70, "fig9": 90}
+           "fig8": 70, "fig9": 90, "fig10": 240}
 
 
 def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict[str, Any]]]]:
@@ -117,6 +117,7 @@ def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict
         fig_recovery,
         fig_statements,
     )
+    from .peers import run as peers_run
 
     def drain() -> dict[str, Any]:
         result = fig_drain.run(n=args.drain_jobs, quick=args.quick,
@@ -142,6 +143,8 @@ def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict
                  lambda: fig_console.run(args.quick)),
         "fig9": ("Recovery after SIGKILL of every worker, default settings (heartbeats)",
                  lambda: fig_heartbeat.run(args.quick)),
+        "fig10": ("Peers: reconcile beside plain Celery and DBOS, one workload (500 jobs, quiet)",
+                  lambda: peers_run.bounded(args.quick)),
     }
 
 

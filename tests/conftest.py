@@ -23,8 +23,8 @@ PG_ADMIN_URL = os.environ.get("RECONCILE_TEST_PG_ADMIN", "postgresql://postgres@
 # Redis: one database per pytest-xdist worker (``make test`` runs ``-n``), because tests flush
 # theirs. RECONCILE_TEST_REDIS_URL may list several URLs, comma-separated, one per worker (gw0,
 # gw1, ...); unset, worker N gets the Nth of _XDIST_DBS, which skips the databases other code
-# hard-codes (12 bench, 13 test_worker_crash, 14 test_flower) and 3-7 (kept for people running
-# targeted tests beside the suite). Too few URLs for the worker count fails the worker.
+# hard-codes (12 bench, 4 bench peers, 13 test_worker_crash, 14 test_flower) and 3-7 (kept for
+# people running targeted tests beside the suite). Too few URLs for the worker count fails the worker.
 _XDIST_DBS = (15, 11, 10, 9, 8, 2, 1, 0)
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... or "" (no xdist)
 _WORKER_INDEX = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") else 0
