@@ -44,6 +44,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import JSON, TypeEngine
 
+from .functions import differing
 from .models import Base, UsageLogId
 from .types import UTCDateTime
 
@@ -77,6 +78,9 @@ _REPAIR_FIX = ("reconcile db repair (the library's migrations are at head, so `d
               "nothing: the table was rebuilt or altered after them, as Django's SQLite "
               "AlterField rebuilds it; repair adds the library's columns, indexes and tables "
               "back, without the values a rebuild dropped)")
+
+_FUNCTION_FIX = ("reconcile db repair (the library's migrations are at head: it installs the "
+                 "ledger's functions as its newest revision defining them has them)")
 
 
 @dataclass(frozen=True)
@@ -369,6 +373,9 @@ def check(bind: Engine | Connection) -> list[Finding]:
                                "reconcile db upgrade"))
     if at_head_now:  # `db upgrade` has nothing left to run: what is gone was removed after it
         out = [replace(f, fix=_REPAIR_FIX) if f.fix == "reconcile db upgrade" else f for f in out]
+    for name, found in differing(bind).items():  # the ledger's (PostgreSQL): never run others
+        out.append(Finding(f"{name}()", found, BREAKS, _FUNCTION_FIX if at_head_now
+                           else "reconcile db upgrade"))
     return out
 
 
