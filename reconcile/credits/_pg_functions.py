@@ -62,7 +62,11 @@ _RESERVE_OUT: Params = (("bal_sub", "bigint"), ("bal_topup", "bigint"), ("sub", 
                         ("log_id", "text"), ("replay", "boolean"))
 _RESERVE_INTO = "r_sub, r_topup, r_inserted, r_lots, v_written, r_log_id"
 
-_RESERVE_BODY = f"""
+
+def reserve_body(reserve: str = _PG_RESERVE, reserve_given_id: str = _PG_RESERVE_GIVEN_ID) -> str:
+    """The reserve function's body around the reserve statement (and its variant that gives
+    usage_logs.id); a test builds it around a rewritten statement."""
+    return f"""
 DECLARE
   v_written bigint;
 BEGIN
@@ -74,9 +78,9 @@ IF r_bal_sub + r_bal_topup < p_amount THEN  -- too little: nothing written (a re
   RETURN;
 END IF;
 IF p_log_id IS NULL THEN  -- the database assigns usage_logs.id
-{_into(_PG_RESERVE, _RESERVE_INTO)}
+{_into(reserve, _RESERVE_INTO)}
 ELSE
-{_into(_PG_RESERVE_GIVEN_ID, _RESERVE_INTO)}
+{_into(reserve_given_id, _RESERVE_INTO)}
 END IF;
 IF r_inserted = 0 THEN  -- nothing written: a replay, or lots short of the balance
 {_into(_PG_USAGE_EXISTS, "r_replay")}
@@ -112,7 +116,7 @@ END;
 
 
 FUNCTIONS: dict[str, tuple[str, str]] = {
-    RESERVE_FN: (_arguments(RESERVE_PARAMS, _RESERVE_OUT), _RESERVE_BODY),
+    RESERVE_FN: (_arguments(RESERVE_PARAMS, _RESERVE_OUT), reserve_body()),
     COMMIT_FN: (
         _arguments(COMMIT_PARAMS, _SETTLE_OUT + (("held", "bigint"), ("committed", "bigint"),
                                                  ("status", "text"))),

@@ -16,6 +16,10 @@ types of its family (:data:`FAMILIES`), as loose as the library's reads and writ
   and idempotency keys by them).
 * timestamps are ``timestamptz`` or naive ``timestamp`` (read and written as UTC).
 
+On PostgreSQL the contract also holds the ledger's functions (reserve, commit and refund in
+one round trip each): each must exist with the body the newest revision defining them installs
+(:mod:`.functions`), or the ledger would fail, or run other statements than the library's.
+
 :func:`check` compares a database with the contract and returns :class:`Finding` s, each with its
 fix: ``breaks`` (a request would fail: a start-up refuses), ``differs`` (not what the library
 expects, nothing fails yet: the check exits 1) or ``note`` (accepted as it is).
@@ -153,7 +157,7 @@ def columns(table: str) -> tuple[Column, ...]:
 
 @dataclass(frozen=True)
 class Finding:
-    where: str  # "usage_logs.id", "jobs", "reconcile_alembic_version"
+    where: str  # "usage_logs.id", "jobs", "reconcile_alembic_version", "reconcile_ledger_reserve()"
     found: str
     level: str  # BREAKS | DIFFERS | NOTE
     fix: str = ""

@@ -26,6 +26,12 @@ def function_ddl(name: str, arguments: str, body: str) -> str:
             f"LANGUAGE plpgsql VOLATILE AS $body${body}$body$")
 
 
+def install(conn: Connection, name: str, arguments: str, body: str) -> None:
+    """Run :func:`function_ddl` on ``conn`` (as a ``text()``, as a revision's ``op.execute``
+    does: a body's ``%TYPE`` is no driver placeholder)."""
+    conn.execute(text(function_ddl(name, arguments, body)))
+
+
 def drop_ddl(name: str, arguments: str) -> str:
     return f"DROP FUNCTION IF EXISTS {name}({arguments})"
 

@@ -220,7 +220,7 @@ def repair(url: str) -> list[str]:
     from sqlalchemy.schema import CreateColumn, CreateIndex
 
     from .contract import LIBRARY_TABLES, PLATFORM_COLUMNS, PLATFORM_TABLES
-    from .functions import declared, differing
+    from .functions import declared, differing, install
     from .models import Base
     from .session import make_engine
 
@@ -263,7 +263,7 @@ def repair(url: str) -> list[str]:
                     done.append(f"CREATE TABLE {name} (with its indexes)")
             functions = declared() if pg else {}
             for name in differing(conn, functions):  # the ledger's, as the head defines them
-                conn.exec_driver_sql(function_ddl(name, *functions[name]))
+                install(conn, name, *functions[name])
                 done.append(f"CREATE OR REPLACE FUNCTION {name}")
         indexes = []
         with engine.connect() as conn:
