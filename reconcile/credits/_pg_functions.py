@@ -11,9 +11,10 @@ statement is therefore a new revision that replaces the functions.
 The functions are VOLATILE: under READ COMMITTED each statement inside takes a fresh snapshot,
 so the statement after the lock sees every writer of the user that committed before the lock
 was granted, as the two round trips did. Each ``%(name)s`` parameter of a statement becomes the
-function's argument ``p_name``, or one of its variables (the locked log's id and user); results
-are ``OUT r_…`` columns, one row per call. ``usage_logs.id`` is returned as text (a uuid or an
-integer: the table contract).
+function's argument ``p_name``, or a field of the locked log (its id, its user); results are
+``OUT r_…`` columns, one row per call. ``usage_logs.id`` is returned as text (a uuid or an
+integer: the table contract). No body holds a ``%`` (a ``%TYPE``): a revision's offline SQL
+would print it doubled.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from ._core import _U
 from ._pg import (
     _PG_COMMIT,
     _PG_COMMIT_RECORDED,
@@ -92,7 +92,7 @@ END;
 # statement (None of it found: whether the job has a reserved log at all)
 _SETTLE_OUT: Params = (("log_id", "text"), ("user_id", "uuid"), ("credits", "bigint"),
                        ("meta", "jsonb"), ("reserved", "boolean"), ("has_usage", "bigint"))
-_LOCKED = {"u": "r_user_id", "log_id": "v_log_id"}
+_LOCKED = {"u": "r_user_id", "log_id": "v_log.id"}  # the locked log's (v_log: _PG_LOCK_LOG's row)
 
 
 def _settle_body(statement: str, recorded: str | None, targets: str) -> str:
@@ -102,14 +102,17 @@ def _settle_body(statement: str, recorded: str | None, targets: str) -> str:
                f"{_into(recorded, targets, _LOCKED)}\nEND IF;")
     return f"""
 DECLARE
-  v_log_id {_U.name}.id%TYPE;
+  v_log record;
 BEGIN
-{_into(_PG_LOCK_LOG, "v_log_id, r_user_id, r_credits, r_meta")}
+{_into(_PG_LOCK_LOG, "v_log")}
 IF NOT FOUND THEN  -- no reserved log with its user's balance row
 {_into(_PG_RESERVED_EXISTS, "r_reserved")}
   RETURN;
 END IF;
-r_log_id := v_log_id::text;
+r_log_id := v_log.id::text;
+r_user_id := v_log.user_id;
+r_credits := v_log.credits;
+r_meta := v_log.metadata;
 {run}
 END;
 """

@@ -7,8 +7,11 @@ them back."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -26,6 +29,7 @@ from reconcile.db.session import make_engine, make_sessionmaker
 from tests.conftest import PgDatabases
 
 NAMES = (_pg.RESERVE_FN, _pg.COMMIT_FN, _pg.REFUND_FN)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _psql(url: str) -> psycopg.Connection:
@@ -49,6 +53,17 @@ def test_the_newest_revision_defines_what_the_code_builds() -> None:
     without a new revision replacing the functions fails here."""
     assert set(FUNCTIONS) == set(NAMES)
     assert functions.declared() == FUNCTIONS
+
+
+def test_the_offline_sql_holds_each_definition_verbatim(pg_url: str) -> None:
+    """`alembic upgrade --sql` (the script a DBA may run by hand, and what squawk reads)
+    prints each function's CREATE OR REPLACE exactly as the code builds it (no character of a
+    body escaped or doubled)."""
+    sql = subprocess.run([sys.executable, "-m", "alembic", "-c", str(ROOT / "alembic.ini"), "-x",
+                          f"url={pg_url}", "upgrade", "0001:head", "--sql"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    for name, (arguments, body) in FUNCTIONS.items():
+        assert functions.function_ddl(name, arguments, body) + ";" in sql, name
 
 
 def test_the_installed_functions_are_what_the_code_builds(pg_url: str) -> None:

@@ -134,18 +134,21 @@ END;
         "p_j uuid, p_now timestamptz, p_usage_id text, p_refund_id text, p_amount bigint, p_commit_id text, p_release_id text, p_release_sub text, p_release_topup text, p_rec_status text, p_rec_share text, OUT r_log_id text, OUT r_user_id uuid, OUT r_credits bigint, OUT r_meta jsonb, OUT r_reserved boolean, OUT r_has_usage bigint, OUT r_held bigint, OUT r_committed bigint, OUT r_status text",
         """
 DECLARE
-  v_log_id usage_logs.id%TYPE;
+  v_log record;
 BEGIN
 SELECT l.id, l.user_id, l.credits, l.metadata FROM usage_logs l
 JOIN reconcile_credit_balances b ON b.user_id = l.user_id
 WHERE l.job_id = p_j AND l.status = 'reserved' ORDER BY l.created_at LIMIT 1 FOR UPDATE OF b
-  INTO v_log_id, r_user_id, r_credits, r_meta;
+  INTO v_log;
 IF NOT FOUND THEN  -- no reserved log with its user's balance row
 SELECT EXISTS (SELECT FROM usage_logs WHERE job_id = p_j AND status = 'reserved')
   INTO r_reserved;
   RETURN;
 END IF;
-r_log_id := v_log_id::text;
+r_log_id := v_log.id::text;
+r_user_id := v_log.user_id;
+r_credits := v_log.credits;
+r_meta := v_log.metadata;
 IF p_rec_status IS NULL THEN
 WITH t AS (
   SELECT MAX(from_sub) FILTER (WHERE id = p_usage_id) AS us,
@@ -163,7 +166,7 @@ p AS (SELECT hs, ht, amt, LEAST(amt, hs) AS cs, amt - LEAST(amt, hs) AS ct FROM 
 cas AS (
   UPDATE usage_logs u SET status = 'committed',
     metadata = CASE WHEN jsonb_typeof(u.metadata::jsonb) IS DISTINCT FROM 'object' THEN u.metadata::jsonb WHEN u.metadata::jsonb ? 'settlement' THEN u.metadata::jsonb - 'settlement' ELSE u.metadata::jsonb END FROM p
-  WHERE u.id = v_log_id AND u.status = 'reserved'
+  WHERE u.id = v_log.id AND u.status = 'reserved'
   RETURNING p.cs, p.ct, p.hs - p.cs AS rs, p.ht - p.ct AS rt),
 ci AS (
   INSERT INTO reconcile_credit_transactions (id, user_id, job_id, type, amount, from_sub, from_topup, created_at)
@@ -182,7 +185,7 @@ bal AS (
   UPDATE reconcile_credit_balances b SET sub = b.sub + cas.rs, topup = b.topup + cas.rt, updated_at = p_now
   FROM cas WHERE b.user_id = r_user_id AND cas.rs + cas.rt > 0 RETURNING 1)
 SELECT (SELECT count(*) FROM h), (SELECT hs + ht FROM h), (SELECT cs + ct FROM cas),
-       (SELECT status FROM usage_logs WHERE id = v_log_id)
+       (SELECT status FROM usage_logs WHERE id = v_log.id)
   INTO r_has_usage, r_held, r_committed, r_status;
 ELSE
 WITH t AS (
@@ -203,7 +206,7 @@ cas AS (
     metadata = CASE WHEN u.metadata IS NULL OR jsonb_typeof(u.metadata::jsonb) = 'null' THEN jsonb_build_object('settlement', jsonb_build_object(
     'status', p_rec_status::text, 'refund_share', p_rec_share::text, 'kept', p.amt)) WHEN jsonb_typeof(u.metadata::jsonb) = 'object' THEN u.metadata::jsonb || jsonb_build_object('settlement', jsonb_build_object(
     'status', p_rec_status::text, 'refund_share', p_rec_share::text, 'kept', p.amt)) ELSE u.metadata::jsonb END FROM p
-  WHERE u.id = v_log_id AND u.status = 'reserved'
+  WHERE u.id = v_log.id AND u.status = 'reserved'
   RETURNING p.cs, p.ct, p.hs - p.cs AS rs, p.ht - p.ct AS rt),
 ci AS (
   INSERT INTO reconcile_credit_transactions (id, user_id, job_id, type, amount, from_sub, from_topup, created_at)
@@ -222,7 +225,7 @@ bal AS (
   UPDATE reconcile_credit_balances b SET sub = b.sub + cas.rs, topup = b.topup + cas.rt, updated_at = p_now
   FROM cas WHERE b.user_id = r_user_id AND cas.rs + cas.rt > 0 RETURNING 1)
 SELECT (SELECT count(*) FROM h), (SELECT hs + ht FROM h), (SELECT cs + ct FROM cas),
-       (SELECT status FROM usage_logs WHERE id = v_log_id)
+       (SELECT status FROM usage_logs WHERE id = v_log.id)
   INTO r_has_usage, r_held, r_committed, r_status;
 END IF;
 END;
@@ -231,18 +234,21 @@ END;
         "p_j uuid, p_now timestamptz, p_usage_id text, p_refund_id text, p_refund_sub text, p_refund_topup text, OUT r_log_id text, OUT r_user_id uuid, OUT r_credits bigint, OUT r_meta jsonb, OUT r_reserved boolean, OUT r_has_usage bigint, OUT r_refunded boolean, OUT r_done bigint, OUT r_status text",
         """
 DECLARE
-  v_log_id usage_logs.id%TYPE;
+  v_log record;
 BEGIN
 SELECT l.id, l.user_id, l.credits, l.metadata FROM usage_logs l
 JOIN reconcile_credit_balances b ON b.user_id = l.user_id
 WHERE l.job_id = p_j AND l.status = 'reserved' ORDER BY l.created_at LIMIT 1 FOR UPDATE OF b
-  INTO v_log_id, r_user_id, r_credits, r_meta;
+  INTO v_log;
 IF NOT FOUND THEN  -- no reserved log with its user's balance row
 SELECT EXISTS (SELECT FROM usage_logs WHERE job_id = p_j AND status = 'reserved')
   INTO r_reserved;
   RETURN;
 END IF;
-r_log_id := v_log_id::text;
+r_log_id := v_log.id::text;
+r_user_id := v_log.user_id;
+r_credits := v_log.credits;
+r_meta := v_log.metadata;
 WITH t AS (
   SELECT MAX(from_sub) FILTER (WHERE id = p_usage_id) AS us,
          MAX(from_topup) FILTER (WHERE id = p_usage_id) AS ut,
@@ -255,7 +261,7 @@ h AS (
   FROM t WHERE us IS NOT NULL),
 cas AS (
   UPDATE usage_logs u SET status = 'refunded' FROM h
-  WHERE u.id = v_log_id AND u.status = 'reserved' AND NOT h.refunded
+  WHERE u.id = v_log.id AND u.status = 'reserved' AND NOT h.refunded
   RETURNING h.hs, h.ht),
 ri AS (
   INSERT INTO reconcile_credit_transactions (id, user_id, job_id, type, amount, from_sub, from_topup, created_at)
@@ -270,7 +276,7 @@ bal AS (
   UPDATE reconcile_credit_balances b SET sub = b.sub + cas.hs, topup = b.topup + cas.ht, updated_at = p_now
   FROM cas WHERE b.user_id = r_user_id RETURNING 1)
 SELECT (SELECT count(*) FROM h), (SELECT refunded FROM h), (SELECT count(*) FROM cas),
-       (SELECT status FROM usage_logs WHERE id = v_log_id)
+       (SELECT status FROM usage_logs WHERE id = v_log.id)
   INTO r_has_usage, r_refunded, r_done, r_status;
 END;
 """),
