@@ -13,6 +13,7 @@ the declared ones back when the migrations are at head.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 
 from sqlalchemy import Connection, text
 
@@ -39,6 +40,11 @@ def drop_ddl(name: str, arguments: str) -> str:
 def declared() -> dict[str, tuple[str, str]]:
     """The functions as the newest revision declaring ``FUNCTIONS`` installs them (none: no
     revision does)."""
+    return dict(_declared())
+
+
+@cache
+def _declared() -> tuple[tuple[str, tuple[str, str]], ...]:  # the revisions ship with the code
     from alembic.script import ScriptDirectory
 
     from ..migrations import LOCATION
@@ -46,8 +52,8 @@ def declared() -> dict[str, tuple[str, str]]:
     for script in ScriptDirectory(str(LOCATION)).walk_revisions():  # the head first
         functions = getattr(script.module, "FUNCTIONS", None)
         if functions is not None:
-            return dict(functions)
-    return {}
+            return tuple(functions.items())
+    return ()
 
 
 def installed(conn: Connection, names: list[str]) -> dict[str, list[str]]:

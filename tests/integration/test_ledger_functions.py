@@ -7,6 +7,7 @@ them back."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -53,6 +54,18 @@ def test_the_newest_revision_defines_what_the_code_builds() -> None:
     without a new revision replacing the functions fails here."""
     assert set(FUNCTIONS) == set(NAMES)
     assert functions.declared() == FUNCTIONS
+
+
+def test_each_variable_of_a_body_is_declared() -> None:
+    """A statement's ``%(name)s`` becomes ``p_name``: each one a body uses is an argument of its
+    function (an undeclared one would fail only when the statement first runs)."""
+    params = {_pg.RESERVE_FN: _pg.RESERVE_PARAMS, _pg.COMMIT_FN: _pg.COMMIT_PARAMS,
+              _pg.REFUND_FN: _pg.REFUND_PARAMS}
+    for name, (arguments, body) in FUNCTIONS.items():
+        used = set(re.findall(r"\bp_\w+", body))
+        assert used == {f"p_{p}" for p, _ in params[name]}, name
+        assert all(f"p_{p} {t}" in arguments for p, t in params[name]), name
+        assert "%" not in body, name
 
 
 def test_the_offline_sql_holds_each_definition_verbatim(pg_url: str) -> None:
