@@ -42,6 +42,19 @@ def _check(url: str) -> tuple[int, str]:
     return result.exit_code, result.stdout + result.stderr
 
 
+def _below_the_functions() -> str:
+    """The revision before the one that installs the functions the code builds."""
+    from alembic.script import ScriptDirectory
+
+    from reconcile.migrations import LOCATION
+
+    for script in ScriptDirectory(str(LOCATION)).walk_revisions():
+        if getattr(script.module, "FUNCTIONS", None) == FUNCTIONS:
+            assert isinstance(script.down_revision, str)
+            return script.down_revision
+    raise AssertionError("no revision installs the functions the code builds")
+
+
 @pytest.fixture(scope="module")
 def migrated(pg_databases: PgDatabases) -> Iterator[str]:
     url = pg_databases.create("rtfn")
@@ -142,7 +155,7 @@ def test_a_missing_or_replaced_function_breaks_the_contract_and_repair_restores_
 def test_downgrade_drops_them_and_upgrade_installs_them(migrated: str) -> None:
     """Below the revision the functions are gone and `db check` says to upgrade; the upgrade
     installs them as the code builds them."""
-    downgrade(migrated, "0027")
+    downgrade(migrated, _below_the_functions())
     with _psql(migrated) as conn:
         assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = ANY(%s)",
                             (list(NAMES),)).fetchone() == (0,)
