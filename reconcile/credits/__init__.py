@@ -34,7 +34,8 @@ Credits are integers. Each function runs inside the caller's transaction and nev
 operations are SQLAlchemy Core (no ORM object graphs); every error is raised before the
 operation's first write. On PostgreSQL reserve, commit and refund are each the balance lock plus
 one statement of data-modifying CTEs (the FIFO walk, the ``ON CONFLICT`` USAGE insert, the CAS),
-so they need no SAVEPOINT; :func:`settle_commit` returns the committed amount with the CAS. Writes
+so they need no SAVEPOINT, run by a PL/pgSQL function in one round trip (:mod:`._pg_functions`,
+installed by revision 0029); :func:`settle_commit` returns the committed amount with the CAS. Writes
 of more than one statement (grant, legacy imports, re-charges, the Core paths) run inside one
 SAVEPOINT (:func:`_all_or_nothing`): an exception between two of them leaves nothing written.
 The audit lives in :mod:`reconcile.audit`; :func:`audit` here is its entry point.
@@ -43,9 +44,9 @@ The package, one module a concern (all private; this module is the import path):
 :mod:`._base` (constants, transaction ids, result types, the pure pool arithmetic),
 :mod:`._core` (the shared Core statements and helpers: lock, SAVEPOINT, lots, FIFO consume),
 :mod:`._pools` (what a reservation took and holds per pool; usage-metadata repair),
-:mod:`._pg` (the PostgreSQL one-statement paths), :mod:`._reserve`, :mod:`._settle` (commit,
-refund), :mod:`._legacy` (legacy refund import) and :mod:`._grants` (grant, re-charge,
-settled amount, history).
+:mod:`._pg` (the PostgreSQL one-statement paths), :mod:`._pg_functions` (their PL/pgSQL
+functions), :mod:`._reserve`, :mod:`._settle` (commit, refund), :mod:`._legacy` (legacy refund
+import) and :mod:`._grants` (grant, re-charge, settled amount, history).
 """
 
 from __future__ import annotations

@@ -62,8 +62,8 @@ def lock_balance(session: Session, user_id: uuid.UUID, *,
 #
 # The operations below are SQLAlchemy Core (no ORM objects, no unit of work): each reads what it
 # needs, raises every error before its first write, then writes. On PostgreSQL the hot paths are
-# one locking read plus one statement (data-modifying CTEs), so an operation needs no SAVEPOINT
-# for its all-or-nothing guarantee. Before the first statement the session is flushed (what the
+# one locking read plus one statement (data-modifying CTEs), both in one function call (_pg), so
+# an operation needs no SAVEPOINT for its all-or-nothing guarantee. Before the first statement the session is flushed (what the
 # ORM queries' autoflush did), and ORM copies the session holds of rows an operation changed
 # (balance, usage log, lots) are expired afterwards, so a later ORM read sees the new values.
 

@@ -1,5 +1,6 @@
 """Internal: the PostgreSQL hot paths: reserve, commit and refund as the balance lock plus one
-statement of data-modifying CTEs each."""
+statement of data-modifying CTEs each, run by one PL/pgSQL function per operation (one round
+trip; :mod:`._pg_functions` builds the functions from these statements)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ from ._core import (
     _B,
     _L,
     _T,
-    _TXN_EXISTS,
     _U,
     _forget,
     _forget_settled,
@@ -51,7 +51,11 @@ from ._pools import (
 # operation decides (FIFO takes, what is held, the CAS) is gated inside that statement, so an
 # error found in its result was raised before anything was written: no SAVEPOINT is needed.
 # The statement runs after the lock is granted, so its snapshot sees every earlier writer of the
-# user. Written with psycopg's ``%(name)s`` parameters (``exec_driver_sql``: nothing to compile).
+# user. Written with psycopg's ``%(name)s`` parameters; the statements are the bodies of the
+# PL/pgSQL functions the operations call (one round trip each: _pg_functions, where each
+# parameter becomes the function's ``p_name``), which are VOLATILE: under READ COMMITTED each
+# statement inside one takes a fresh snapshot, so the statement after the lock still sees every
+# earlier writer of the user.
 
 _PG_MAX = 2**62  # amounts beyond this take the Core path (bigint arithmetic stays exact)
 
@@ -211,39 +215,77 @@ SELECT (SELECT count(*) FROM h), (SELECT refunded FROM h), (SELECT count(*) FROM
 """
 
 
+# a reserve that wrote nothing: is it a replay (the USAGE row exists)? A commit or refund whose
+# lock found no reserved log with a balance row: has the job a reserved log at all (one of the
+# platform's without a balance row, for the Core path)?
+_PG_USAGE_EXISTS = f"SELECT EXISTS (SELECT FROM {_T.name} WHERE id = %(usage_id)s)"
+_PG_RESERVED_EXISTS = (f"SELECT EXISTS (SELECT FROM {_U.name} "
+                       f"WHERE job_id = %(j)s AND status = 'reserved')")
+
+# ----------------------------------------------------------------------------- the functions
+#
+# One function per operation, its parameters in order (name, type): the call below and the
+# function's definition (_pg_functions) are both built from these. Revision 0029 installs the
+# functions (the table contract reports them missing or stale: reconcile.db.functions).
+
+Params = tuple[tuple[str, str], ...]
+RESERVE_FN = "reconcile_ledger_reserve"
+COMMIT_FN = "reconcile_ledger_commit"
+REFUND_FN = "reconcile_ledger_refund"
+RESERVE_PARAMS: Params = (("u", "uuid"), ("j", "uuid"), ("amount", "bigint"),
+                          ("usage_id", "text"), ("now", "timestamptz"), ("log_id", "uuid"))
+_SETTLE_PARAMS: Params = (("j", "uuid"), ("now", "timestamptz"), ("usage_id", "text"),
+                          ("refund_id", "text"))
+COMMIT_PARAMS: Params = _SETTLE_PARAMS + (
+    ("amount", "bigint"), ("commit_id", "text"), ("release_id", "text"), ("release_sub", "text"),
+    ("release_topup", "text"), ("rec_status", "text"), ("rec_share", "text"))
+REFUND_PARAMS: Params = _SETTLE_PARAMS + (("refund_sub", "text"), ("refund_topup", "text"))
+
+
+def _call(name: str, params: Params) -> str:
+    return f"SELECT * FROM {name}({', '.join(f'%({p})s::{t}' for p, t in params)})"
+
+
+_CALL_RESERVE = _call(RESERVE_FN, RESERVE_PARAMS)
+_CALL_COMMIT = _call(COMMIT_FN, COMMIT_PARAMS)
+_CALL_REFUND = _call(REFUND_FN, REFUND_PARAMS)
+
+
+def _log_id(text: str) -> uuid.UUID | int:
+    """``usage_logs.id`` as the functions return it: text, the column being a uuid or an
+    integer (the table contract); the value psycopg would have read from the column."""
+    return int(text) if text.lstrip("-").isdigit() else uuid.UUID(text)
+
+
 def _pg_reserve(session: Session, conn: Connection, user_id: uuid.UUID, job_id: uuid.UUID,
                 amount: int, now: datetime) -> Reservation:
-    row = conn.exec_driver_sql(_PG_LOCK, {"u": user_id}).first()
-    balance = (0, 0) if row is None else (int(row[0]), int(row[1]))
     usage_id = usage_txn_id(job_id)
+    params = {"u": user_id, "j": job_id, "amount": amount, "usage_id": usage_id, "now": now,
+              "log_id": None if usage_log_ids_assigned(conn) else uuid.uuid4()}
+    bal_sub, bal_topup, sub, topup, inserted, lots, log_id, replay = conn.exec_driver_sql(
+        _CALL_RESERVE, params).one()
+    balance = (int(bal_sub), int(bal_topup))  # the locked balance row's, or (0, 0)
     if balance[0] + balance[1] < amount:  # nothing written; a replay still returns the first
-        if conn.execute(_TXN_EXISTS, {"id": usage_id}).first() is not None:
+        if replay:
             return _replayed(session, user_id, job_id)
         _check_funds(balance, amount)
-    params = {"u": user_id, "j": job_id, "amount": amount, "usage_id": usage_id, "now": now}
-    statement = _PG_RESERVE
-    if not usage_log_ids_assigned(conn):
-        statement, params["log_id"] = _PG_RESERVE_GIVEN_ID, uuid.uuid4()
-    sub, topup, inserted, lots, _, log_id = conn.exec_driver_sql(statement, params).one()
     if not inserted:  # nothing written: a replay, or lots that do not cover the balance
-        if sub + topup == amount or conn.execute(_TXN_EXISTS, {"id": usage_id}).first():
+        if sub + topup == amount or replay:
             return _replayed(session, user_id, job_id)
         raise LedgerError(f"user {user_id}: balance row and lots disagree "
                           f"({amount - sub - topup} missing)")
     _forget(session, CreditBalance, user_id)
     _forget(session, CreditLot, *(lots or ()))
-    return Reservation(log_id, job_id, user_id, amount, int(sub), int(topup))
+    return Reservation(_log_id(log_id), job_id, user_id, amount, int(sub), int(topup))
 
 
-def _pg_params(job_id: uuid.UUID, user_id: uuid.UUID, log_id: uuid.UUID,
-               now: datetime) -> dict[str, Any]:
-    refund_id = refund_txn_id(job_id)
-    return {"j": job_id, "u": user_id, "log_id": log_id, "now": now,
-            "usage_id": usage_txn_id(job_id), "refund_id": refund_id}
+def _pg_params(job_id: uuid.UUID, now: datetime) -> dict[str, Any]:
+    return {"j": job_id, "now": now, "usage_id": usage_txn_id(job_id),
+            "refund_id": refund_txn_id(job_id)}
 
 
 def _pg_settled(session: Session, conn: Connection, job_id: uuid.UUID, user_id: uuid.UUID,
-                log_id: uuid.UUID, credits_: int, meta: Any) -> None:
+                log_id: uuid.UUID | int, credits_: int, meta: Any) -> None:
     """After a commit or refund statement wrote: the anomaly a rewritten usage-log metadata
     owes (once per job), and the session's stale copies forgotten."""
     if _bad_metadata(meta, credits_):
@@ -252,19 +294,21 @@ def _pg_settled(session: Session, conn: Connection, job_id: uuid.UUID, user_id: 
 
 
 def _pg_commit(session: Session, conn: Connection, job_id: uuid.UUID, amount: int | None,
-               now: datetime, log_id: uuid.UUID, user_id: uuid.UUID, credits_: int,
-               meta: Any, record: Mapping[str, str] | None = None) -> Settlement | None:
-    """None: the ledger has no USAGE row for this reservation (the Core path decides).
-    ``record``: the settlement record the CAS merges into the log's metadata (with ``kept``)."""
+               now: datetime, record: Mapping[str, str] | None = None) -> Settlement | None:
+    """None: the Core path decides (a reserved log without the user's balance row, or without
+    the ledger's USAGE row). ``record``: the settlement record the CAS merges into the log's
+    metadata (with ``kept``)."""
     release_id = release_txn_id(job_id)
-    params = _pg_params(job_id, user_id, log_id, now)
+    params = _pg_params(job_id, now)
     params.update(amount=amount, commit_id=commit_txn_id(job_id), release_id=release_id,
-                  release_sub=f"{release_id}:sub", release_topup=f"{release_id}:topup")
-    statement = _PG_COMMIT
+                  release_sub=f"{release_id}:sub", release_topup=f"{release_id}:topup",
+                  rec_status=None, rec_share=None)
     if record is not None:
-        statement = _PG_COMMIT_RECORDED
         params.update(rec_status=record["status"], rec_share=record["refund_share"])
-    has_usage, held, committed, status = conn.exec_driver_sql(statement, params).one()
+    (log_id, user_id, credits_, meta, reserved, has_usage, held, committed,
+     status) = conn.exec_driver_sql(_CALL_COMMIT, params).one()
+    if log_id is None:  # no reserved log with a balance row (the lock found none)
+        return None if reserved else _NOT_DONE
     if not has_usage:
         return None
     if committed is None:  # nothing written
@@ -272,17 +316,20 @@ def _pg_commit(session: Session, conn: Connection, job_id: uuid.UUID, amount: in
             return _NOT_DONE
         raise LedgerError(f"cannot commit {amount!r} of the {held} credits held for job {job_id}",
                           reason="commit_exceeds_held")
-    _pg_settled(session, conn, job_id, user_id, log_id, credits_, meta)
+    _pg_settled(session, conn, job_id, user_id, _log_id(log_id), credits_, meta)
     return Settlement(True, int(committed))
 
 
-def _pg_refund(session: Session, conn: Connection, job_id: uuid.UUID, now: datetime,
-               log_id: uuid.UUID, user_id: uuid.UUID, credits_: int, meta: Any) -> bool | None:
-    """None: the ledger has no USAGE row for this reservation (the Core path decides)."""
-    params = _pg_params(job_id, user_id, log_id, now)
+def _pg_refund(session: Session, conn: Connection, job_id: uuid.UUID,
+               now: datetime) -> bool | None:
+    """None: the Core path decides (as :func:`_pg_commit`)."""
+    params = _pg_params(job_id, now)
     params.update(refund_sub=f"{params['refund_id']}:sub",
                   refund_topup=f"{params['refund_id']}:topup")
-    has_usage, refunded, done, status = conn.exec_driver_sql(_PG_REFUND, params).one()
+    (log_id, user_id, credits_, meta, reserved, has_usage, refunded, done,
+     status) = conn.exec_driver_sql(_CALL_REFUND, params).one()
+    if log_id is None:
+        return None if reserved else False
     if not has_usage:
         return None
     if not done:  # nothing written
@@ -292,5 +339,5 @@ def _pg_refund(session: Session, conn: Connection, job_id: uuid.UUID, now: datet
             raise LedgerError(f"job {job_id} was refunded before but its log was still reserved",
                               reason="refunded_twice")
         raise LedgerError(f"job {job_id}: its reservation could not be refunded")
-    _pg_settled(session, conn, job_id, user_id, log_id, credits_, meta)
+    _pg_settled(session, conn, job_id, user_id, _log_id(log_id), credits_, meta)
     return True

@@ -40,7 +40,6 @@ from ._core import (
     _lock,
 )
 from ._pg import (
-    _PG_LOCK_LOG,
     _PG_MAX,
     _pg_commit,
     _pg_refund,
@@ -95,13 +94,9 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
     pg_ok = amount is None or (not isinstance(amount, bool) and isinstance(amount, int)
                                and -_PG_MAX < amount < _PG_MAX)
     if conn.dialect.name == "postgresql" and pg_ok:
-        found = conn.exec_driver_sql(_PG_LOCK_LOG, {"j": job_id}).first()
-        if found is not None:
-            log_id, user_id, credits_, meta = found  # _PG_LOCK_LOG's four columns
-            done = _pg_commit(session, conn, job_id, amount, now, log_id, user_id, credits_, meta,
-                              record)
-            if done is not None:
-                return done
+        done = _pg_commit(session, conn, job_id, amount, now, record)
+        if done is not None:
+            return done
     log = _locked_reserved_log(session, conn, job_id)
     if log is None:
         return _NOT_DONE
@@ -154,11 +149,9 @@ def refund(session: Session, job_id: uuid.UUID, *, now: datetime | None = None) 
     now = _now(now)
     conn = _conn(session)
     if conn.dialect.name == "postgresql":
-        found = conn.exec_driver_sql(_PG_LOCK_LOG, {"j": job_id}).first()
-        if found is not None:
-            done = _pg_refund(session, conn, job_id, now, *found)
-            if done is not None:
-                return done
+        done = _pg_refund(session, conn, job_id, now)
+        if done is not None:
+            return done
     log = _locked_reserved_log(session, conn, job_id)
     if log is None:
         return False

@@ -16,6 +16,10 @@ types of its family (:data:`FAMILIES`), as loose as the library's reads and writ
   and idempotency keys by them).
 * timestamps are ``timestamptz`` or naive ``timestamp`` (read and written as UTC).
 
+On PostgreSQL the contract also holds the ledger's functions (reserve, commit and refund in
+one round trip each): each must exist with the body the newest revision defining them installs
+(:mod:`.functions`), or the ledger would fail, or run other statements than the library's.
+
 :func:`check` compares a database with the contract and returns :class:`Finding` s, each with its
 fix: ``breaks`` (a request would fail: a start-up refuses), ``differs`` (not what the library
 expects, nothing fails yet: the check exits 1) or ``note`` (accepted as it is).
@@ -44,6 +48,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import JSON, TypeEngine
 
+from .functions import differing
 from .models import Base, UsageLogId
 from .types import UTCDateTime
 
@@ -77,6 +82,9 @@ _REPAIR_FIX = ("reconcile db repair (the library's migrations are at head, so `d
               "nothing: the table was rebuilt or altered after them, as Django's SQLite "
               "AlterField rebuilds it; repair adds the library's columns, indexes and tables "
               "back, without the values a rebuild dropped)")
+
+_FUNCTION_FIX = ("reconcile db repair (the library's migrations are at head: it installs the "
+                 "ledger's functions as its newest revision defining them has them)")
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,7 @@ def columns(table: str) -> tuple[Column, ...]:
 
 @dataclass(frozen=True)
 class Finding:
-    where: str  # "usage_logs.id", "jobs", "reconcile_alembic_version"
+    where: str  # "usage_logs.id", "jobs", "reconcile_alembic_version", "reconcile_ledger_reserve()"
     found: str
     level: str  # BREAKS | DIFFERS | NOTE
     fix: str = ""
@@ -369,6 +377,9 @@ def check(bind: Engine | Connection) -> list[Finding]:
                                "reconcile db upgrade"))
     if at_head_now:  # `db upgrade` has nothing left to run: what is gone was removed after it
         out = [replace(f, fix=_REPAIR_FIX) if f.fix == "reconcile db upgrade" else f for f in out]
+    for name, found in differing(bind).items():  # the ledger's (PostgreSQL): never run others
+        out.append(Finding(f"{name}()", found, BREAKS, _FUNCTION_FIX if at_head_now
+                           else "reconcile db upgrade"))
     return out
 
 

@@ -9,11 +9,14 @@ SQLite (embedded default) takes the same steps through the inspector.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
 
 from alembic import op
+
+from .functions import drop_ddl, function_ddl
 
 __all__ = [
     "alembic_config", "downgrade", "repair", "upgrade",
@@ -148,6 +151,21 @@ def drop_recorded(prefix: str, only: set[str] | None = None) -> None:
         bind.execute(sa.text("DELETE FROM reconcile_created_objects WHERE name = :n"), {"n": name})
 
 
+def create_functions(functions: Mapping[str, tuple[str, str]]) -> None:
+    """Install a revision's functions (``name → (arguments, body)``: :mod:`.functions`) with
+    ``CREATE OR REPLACE FUNCTION`` (PostgreSQL; SQLite has none): no table is locked, a
+    session already calling one finishes on the body it started with."""
+    if is_pg():
+        for name, (arguments, body) in functions.items():
+            op.execute(function_ddl(name, arguments, body))
+
+
+def drop_functions(functions: Mapping[str, tuple[str, str]]) -> None:
+    if is_pg():
+        for name, (arguments, _) in functions.items():
+            op.execute(drop_ddl(name, arguments))
+
+
 def alembic_config(url: str):  # type: ignore[no-untyped-def]
     """The packaged migrations (``reconcile/migrations``): the same from a wheel in any folder
     as from a checkout — no ``alembic.ini`` needed."""
@@ -187,7 +205,8 @@ def _with_x(url: str):  # type: ignore[no-untyped-def]
 def repair(url: str) -> list[str]:
     """Add back what the library's migrations created and is gone although they are at head
     (so ``upgrade`` adds nothing): its columns and indexes on the platform's tables — an ORM's
-    table rebuild drops them, as Django's SQLite ``AlterField`` does — and its own tables. Each
+    table rebuild drops them, as Django's SQLite ``AlterField`` does — its own tables, and on
+    PostgreSQL the ledger's functions (as the newest revision defining them has them). Each
     from the models (which ``alembic check`` keeps equal to the migrations); nothing that
     exists is touched, and the values a rebuild dropped do not come back. Returns the
     statements it ran (none: nothing was missing).
@@ -201,6 +220,7 @@ def repair(url: str) -> list[str]:
     from sqlalchemy.schema import CreateColumn, CreateIndex
 
     from .contract import LIBRARY_TABLES, PLATFORM_COLUMNS, PLATFORM_TABLES
+    from .functions import declared, differing, install
     from .models import Base
     from .session import make_engine
 
@@ -241,6 +261,10 @@ def repair(url: str) -> list[str]:
                 if not inspector.has_table(name):
                     Base.metadata.tables[name].create(conn, checkfirst=True)
                     done.append(f"CREATE TABLE {name} (with its indexes)")
+            functions = declared() if pg else {}
+            for name in differing(conn, functions):  # the ledger's, as the head defines them
+                install(conn, name, *functions[name])
+                done.append(f"CREATE OR REPLACE FUNCTION {name}")
         indexes = []
         with engine.connect() as conn:
             inspector = sa.inspect(conn)

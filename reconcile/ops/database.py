@@ -40,8 +40,9 @@ def db_downgrade(cli: Cli, revision: str) -> None:
 @pass_cli
 def db_repair(cli: Cli) -> None:
     """Add back the library's columns, indexes and tables that are gone although its migrations
-    are at head (a table rebuilt after them, as Django's SQLite AlterField does). Nothing that
-    exists is changed; the values a rebuild dropped do not come back."""
+    are at head (a table rebuilt after them, as Django's SQLite AlterField does), and on
+    PostgreSQL the ledger's functions that are missing or not its own. Nothing else that exists
+    is changed; the values a rebuild dropped do not come back."""
     from sqlalchemy import exc
 
     from ..db.migrate import LOCK_TIMEOUT, repair

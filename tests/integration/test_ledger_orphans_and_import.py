@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits
 from reconcile.cli import main
+from reconcile.credits import _pg_functions
 from reconcile.db.models import (
     CreditAnomaly,
     CreditBalance,
@@ -302,16 +303,28 @@ def _branches_swapped(sql: str) -> str:
     return swapped
 
 
+def _install_reserve(db: sessionmaker[Session], body: str) -> None:
+    from reconcile.credits import _pg
+    from reconcile.db.functions import install
+
+    with db.begin() as s:
+        install(s.connection(), _pg.RESERVE_FN, _pg_functions.FUNCTIONS[_pg.RESERVE_FN][0], body)
+
+
 @pytest.mark.parametrize("swap", [False, True])
 def test_the_postgresql_fifo_walk_takes_sub_first_whatever_the_union_order(
-        db: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch, swap: bool) -> None:
+        db: sessionmaker[Session], request: pytest.FixtureRequest, swap: bool) -> None:
     """Suspected in issue 24, confirmed: the walk took `sub` before `topup` only because
     PostgreSQL happened to emit UNION ALL's children in order. With the branches swapped (a plan
     that reorders them), the old walk took topup first. Now each step orders by the pool."""
     from reconcile.credits import _pg
 
-    if swap:
-        monkeypatch.setattr(_pg, "_PG_RESERVE", _branches_swapped(_pg._PG_RESERVE))
+    if swap:  # the reserve function rebuilt around the swapped statements, the real one after
+        swapped = _pg_functions.reserve_body(_branches_swapped(_pg._PG_RESERVE),
+                                             _branches_swapped(_pg._PG_RESERVE_GIVEN_ID))
+        assert swapped != _pg_functions.FUNCTIONS[_pg.RESERVE_FN][1]
+        _install_reserve(db, swapped)
+        request.addfinalizer(lambda: _install_reserve(db, _pg_functions.FUNCTIONS[_pg.RESERVE_FN][1]))
     user = uuid.uuid4()
     with db.begin() as s:
         credits.grant(s, user, "topup", 50, f"t-{user}")

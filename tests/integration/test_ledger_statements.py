@@ -1,7 +1,8 @@
-"""Issue 16: the built-in ledger's statements per operation on PostgreSQL, counted with a
-``before_cursor_execute`` listener — a locking read plus one statement for reserve, commit and
-refund, no SAVEPOINT, no existence check before the USAGE insert, no re-read of the settled
-amount — and the ``commit_settled`` seam (a bool-returning ledger still works)."""
+"""The built-in ledger's statements per operation on PostgreSQL, counted with a
+``before_cursor_execute`` listener — one statement (a call of the operation's PL/pgSQL function:
+the balance lock, then its data-modifying CTEs) for reserve, commit and refund, their failures
+and no-ops included; no SAVEPOINT, no existence check before the USAGE insert, no re-read of the
+settled amount — and the ``commit_settled`` seam (a bool-returning ledger still works)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits
-from reconcile.db.models import CreditBalance, Job, UsageLog
+from reconcile.db.contract import usage_log_ids_assigned
+from reconcile.db.models import CreditBalance, CreditTransaction, Job, UsageLog
 from reconcile.ledger import BuiltinLedger, commit_settled
 from tests.integration.harness import balance
 from tests.integration.ledgers import make_backend
@@ -42,7 +44,9 @@ def counted(engine: Engine) -> Iterator[list[str]]:
 
 def _statements(db: sessionmaker[Session], op: Callable[[Session], Any]) -> tuple[Any, list[str]]:
     with db.begin() as s:
-        s.connection()  # the connection's own setup is not the operation's
+        # the connection's own setup is not the operation's, nor what a process reads once per
+        # engine at start-up (whether the database assigns usage_logs.id)
+        usage_log_ids_assigned(s.connection())
         with counted(db.kw["bind"]) as seen:
             result = op(s)
     return result, seen
@@ -67,19 +71,22 @@ def _reserved(db: sessionmaker[Session], user: uuid.UUID, amount: int) -> uuid.U
 LEDGER = BuiltinLedger()
 
 
-def test_reserve_is_two_statements_without_savepoint_or_existence_check(
+def _calls(seen: list[str], function: str) -> bool:
+    """``seen`` is exactly one call of ``function`` (reconcile_ledger_reserve, …)."""
+    return len(seen) == 1 and seen[0].startswith(f"SELECT * FROM {function}(")
+
+
+def test_reserve_is_one_statement_without_savepoint_or_existence_check(
     db: sessionmaker[Session],
 ) -> None:
-    """The balance lock, then one statement (FIFO lots, USAGE row ON CONFLICT, balance, usage
-    log); the result is the reservation, sub first, and the rows are written."""
+    """One call: the balance lock, then one statement (FIFO lots, USAGE row ON CONFLICT,
+    balance, usage log); the result is the reservation, sub first, and the rows are written."""
     user = _funded(db, 30, 100)
     job = uuid.uuid4()
     with db.begin() as s:  # its job row (a reservation without one is orphaned_reservation)
         s.add(Job(id=job, user_id=user, job_type="image", status="processing", created_at=NOW))
     r, seen = _statements(db, lambda s: LEDGER.reserve(s, user, job, 50, now=NOW))
-    assert len(seen) == 2, seen
-    assert seen[0].endswith("FOR UPDATE") and "ON CONFLICT (id) DO NOTHING" in seen[1]
-    assert not any("SAVEPOINT" in q for q in seen)
+    assert _calls(seen, "reconcile_ledger_reserve"), seen
     assert (r.amount, r.from_sub, r.from_topup) == (50, 30, 20)
     assert balance(db, user) == (0, 80)
     with db() as s:
@@ -89,33 +96,42 @@ def test_reserve_is_two_statements_without_savepoint_or_existence_check(
 
 
 def test_reserve_replay_and_insufficient_credits_write_nothing(db: sessionmaker[Session]) -> None:
-    """The same job again returns the first reservation (the insert met the unique key); too
-    large an amount raises after the lock alone."""
+    """The same job again returns the first reservation (the insert met the unique key: the
+    call writes nothing, then the first reservation is read); too large an amount raises after
+    the one call (the lock, the replay check), which wrote nothing."""
     user = _funded(db, 100)
     job = uuid.uuid4()
     with db.begin() as s:
         first = LEDGER.reserve(s, user, job, 40, now=NOW)
-    again, _ = _statements(db, lambda s: LEDGER.reserve(s, user, job, 40, now=NOW))
+    again, seen = _statements(db, lambda s: LEDGER.reserve(s, user, job, 40, now=NOW))
     assert again == first
+    assert seen[0].startswith("SELECT * FROM reconcile_ledger_reserve(")
+    assert not any(q.startswith(("INSERT", "UPDATE", "WITH")) for q in seen[1:]), seen
+    short = uuid.uuid4()
     with pytest.raises(credits.InsufficientCredits), db.begin() as s:
+        usage_log_ids_assigned(s.connection())
         with counted(db.kw["bind"]) as seen:
-            LEDGER.reserve(s, user, uuid.uuid4(), 61, now=NOW)
-    assert len(seen) == 2 and "FOR UPDATE" in seen[0]  # the lock, the replay check
+            LEDGER.reserve(s, user, short, 61, now=NOW)
+    assert _calls(seen, "reconcile_ledger_reserve"), seen
     assert balance(db, user) == (60, 0)
+    with db() as s:
+        assert s.get(CreditTransaction, credits.usage_txn_id(short)) is None
+    # a replay whose amount the balance no longer covers: still the first reservation
+    again, seen = _statements(db, lambda s: LEDGER.reserve(s, user, job, 100, now=NOW))
+    assert again == first and seen[0].startswith("SELECT * FROM reconcile_ledger_reserve(")
 
 
 @pytest.mark.parametrize("amount", [None, 25])
-def test_commit_is_two_statements_and_carries_the_settled_amount(
+def test_commit_is_one_statement_and_carries_the_settled_amount(
     db: sessionmaker[Session], amount: int | None,
 ) -> None:
-    """The reserved log with its balance row locked, then one statement (held from the job's
-    transactions, CAS, COMMIT, RELEASE and its lot, balance); commit_settled returns the
-    committed amount without reading it back."""
+    """One call: the reserved log with its balance row locked, then one statement (held from
+    the job's transactions, CAS, COMMIT, RELEASE and its lot, balance); commit_settled returns
+    the committed amount without reading it back."""
     user = _funded(db, 100)
     job = _reserved(db, user, 40)
     settled, seen = _statements(db, lambda s: commit_settled(LEDGER, s, job, amount, now=NOW))
-    assert len(seen) == 2, seen
-    assert not any("SAVEPOINT" in q for q in seen)
+    assert _calls(seen, "reconcile_ledger_commit"), seen
     assert settled == (40 if amount is None else 25)
     assert balance(db, user) == (60 if amount is None else 75, 0)
     with db() as s:
@@ -131,20 +147,26 @@ def test_commit_and_refund_after_settlement_are_false_and_write_nothing(
     with db.begin() as s:
         assert LEDGER.commit(s, job, now=NOW) is True
     again, seen = _statements(db, lambda s: LEDGER.commit(s, job, now=NOW))
-    assert again is False and not any(q.startswith(("INSERT", "UPDATE", "WITH")) for q in seen)
+    assert again is False and _calls(seen, "reconcile_ledger_commit"), seen
     settled, _ = _statements(db, lambda s: commit_settled(LEDGER, s, job, now=NOW))
     assert settled == 40  # not settled by this call: read back
-    refunded, _ = _statements(db, lambda s: LEDGER.refund(s, job, now=NOW))
-    assert refunded is False and balance(db, user) == (60, 0)
+    refunded, seen = _statements(db, lambda s: LEDGER.refund(s, job, now=NOW))
+    assert refunded is False and _calls(seen, "reconcile_ledger_refund"), seen
+    assert balance(db, user) == (60, 0)
+    never = uuid.uuid4()  # no reservation at all: one call each, nothing written
+    assert _statements(db, lambda s: LEDGER.commit(s, never, now=NOW))[0] is False
+    refunded, seen = _statements(db, lambda s: LEDGER.refund(s, never, now=NOW))
+    assert refunded is False and _calls(seen, "reconcile_ledger_refund"), seen
+    assert balance(db, user) == (60, 0)
 
 
-def test_refund_is_two_statements(db: sessionmaker[Session]) -> None:
-    """The lock, then one statement (held, CAS, REFUND row, one lot per pool, balance)."""
+def test_refund_is_one_statement(db: sessionmaker[Session]) -> None:
+    """One call: the lock, then one statement (held, CAS, REFUND row, one lot per pool,
+    balance)."""
     user = _funded(db, 30, 100)
     job = _reserved(db, user, 50)
     done, seen = _statements(db, lambda s: LEDGER.refund(s, job, now=NOW))
-    assert done is True and len(seen) == 2, seen
-    assert not any("SAVEPOINT" in q for q in seen)
+    assert done is True and _calls(seen, "reconcile_ledger_refund"), seen
     assert balance(db, user) == (30, 100)
     with db() as s:
         assert credits.audit(s) == []
@@ -152,16 +174,21 @@ def test_refund_is_two_statements(db: sessionmaker[Session]) -> None:
 
 def test_legacy_refunds_are_counted_by_the_same_statement(db: sessionmaker[Session]) -> None:
     """No separate legacy-refund query: a legacy refund of 15 on 40 still caps the commit at 25
-    and the commit is still two statements."""
+    and the commit is still one statement; the refused commit too, and it wrote nothing."""
     user = _funded(db, 100)
     job = _reserved(db, user, 40)
     with db.begin() as s:
         credits.import_legacy_refund(s, job, 15, f"legacy-{job}")
     with pytest.raises(credits.LedgerError) as err, db.begin() as s:
-        LEDGER.commit(s, job, 26, now=NOW)
+        usage_log_ids_assigned(s.connection())
+        with counted(db.kw["bind"]) as seen:
+            LEDGER.commit(s, job, 26, now=NOW)
     assert err.value.reason == "commit_exceeds_held"
+    assert _calls(seen, "reconcile_ledger_commit"), seen
+    with db() as s:
+        assert s.get(CreditTransaction, credits.commit_txn_id(job)) is None
     settled, seen = _statements(db, lambda s: commit_settled(LEDGER, s, job, now=NOW))
-    assert settled == 25 and len(seen) == 2, seen
+    assert settled == 25 and _calls(seen, "reconcile_ledger_commit"), seen
     assert balance(db, user) == (75, 0)
     with db() as s:
         assert credits.audit(s) == []

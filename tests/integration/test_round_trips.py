@@ -33,11 +33,12 @@ from tests.integration.harness import balance, fund
 
 CREDITS = 40
 RUNNING_POLLS = 3
-# outside the polls: submit 4 (job, balance lock, reserve CTE, event), create 3 (claim, id
-# save, event), finalize 4 (completion, reserved-log lock, commit CTE, then ONE statement for
-# the rest: credits_actual when no pricing hook gave it, the assets, the event)
-STATEMENTS_OUTSIDE_POLLS_MAX = 11
-LEDGER_TABLES = ("usage_logs", "reconcile_credit_")
+# outside the polls: submit 3 (job, the ledger's reserve call, event), create 3 (claim, id
+# save, event), finalize 3 (completion, the ledger's commit call, then ONE statement for the
+# rest: credits_actual when no pricing hook gave it, the assets, the event)
+STATEMENTS_OUTSIDE_POLLS_MAX = 9
+# the ledger's statements: its tables, and its functions (reconcile_ledger_reserve, …)
+LEDGER_TABLES = ("usage_logs", "reconcile_credit_", "reconcile_ledger_")
 
 
 @dataclass
@@ -132,6 +133,9 @@ def test_happy_path_round_trips_without_a_publisher(world: World, amount: int | 
     outside = (c.of("submit")["statements"] + c.of("create")["statements"]
                + c.of(final)["statements"] - 1)
     assert outside <= STATEMENTS_OUTSIDE_POLLS_MAX
+    ledger = [t for t in _texts(world, "submit", final) if "reconcile_ledger_" in t]
+    assert [t.split("(")[0] for t in ledger] == [  # one round trip per ledger operation
+        "SELECT * FROM reconcile_ledger_reserve", "SELECT * FROM reconcile_ledger_commit"], ledger
     # the library's own: INSERT job + event; claim, save, event; complete, then (cost +) assets
     # + event in one statement
     own = _own(_texts(world, "submit", "create", final))

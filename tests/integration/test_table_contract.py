@@ -119,10 +119,11 @@ def test_db_check_on_the_django_platform_prints_each_mismatch_and_exits_1(
     report = json.loads(as_json.stdout)
     assert report["fits"] is False
     # and what the revisions after 0022 add: the operator record, the worker heartbeats and
-    # the claim's worker, the provider's last status
+    # the claim's worker, the provider's last status, the ledger's functions
     assert {f["where"] for f in report["findings"] if f["level"] == "breaks"} == {
         *(f"jobs.{c}" for c in SEVEN), "usage_logs.created_at", "reconcile_operator_actions",
-        "reconcile_workers", "reconcile_sweep_ticks", "jobs.claimed_by", "jobs.provider_status"}
+        "reconcile_workers", "reconcile_sweep_ticks", "jobs.claimed_by", "jobs.provider_status",
+        "reconcile_ledger_reserve()", "reconcile_ledger_commit()", "reconcile_ledger_refund()"}
     # every process building a runtime refuses, naming the columns, before any request
     with pytest.raises(SchemaMismatch, match="jobs.progress: missing"):
         Runtime.from_settings(Settings(database_url=url))

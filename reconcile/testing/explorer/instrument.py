@@ -15,7 +15,10 @@ from typing import Any
 # ----------------------------------------------------------------------------- statements
 
 _SKIP = re.compile(r"^\s*(SAVEPOINT|RELEASE SAVEPOINT|ROLLBACK TO SAVEPOINT)\b", re.I)
-_WRITE = re.compile(r"^\s*(UPDATE|INSERT|DELETE)\b|\bFOR UPDATE\b|\bFOR NO KEY UPDATE\b", re.I)
+# a write, a row lock, or a call of one of the ledger's functions (reconcile_ledger_reserve, …:
+# the balance row's lock and its writes in one statement)
+_WRITE = re.compile(r"^\s*(UPDATE|INSERT|DELETE)\b|\bFOR UPDATE\b|\bFOR NO KEY UPDATE\b"
+                    r"|\bFROM\s+reconcile_ledger_\w+\s*\(", re.I)
 _TABLES = re.compile(r"\b(?:FROM|INTO|(?<!FOR )UPDATE|JOIN)\s+\"?([a-z_][a-z0-9_]*)\"?", re.I)
 
 
