@@ -80,6 +80,10 @@ ALLOWED_UPWARD = {
     # the top-layer tools; imported inside the command so the CLI never loads them otherwise.
     ("reconcile.ops.tools", "reconcile.testing.simulator"),
     ("reconcile.ops.tools", "reconcile.demo"),
+    # a provider family declares its own settings fields (FAMILY.urls, secrets, settings):
+    # Settings.with_families() adds them, importing the families when the first Settings is
+    # built, never when reconcile.settings is imported (the families' clients import it)
+    ("reconcile.settings", "reconcile.providers.family"),
 }
 
 
