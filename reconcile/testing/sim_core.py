@@ -156,7 +156,7 @@ class Task:
     """One upstream task as the simulator holds it (inspect, never mutate, from tests)."""
 
     task_id: str
-    provider: str  # the family: kie | replicate | elevenlabs | fal | a registered one
+    provider: str  # the family (SimWebhooks.provider): a built-in one, or a registered one
     api: str  # kie-market, kie-veo, …, replicate-prediction, elevenlabs-dubbing, fal-queue …
     model: str
     job_id: str | None
