@@ -30,6 +30,7 @@ test: setup services
 
 lint: setup
 	$(BIN)/ruff check reconcile tests alembic examples
+	$(BIN)/lint-imports --no-logo
 	$(BIN)/mypy
 	@site=$$(mktemp -d); $(BIN)/mkdocs build --strict --quiet --site-dir $$site; \
 	  rc=$$?; rm -rf $$site; exit $$rc

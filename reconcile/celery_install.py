@@ -1,4 +1,4 @@
-"""Install the library into a platform's own Celery app: ``reconcile.install(app)``.
+"""Internal: Install the library into a platform's own Celery app: ``reconcile.install(app)``.
 
 What it does to ``app`` (call it after the app is configured: a later ``config_from_object``
 replaces the configuration and with it these changes):
@@ -32,13 +32,30 @@ from the same environment) unless ``install`` is called.
 from __future__ import annotations
 
 import logging
-import threading
 import warnings
 from types import ModuleType
 from typing import Any
 
 from celery import Celery
 from celery.signals import beat_init, worker_init, worker_process_init, worker_process_shutdown
+
+from .worker import installed
+from .worker.installed import (
+    check_broker_limits,
+    connect_worker_checks,
+    installed_app,
+    send as send,
+)
+from .worker.queues import (
+    CREATE_QUEUE,
+    POLL_QUEUE,
+    QUEUE,
+    QUEUES,
+    SWEEP_QUEUE,
+    SWEEP_TASK,
+    consume_split_queues,
+    routes,
+)
 
 __all__ = [
     "BEAT_ENTRY", "CREATE_QUEUE", "POLL_DUE_ENTRY", "POLL_QUEUE", "PRUNE_ENTRY", "QUEUE",
@@ -49,12 +66,6 @@ __all__ = [
 
 log = logging.getLogger("reconcile.install")
 
-QUEUE = "reconcile"  # settlements, the sweep's fan-out; every task in the single layout
-SWEEP_QUEUE = "reconcile.sweep"
-CREATE_QUEUE = "reconcile.create"
-POLL_QUEUE = "reconcile.poll"
-QUEUES = (POLL_QUEUE, CREATE_QUEUE, QUEUE, SWEEP_QUEUE)  # every queue the library may publish to
-SWEEP_TASK = "reconcile.sweep"
 BEAT_ENTRY = "reconcile-sweep"
 PRUNE_ENTRY = "reconcile-prune"
 POLL_DUE_ENTRY = "reconcile-poll-due"
@@ -66,27 +77,8 @@ _NOT_MERGED = frozenset({
 })
 _TRANSPORT_KEYS = ("visibility_timeout", "unacked_restore_interval", "unacked_restore_throttle")
 
-_lock = threading.Lock()
-_app: Celery | None = None
-
-
 class SettingConflict(UserWarning):
     """The platform's app sets a value the library would set differently (the platform's wins)."""
-
-
-def routes(layout: str = "split") -> dict[str, dict[str, str]]:
-    """The library's task routes for a queue layout (``RECONCILE_QUEUE_LAYOUT``): ``split`` puts
-    creates, polls (the chain's ``reconcile.poll`` and the batch poller's ``reconcile.poll_due``)
-    and the sweep (with retention) on queues of their own, so a burst of creates cannot delay
-    the reads of the jobs in flight; ``single`` keeps everything but the sweep on
-    ``reconcile``. Either way the rest (settlements, the sweep's per-job fan-out) goes to
-    ``reconcile``."""
-    ours = {SWEEP_TASK: {"queue": SWEEP_QUEUE}, "reconcile.prune": {"queue": SWEEP_QUEUE}}
-    if layout == "split":
-        ours.update({"reconcile.create": {"queue": CREATE_QUEUE},
-                     "reconcile.poll": {"queue": POLL_QUEUE},
-                     "reconcile.poll_due": {"queue": POLL_QUEUE}})
-    return {**ours, "reconcile.*": {"queue": QUEUE}}
 
 
 def library_settings() -> dict[str, Any]:
@@ -104,7 +96,6 @@ def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
     ``replace=False`` configures ``app`` but keeps enqueuing through an app installed before
     (``reconcile.celery_app`` does this, so importing it never takes over a platform's app).
     """
-    global _app
     from . import tasks  # noqa: F401 - registers the shared tasks with every app, ``app`` included
 
     wanted = library_settings()
@@ -130,27 +121,8 @@ def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
     survive_broker_loss()
     for signal in (worker_init, beat_init):
         signal.connect(check_settings, weak=False, dispatch_uid=f"reconcile.check_settings.{signal.name}")
-    with _lock:
-        if _app is not None and _app is not app:
-            if not replace:
-                return app
-            log.info("reconcile_reinstalled previous=%s app=%s", _app.main, app.main)
-        _app = app
+    installed.record(app, replace=replace)
     return app
-
-
-def installed_app() -> Celery:
-    """The app the library enqueues through: the one last installed, else
-    ``reconcile.celery_app.app`` (configured from ``RECONCILE_*``)."""
-    if _app is None:
-        from . import celery_app  # noqa: F401 - installs its own app on import
-    assert _app is not None
-    return _app
-
-
-def send(task_name: str, args: list[Any], countdown: float | None = None) -> None:
-    """Enqueue one of the library's tasks through the installed app."""
-    installed_app().tasks[task_name].apply_async(args=args, countdown=countdown or None)
 
 
 def check_settings(**_: object) -> None:
@@ -192,65 +164,6 @@ def _stop_heartbeat(**_: object) -> None:
     from .worker import heartbeat
 
     heartbeat.stop()
-
-
-def connect_worker_checks() -> None:
-    """Connect :func:`check_broker_limits` and :func:`consume_split_queues` to ``worker_init``
-    (idempotent): by :func:`install`, and on ``import reconcile.tasks`` for an app configured by
-    hand."""
-    worker_init.connect(consume_split_queues, weak=False, dispatch_uid="reconcile.split_queues")
-    worker_init.connect(check_broker_limits, weak=False, dispatch_uid="reconcile.broker_limits")
-
-
-def consume_split_queues(sender: Any = None, **_: object) -> None:
-    """``worker_init`` (the worker's ``-Q`` selection is in place, its consumer not started): a
-    worker that consumes ``reconcile`` but neither ``reconcile.create`` nor ``reconcile.poll`` —
-    started with the layout from before the split (``-Q reconcile,reconcile.sweep``), or with
-    no ``-Q`` — consumes those two as well, so its creates and polls never wait for a worker
-    that is not there. Consuming several queues, a worker takes from them in turn: a burst of
-    creates still leaves every other message to the polls. A worker that names either queue
-    chose its layout and is left as it is."""
-    from .settings import Settings
-
-    app = getattr(sender, "app", None)
-    if app is None or Settings().queue_layout != "split":
-        return
-    queues = app.amqp.queues
-    consumed = set(queues.consume_from or queues)
-    if QUEUE not in consumed or {CREATE_QUEUE, POLL_QUEUE} & consumed:
-        return
-    for name in (POLL_QUEUE, CREATE_QUEUE):
-        queues.select_add(name)
-    log.warning("reconcile_queue_layout worker consumes %s and %s too (it names reconcile but "
-                "not them: the layout before creates and polls had queues of their own; see "
-                "README, Worker layout)", POLL_QUEUE, CREATE_QUEUE)
-
-
-def check_broker_limits(sender: Any = None, **_: object) -> None:
-    """``worker_init``: refuse to start a worker that serves the library's queues (or of the
-    installed app) whose deliveries could outlive the broker's limits or whose effective Celery
-    settings are unsafe for the library, however the app was configured
-    (:func:`reconcile.worker.broker.refuse_unsafe_limits`)."""
-    from .settings import Settings
-    from .worker.broker import UnsafeBrokerLimits, refuse_unsafe_limits
-
-    app = getattr(sender, "app", None) or _app
-    if app is None or (app is not _app and not _serves_library(app)):
-        return
-    try:
-        refuse_unsafe_limits(app.conf, Settings())
-    except UnsafeBrokerLimits as exc:
-        # Celery logs and swallows an Exception raised by a signal receiver: SystemExit is not one
-        log.critical("reconcile_refuses_to_start %s", exc)
-        raise SystemExit(f"reconcile: refusing to start the worker: UnsafeBrokerLimits: {exc}") \
-            from exc
-
-
-def _serves_library(app: Celery) -> bool:
-    """Whether a worker of ``app`` consumes one of the library's queues (at ``worker_init`` the
-    worker's ``-Q`` selection is in place; without one it consumes every declared queue)."""
-    queues = app.amqp.queues
-    return bool(set(QUEUES) & set(queues.consume_from or queues))
 
 
 # ----------------------------------------------------------------------------- merging

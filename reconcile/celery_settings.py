@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from reconcile.celery_install import routes as _routes
 from reconcile.settings import Settings
+from reconcile.worker.queues import routes as _routes
 
 __all__ = [
     "accept_content", "beat_max_loop_interval", "beat_schedule",

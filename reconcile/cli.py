@@ -1,4 +1,4 @@
-"""``reconcile.cli``: the ``reconcile`` console script's entry point (``reconcile.cli:main``) and
+"""Internal: ``reconcile.cli``: the ``reconcile`` console script's entry point (``reconcile.cli:main``) and
 ``from reconcile.cli import main`` for platforms and tests. The command itself lives in
 :mod:`reconcile.ops` (listings, actions, db, adoption, output formatting).
 """

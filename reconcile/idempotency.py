@@ -1,4 +1,4 @@
-"""Idempotent submits: an optional ``Idempotency-Key`` per user (as Stripe's).
+"""Internal: Idempotent submits: an optional ``Idempotency-Key`` per user (as Stripe's).
 
 * the first submit with a key inserts ``(user_id, key)`` in the SAME transaction as the job and
   its reservation, before the reservation: a concurrent duplicate blocks on the primary key until

@@ -1,4 +1,4 @@
-"""The ``provider_kind`` registry (README, Design notes: Thresholds and URL lifetimes).
+"""Internal: The ``provider_kind`` registry (README, Design notes: Thresholds and URL lifetimes).
 
 A kind says whether the call is sync or async, how long before a job of that kind is stale,
 how often to poll, how long its result URLs live, where the job id is planted for the provider
@@ -16,11 +16,14 @@ keeps its family; a platform kind named otherwise sets it. Nothing else reads th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from .providers.family import ClientFactory, Kind, families, family_of_name
 
 if TYPE_CHECKING:
+    from .settings import Settings
     from .webhooks import WebhookScheme
 
 
@@ -82,6 +85,30 @@ def all_kinds() -> tuple[Kind, ...]:
     return tuple(_REGISTRY.values())
 
 
+# README, Design notes: Sync calls and their deadline: a sync call's total deadline leaves this
+# much of its kind's threshold unused, so the sweep never fails a call that is still running
+DEADLINE_MARGIN = timedelta(seconds=60)
+
+
+def check_sync_deadline(settings: Settings, kinds: Iterable[Kind] | None = None) -> None:
+    """Start-up check: ``SYNC_DEADLINE`` (connect + every read of one sync call) must be at
+    most each sync kind's threshold minus 60 s, and longer than ``CONNECT_TIMEOUT``.
+
+    Raises ``ValueError`` naming the setting and the kind.
+    """
+    deadline = timedelta(seconds=settings.sync_deadline)
+    if settings.connect_timeout >= settings.sync_deadline:
+        raise ValueError(f"RECONCILE_SYNC_DEADLINE={settings.sync_deadline:g}s must exceed "
+                         f"RECONCILE_CONNECT_TIMEOUT={settings.connect_timeout:g}s")
+    for kind in kinds if kinds is not None else all_kinds():
+        if kind.sync and deadline > kind.stale_threshold - DEADLINE_MARGIN:
+            limit = (kind.stale_threshold - DEADLINE_MARGIN).total_seconds()
+            raise ValueError(
+                f"RECONCILE_SYNC_DEADLINE={settings.sync_deadline:g}s is longer than sync kind "
+                f"{kind.name!r} allows: its threshold {kind.stale_threshold.total_seconds():g}s "
+                f"minus 60 s = {limit:g}s (the sweep would fail calls still running)")
+
+
 def provider_of(name: str | None) -> str | None:
     """The provider family of the kind named ``name`` (``jobs.provider``); None for no name.
 
@@ -107,3 +134,8 @@ __all__ = [
     "register_kind",
     "unregister_kind",
 ]
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

@@ -1,4 +1,4 @@
-"""The ledger seam: how the lifecycle, the sweep, cancel and the CLI reach credits.
+"""Internal: The ledger seam: how the lifecycle, the sweep, cancel and the CLI reach credits.
 
 The library never touches balances except through a :class:`Ledger`. The default,
 :class:`BuiltinLedger`, is the library's own ledger (``reconcile.credits``: balances per pool,
@@ -54,7 +54,7 @@ import uuid
 from collections.abc import Mapping
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
@@ -63,9 +63,6 @@ from . import credits
 from .credits import Discrepancy, Reservation
 from .db.models import COMPLETED_AFTER_FAILURE, CreditAnomaly, Job, UsageLog
 from .settlement import DEFAULT_POLICY
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
 
 TERMINAL = ("completed", "failed", "cancelled")
 COMPLETED_AFTER_REFUND = "completed_after_refund"
@@ -269,9 +266,22 @@ def anomaly_recorded(session: Session, job_id: uuid.UUID, kind: str) -> bool:
         CreditAnomaly.job_id == job_id, CreditAnomaly.kind == kind).limit(1)).first() is not None
 
 
-def ledger_of(rt: Runtime | None) -> Ledger:
+class _CarriesLedger(Protocol):
+    """A :class:`~reconcile.runtime.Runtime` as :func:`ledger_of` reads it (the runtime
+    imports this module, so it is not imported back)."""
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+
+def ledger_of(rt: _CarriesLedger | None) -> Ledger:
     return rt.ledger if rt is not None else DEFAULT
 
 
 __all__ = ["COMPLETED_AFTER_REFUND", "DEFAULT", "BuiltinLedger", "Ledger", "audit",
            "commit_settled", "completed_after_failure", "job_checks"]
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

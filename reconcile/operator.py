@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -39,25 +40,9 @@ RESOLVE_UPSTREAM = "resolve_upstream"
 RESOLVE_NOT_SUBMITTED = "resolve_not_submitted"
 RETRY_SETTLE = "retry_settle"
 RELEASE_ORPHAN = "release_orphan"
-#: every action, in the order a surface lists them
-ACTIONS = (RESOLVE_UPSTREAM, RESOLVE_NOT_SUBMITTED, FAIL, RETRY_SETTLE, RELEASE_ORPHAN)
 #: the surfaces an action comes through (the operator record's ``via``)
 VIA = ("cli", "console", "django-admin")
 REASON_MAX = 2000
-#: the anomaly kinds an action answers: when it changes the job, the job's open anomalies of
-#: these kinds are closed (``resolved_at``/``resolved_by``/``resolved_action``), in the
-#: transaction that writes the operator record. A kind no action answers stays open.
-RESOLVES: dict[str, frozenset[str]] = {
-    # the sweep's "nobody resolved this uncertain submission" note
-    RESOLVE_UPSTREAM: frozenset({"uncertain_unresolved"}),
-    RESOLVE_NOT_SUBMITTED: frozenset({"uncertain_unresolved"}),
-    # a row of a kind this process does not know: failing it is the operator's answer
-    FAIL: frozenset({"unknown_provider_kind"}),
-    # the ledger refused the settlement (or its usage metadata was unusable): it settled now
-    RETRY_SETTLE: frozenset({"ledger_error", "bad_usage_metadata"}),
-    # the release writes its own note: the release is its answer
-    RELEASE_ORPHAN: frozenset({"orphan_released"}),
-}
 
 
 class ActionRefused(Exception):
@@ -93,6 +78,29 @@ class Done:
     changed: bool
     message: str
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+Refusal = Callable[[Runtime, Session, uuid.UUID, "Job | None", "str | None", datetime], "str | None"]
+Act = Callable[[Runtime, uuid.UUID, "str | None", str, Operator, "str | None"], Done]
+
+
+@dataclass(frozen=True)
+class Action:
+    """One operator action, declared once: its rule (``refusal``: why it is refused now, None
+    when allowed; it reads, never writes), its change (``act``, through the lifecycle), the
+    anomaly kinds it answers (``resolves``), and ``command``: the ``reconcile`` command that runs
+    it as ``reconcile <command> JOB_ID --reason …`` (None: the CLI writes its own command,
+    as ``fail`` and ``resolve`` do). ``label`` is what the console and the Django admin show.
+    ``needs_job``: refused for a job id with no row (False: an action on a job row that is
+    gone, which a job's page never offers)."""
+
+    name: str
+    label: str
+    refusal: Refusal
+    act: Act
+    resolves: frozenset[str] = frozenset()
+    command: str | None = None
+    needs_job: bool = True
 
 
 def clean_reason(reason: str | None) -> str:
@@ -131,16 +139,18 @@ def allowed(rt: Runtime, job_id: uuid.UUID) -> list[str]:
 
 def _refusal(rt: Runtime, session: Session, action: str, job_id: uuid.UUID, job: Job | None,
              upstream_id: str | None, now: datetime) -> str | None:
-    if action not in ACTIONS:
+    spec = REGISTRY.get(action)
+    if spec is None:
         return f"unknown action {action!r}"
-    if action == RELEASE_ORPHAN:
-        return _release_refusal(rt, session, job_id, job)
-    if job is None:
+    if spec.needs_job and job is None:
         return f"no job {job_id}"
-    if action == FAIL:
-        return _fail_refusal(job)
-    if action == RETRY_SETTLE:
-        return _settle_refusal(job)
+    return spec.refusal(rt, session, job_id, job, upstream_id, now)
+
+
+def _resolve_refusal(rt: Runtime, session: Session, job_id: uuid.UUID, job: Job | None,
+                     upstream_id: str | None, now: datetime) -> str | None:
+    """Both resolutions: only an uncertain submission no worker holds."""
+    assert job is not None
     if job.status not in IN_FLIGHT or job.submission_state not in UNKNOWN_OUTCOME:
         return (f"job {job_id} is {job.status}/{job.submission_state or 'no submission'}: "
                 "only uncertain submissions are resolved")
@@ -148,27 +158,37 @@ def _refusal(rt: Runtime, session: Session, action: str, job_id: uuid.UUID, job:
             and job.claim_expires_at >= now:
         return (f"a worker holds the submission claim of job {job_id} until "
                 f"{job.claim_expires_at.isoformat()}; wait for it to finish or expire")
-    if action == RESOLVE_UPSTREAM:
-        kind = rt.kind(job.provider_kind)
-        if kind is None or kind.sync:
-            return (f"job {job_id} is of kind {job.provider_kind!r}, which has no upstream id "
-                    "to adopt; use --not-submitted")
-        if upstream_id is not None:
-            from .jobstore import evidence
-            from .lifecycle import usable_task_id
-
-            if upstream_id and not usable_task_id(upstream_id):
-                return (f"upstream id {upstream_id!r} cannot be stored (a NUL or an unpaired "
-                        "surrogate): no provider answers with one")
-
-            holder = evidence.holders(session, [upstream_id], job_id).get(upstream_id)
-            if holder is not None:
-                return (f"upstream id {upstream_id!r} is the task of job {holder}, not job "
-                        f"{job_id}'s; nothing done (see `reconcile show {holder}`)")
     return None
 
 
-def _fail_refusal(job: Job) -> str | None:
+def _adopt_refusal(rt: Runtime, session: Session, job_id: uuid.UUID, job: Job | None,
+                   upstream_id: str | None, now: datetime) -> str | None:
+    refused = _resolve_refusal(rt, session, job_id, job, upstream_id, now)
+    if refused is not None:
+        return refused
+    assert job is not None
+    kind = rt.kind(job.provider_kind)
+    if kind is None or kind.sync:
+        return (f"job {job_id} is of kind {job.provider_kind!r}, which has no upstream id "
+                "to adopt; use --not-submitted")
+    if upstream_id is not None:
+        from .jobstore import evidence
+        from .lifecycle import usable_task_id
+
+        if upstream_id and not usable_task_id(upstream_id):
+            return (f"upstream id {upstream_id!r} cannot be stored (a NUL or an unpaired "
+                    "surrogate): no provider answers with one")
+
+        holder = evidence.holders(session, [upstream_id], job_id).get(upstream_id)
+        if holder is not None:
+            return (f"upstream id {upstream_id!r} is the task of job {holder}, not job "
+                    f"{job_id}'s; nothing done (see `reconcile show {holder}`)")
+    return None
+
+
+def _fail_refusal(rt: Runtime, session: Session, job_id: uuid.UUID, job: Job | None,
+                  upstream_id: str | None, now: datetime) -> str | None:
+    assert job is not None
     if job.status == Status.COMPLETED:
         return f"job {job.id} is completed: its credits were committed; nothing to fail"
     if job.status in TERMINAL:
@@ -188,7 +208,9 @@ def _fail_refusal(job: Job) -> str | None:
     return None
 
 
-def _settle_refusal(job: Job) -> str | None:
+def _settle_refusal(rt: Runtime, session: Session, job_id: uuid.UUID, job: Job | None,
+                    upstream_id: str | None, now: datetime) -> str | None:
+    assert job is not None
     if job.status not in (Status.FAILED, Status.CANCELLED):
         return f"job {job.id} is {job.status}: only a failed or cancelled job is settled"
     if job.credits_actual is not None:
@@ -199,8 +221,8 @@ def _settle_refusal(job: Job) -> str | None:
     return None
 
 
-def _release_refusal(rt: Runtime, session: Session, job_id: uuid.UUID,
-                     job: Job | None) -> str | None:
+def _release_refusal(rt: Runtime, session: Session, job_id: uuid.UUID, job: Job | None,
+                     upstream_id: str | None, now: datetime) -> str | None:
     from .ledger import BuiltinLedger
 
     if not isinstance(rt.ledger, BuiltinLedger):
@@ -234,7 +256,7 @@ def run(rt: Runtime, action: str, job_id: uuid.UUID, *, operator: Operator, reas
         status = job.status if job is not None else None
     if refused is not None:
         raise ActionRefused(refused)
-    done = _ACT[action](rt, job_id, status, why, operator, upstream_id)
+    done = REGISTRY[action].act(rt, job_id, status, why, operator, upstream_id)
     if done.changed:
         _record(rt, done, operator, why, user_id)
     return done
@@ -279,11 +301,20 @@ def _resolve_not_submitted(rt: Runtime, job_id: uuid.UUID, status: str | None, w
 
 def _retry_settle(rt: Runtime, job_id: uuid.UUID, status: str | None, why: str,
                   operator: Operator, upstream_id: str | None) -> Done:
+    """Settle now a failed or cancelled job whose settlement is pending (the ledger refused it,
+    or it waits for its backoff). Refused for a platform's own failed row: the library never
+    failed it, so its reservation is the platform's to settle."""
     from . import lifecycle
 
     outcome = lifecycle.settle(rt, job_id)  # its own must_settle guard runs again, locked
     if outcome == SettleOutcome.SETTLED:
-        return Done(RETRY_SETTLE, job_id, True, f"job {job_id} settled")
+        with rt.sessions() as session:
+            job = session.get(Job, job_id)
+            returned = rt.ledger.refunded(session, job_id)
+        kept = f", kept {job.credits_actual}" if job is not None and job.credits_actual else ""
+        return Done(RETRY_SETTLE, job_id, True,
+                    f"job {job_id} settled; refunded {returned} credits{kept}",
+                    {"refunded": returned})
     if outcome == SettleOutcome.BACKED_OFF:
         raise ActionLost(f"job {job_id}: the settlement failed again; it stays pending and the "
                          f"sweep retries it (see `reconcile show {job_id}`)")
@@ -309,9 +340,36 @@ def _release_orphan(rt: Runtime, job_id: uuid.UUID, status: str | None, why: str
                 {"refunded": after})
 
 
-_ACT = {FAIL: _fail, RESOLVE_UPSTREAM: _resolve_upstream,
-        RESOLVE_NOT_SUBMITTED: _resolve_not_submitted, RETRY_SETTLE: _retry_settle,
-        RELEASE_ORPHAN: _release_orphan}
+#: every action by name: the one declaration each surface derives its list from
+REGISTRY: dict[str, Action] = {a.name: a for a in (
+    # in the order a surface lists them
+    Action(RESOLVE_UPSTREAM, "Resolve: the provider created it — adopt this upstream id",
+           _adopt_refusal, _resolve_upstream,
+           # the sweep's "nobody resolved this uncertain submission" note
+           resolves=frozenset({"uncertain_unresolved"})),
+    Action(RESOLVE_NOT_SUBMITTED, "Resolve: nothing was created upstream — fail and refund",
+           _resolve_refusal, _resolve_not_submitted,
+           resolves=frozenset({"uncertain_unresolved"})),
+    # a row of a kind this process does not know: failing it is the operator's answer
+    Action(FAIL, "Fail the job and refund its credits", _fail_refusal, _fail,
+           resolves=frozenset({"unknown_provider_kind"})),
+    # the ledger refused the settlement (or its usage metadata was unusable): it settled now
+    Action(RETRY_SETTLE, "Retry the settlement now", _settle_refusal, _retry_settle,
+           resolves=frozenset({"ledger_error", "bad_usage_metadata"}), command="retry-settle"),
+    # the release writes its own note: the release is its answer
+    Action(RELEASE_ORPHAN, "Release the orphaned reservation", _release_refusal, _release_orphan,
+           resolves=frozenset({"orphan_released"}), needs_job=False),
+)}
+#: every action, in the order a surface lists them
+ACTIONS = tuple(REGISTRY)
+#: the anomaly kinds an action answers: when it changes the job, the job's open anomalies of
+#: these kinds are closed (``resolved_at``/``resolved_by``/``resolved_action``), in the
+#: transaction that writes the operator record. A kind no action answers stays open.
+RESOLVES: dict[str, frozenset[str]] = {a.name: a.resolves for a in REGISTRY.values()}
+#: the actions the CLI runs as ``reconcile <command> JOB_ID --reason …``
+COMMANDS: dict[str, Action] = {a.command: a for a in REGISTRY.values() if a.command}
+#: the actions a job's page offers (the console, the Django admin), in :data:`ACTIONS` order
+JOB_ACTIONS = tuple(a.name for a in REGISTRY.values() if a.needs_job)
 
 
 # ----------------------------------------------------------------------------- the record
@@ -358,5 +416,5 @@ def records(session: Session, *, job_id: uuid.UUID | None = None,
             for r in newest]
 
 
-__all__ = ["ACTIONS", "ActionLost", "ActionRefused", "Done", "Operator", "allowed",
-           "clean_reason", "records", "refusal", "run"]
+__all__ = ["ACTIONS", "Action", "ActionLost", "ActionRefused", "COMMANDS", "Done", "JOB_ACTIONS",
+           "Operator", "REGISTRY", "allowed", "clean_reason", "records", "refusal", "run"]

@@ -1,4 +1,4 @@
-"""Waiting on a job from a workflow orchestrator (README, Design notes: Orchestrators).
+"""Internal: Waiting on a job from a workflow orchestrator (README, Design notes: Orchestrators).
 
 :func:`wait_for_job` polls ``jobs.status`` (every 3 s by default) with the node timeout raised
 from 30 to 90 minutes, which covers every legitimate poll budget (``kie-lip-sync`` ≈ 60 min).
@@ -158,3 +158,8 @@ def _node_list(value: Any) -> list[str]:
 
 def _minutes(waited: timedelta) -> str:
     return f"{int(waited.total_seconds() // 60)} minutes"
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

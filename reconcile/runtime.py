@@ -1,4 +1,4 @@
-"""Everything a lifecycle step needs, built once per process and passed in.
+"""Internal: Everything a lifecycle step needs, built once per process and passed in.
 
 A :class:`Runtime` carries the settings, the session factory, storage, the HTTP session, the
 clock, the platform's hooks and the two enqueue functions (set by the Celery tasks module; a
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .db.contract import require as require_contract
 from .db.session import engine_for, make_sessionmaker
 from .jobstore.adoption import check_observe_only, check_required_kinds
-from .kinds import Kind, get_kind
+from .kinds import Kind, check_sync_deadline, get_kind
 from .ledger import DEFAULT as DEFAULT_LEDGER, Ledger
 from .settings import Settings
 from .settlement import SettlementPolicy
@@ -126,7 +126,6 @@ class Runtime:
     @classmethod
     def from_settings(cls, settings: Settings, **kwargs: Any) -> Runtime:
         from .storage import storage_from_settings
-        from .sync import check_sync_deadline
 
         check_sync_deadline(settings)  # start-up: a sync call's deadline fits its kind
         engine = engine_for(settings.database_url)
@@ -160,3 +159,8 @@ class Runtime:
         if not base:
             return None
         return f"{base.rstrip('/')}/webhooks/{provider}?job_id={job_id}"
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

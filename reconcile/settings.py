@@ -1,4 +1,4 @@
-"""The one place the environment is read.
+"""Internal: The one place the environment is read.
 
 Every setting is ``RECONCILE_<NAME>``; build a :class:`Settings` at the edge (worker start,
 CLI, request handler) and pass it in. Durations in the library are ``timedelta`` and are
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, cast
 from pydantic import Field, PlainValidator, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .core import family_settings
 from .core.redact import remember_secrets
 from .settlement import SettlementPolicy
 
@@ -109,18 +110,16 @@ class Settings(BaseSettings):
     @classmethod
     def with_families(cls) -> type[Settings]:
         """This class with every built-in provider family's fields (built once, on the first
-        call: the families' packages are imported then, never when this module is)."""
+        call: the families' packages are imported then, never when this module is; the fields
+        come through :mod:`reconcile.core.family_settings`, this layer being below theirs)."""
         global _WITH_FAMILIES
         with _DERIVING:
             if _WITH_FAMILIES is None:
-                from .providers.family import families
-
                 fields: dict[str, Any] = {}
-                for family in families():
-                    for name, default in family.setting_defaults.items():
-                        kind: Any = str if default is not None else str | None
-                        redacted = name in family.secrets
-                        fields[name] = (Annotated[kind, _REDACTED] if redacted else kind, default)
+                for declared in family_settings.declared():
+                    kind: Any = str if declared.default is not None else str | None
+                    fields[declared.name] = (Annotated[kind, _REDACTED] if declared.secret
+                                             else kind, declared.default)
                 _WITH_FAMILIES = create_model("Settings", __base__=Settings,
                                               __module__=__name__, **fields)
         return _WITH_FAMILIES
@@ -302,3 +301,8 @@ _WITH_FAMILIES: type[Settings] | None = None
 def get_settings() -> Settings:
     """The process-wide settings read from the environment (edges only)."""
     return Settings()
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

@@ -1,4 +1,4 @@
-"""Settlement policy: what a finished job commits and what goes back to the user.
+"""Internal: Settlement policy: what a finished job commits and what goes back to the user.
 
 Pure (no database, no session): :func:`decide` takes plain values — how the job ended, what its
 reservation holds when the caller knows it, what the pricing hook priced it at — and a

@@ -1,4 +1,4 @@
-"""Job statuses, submission states and the constants of the lifecycle (pure, no I/O)."""
+"""Internal: Job statuses, submission states and the constants of the lifecycle (pure, no I/O)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Where fetched outputs are kept: a local folder or an S3 bucket, behind one small Protocol.
+"""Internal: Where fetched outputs are kept: a local folder or an S3 bucket, behind one small Protocol.
 
 Keys are deterministic (:func:`object_key`), so a retried finalize overwrites the same object
 instead of leaving a second copy, and ``put`` is an idempotent overwrite on both backends.

@@ -1,4 +1,4 @@
-"""Sync provider calls: run by the platform's request, never by a create task.
+"""Internal: Sync provider calls: run by the platform's request, never by a create task.
 
 ::
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,7 +29,7 @@ from datetime import timedelta
 from . import jobstore, lifecycle
 from .db.models import Job
 from .errors import Conflict, ErrorCode, InvalidParam, JobNotFound, ProviderError
-from .kinds import Kind, all_kinds
+from .kinds import DEADLINE_MARGIN as DEADLINE_MARGIN, Kind, check_sync_deadline
 from .providers.base import SyncProvider, SyncResult
 from .runtime import Runtime
 from .settings import Settings
@@ -41,31 +41,11 @@ __all__ = [
 
 log = logging.getLogger("reconcile.sync")
 
-# README, Design notes: Sync calls and their deadline (issue 11 hole 7): a sync call's total
-# deadline leaves this much of its kind's threshold unused, and its claim lease lasts the
+# README, Design notes: Sync calls and their deadline: a sync call's claim lease lasts the
 # deadline plus the time to finish the job (store the outputs, one transaction), so the sweep
-# never fails a call that is still running
-DEADLINE_MARGIN = timedelta(seconds=60)
+# never fails a call that is still running (the deadline leaves DEADLINE_MARGIN of its kind's
+# threshold unused: kinds.check_sync_deadline)
 FINISH_SLACK = timedelta(minutes=2)
-
-
-def check_sync_deadline(settings: Settings, kinds: Iterable[Kind] | None = None) -> None:
-    """Start-up check: ``SYNC_DEADLINE`` (connect + every read of one sync call) must be at
-    most each sync kind's threshold minus 60 s, and longer than ``CONNECT_TIMEOUT``.
-
-    Raises ``ValueError`` naming the setting and the kind.
-    """
-    deadline = timedelta(seconds=settings.sync_deadline)
-    if settings.connect_timeout >= settings.sync_deadline:
-        raise ValueError(f"RECONCILE_SYNC_DEADLINE={settings.sync_deadline:g}s must exceed "
-                         f"RECONCILE_CONNECT_TIMEOUT={settings.connect_timeout:g}s")
-    for kind in kinds if kinds is not None else all_kinds():
-        if kind.sync and deadline > kind.stale_threshold - DEADLINE_MARGIN:
-            limit = (kind.stale_threshold - DEADLINE_MARGIN).total_seconds()
-            raise ValueError(
-                f"RECONCILE_SYNC_DEADLINE={settings.sync_deadline:g}s is longer than sync kind "
-                f"{kind.name!r} allows: its threshold {kind.stale_threshold.total_seconds():g}s "
-                f"minus 60 s = {limit:g}s (the sweep would fail calls still running)")
 
 
 def claim_lease(settings: Settings, kind: Kind) -> timedelta:
@@ -82,7 +62,9 @@ class SyncCall:
     result: SyncResult | None = None
 
 
-def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCall:
+def claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCall:
+    """The claim :func:`sync_call` takes on entry (the explorer's scenarios take it alone, as a
+    request that then died)."""
     check_sync_deadline(rt.settings)  # a misconfigured deadline makes no call at all
     now = rt.now()
     with rt.sessions.begin() as session:
@@ -117,7 +99,7 @@ def _claim(rt: Runtime, job_id: uuid.UUID, provider_kind: str | None) -> SyncCal
 @contextmanager
 def sync_call(rt: Runtime, job_id: uuid.UUID, *, provider_kind: str | None = None) -> Iterator[SyncCall]:
     """Claim the job, run the caller's block, then finish or fail (+ refund) the job."""
-    call = _claim(rt, job_id, provider_kind)
+    call = claim(rt, job_id, provider_kind)
     rt.crash_point("sync_before_call")
     where = (Job.claim_token == call.token,) if call.token else ()
     try:
@@ -167,3 +149,8 @@ def run_sync(rt: Runtime, job_id: uuid.UUID) -> Job:
     if done.status not in (Status.COMPLETED, Status.FAILED):
         log.warning("sync_job_not_terminal job_id=%s status=%s", job_id, done.status)
     return done
+
+
+from .core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

@@ -14,10 +14,10 @@ from typing import Any
 from celery import shared_task
 
 from . import lifecycle
-from .celery_install import connect_worker_checks, send
 from .runtime import Runtime
 from .settings import Settings, get_settings
 from .worker import broker, heartbeat
+from .worker.installed import connect_worker_checks, send
 
 __all__ = [
     "create", "enqueue_create", "enqueue_poll", "enqueue_reconcile_job", "get_runtime",

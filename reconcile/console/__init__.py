@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._auth import AUTH_SETTING, OperatorIdentity, load_authorizer
+# DevLogin: the `reconcile console --dev` server's one-time login (the CLI's; not exported)
+from ._auth import AUTH_SETTING, DevLogin as DevLogin, OperatorIdentity, load_authorizer
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

@@ -213,6 +213,7 @@ class Console:
                 return None
             found["allowed"] = operator.allowed(rt, job_id) if act else []
             found["resolves"] = operator.RESOLVES
+            found["labels"] = {name: a.label for name, a in operator.REGISTRY.items()}
             return found
 
         try:

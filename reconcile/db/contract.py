@@ -1,4 +1,4 @@
-"""The table contract: what the library needs of the platform's tables, and a check of a live
+"""Internal: The table contract: what the library needs of the platform's tables, and a check of a live
 database against it (``reconcile db check``; workers, beat and every process building a
 :class:`~reconcile.runtime.Runtime` run the same check at start-up).
 

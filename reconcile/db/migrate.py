@@ -1,4 +1,4 @@
-"""Helpers shared by the Alembic revisions, and a programmatic ``upgrade``/``downgrade``.
+"""Internal: Helpers shared by the Alembic revisions, and a programmatic ``upgrade``/``downgrade``.
 
 PostgreSQL gets deploy-safe DDL: a ``lock_timeout``, ``ADD COLUMN IF NOT EXISTS`` (no table
 rewrite: constant defaults are metadata-only since PG 11), ``CREATE INDEX CONCURRENTLY IF NOT

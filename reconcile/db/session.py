@@ -1,4 +1,4 @@
-"""Engines and sessions: one engine per process, one session per unit of work.
+"""Internal: Engines and sessions: one engine per process, one session per unit of work.
 
 SQLite (the embedded default) is opened in WAL mode with a busy timeout, and every
 transaction starts with ``BEGIN IMMEDIATE`` so several worker processes can share the file
@@ -137,3 +137,8 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+from ..core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

@@ -10,11 +10,10 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .plan import Planned, Story
+from .plan import Planned, Row, Story
 
 if TYPE_CHECKING:
     from .processes import Sweeper
-    from .report import Row
 
 
 def _is_sync(kind: str) -> bool:

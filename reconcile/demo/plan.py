@@ -99,3 +99,18 @@ class Story:
 
     def by_id(self) -> dict[uuid.UUID, Planned]:
         return dict(zip(self.ids, self.plans, strict=True))
+
+
+# one line of the report's per-job table (reconcile.demo.report), which the checks read too
+@dataclass
+class Row:
+    job_id: uuid.UUID
+    plan: Planned
+    status: str
+    submission: str | None
+    code: str | None
+    creates: str
+    reserved: int
+    committed: int
+    refunded: int
+    how: str

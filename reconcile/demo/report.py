@@ -9,11 +9,10 @@ import importlib.util
 import subprocess
 import sys
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from .checks import _is_sync, _provider, check, resumed_chains, run_failures
-from .plan import Planned, Story
+from .plan import Row, Story
 from .processes import Printer, Setup, Sweeper, snapshot
 
 
@@ -72,20 +71,6 @@ def show_console(setup: Setup, uncertain_ids: list[uuid.UUID], say: Printer) -> 
                   for job_id in uncertain_ids), stamp=False)
     say("  the example platform (examples/platform) mounts it at http://127.0.0.1:8000/ops/ "
         "behind its demo hook (GET /ops-login?as=ops@acme.test)", stamp=False)
-
-
-@dataclass
-class Row:
-    job_id: uuid.UUID
-    plan: Planned
-    status: str
-    submission: str | None
-    code: str | None
-    creates: str
-    reserved: int
-    committed: int
-    refunded: int
-    how: str
 
 
 def how_settled(job: Any, via: str | None) -> str:

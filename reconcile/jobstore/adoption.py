@@ -46,7 +46,7 @@ from ..kinds import Kind, all_kinds
 from .horizon import kind_horizon
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from ..core.runtime_view import RuntimeView
     from ..settings import Settings
 
 log = logging.getLogger("reconcile.adoption")
@@ -120,7 +120,7 @@ def adopted_at(session: Session) -> datetime | None:
         return None
 
 
-def legacy_cutoff(rt: Runtime, session: Session | None = None) -> datetime | None:
+def legacy_cutoff(rt: RuntimeView, session: Session | None = None) -> datetime | None:
     """``LEGACY_CUTOFF``, else the recorded adoption time (read once per runtime: it never
     changes). None: no row is a legacy candidate (the safe side), logged once."""
     if rt.settings.legacy_cutoff is not None:
@@ -140,7 +140,7 @@ def legacy_cutoff(rt: Runtime, session: Session | None = None) -> datetime | Non
     return value
 
 
-def legacy_candidate(rt: Runtime, job: Job, now: datetime) -> str | None:
+def legacy_candidate(rt: RuntimeView, job: Job, now: datetime) -> str | None:
     """Why a kind-less, never-submitted row is *not* a candidate now (``after_cutoff``,
     ``job_type``, ``young``), or None when it is one."""
     return legacy_reason(rt.settings, legacy_cutoff(rt), job, now)

@@ -30,18 +30,18 @@ from sqlalchemy.orm import Session
 from ..db.models import Job, JobEvent
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from ..core.runtime_view import RuntimeView
 
 log = logging.getLogger("reconcile.events")
 
 
-def has_publisher(rt: Runtime) -> bool:
+def has_publisher(rt: RuntimeView) -> bool:
     """Whether anything takes published events (in-process hooks or Redis pub/sub)."""
     return bool(rt.event_hooks) or bool(rt.settings.events_redis_url)
 
 
 def add_event(session: Session, job: Job, type_: str, now: datetime,
-              payload: dict[str, Any] | None = None, *, rt: Runtime | None = None) -> JobEvent:
+              payload: dict[str, Any] | None = None, *, rt: RuntimeView | None = None) -> JobEvent:
     """Queue one event in the caller's transaction.
 
     With ``rt`` and no publisher configured, the row is written already published (``now``);
@@ -54,7 +54,7 @@ def add_event(session: Session, job: Job, type_: str, now: datetime,
 
 
 def new_event(job: Job, type_: str, now: datetime, payload: dict[str, Any] | None = None, *,
-              rt: Runtime | None = None) -> JobEvent:
+              rt: RuntimeView | None = None) -> JobEvent:
     """:func:`add_event`'s row, not added to any session (a caller that writes it with its own
     statement: ``jobstore.write_completion``)."""
     published_at = now if rt is not None and not has_publisher(rt) else None
@@ -62,7 +62,7 @@ def new_event(job: Job, type_: str, now: datetime, payload: dict[str, Any] | Non
                     payload=payload or {}, created_at=now, published_at=published_at)
 
 
-def record_cancel_request(rt: Runtime, job_id: uuid.UUID) -> bool:
+def record_cancel_request(rt: RuntimeView, job_id: uuid.UUID) -> bool:
     """The user's cancel, recorded before the provider is asked to cancel: a
     ``cancel_requested`` event written only while the job is in flight, under its row lock, so
     a terminal state written after it (a poll, a webhook or the sweep reading the upstream
@@ -102,7 +102,7 @@ def _redis(url: str) -> Any:
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
-def publish_events(rt: Runtime, events: Sequence[JobEvent | None]) -> int:
+def publish_events(rt: RuntimeView, events: Sequence[JobEvent | None]) -> int:
     """After the commit that wrote ``events``: hand them to the publishers and mark the ones
     taken published in one UPDATE. Nothing at all (no query) without a publisher or when the
     events were written already published; returns how many were published."""
@@ -112,7 +112,7 @@ def publish_events(rt: Runtime, events: Sequence[JobEvent | None]) -> int:
     return _deliver(rt, pending)
 
 
-def publish(rt: Runtime, *, job_id: uuid.UUID | None = None,
+def publish(rt: RuntimeView, *, job_id: uuid.UUID | None = None,
             older_than: timedelta | None = None, limit: int = 500) -> int:
     """Publish unpublished events (of one job, or all older than ``older_than``); returns count.
 
@@ -132,7 +132,7 @@ def publish(rt: Runtime, *, job_id: uuid.UUID | None = None,
     return _deliver(rt, events) if events else 0
 
 
-def _deliver(rt: Runtime, events: Sequence[JobEvent]) -> int:
+def _deliver(rt: RuntimeView, events: Sequence[JobEvent]) -> int:
     """Every publisher takes each event (in order); the taken ones are marked in ONE UPDATE."""
     taken: list[int] = []
     for event in events:
@@ -158,7 +158,7 @@ def _deliver(rt: Runtime, events: Sequence[JobEvent]) -> int:
     return len(taken)
 
 
-def read_since(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID,
+def read_since(rt: RuntimeView, user_id: uuid.UUID, job_id: uuid.UUID,
                after: int = 0) -> tuple[list[dict[str, Any]], int, bool]:
     """One short read of a job's event stream: its events after the cursor ``after`` (as
     messages, in order), the cursor to pass next, and whether the stream is over (the job is
@@ -178,7 +178,7 @@ def read_since(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID,
     return [as_message(row) for row in rows], (rows[-1].id if rows else after), terminal
 
 
-def follow_job(rt: Runtime, user_id: uuid.UUID, job_id: uuid.UUID, *, interval: float = 1.0,
+def follow_job(rt: RuntimeView, user_id: uuid.UUID, job_id: uuid.UUID, *, interval: float = 1.0,
                timeout: float | None = None, sleep: Any = None) -> Iterator[dict[str, Any]]:
     """Yield a job's events in order (for an SSE endpoint) until the job is terminal.
 

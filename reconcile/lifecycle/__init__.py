@@ -1,4 +1,4 @@
-"""The job lifecycle: submit → create (claim) → poll → finalize | fail → settle; cancel.
+"""Internal: The job lifecycle: submit → create (claim) → poll → finalize | fail → settle; cancel.
 
 Each step is a plain function over a :class:`~reconcile.runtime.Runtime` and a job id; the Celery
 tasks are thin wrappers. State changes are compare-and-set writes (``jobstore``); a step that

@@ -52,6 +52,11 @@ from ..providers.base import PollResult, PollStatus
 from ..runtime import Runtime
 from ..states import POLL_LEASE_SLACK
 from .create import _async_kinds
+from .poll import (  # batch mode's due times: the chain and the create use them too
+    first_due as first_due,
+    next_due,
+    reschedule_after_chain as reschedule_after_chain,
+)
 
 log = logging.getLogger("reconcile.batch_poll")
 
@@ -68,31 +73,6 @@ def claim_lease(rt: Runtime) -> timedelta:
     """How long a claim holds its rows: one status read's total deadline + the poll slack
     (scaled). A dead poller's rows are due again after this."""
     return rt.settings.scaled(lifecycle.poll_step_deadline(rt.settings) + POLL_LEASE_SLACK)
-
-
-def next_due(rt: Runtime, kind: Kind, job: Job, now: datetime,
-             was_due: datetime | None = None) -> datetime:
-    """When the next read is due: the kind's interval at the job's age (the chain's countdown).
-
-    With ``was_due`` (the due time the read was claimed at) the next read is due one interval
-    after THAT, not after the read ended: rows are claimed only at ticks, so a read starts up to
-    one tick (+ the claim and read time) after its due time, and counting the interval from the
-    read's end added that wait to every turn — measured, figure 3: reads 6.0 s apart on a 5-s
-    kind with the 1-s tick, the completion seen 5.7 s late at p50. It is never earlier than one
-    tick (at most half an interval) short of the interval after the read's end, so a poller
-    that fell behind does not catch up in a burst: the next read comes at most one tick sooner
-    than the chain's would."""
-    interval = timedelta(seconds=lifecycle.poll_countdown(rt, kind, job, now))
-    after_read = now + interval
-    if was_due is None:
-        return after_read
-    tick = min(rt.settings.scaled(timedelta(seconds=rt.settings.poll_batch_interval)),
-               interval / 2)
-    return max(was_due + interval, after_read - tick)
-
-
-def first_due(rt: Runtime, kind: Kind, now: datetime) -> datetime:
-    return now + rt.settings.scaled(kind.interval_at(timedelta(0)))
 
 
 # ----------------------------------------------------------------------------- one run
@@ -354,14 +334,6 @@ def _widen_pool(client: Any, size: int) -> None:
 
 
 # ----------------------------------------------------------------------------- hooks
-
-
-def reschedule_after_chain(rt: Runtime, kind: Kind, job: Job, generation: int, seq: int) -> bool:
-    """A chain message that ran in batch mode (sent before the switch): its next read is a due
-    time on the row, under the turn it just took, instead of another message."""
-    with rt.sessions.begin() as session:
-        return bool(jobstore.reschedule_claimed(
-            session, [(job.id, generation, seq, next_due(rt, kind, job, rt.now()), None)]))
 
 
 def make_due(rt: Runtime, job_id: uuid.UUID) -> bool:

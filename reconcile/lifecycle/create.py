@@ -38,7 +38,7 @@ from ..states import (
     Status,
     Submission,
 )
-from .poll import _batch_mode, poll_countdown, poll_lease, resume_chain
+from .poll import _batch_mode, first_due, poll_countdown, poll_lease, resume_chain
 from .settling import fail_job
 
 log = logging.getLogger("reconcile.lifecycle")
@@ -193,7 +193,7 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str, *,
                 return False
         batch = _batch_mode(rt)
         saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind),
-                                      poll_due_at=_first_due(rt, kind, now) if batch else None)
+                                      poll_due_at=first_due(rt, kind, now) if batch else None)
         if saved is None:
             job = job or jobstore.load(session, job_id)
             if job is None:
@@ -216,12 +216,6 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str, *,
     if not batch:  # batch mode: the row is due at poll_due_at, no message (reconcile.lifecycle.batch)
         rt.enqueue_poll(job_id, saved.poll_generation, 0, poll_countdown(rt, kind, saved, now))
     return True
-
-
-def _first_due(rt: Runtime, kind: Kind, now: datetime) -> datetime:
-    from .batch import first_due
-
-    return first_due(rt, kind, now)
 
 
 # --- issue 11 hole 1: what a create answer that lost ``save_task_id`` may do (begin) ---------

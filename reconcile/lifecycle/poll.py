@@ -1,5 +1,6 @@
-"""Internal: poll — the poll leases and countdowns, the chain's turn, one status read and what is
-done with it (observe), unfinished attempts and exhaustion.
+"""Internal: poll — the poll leases and countdowns (and batch mode's due times: the batch poller,
+a create and a chain message in batch mode use them), the chain's turn, one status read and what
+is done with it (observe), unfinished attempts and exhaustion.
 """
 
 from __future__ import annotations
@@ -87,6 +88,39 @@ def _batch_mode(rt: Runtime) -> bool:
     return rt.settings.poll_mode == "batch"
 
 
+def next_due(rt: Runtime, kind: Kind, job: Job, now: datetime,
+             was_due: datetime | None = None) -> datetime:
+    """When the next read is due: the kind's interval at the job's age (the chain's countdown).
+
+    With ``was_due`` (the due time the read was claimed at) the next read is due one interval
+    after THAT, not after the read ended: rows are claimed only at ticks, so a read starts up to
+    one tick (+ the claim and read time) after its due time, and counting the interval from the
+    read's end added that wait to every turn — measured, figure 3: reads 6.0 s apart on a 5-s
+    kind with the 1-s tick, the completion seen 5.7 s late at p50. It is never earlier than one
+    tick (at most half an interval) short of the interval after the read's end, so a poller
+    that fell behind does not catch up in a burst: the next read comes at most one tick sooner
+    than the chain's would."""
+    interval = timedelta(seconds=poll_countdown(rt, kind, job, now))
+    after_read = now + interval
+    if was_due is None:
+        return after_read
+    tick = min(rt.settings.scaled(timedelta(seconds=rt.settings.poll_batch_interval)),
+               interval / 2)
+    return max(was_due + interval, after_read - tick)
+
+
+def first_due(rt: Runtime, kind: Kind, now: datetime) -> datetime:
+    return now + rt.settings.scaled(kind.interval_at(timedelta(0)))
+
+
+def reschedule_after_chain(rt: Runtime, kind: Kind, job: Job, generation: int, seq: int) -> bool:
+    """A chain message that ran in batch mode (sent before the switch): its next read is a due
+    time on the row, under the turn it just took, instead of another message."""
+    with rt.sessions.begin() as session:
+        return bool(jobstore.reschedule_claimed(
+            session, [(job.id, generation, seq, next_due(rt, kind, job, rt.now()), None)]))
+
+
 def resume_chain(rt: Runtime, job_id: uuid.UUID, *, only_if_lease_expired: bool = False) -> bool:
     """Start a new poll chain for an accepted job: a new generation, or the same one when it
     never took a turn (its first turn sent again; ``jobstore.start_new_chain``)."""
@@ -133,8 +167,6 @@ def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
     outcome = observe(rt, turn, kind, via="poll")
     if outcome in ("in_flight", "error"):
         if _batch_mode(rt):  # a chain message from before the switch: the row carries on due
-            from .batch import reschedule_after_chain
-
             reschedule_after_chain(rt, kind, turn, generation, seq + 1)
         else:
             rt.enqueue_poll(job_id, generation, seq + 1, poll_countdown(rt, kind, turn, rt.now()))

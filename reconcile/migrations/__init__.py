@@ -8,10 +8,12 @@ A platform's own Alembic ``env.py`` passes :func:`include_object` to ``context.c
 its ``alembic revision --autogenerate`` (and ``alembic check``) never proposes dropping what the
 library created::
 
-    from reconcile.migrations import include_object
+    from reconcile.migrations import include_object, normalise_url
     context.configure(..., target_metadata=Base.metadata, include_object=include_object)
 
 or, when the platform has its own filter, ``include_object=library_excluded(mine)``.
+:func:`normalise_url` gives a plain ``postgresql://`` URL the psycopg 3 driver, as the
+library's own engines do.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..db.session import normalise_url
+
 __all__ = [
     "IncludeObject", "LOCATION", "PLATFORM_TABLES", "VERSION_TABLE", "include_object",
-    "is_library_object", "library_excluded",
+    "is_library_object", "library_excluded", "normalise_url",
 ]
 
 LOCATION = Path(__file__).resolve().parent

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from .. import operator
 from ..runtime import Runtime
 from .app import JOB_ID, Cli, Failed, Refused, _load, json_option, main, pass_cli
 from .output import _cell, _dump, _table
@@ -51,8 +52,6 @@ def act(cli: Cli, action: str, job_id: uuid.UUID, reason: str | None,
         upstream_id: str | None = None) -> Any:
     """Run an operator action (:mod:`reconcile.operator`, the one home of its rules) and map
     its refusals to the CLI's exit codes: refused 2, lost 1."""
-    from .. import operator
-
     try:
         return operator.run(cli.runtime(), action, job_id, operator=_operator(),
                             reason=reason or "(no reason given on the command line)",
@@ -121,18 +120,23 @@ def resolve(cli: Cli, job_id: uuid.UUID, upstream_id: str | None, not_submitted:
     _report_failed(cli, job_id, "failed as not submitted")
 
 
-@main.command("retry-settle")
-@click.argument("job_id", type=JOB_ID)
-@reason_option
-@pass_cli
-def retry_settle(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
-    """Settle now a failed or cancelled job whose settlement is pending (the ledger refused it,
-    or it waits for its backoff). Refused for a platform's own failed row: the library never
-    failed it, so its reservation is the platform's to settle."""
-    with cli.session() as session:
-        _load(session, job_id)
-    act(cli, "retry_settle", job_id, reason)
-    _report_failed(cli, job_id, "settled")
+def _action_command(command: str, spec: operator.Action) -> None:
+    """``reconcile <command> JOB_ID --reason …`` for an action that declares its command
+    (:data:`reconcile.operator.COMMANDS`); its help is the action's own docstring."""
+
+    @click.argument("job_id", type=JOB_ID)
+    @reason_option
+    @pass_cli
+    def run(cli: Cli, job_id: uuid.UUID, reason: str | None) -> None:
+        with cli.session() as session:
+            _load(session, job_id)
+        click.echo(act(cli, spec.name, job_id, reason).message)
+
+    main.command(command, help=spec.act.__doc__)(run)
+
+
+for _command, _spec in operator.COMMANDS.items():
+    _action_command(_command, _spec)
 
 
 @main.command("operator-log")

@@ -87,8 +87,7 @@ def console(cli: Cli, host: str, port: int, dev: bool) -> None:
     try:
         import uvicorn
 
-        from ..console import AUTH_SETTING, create_app, load_authorizer
-        from ..console._auth import DevLogin
+        from ..console import AUTH_SETTING, DevLogin, create_app, load_authorizer
     except ImportError as exc:
         raise Failed(f"the operator console needs its extra ({exc.name} is missing): "
                      "pip install 'reconcile[console]'") from exc

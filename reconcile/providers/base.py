@@ -1,4 +1,4 @@
-"""What every provider client returns, and the shape every client has.
+"""Internal: What every provider client returns, and the shape every client has.
 
 A client is built per provider from :class:`~reconcile.settings.Settings` and an injected
 ``requests.Session``; it is stateless otherwise. Async clients implement
@@ -205,3 +205,8 @@ def resume(
         sleep(interval)
         result = client.poll(task_id, model=model)
     return result
+
+
+from ..core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import requests
 import requests.adapters
@@ -36,9 +36,6 @@ import urllib3
 import urllib3.connection
 
 from ..errors import ErrorCode, SyncCallFailed
-
-if TYPE_CHECKING:
-    from .http import HttpClient
 
 
 class DeadlineExceeded(requests.Timeout):
@@ -334,7 +331,14 @@ def bounded(seconds: float) -> Iterator[None]:
 # -- the sync call every sync client sends ------------------------------------------------
 
 
-def send_sync(http: HttpClient, label: str, seconds: float, method: str, path: str,
+class SendsOnce(Protocol):
+    """What :func:`send_sync` needs of a client: :meth:`~.http.HttpClient.send_once` (this
+    module sits below :mod:`.http`, which bounds every exchange with it)."""
+
+    def send_once(self, method: str, path: str, **kwargs: Any) -> requests.Response: ...
+
+
+def send_sync(http: SendsOnce, label: str, seconds: float, method: str, path: str,
               **kwargs: Any) -> requests.Response:
     """Send a sync call once within its total deadline (``seconds``, :func:`bounded`); a
     timeout is ``SyncCallFailed(UPSTREAM_TIMEOUT)``, any other transport error a plain

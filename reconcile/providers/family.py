@@ -41,86 +41,25 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..settings import Settings
-from .outputs import MEDIA, OutputSpec
+from ..core import family_settings
+from .kind import ClientFactory, Kind, family_of_name
+from .output_spec import MEDIA, OutputSpec
 
 if TYPE_CHECKING:
-    import requests
-
-    from .base import AsyncProvider, SyncProvider
     from .scheme import WebhookScheme
-
-ClientFactory = Callable[[Settings, "requests.Session | None"], Any]
 
 MIN = timedelta(minutes=1)
 SEC = timedelta(seconds=1)
 H1 = timedelta(hours=1)
 H24 = timedelta(hours=24)
-
-
-@dataclass(frozen=True)
-class Kind:
-    name: str
-    sync: bool
-    stale_threshold: timedelta
-    poll_interval: timedelta | None
-    # None: no URL to fetch (sync) or unbounded (ElevenLabs: while the dubbing exists)
-    result_url_lifetime: timedelta | None
-    plant: str | None  # where the job id is planted for the provider to echo it back
-    client: str  # "module:factory" resolved lazily, or set ``factory``
-    factory: ClientFactory | None = field(default=None, compare=False)
-    # (after, interval): poll less often as a job ages (KIE: 2–3 s early, 15–30 s later)
-    backoff: tuple[tuple[timedelta, timedelta], ...] = ()
-    # The provider family: jobs.provider, the webhook path segment and the webhook scheme's
-    # name. "" (the default) means the name's first "-" segment.
-    provider: str = ""
-    # Whether a stored delivery the provider's signature does not bind to a job may be bound by
-    # a read of the task echoing the planted job id (KIE, ElevenLabs). None: the provider's
-    # webhook scheme decides (:attr:`reconcile.webhooks.WebhookScheme.echo_check`).
-    echo_check: bool | None = None
-    # The binding fields: the create fields the library writes itself because the provider
-    # echoes them back as what ties a delivery or a read to this job (README "Webhook fields
-    # that are trusted"). An input setting one is refused at submit (:func:`binding_key`).
-    # Every built-in kind declares its row (``()``: it plants nothing); None is a platform kind
-    # that declares none.
-    binds: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if not self.provider:
-            object.__setattr__(self, "provider", family_of_name(self.name))
-
-    def build(self, settings: Settings, session: requests.Session | None = None) -> AsyncProvider | SyncProvider:
-        factory = self.factory
-        if factory is None:
-            module_name, _, attr = self.client.partition(":")
-            factory = getattr(importlib.import_module(module_name), attr)
-        client: AsyncProvider | SyncProvider = factory(settings, session)
-        return client
-
-    def interval_at(self, age: timedelta) -> timedelta:
-        """The poll interval for a job that has been running ``age``."""
-        for after, interval in self.interval_steps():
-            if after is None or age >= after:
-                return interval
-        raise AssertionError("interval_steps ends with an unconditional step")
-
-    def interval_steps(self) -> tuple[tuple[timedelta | None, timedelta], ...]:
-        """``(age, interval)`` in the order they are tried: the first step whose age a job has
-        reached applies (the last backoff entry reached wins); ``None``, last, is any age."""
-        return (*((after, slower) for after, slower in reversed(self.backoff)),
-                (None, self.poll_interval or timedelta(seconds=5)))
-
-
-def family_of_name(name: str | None) -> str:
-    """The default provider family of a kind name: its first ``-`` segment."""
-    return (name or "").split("-", 1)[0]
 
 
 _NAME = re.compile(r"[a-z][a-z0-9]*")
@@ -200,7 +139,18 @@ class ProviderFamily:
 def library_fields_named(name: str) -> set[str]:
     """The library's own :class:`~reconcile.settings.Settings` fields named ``<name>_…``: a
     family ``name`` would share their environment prefix, so no family takes it."""
+    from ..settings import Settings  # not at import: the package facade imports this module
+
     return {f for f in Settings.model_fields if f.startswith(f"{name}_")}
+
+
+def _settings() -> list[family_settings.FamilySetting]:
+    """Every family's settings, as :class:`~reconcile.settings.Settings` makes them fields."""
+    return [family_settings.FamilySetting(name, default, name in f.secrets)
+            for f in families() for name, default in f.setting_defaults.items()]
+
+
+family_settings.register(_settings)
 
 
 _LOCK = threading.RLock()  # a family that asks for the families while loading fails, never hangs
@@ -210,10 +160,10 @@ _LOADED: tuple[ProviderFamily, ...] | None = None
 def _discover() -> tuple[ProviderFamily, ...]:
     """Every subpackage of :mod:`reconcile.providers` that declares ``FAMILY``, in the order of
     the packages' names (a package that fails to import raises: a family is never dropped)."""
-    from . import __path__ as providers_path
-
     found = []
-    for info in sorted(pkgutil.iter_modules(providers_path), key=lambda i: i.name):
+    # this module's package is imported (its parent): its __path__ is where the families live
+    for info in sorted(pkgutil.iter_modules(sys.modules[__package__].__path__),
+                       key=lambda i: i.name):
         if not info.ispkg:
             continue
         package = importlib.import_module(f"{__package__}.{info.name}")

@@ -1,4 +1,4 @@
-"""What an endpoint's result is expected to hold (README, Design notes: Text and JSON
+"""Internal: What an endpoint's result is expected to hold (README, Design notes: Text and JSON
 outputs), for fal and Replicate.
 
 The contract's ``UPSTREAM_EMPTY_RESULT`` is "COMPLETED but no media". Endpoints whose product is
@@ -27,32 +27,16 @@ import base64
 import binascii
 import json
 import threading
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from .base import Output
+from .output_spec import ANY as ANY, MEDIA as MEDIA, Expect as Expect, OutputSpec as OutputSpec
 
 __all__ = ["Expect", "OutputSpec", "data_uri_output", "declare_output", "declared_output",
            "document_output", "text_output"]
 
 
-class Expect(StrEnum):
-    MEDIA = "media"  # media files (URLs or data: URIs) only
-    TEXT = "text"  # a text field (``OutputSpec.key``) — or Replicate's string / token list
-    JSON = "json"  # a JSON document: the field ``key``, or the whole result without one
-    ANY = "any"  # media if there is any, else whatever non-empty value the result holds
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    expects: Expect
-    key: str | None = None  # the result field holding a TEXT/JSON output (fal)
-
-
-MEDIA = OutputSpec(Expect.MEDIA)
-ANY = OutputSpec(Expect.ANY)
 _LOCK = threading.Lock()
 # (provider, model prefix) → spec: the platform's own declarations (:func:`declare_output`)
 _DECLARED: dict[tuple[str, str], OutputSpec] = {}
@@ -126,3 +110,8 @@ def data_uri_output(value: str) -> Output | None:
     except (binascii.Error, ValueError):
         return None
     return Output(data=data, media_type=media_type) if data else None
+
+
+from ..core.facade import names_moved as _names_moved  # noqa: E402
+
+_names_moved(__name__)

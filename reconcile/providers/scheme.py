@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from ..errors import WebhookPayloadError, WebhookSignatureError, WebhookTimestampError
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from ..core.runtime_view import RuntimeView
     from ..settings import Settings
-    from .family import Kind
+    from .kind import Kind
 
 Headers = Mapping[str, str]  # headers (looked up case-insensitively) and the query string
 _UNIX_SECONDS = re.compile(r"\d{1,12}")  # bounded so float conversion can never overflow
@@ -228,7 +228,9 @@ class WebhookScheme:
 
     provider: str
     verify: Verifier
-    secret: Callable[[Runtime], Any]
+    # (rt) -> the key, rt the Runtime (typed loosely: a platform's own may take a ``Runtime``,
+    # the shipped ones take what they read of it, a RuntimeView)
+    secret: Callable[[Any], Any]
     binding: Binding = Binding(None, None)
     options: Callable[[Settings], Mapping[str, Any]] = field(default=_no_options, compare=False)
     signed_job_id: Callable[[Mapping[str, Any], str | None, Settings], str | None] = field(
@@ -244,11 +246,22 @@ class WebhookScheme:
         return self.binding.confirming_read is not None
 
 
-def from_settings(attribute: str) -> Callable[[Runtime], Any]:
+def from_settings(attribute: str) -> Callable[[RuntimeView], Any]:
     """A ``secret`` that is one attribute of the runtime's settings (an HMAC key, say)."""
 
-    def secret(rt: Runtime) -> Any:
+    def secret(rt: RuntimeView) -> Any:
         return getattr(rt.settings, attribute)
 
     secret.__qualname__ = f"from_settings({attribute!r})"
     return secret
+
+
+# The shared checks under the names a platform's own scheme uses them by (reconcile.webhooks
+# re-exports them); the shipped schemes call them by their underscored names
+header = _header
+required_headers = _required
+require_secret = _require_secret
+fresh_timestamp = _timestamp
+json_object = _json_object
+hmac_sha256 = _hmac_sha256
+event = _event

@@ -1,4 +1,4 @@
-"""The reconcile sweep: one tick over in-flight and unsettled jobs.
+"""Internal: The reconcile sweep: one tick over in-flight and unsettled jobs.
 
 A tick reads candidate rows in batches with ``SELECT … FOR UPDATE SKIP LOCKED`` (on SQLite a
 plain select: ``BEGIN IMMEDIATE`` serialises writers). Inside that short transaction it decides
@@ -49,5 +49,5 @@ from .tick import (
 )
 
 # kept importable here, not exported (``x as x``): the tuning constants, and the keyset walk's
-# statements (bench/fig_query.py, tests/integration/test_sweep.py)
+# statements (bench/fig_query.py, tests/integration/test_sweep_tick_guarantees.py)
 __all__ = ["Action", "Decision", "SweepAction", "SweepReport", "decide", "reconcile_job", "sweep"]

@@ -62,6 +62,15 @@ def _carry_out(rt: Runtime, plan: _Plan, fan_out: Callable[[uuid.UUID], None] | 
     return "left"
 
 
+def _run(rt: Runtime, plan: _Plan, fan_out: Callable[[uuid.UUID], None] | None) -> str:
+    try:
+        return _carry_out(rt, plan, fan_out)
+    except Exception:
+        log.exception("sweep_row_failed job_id=%s row=%s action=%s", plan.job.id,
+                      plan.decision.row, plan.decision.action)
+        return "error"
+
+
 def _enqueue_chain(rt: Runtime, plan: _Plan) -> str | None:
     if plan.generation is None:
         return None

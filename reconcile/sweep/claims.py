@@ -35,6 +35,8 @@ from .table import Action, Decision
 
 log = logging.getLogger("reconcile.sweep")
 
+BATCH_SIZE = 25  # rows decided per locking transaction (not a cap: batches loop until done)
+
 
 def decide(rt: Runtime, job: Job, now: datetime) -> Decision:
     """The decision-table action for one row (reads nothing but the row, the kind, settings and the

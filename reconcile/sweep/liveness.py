@@ -25,8 +25,8 @@ from sqlalchemy import select
 from .. import jobstore
 from ..db.models import Job
 from ..runtime import Runtime
-from .claims import _plan
-from .tick import BATCH_SIZE, _run
+from .carry import _run
+from .claims import BATCH_SIZE, _plan
 
 log = logging.getLogger("reconcile.liveness")
 

@@ -17,14 +17,14 @@ from .. import idempotency, jobstore
 from ..db.models import COMPLETED_AFTER_FAILURE, Job
 from ..jobstore.events import publish
 from ..runtime import Runtime
-from .carry import _carry_out
-from .claims import _anomaly_once, _Plan, _plan, _settle_cutoff
+from .carry import _run
+from .claims import BATCH_SIZE as BATCH_SIZE, _anomaly_once, _Plan, _plan, _settle_cutoff
+from .liveness import reap
 from .report import SweepReport, _Tally, record
 from .table import _ERROR, Action
 
 log = logging.getLogger("reconcile.sweep")
 
-BATCH_SIZE = 25  # rows decided per locking transaction (not a cap: batches loop until done)
 EVENT_REPUBLISH_AGE = timedelta(seconds=30)
 LATE_BATCH = 100  # late completions checked per transaction
 
@@ -84,8 +84,6 @@ def sweep(rt: Runtime, *, dry_run: bool = False, now: datetime | None = None,
         timedelta(seconds=rt.settings.sweep_time_budget)).total_seconds()
     tally = _Tally()
     if not dry_run:  # workers whose heartbeat lapsed: their claims end now, not at their lease
-        from .liveness import reap
-
         try:
             reap(rt)
         except Exception:
@@ -200,15 +198,6 @@ def _batch(rt: Runtime, phase: str, query: Callable[[_Cursor], Select[Job]],
                 errors.append(job.id)
         last = _cursor_of(phase, jobs[-1]) if jobs else None
     return plans, errors, (last if len(jobs) == BATCH_SIZE else None)
-
-
-def _run(rt: Runtime, plan: _Plan, fan_out: Callable[[uuid.UUID], None] | None) -> str:
-    try:
-        return _carry_out(rt, plan, fan_out)
-    except Exception:
-        log.exception("sweep_row_failed job_id=%s row=%s action=%s", plan.job.id,
-                      plan.decision.row, plan.decision.action)
-        return "error"
 
 
 def reconcile_job(rt: Runtime, job_id: uuid.UUID, *, now: datetime | None = None,

@@ -8,10 +8,14 @@ import argparse
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Serve the simulator until SIGTERM/SIGINT; prints the URL, then the settings env."""
+def main(argv: list[str] | None, simulator: Callable[..., Any]) -> int:
+    """Serve ``simulator`` (the :class:`~reconcile.testing.simulator.Simulator` class, which
+    hands itself in: it imports this module) until SIGTERM/SIGINT; prints the URL, then the
+    settings env."""
     parser = argparse.ArgumentParser(prog="python -m reconcile.testing.simulator",
                                      description="Loopback simulator of the AI providers' APIs.")
     parser.add_argument("--host", default="127.0.0.1")
@@ -24,12 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     from .sim_registry import missing
-    from .simulator import Simulator
 
     for family, why in missing().items():
         print(f"warning: nothing simulates provider family {family!r} ({why}); its URL "
               f"settings point at a path that answers 404", file=sys.stderr, flush=True)
-    with Simulator(args.host, args.port, seed=args.seed, time_scale=args.time_scale) as sim:
+    with simulator(args.host, args.port, seed=args.seed, time_scale=args.time_scale) as sim:
         print(sim.url, flush=True)
         for name, value in sim.env().items():
             print(f"{name}={value}", flush=True)

@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     """Serve the simulator until SIGTERM/SIGINT (:func:`.sim_main.main`)."""
     from .sim_main import main as serve
 
-    return serve(argv)
+    return serve(argv, Simulator)
 
 
 if __name__ == "__main__":

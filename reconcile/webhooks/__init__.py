@@ -44,15 +44,15 @@ from ..providers.scheme import (
     Binding,
     WebhookEvent,
     WebhookScheme,
-    _event,
-    _header,
-    _hmac_sha256,
-    _json_object,
-    _require_secret,
-    _required,
-    _timestamp,
+    event,
+    fresh_timestamp,
     from_settings,
+    header,
+    hmac_sha256,
+    json_object,
     payload_digest,
+    require_secret,
+    required_headers,
 )
 from .registry import (
     get_scheme,
@@ -93,16 +93,6 @@ def __getattr__(name: str) -> Any:
         return _EXPORTS[name]
     except KeyError:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-
-# Public names for the shared checks, for a platform's own scheme.
-header = _header
-required_headers = _required
-require_secret = _require_secret
-fresh_timestamp = _timestamp
-json_object = _json_object
-hmac_sha256 = _hmac_sha256
-event = _event
 
 
 def verify(

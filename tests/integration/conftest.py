@@ -1,6 +1,6 @@
-"""Integration fixtures shared across files: ``ledger_backend`` (each ledger backend in turn) and
-``pg_and_sqlite`` (a sessionmaker on PostgreSQL, then on a fresh SQLite file: the ledger's two
-paths)."""
+"""Integration fixtures shared across files: ``ledger_backend`` (each ledger backend in turn),
+``on_each_ledger`` (the same, installed for the test) and ``pg_and_sqlite`` (a sessionmaker on
+PostgreSQL, then on a fresh SQLite file: the ledger's two paths)."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile.db.migrate import upgrade
 from reconcile.db.session import make_engine, make_sessionmaker
-from tests.integration.ledgers import ledger_backend  # noqa: F401
+from tests.integration.ledgers import ledger_backend, on_each_ledger  # noqa: F401
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

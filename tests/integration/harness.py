@@ -18,8 +18,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits, lifecycle
-from reconcile.runtime import Runtime
+from reconcile import Runtime, credits, lifecycle
 from reconcile.storage import LocalStorage
 from reconcile.testing.simulator import Simulator
 

@@ -1,5 +1,6 @@
 """The two ledger backends behind one test interface, for the contract suite and the
-lifecycle tests that are parametrized over both (``ledger_backend`` fixture)."""
+lifecycle tests that are parametrized over both (the ``ledger_backend`` fixture, and
+``on_each_ledger``, which also installs the backend for the test)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits
+from reconcile import Ledger, credits
 from reconcile.db.models import CreditBalance
-from reconcile.ledger import BuiltinLedger, Ledger, audit as library_audit
+from reconcile.ledger import BuiltinLedger, audit as library_audit
 from reconcile.testing.platform_ledger import DDL, PlatformLedger
+from tests.integration import harness
 
 _seq = itertools.count()
 
@@ -99,6 +101,18 @@ def make_backend(name: str, db: sessionmaker[Session]) -> Backend:
 def ledger_backend(request: pytest.FixtureRequest, db: sessionmaker[Session]) -> Iterator[Backend]:
     """Each ledger backend in turn, on a clean database."""
     yield make_backend(request.param, db)
+
+
+@pytest.fixture(params=BACKENDS)
+def on_each_ledger(request: pytest.FixtureRequest, db: sessionmaker[Session]) -> Iterator[Backend]:
+    """Each ledger backend in turn (built-in; platform user_credits), installed for the test; on
+    the platform one, afterwards, nothing reached the built-in ledger (the code under test reached
+    credits only through the seam). A module runs every test so with ``pytestmark =
+    pytest.mark.usefixtures("on_each_ledger")``."""
+    with harness.ledger_backend(make_backend(request.param, db)) as current:
+        yield current
+    if current.name == "platform":
+        assert_builtin_ledger_untouched(db)
 
 
 def log_status(db: sessionmaker[Session], job_id: uuid.UUID) -> str | None:

@@ -23,12 +23,11 @@ from click.testing import CliRunner, Result
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from reconcile import Runtime, Settings
 from reconcile.cli import main
 from reconcile.db.migrate import upgrade
 from reconcile.db.models import CreditBalance, CreditTransaction, Job, ReconcileMeta, UsageLog
 from reconcile.db.session import make_engine, make_sessionmaker
-from reconcile.runtime import Runtime
-from reconcile.settings import Settings
 from reconcile.storage import LocalStorage
 from reconcile.sweep import sweep
 from tests.conftest import PgDatabases

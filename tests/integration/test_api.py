@@ -16,10 +16,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import api, credits, jobstore, lifecycle
+from reconcile import Runtime, api, credits, jobstore, lifecycle
 from reconcile.db.models import Asset, CreditBalance, CreditTransaction, Job
 from reconcile.errors import InvalidParam
-from reconcile.runtime import Runtime
 from reconcile.settlement import SettleOutcome
 from reconcile.states import CREATE_CLAIM_LEASE
 from reconcile.storage import LocalStorage

@@ -13,10 +13,9 @@ from click.testing import CliRunner
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits
+from reconcile import Settings, credits
 from reconcile.cli import main
 from reconcile.db.models import CreditBalance, CreditLot, CreditTransaction, Job, UsageLog
-from reconcile.settings import Settings
 
 Corruption = Callable[[sessionmaker[Session]], None]
 

@@ -22,7 +22,7 @@ from reconcile import credits
 from reconcile.db.models import JobEvent, UsageLog
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_sweep import INSTANT, World
+from tests.integration._sweep_helpers import INSTANT, World
 
 KIND = "replicate-prediction"
 INTERVAL = timedelta(seconds=3)

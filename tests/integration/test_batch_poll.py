@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import jobstore, lifecycle
 from reconcile.db.models import CreditTransaction, JobEvent
 from reconcile.lifecycle import batch as batch_poll
-from reconcile.providers.base import PollResult, PollStatus
+from reconcile.providers import PollResult, PollStatus
 from reconcile.states import ATTEMPT_SPACING, MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_sweep import FOREVER, INSTANT, World
+from tests.integration._sweep_helpers import FOREVER, INSTANT, World
 
 KIND = "replicate-prediction"
 INTERVAL = timedelta(seconds=3)  # replicate's poll interval
@@ -98,8 +98,9 @@ def test_a_poller_claims_only_the_kinds_it_can_read(world: World) -> None:
     knows it — it used to be claimed and dropped as ``lost`` every lease."""
     from dataclasses import replace
 
+    from reconcile import register_kind
     from reconcile.db.models import Job
-    from reconcile.kinds import register_kind, unregister_kind
+    from reconcile.kinds import unregister_kind
 
     w = world
     known, foreign = _accepted(w, n=2)

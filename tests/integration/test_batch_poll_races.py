@@ -23,10 +23,10 @@ from reconcile.db.models import JobEvent
 from reconcile.errors import ErrorCode
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.lifecycle.cancel import cancel_job
-from reconcile.providers.base import PollResult, PollStatus
+from reconcile.providers import PollResult, PollStatus
 from reconcile.states import ATTEMPT_SPACING, MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_sweep import FOREVER, INSTANT, World
+from tests.integration._sweep_helpers import FOREVER, INSTANT, World
 
 KIND = "replicate-prediction"
 INTERVAL = timedelta(seconds=3)

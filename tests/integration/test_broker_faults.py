@@ -28,10 +28,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits, lifecycle
+from reconcile import Runtime, credits, lifecycle
 from reconcile.celery_install import POLL_QUEUE, QUEUES
 from reconcile.db.models import Job
-from reconcile.runtime import Runtime
 from reconcile.sweep import sweep
 from reconcile.testing.processes import (
     ROOT,

@@ -14,13 +14,12 @@ import pytest
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import jobstore, lifecycle
+from reconcile import Runtime, jobstore, lifecycle
 from reconcile.db.models import Asset, Job, JobEvent
 from reconcile.errors import Conflict, ErrorCode, JobNotFound
 from reconcile.ledger import audit as library_audit
 from reconcile.lifecycle.cancel import cancel_job
-from reconcile.providers.base import Output, PollResult, PollStatus
-from reconcile.runtime import Runtime
+from reconcile.providers import Output, PollResult, PollStatus
 from reconcile.states import CREATE_CLAIM_LEASE
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import (

@@ -16,10 +16,9 @@ from click.testing import CliRunner, Result
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits
+from reconcile import Runtime, credits
 from reconcile.cli import main
 from reconcile.db.models import CreditBalance, CreditTransaction, Job, WebhookDelivery
-from reconcile.runtime import Runtime
 from reconcile.testing.simulator import Simulator
 from tests.integration.harness import make_runtime
 

@@ -31,9 +31,9 @@ from reconcile.db.models import (
 )
 from reconcile.ops import queries
 from reconcile.testing.simulator import Simulator
+from tests.integration._sweep_helpers import World
 from tests.integration.test_cli import cli_with
 from tests.integration.test_settle_owed import library_failed, platform_failed_row
-from tests.integration.test_sweep import World
 
 ALICE = OperatorIdentity("alice@ops.test", can_read=True, can_act=True)
 BOB = OperatorIdentity("bob@ops.test", can_read=True, can_act=False)

@@ -17,8 +17,8 @@ from reconcile.console import create_app
 from reconcile.console._auth import DevLogin
 from reconcile.db.models import OperatorAction
 from reconcile.testing.simulator import Simulator
+from tests.integration._sweep_helpers import World
 from tests.integration.test_console import by_cookie, csrf_of, records
-from tests.integration.test_sweep import World
 
 
 @pytest.fixture

@@ -36,9 +36,9 @@ from reconcile import jobstore, lifecycle
 from reconcile.console import create_app
 from reconcile.db.models import OperatorAction, WebhookDelivery
 from reconcile.testing.simulator import Script, Simulator
+from tests.integration._sweep_helpers import INSTANT, World
 from tests.integration.harness import drain
 from tests.integration.test_console import by_cookie
-from tests.integration.test_sweep import INSTANT, World
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = Path(os.environ.get("RECONCILE_CONSOLE_SCREENSHOTS") or ROOT / "build" /

@@ -217,8 +217,8 @@ def test_django_platform_migrate_check_submit_complete_cancel_audit_and_migrate_
                                   "read_only": True}, seen["change"]
         # a staff user without reconcile.act_on_jobs reads, but may not act
         assert seen["viewer"] == {"act_link": False, "get": 403, "post": 403}
-        assert ["Fail the job (refund)", "allowed"] in seen["act_page"], seen["act_page"]
-        assert ["Retry the settlement", "refused"] in seen["act_page"]
+        assert ["Fail the job and refund its credits", "allowed"] in seen["act_page"], seen["act_page"]
+        assert ["Retry the settlement now", "refused"] in seen["act_page"]
         assert seen["blank_reason"] == ["This field is required."], seen["blank_reason"]
         assert seen["act"] == [302, f"/admin/reconcile/job/{failed}/change/"], seen["act"]
         assert seen["messages"] == [["success", f"Job {failed} failed"]], seen["messages"]

@@ -15,12 +15,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile.testing.simulator import Simulator
 from reconcile.webhook_ingest import handle_webhook
+from tests.integration._sweep_helpers import World
 from tests.integration.test_security import (
     ATTACKER,
     _fal_delivery,
     _uncertain_without_upstream_task,
 )
-from tests.integration.test_sweep import World
 
 
 def test_reproducer_fal_delivery_stored_before_user_id_was_set_never_binds(

@@ -23,8 +23,8 @@ from reconcile import lifecycle, sync
 from reconcile.db.models import CreditAnomaly
 from reconcile.states import MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator
+from tests.integration._sweep_helpers import World
 from tests.integration.test_lifecycle_sync import Trickler
-from tests.integration.test_sweep import World
 
 RUNS_FOREVER = ((0.0, "queued"), (1.0, "running"), (10.0**6, "succeeded"))
 

@@ -37,7 +37,7 @@ from reconcile.providers.http import HttpClient, ProviderSession
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import BodyRefused, handle_webhook, read_capped
-from tests.integration.test_sweep import FOREVER, World
+from tests.integration._sweep_helpers import FOREVER, World
 
 # ----------------------------------------------------------------------------- webhooks
 
@@ -275,7 +275,7 @@ def test_a_poll_answer_with_a_nul_or_lone_surrogate_fails_the_job_never_a_crash(
     raised DataError out of every poll and the job could never settle (its credits held). The
     webhook path already stores them as U+FFFD; the poll path now does the same."""
     from reconcile import lifecycle
-    from reconcile.providers.base import PollResult, PollStatus
+    from reconcile.providers import PollResult, PollStatus
 
     w = World(db, simulator, tmp_path)
     job_id = w.accept("replicate-prediction", Script(timeline=FOREVER))
@@ -301,7 +301,7 @@ def test_a_created_task_id_with_a_lone_surrogate_is_uncertain_not_an_error_loop(
     hold the surrogate either (psycopg cannot encode it), so saving the id raised out of the
     create step. Now the id is unusable: the job is uncertain, as for a NUL."""
     from reconcile import lifecycle
-    from reconcile.providers.base import Created
+    from reconcile.providers import Created
 
     w = World(db, simulator, tmp_path)
     job_id = w.submit("replicate-prediction")

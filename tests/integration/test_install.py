@@ -16,13 +16,14 @@ from celery.signals import worker_process_init
 
 import reconcile
 from reconcile import celery_install, tasks
+from reconcile.worker import installed
 
 
 @pytest.fixture
 def restore_installed() -> Iterator[None]:
-    before = celery_install._app
+    before = installed._app  # the app every enqueue goes through (reconcile.worker.installed)
     yield
-    celery_install._app = before
+    installed._app = before
 
 
 def _platform_app(broker: str, **conf: object) -> Celery:

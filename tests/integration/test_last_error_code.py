@@ -16,7 +16,7 @@ from reconcile import jobstore, lifecycle
 from reconcile.lifecycle import poll
 from reconcile.states import MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_sweep import World, assert_refunded
+from tests.integration._sweep_helpers import World, assert_refunded
 
 KIND = "replicate-prediction"
 VANISHED = Script(timeline=((0.0, "queued"), (0.0, "vanished")))

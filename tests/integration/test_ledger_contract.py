@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from reconcile import Ledger
 from reconcile.db.models import UsageLog
 from reconcile.errors import InsufficientCredits, LedgerError
-from reconcile.ledger import Ledger
 from tests.integration.ledgers import Backend, log_status
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

@@ -32,8 +32,8 @@ from reconcile.lifecycle import finalize
 from reconcile.media import fetch as media
 from reconcile.states import MAX_ATTEMPTS, SETTLE_BACKOFF_MAX
 from reconcile.testing.simulator import Script, Simulator
+from tests.integration._sweep_helpers import World, assert_refunded
 from tests.integration.harness import drain
-from tests.integration.test_sweep import World, assert_refunded
 
 KIND = "replicate-prediction"
 THRESHOLD = timedelta(minutes=20)

@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import lifecycle
 from reconcile.db.models import CreditAnomaly
 from reconcile.testing.simulator import Script, Simulator
+from tests.integration._sweep_helpers import World
 from tests.integration.harness import drain
-from tests.integration.test_sweep import World
 
 KIND = "replicate-prediction"  # has a provider listing (evidence) and a cancel endpoint
 SUCCEEDS = Script(timeline=((0.0, "queued"), (0.0, "running"), (0.0, "succeeded")))

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import lifecycle, sync
+from reconcile import lifecycle, sync, sync_call
 from reconcile.errors import Conflict
 from reconcile.lifecycle.cancel import cancel_job
-from reconcile.sync import sync_call
 from reconcile.testing.simulator import Simulator
-from tests.integration.test_sweep import World, assert_refunded
+from tests.integration._sweep_helpers import World, assert_refunded
 
 
 @pytest.fixture
@@ -51,7 +50,7 @@ def test_a_stray_create_message_never_makes_a_sync_job_uncertain(world: World) -
     ever); the sweep then fails and refunds it past the threshold."""
     w = world
     job_id = w.submit("anthropic-sync")
-    sync._claim(w.rt, job_id, None)  # sync_call's claim; the request then dies in its block
+    sync.claim(w.rt, job_id, None)  # sync_call's claim; the request then dies in its block
     assert w.job(job_id).submission_state == "submitting"
     w.clock.advance(minutes=10)  # past the claim lease and the 5-minute threshold
     assert lifecycle.create_step(w.rt, job_id).action == "lost"
@@ -188,7 +187,7 @@ def test_a_platform_rows_sync_call_gets_the_same_time_as_a_library_rows(world: W
         assert (job.status, job.credits_actual) == ("completed", 40), kind
         assert w.log_status(job_id) == "committed"
     dead = w.platform_row(status="pending")
-    sync._claim(w.rt, dead, "anthropic-sync")  # the platform's request then dies in its block
+    sync.claim(w.rt, dead, "anthropic-sync")  # the platform's request then dies in its block
     lease = sync.claim_lease(w.rt.settings, w.rt.kind("anthropic-sync"))  # type: ignore[arg-type]
     w.clock.advance(seconds=lease.total_seconds() - 1)
     w.tick()
@@ -202,9 +201,7 @@ def test_a_platform_rows_sync_call_gets_the_same_time_as_a_library_rows(world: W
 def test_settings_that_break_the_sync_deadline_are_refused_at_start_up(pg_url: str) -> None:
     """Hole 7: the deadline must fit every sync kind (threshold − 60 s: 240 s for the 5-minute
     kinds) and exceed the connect timeout; otherwise start-up fails with a clear error."""
-    from reconcile.kinds import Kind
-    from reconcile.runtime import Runtime
-    from reconcile.settings import Settings
+    from reconcile import Kind, Runtime, Settings
 
     Runtime.from_settings(Settings(database_url=pg_url))  # the defaults fit: 240 s
     with pytest.raises(ValueError, match=r"SYNC_DEADLINE=241s .*threshold 300s minus 60 s = 240s"):

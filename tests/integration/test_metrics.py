@@ -12,12 +12,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
+from reconcile import Runtime, Settings
 from reconcile.cli import main
 from reconcile.db.models import CreditAnomaly
 from reconcile.db.session import make_engine, make_sessionmaker
 from reconcile.ops.metrics import collect, serve
-from reconcile.runtime import Runtime
-from reconcile.settings import Settings
 from reconcile.storage import LocalStorage
 from tests.integration.test_cli import add_job, url_of
 

@@ -16,11 +16,10 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits, lifecycle
+from reconcile import Runtime, credits, lifecycle
 from reconcile.db.models import CreditBalance, CreditTransaction, Job
 from reconcile.errors import LedgerError
 from reconcile.lifecycle.cancel import cancel_job
-from reconcile.runtime import Runtime
 from reconcile.settlement import SettlementPolicy, SettleOutcome, kept_of
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import Clock, fund, make_runtime
@@ -474,8 +473,8 @@ def _platform_completes_clearing_its_error(db: sessionmaker[Session], simulator:
     completed and its error fields cleared (``error_code = NULL``)."""
     from sqlalchemy import update as sql_update
 
+    from tests.integration._sweep_helpers import World
     from tests.integration.test_settle_owed import half_settled_then_completed
-    from tests.integration.test_sweep import World
 
     w = World(db, simulator, tmp_path)
     row = half_settled_then_completed(w)

@@ -37,7 +37,7 @@ from reconcile.testing.platform_schema import (
 from reconcile.testing.simulator import Script, Simulator
 from tests.conftest import PG_ADMIN_URL, TABLES, PgDatabases
 from tests.integration import harness
-from tests.integration.test_sweep import INSTANT, World, assert_refunded
+from tests.integration._sweep_helpers import INSTANT, World, assert_refunded
 
 ZONES = ("America/New_York", "Asia/Tokyo")
 SHAPES = [(zone, naive, level) for zone in ZONES for naive in (True, False)

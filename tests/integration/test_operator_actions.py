@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import api, operator
 from reconcile.db.models import OperatorAction
 from reconcile.testing.simulator import Simulator
+from tests.integration._sweep_helpers import World
 from tests.integration.test_cli import cli_with
 from tests.integration.test_settle_owed import assert_untouched, library_failed, platform_failed_row
-from tests.integration.test_sweep import World
 
 ADMIN = operator.Operator("ops@example.test", via="console")
 

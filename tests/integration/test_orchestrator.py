@@ -15,12 +15,11 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import lifecycle
+from reconcile import NodeTimeout, Runtime, lifecycle, wait_for_job
 from reconcile.db.models import Job, WorkflowExecution
 from reconcile.errors import JobNotFound
-from reconcile.orchestrator import NodeTimeout, mark_node_timed_out, wait_for_job
-from reconcile.providers.base import Output, PollResult, PollStatus
-from reconcile.runtime import Runtime
+from reconcile.orchestrator import mark_node_timed_out
+from reconcile.providers import Output, PollResult, PollStatus
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import Clock, fund, make_runtime
 

@@ -21,19 +21,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import lifecycle, webhooks
+from reconcile import Kind, lifecycle, register_kind, webhooks
 from reconcile.db.models import Job, WebhookDelivery
 from reconcile.errors import WebhookSignatureError
 from reconcile.jobstore import evidence
-from reconcile.kinds import Kind, get_kind, provider_of, register_kind, unregister_kind
-from reconcile.providers.base import (
-    Created,
-    CreateRequest,
-    ListedTask,
-    Output,
-    PollResult,
-    PollStatus,
-)
+from reconcile.kinds import get_kind, provider_of, unregister_kind
+from reconcile.providers import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus
 from reconcile.testing.simulator import Simulator
 from reconcile.webhook_ingest import handle_webhook
 from tests.integration.harness import Queues, drain, fund, make_runtime

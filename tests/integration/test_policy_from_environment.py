@@ -56,8 +56,7 @@ def test_a_worker_runtime_refuses_a_policy_other_than_its_environments(
         worker_env: None) -> None:
     """A process wiring its own runtime (``tasks.set_runtime``) with a policy in code that
     differs from the environment's is refused at start-up, not left to settle differently."""
-    from reconcile.runtime import Runtime
-    from reconcile.settings import Settings
+    from reconcile import Runtime, Settings
 
     with pytest.raises(ValueError, match="RECONCILE_CANCEL_REFUND"):
         Runtime.from_settings(Settings(), settlement_policy=SettlementPolicy(

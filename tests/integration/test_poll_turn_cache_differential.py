@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import jobstore
+from reconcile import Kind, jobstore, register_kind
 from reconcile.db.models import Job
-from reconcile.kinds import Kind, all_kinds, register_kind, unregister_kind
+from reconcile.kinds import all_kinds, unregister_kind
 from reconcile.lifecycle import poll as lpoll
 from reconcile.states import IN_FLIGHT, POLL_LEASE_SLACK
 

@@ -10,9 +10,9 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import jobstore
+from reconcile import jobstore, register_kind
 from reconcile.db.models import Job
-from reconcile.kinds import register_kind, unregister_kind
+from reconcile.kinds import unregister_kind
 from reconcile.lifecycle import poll as lpoll
 from reconcile.states import POLL_LEASE_SLACK
 from tests.integration.test_poll_turn_cache_differential import MULTI, NOW, _row, _Rt

@@ -29,7 +29,7 @@ from reconcile.errors import (
     SyncCallFailed,
 )
 from reconcile.kinds import all_kinds, get_kind, provider_of
-from reconcile.providers.base import (
+from reconcile.providers import (
     AsyncProvider,
     CreateRequest,
     PollResult,

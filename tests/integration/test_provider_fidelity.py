@@ -15,7 +15,7 @@ from reconcile import api, lifecycle
 from reconcile.db.models import Job
 from reconcile.errors import ErrorCode
 from reconcile.kinds import get_kind
-from reconcile.providers.base import SyncProvider
+from reconcile.providers import SyncProvider
 from reconcile.testing import sim_elevenlabs
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook

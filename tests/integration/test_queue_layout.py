@@ -22,6 +22,7 @@ from celery import Celery
 import reconcile
 from reconcile import celery_install, tasks
 from reconcile.celery_install import CREATE_QUEUE, POLL_QUEUE, QUEUE, QUEUES, SWEEP_QUEUE
+from reconcile.worker import installed
 from tests.integration.workers import Worker, wait_for
 
 pytestmark = pytest.mark.slow
@@ -39,9 +40,9 @@ EXPECTED = {
 
 @pytest.fixture
 def restore_installed() -> Iterator[None]:
-    before = celery_install._app
+    before = installed._app  # the app every enqueue goes through (reconcile.worker.installed)
     yield
-    celery_install._app = before
+    installed._app = before
 
 
 def _routed(app: Celery, task: str) -> str:

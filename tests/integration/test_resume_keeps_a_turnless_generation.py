@@ -24,7 +24,7 @@ from reconcile import jobstore, lifecycle
 from reconcile.db.models import CreditTransaction, Job, JobEvent
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_sweep import FOREVER, INSTANT, World
+from tests.integration._sweep_helpers import FOREVER, INSTANT, World
 
 KIND = "kie-standard"
 LATER = ((0.0, "queued"), (1.0, "running"), (30.0, "succeeded"))

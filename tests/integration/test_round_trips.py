@@ -20,13 +20,12 @@ import pytest
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import lifecycle
+from reconcile import Runtime, lifecycle
 from reconcile.db.contract import usage_log_ids_assigned
 from reconcile.db.models import Job, JobEvent
 from reconcile.errors import ProviderError
 from reconcile.lifecycle import poll
-from reconcile.providers.base import PollResult, PollStatus
-from reconcile.runtime import Runtime
+from reconcile.providers import PollResult, PollStatus
 from reconcile.storage import LocalStorage
 from reconcile.testing.counting import Counting
 from reconcile.testing.simulator import Script, Simulator

@@ -26,7 +26,7 @@ import requests
 import reconcile.providers
 from reconcile.errors import ReconcileError
 from reconcile.kinds import BUILTIN_KINDS, all_kinds, get_kind
-from reconcile.providers.base import AsyncProvider, CreateRequest, SyncProvider, resume
+from reconcile.providers import AsyncProvider, CreateRequest, SyncProvider, resume
 from reconcile.testing import sim_registry
 from reconcile.testing.simulator import Script, Simulator
 

@@ -15,24 +15,17 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import api, lifecycle, webhooks
+from reconcile import Kind, api, lifecycle, register_kind, webhooks
 from reconcile.db.models import CreditAnomaly, Job, WebhookDelivery
 from reconcile.errors import MediaFetchFailed
-from reconcile.kinds import Kind, register_kind, unregister_kind
+from reconcile.kinds import unregister_kind
 from reconcile.media import fetch as media
-from reconcile.providers.base import (
-    Created,
-    CreateRequest,
-    ListedTask,
-    Output,
-    PollResult,
-    PollStatus,
-)
+from reconcile.providers import Created, CreateRequest, ListedTask, Output, PollResult, PollStatus
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook
+from tests.integration._sweep_helpers import FOREVER, INSTANT, World
 from tests.integration.harness import drain
-from tests.integration.test_sweep import FOREVER, INSTANT, World
 from tests.unit.test_media_ssrf import RawServer
 
 ATTACKER = "attacker-fal-account"

@@ -21,13 +21,13 @@ from reconcile import api, lifecycle
 from reconcile.cli import main
 from reconcile.db.models import CreditTransaction, Job, UsageLog, WebhookDelivery
 from reconcile.kinds import BUILTIN_KINDS, get_kind
-from reconcile.providers.base import ListedTask
+from reconcile.providers import ListedTask
 from reconcile.providers.elevenlabs import form_parts
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook
+from tests.integration._sweep_helpers import FOREVER, INPUTS, MODELS, World
 from tests.integration.harness import fund
-from tests.integration.test_sweep import FOREVER, INPUTS, MODELS, World
 
 DUBBING_INPUT = {"source_url": "https://example.com/a.mp4", "target_lang": "es"}
 

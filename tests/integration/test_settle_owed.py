@@ -25,8 +25,8 @@ from reconcile.ledger import audit as library_audit
 from reconcile.settlement import SettlementPolicy, SettleOutcome
 from reconcile.testing.simulator import Simulator
 from tests.integration import harness
+from tests.integration._sweep_helpers import World
 from tests.integration.ledgers import make_backend
-from tests.integration.test_sweep import World
 
 FUNDS = 100_000
 

@@ -15,10 +15,9 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits, lifecycle
+from reconcile import Runtime, credits, lifecycle
 from reconcile.db.models import CreditBalance, Job
 from reconcile.lifecycle.cancel import cancel_job
-from reconcile.runtime import Runtime
 from reconcile.settlement import SettlementPolicy, kept_of
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration.harness import Clock, fund, make_runtime
@@ -208,8 +207,8 @@ def test_a_sync_calls_failure_keeps_the_failure_share_only_once_the_provider_ans
         rt: Runtime, db: sessionmaker[Session], outcome: str, kept: int) -> None:
     """The sync path's "accepted": only a failure written after the call returned an answer
     keeps the failure share; a provider error or a raising block is refunded in full."""
+    from reconcile import sync_call
     from reconcile.errors import SyncCallFailed
-    from reconcile.sync import sync_call
 
     user, job_id = _submit(rt, db, "anthropic-sync", "claude-sonnet-4-5")
     with pytest.raises((SyncCallFailed, _Boom)) if outcome != "no_result" else _nothing():

@@ -19,11 +19,10 @@ import pytest
 from sqlalchemy import Uuid, bindparam, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits, lifecycle
+from reconcile import Runtime, credits, lifecycle
 from reconcile.db.models import Job, UsageLog
 from reconcile.ledger import DEFAULT as LEDGER, BuiltinLedger, audit as library_audit
 from reconcile.lifecycle.cancel import cancel_job
-from reconcile.runtime import Runtime
 from reconcile.settlement import DEFAULT_POLICY, SettlementPolicy, SettleOutcome
 from reconcile.testing.simulator import Simulator
 from tests.integration.harness import Clock, fund, make_runtime, use_policy

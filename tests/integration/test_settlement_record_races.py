@@ -19,12 +19,11 @@ import pytest
 from sqlalchemy import Engine, event, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits, lifecycle
+from reconcile import Runtime, credits, lifecycle
 from reconcile.db.models import CreditTransaction, Job, UsageLog
 from reconcile.errors import Conflict
 from reconcile.ledger import DEFAULT as LEDGER, audit as library_audit
 from reconcile.lifecycle.cancel import cancel_job
-from reconcile.runtime import Runtime
 from reconcile.settlement import DEFAULT_POLICY, SettlementPolicy
 from reconcile.testing.simulator import Simulator
 from tests.integration.harness import Clock, fund, make_runtime, use_policy

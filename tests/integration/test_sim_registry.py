@@ -9,11 +9,11 @@ from datetime import timedelta
 
 import pytest
 
+from reconcile import Settings
 from reconcile.errors import CreateRejected
 from reconcile.kinds import BUILTIN_KINDS, BUILTIN_PROVIDERS, get_kind
-from reconcile.providers.base import CreateRequest
+from reconcile.providers import CreateRequest
 from reconcile.providers.family import Kind, ProviderFamily
-from reconcile.settings import Settings
 from reconcile.testing import sim_registry
 from reconcile.testing.sim_registry import SimWebhooks
 from reconcile.testing.simulator import PROVIDER_MODULES, Script, SimSecrets, Simulator

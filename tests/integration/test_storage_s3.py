@@ -9,8 +9,8 @@ import boto3
 import pytest
 import requests
 
+from reconcile import Settings
 from reconcile.errors import MediaError
-from reconcile.settings import Settings
 from reconcile.storage import S3Storage, object_key, storage_from_settings
 
 pytest_plugins = ("tests.integration.conftest_s3",)  # the s3_endpoint fixture

@@ -20,8 +20,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import api, jobstore
-from reconcile.runtime import Runtime
+from reconcile import Runtime, api, jobstore
 from reconcile.sweep import sweep
 from reconcile.testing.processes import celery_sender, enqueuers, free_port
 from reconcile.testing.simulator import Script, Simulator

@@ -20,9 +20,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import api, idempotency
+from reconcile import Runtime, api, idempotency
 from reconcile.db.models import CreditTransaction, IdempotencyKey, Job
-from reconcile.runtime import Runtime
 from reconcile.states import NOT_STARTED_AGE
 from reconcile.sweep import sweep
 from reconcile.testing.processes import celery_sender, enqueuers, free_port

@@ -18,9 +18,9 @@ from reconcile.db.models import Job, ReconcileMeta
 from reconcile.jobstore.adoption import SettingsError, default_legacy_age, legacy_cutoff
 from reconcile.ledger import audit as library_audit
 from reconcile.testing.simulator import Simulator
+from tests.integration._sweep_helpers import World, assert_refunded, snapshot
 from tests.integration.harness import ledger_backend as use_backend
 from tests.integration.ledgers import Backend
-from tests.integration.test_sweep import World, assert_refunded, snapshot
 
 DEFAULTS: dict[str, Any] = {"legacy_sweep": "observe", "legacy_cutoff": None, "legacy_age": None}
 

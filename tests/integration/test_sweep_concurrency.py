@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile.db.models import Asset, CreditTransaction, Job, JobEvent
 from reconcile.sweep import SweepReport, reconcile_job, sweep
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_sweep import (
+from tests.integration._sweep_helpers import (
     FOREVER,
     INSTANT,
     SEED_PHASE_2,

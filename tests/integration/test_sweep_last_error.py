@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile.states import MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator
+from tests.integration._sweep_helpers import World, assert_refunded
 from tests.integration.harness import drain
-from tests.integration.test_sweep import World, assert_refunded
 
 VANISHED = Script(timeline=((0.0, "queued"), (0.0, "vanished")))
 EXPIRED = Script(timeline=((0.0, "queued"), (0.0, "succeeded")), media_ttl=0.0)

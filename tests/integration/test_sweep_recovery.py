@@ -17,10 +17,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile.db.models import Asset, JobEvent
-from reconcile.providers.base import PollResult
+from reconcile.providers import PollResult
 from reconcile.states import MAX_ATTEMPTS
 from reconcile.testing.simulator import Script, Simulator
-from tests.integration.test_sweep import FOREVER, INSTANT, World, assert_refunded
+from tests.integration._sweep_helpers import FOREVER, INSTANT, World, assert_refunded
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_replicate_training_runs_the_completion_hook_once(world: World) -> None:
     """Replicate training: recovery calls the platform's training-completed hook exactly once,
     inside the completion (the LoRA row of the old reconcileOrphanedTrainings cron)."""
     from reconcile import jobstore, lifecycle
-    from reconcile.providers.base import CreateRequest
+    from reconcile.providers import CreateRequest
 
     calls: list[tuple[uuid.UUID, str | None]] = []
 

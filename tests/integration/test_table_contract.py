@@ -19,14 +19,12 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from reconcile import api
+from reconcile import Runtime, Settings, api
 from reconcile.cli import main
 from reconcile.db.contract import SchemaMismatch, contract_markdown, head_revision
 from reconcile.db.migrate import upgrade
 from reconcile.db.models import UsageLog
 from reconcile.db.session import make_engine, make_sessionmaker
-from reconcile.runtime import Runtime
-from reconcile.settings import Settings
 from reconcile.storage import LocalStorage
 from reconcile.testing.simulator import Simulator
 from tests.conftest import PgDatabases

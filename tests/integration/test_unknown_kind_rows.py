@@ -19,17 +19,15 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import lifecycle
+from reconcile import Kind, Runtime, Settings, lifecycle, register_kind
 from reconcile.jobstore.adoption import SettingsError
-from reconcile.kinds import Kind, register_kind, unregister_kind
-from reconcile.providers.base import CreateRequest
-from reconcile.runtime import Runtime
-from reconcile.settings import Settings
+from reconcile.kinds import unregister_kind
+from reconcile.providers import CreateRequest
 from reconcile.storage import LocalStorage
 from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import handle_webhook
-from tests.integration.test_sweep import World, assert_refunded, snapshot
+from tests.integration._sweep_helpers import World, assert_refunded, snapshot
 from tests.integration.test_sweep_adoption import before_adoption, defaults
 
 UNKNOWN = "acme-video"  # registered by no process here

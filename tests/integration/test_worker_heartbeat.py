@@ -18,12 +18,10 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import jobstore, lifecycle
+from reconcile import Runtime, Settings, jobstore, lifecycle
 from reconcile.db.models import Job, WorkerHeartbeat
 from reconcile.errors import ErrorCode
 from reconcile.lifecycle import batch as batch_poll
-from reconcile.runtime import Runtime
-from reconcile.settings import Settings
 from reconcile.states import Submission
 from reconcile.sweep.liveness import reap
 from reconcile.testing.simulator import Script, Simulator

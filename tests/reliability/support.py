@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from reconcile import Runtime
 from reconcile.db.models import CreditTransaction, Job, UsageLog
-from reconcile.runtime import Runtime
 from reconcile.storage import LocalStorage
 from reconcile.testing.simulator import Simulator
 from tests.conftest import TABLES

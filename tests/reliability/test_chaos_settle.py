@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from reconcile import Settings
 from reconcile.kinds import get_kind
-from reconcile.settings import Settings
 from reconcile.states import ATTEMPT_SPACING, MAX_ATTEMPTS
 from reconcile.testing.chaos import ChaosConfig, control, make_plan
 

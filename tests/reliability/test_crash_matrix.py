@@ -46,9 +46,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import credits, lifecycle
+from reconcile import Runtime, credits, lifecycle
 from reconcile.db.models import Asset, CreditTransaction, Job, JobEvent, UsageLog
-from reconcile.runtime import Runtime
 from reconcile.storage import LocalStorage
 from reconcile.sweep import sweep
 from reconcile.testing.chaos import FAMILIES as ALL_FAMILIES

@@ -31,10 +31,23 @@ import reconcile.providers
 from reconcile import webhooks
 from reconcile.errors import ReconcileError, WebhookError
 from reconcile.kinds import BUILTIN_KINDS, get_kind
-from reconcile.providers import anthropic, base, elevenlabs, fal, http, kie, replicate
-from reconcile.providers.base import Created, ListedTask, Output, PollResult, PollStatus, SyncResult
+from reconcile.providers import (
+    Created,
+    ListedTask,
+    Output,
+    PollResult,
+    PollStatus,
+    SyncResult,
+    anthropic,
+    base,
+    declared_output,
+    elevenlabs,
+    fal,
+    http,
+    kie,
+    replicate,
+)
 from reconcile.providers.family import families
-from reconcile.providers.outputs import declared_output
 from reconcile.testing import sim_registry
 from reconcile.testing.simulator import SimSecrets, Simulator
 

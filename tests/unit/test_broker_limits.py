@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from kombu import Connection
 
-from reconcile.settings import Settings
+from reconcile import Settings
 from reconcile.testing.processes import ROOT, free_port
 from reconcile.worker import broker
 

@@ -14,8 +14,8 @@ import pytest
 from celery import Celery
 
 import reconcile.tasks  # noqa: F401 - connects the start-up check, as a hand-configured app does
+from reconcile import Settings
 from reconcile.celery_install import QUEUE, check_broker_limits, install, library_settings
-from reconcile.settings import Settings
 from reconcile.testing.processes import ROOT, free_port
 from reconcile.worker import broker
 

@@ -17,8 +17,8 @@ from django.conf import settings as django_settings  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
+from reconcile import Settings  # noqa: E402
 from reconcile.contrib import django as contrib  # noqa: E402
-from reconcile.settings import Settings  # noqa: E402
 
 PG = {"ENGINE": "django.db.backends.postgresql", "NAME": "app", "USER": "app",
       "PASSWORD": "p@ss:/w?rd", "HOST": "db.internal", "PORT": "6432",

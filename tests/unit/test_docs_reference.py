@@ -18,9 +18,9 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
+from reconcile import Settings
 from reconcile.errors import ErrorCode
 from reconcile.kinds import BUILTIN_KINDS, BUILTIN_PROVIDERS, get_kind
-from reconcile.settings import Settings
 from reconcile.testing.sim_core import CREATE_MODES, STATES, Script
 from tests.unit.test_operator_modules import COMMANDS
 

@@ -14,11 +14,19 @@ from collections.abc import Iterator
 import pytest
 import responses
 
+from reconcile import Settings
 from reconcile.errors import ErrorCode, ReadFailed, SyncCallFailed
-from reconcile.providers import anthropic, elevenlabs, fal, replicate
-from reconcile.providers.base import PollStatus
-from reconcile.providers.outputs import Expect, OutputSpec, declare_output, declared_output
-from reconcile.settings import Settings
+from reconcile.providers import (
+    Expect,
+    OutputSpec,
+    PollStatus,
+    anthropic,
+    declare_output,
+    declared_output,
+    elevenlabs,
+    fal,
+    replicate,
+)
 
 # --- Replicate ---------------------------------------------------------------------------------
 
@@ -152,7 +160,7 @@ def test_fal_submit_urls_that_differ_from_the_built_ones_are_logged(
         rsps: responses.RequestsMock, caplog: pytest.LogCaptureFixture) -> None:
     """fal says to use the returned URLs; the poll can only build them (the job row keeps the
     task id and model), so a submit answer whose URLs differ is logged at once."""
-    from reconcile.providers.base import CreateRequest
+    from reconcile.providers import CreateRequest
 
     other = f"{FAL}/fal-ai/flux-v2/requests/rid-3"
     rsps.post(f"{FAL}/fal-ai/flux/dev", json={

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from reconcile import Settings
 from reconcile.db.models import WebhookDelivery
 from reconcile.jobstore import evidence
 from reconcile.kinds import get_kind
-from reconcile.settings import Settings
 
 JOB = str(uuid.uuid4())
 OTHER = str(uuid.uuid4())

@@ -119,9 +119,9 @@ def test_the_fal_jwks_fetch_ends_at_its_timeout_against_trickled_headers(
 
 def test_a_dubbing_audio_download_ends_at_media_timeout_against_a_trickled_body() -> None:
     """The dubbing download is a streamed read: its body is under ``MEDIA_TIMEOUT`` too."""
+    from reconcile import Settings
     from reconcile.errors import MediaFetchFailed
     from reconcile.providers.elevenlabs.async_jobs import ElevenLabsAsyncClient
-    from reconcile.settings import Settings
 
     server = Trickler(body=True)
     try:

@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+from reconcile import Settings
 from reconcile.audit._jobs import _past_horizon
 from reconcile.jobstore import horizon
 from reconcile.jobstore.adoption import default_legacy_age
 from reconcile.kinds import all_kinds, get_kind
-from reconcile.settings import Settings
 from reconcile.sweep.table import Action, decide
 
 T = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)

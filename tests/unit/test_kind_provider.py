@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from reconcile import webhooks
+from reconcile import Kind, webhooks
 from reconcile.errors import WebhookPayloadError
-from reconcile.kinds import BUILTIN_KINDS, BUILTIN_PROVIDERS, Kind, all_kinds, get_kind, provider_of
+from reconcile.kinds import BUILTIN_KINDS, BUILTIN_PROVIDERS, all_kinds, get_kind, provider_of
 
 NOW = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
 

@@ -6,17 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from reconcile.kinds import (
-    BUILTIN_KINDS,
-    BUILTIN_PROVIDERS,
-    Kind,
-    all_kinds,
-    get_kind,
-    register_kind,
-    unregister_kind,
-)
-from reconcile.providers.base import AsyncProvider, SyncProvider
-from reconcile.settings import Settings
+from reconcile import Kind, Settings, register_kind
+from reconcile.kinds import BUILTIN_KINDS, BUILTIN_PROVIDERS, all_kinds, get_kind, unregister_kind
+from reconcile.providers import AsyncProvider, SyncProvider
 
 EXPECTED = {  # name: (sync, threshold minutes, poll seconds, url lifetime hours)
     "anthropic-sync": (True, 5, None, None), "elevenlabs-async": (False, 15, 10, None),

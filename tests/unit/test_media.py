@@ -13,6 +13,7 @@ import requests
 import responses
 from hypothesis import given, settings, strategies as st
 
+from reconcile import Settings
 from reconcile.errors import (
     MediaError,
     MediaExpired,
@@ -21,7 +22,6 @@ from reconcile.errors import (
     UnsafeMediaURL,
 )
 from reconcile.media.fetch import guess_extension, safe_fetch
-from reconcile.settings import Settings
 from reconcile.storage import LocalStorage, S3Storage, object_key, storage_from_settings
 
 PUBLIC_IP = "93.184.216.34"

@@ -15,9 +15,9 @@ import requests
 import responses
 from hypothesis import given, settings, strategies as st
 
+from reconcile import Settings
 from reconcile.errors import ErrorCode, ReconcileError, SyncCallFailed
 from reconcile.providers import anthropic
-from reconcile.settings import Settings
 
 BASE = "https://anthropic.test"
 URL = f"{BASE}/v1/messages"

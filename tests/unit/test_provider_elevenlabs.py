@@ -15,6 +15,7 @@ import pytest
 import responses
 from hypothesis import given, settings, strategies as st
 
+from reconcile import Settings
 from reconcile.errors import (
     CreateRateLimited,
     CreateRejected,
@@ -26,10 +27,8 @@ from reconcile.errors import (
     ReconcileError,
     SyncCallFailed,
 )
-from reconcile.providers import elevenlabs
-from reconcile.providers.base import CreateRequest, PollStatus
+from reconcile.providers import CreateRequest, PollStatus, elevenlabs
 from reconcile.providers.elevenlabs import ElevenLabsAsyncClient, ElevenLabsSyncClient
-from reconcile.settings import Settings
 
 BASE = "https://api.elevenlabs.test"
 CFG = Settings(elevenlabs_base_url=BASE, elevenlabs_api_key="xi-test")

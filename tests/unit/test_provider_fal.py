@@ -15,6 +15,7 @@ import pytest
 import responses
 from hypothesis import given, settings, strategies as st
 
+from reconcile import Settings
 from reconcile.errors import (
     CreateRateLimited,
     CreateRejected,
@@ -24,10 +25,8 @@ from reconcile.errors import (
     ReadFailed,
     ReconcileError,
 )
-from reconcile.providers import fal
-from reconcile.providers.base import CreateRequest, PollStatus
+from reconcile.providers import CreateRequest, PollStatus, fal
 from reconcile.providers.fal import FalQueueClient
-from reconcile.settings import Settings
 
 BASE = "https://queue.fal.test"
 MODEL = "fal-ai/flux/dev"

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 import reconcile.providers
+from reconcile import Settings
 from reconcile.core import redact
 from reconcile.kinds import BUILTIN_KINDS, BUILTIN_PROVIDERS
-from reconcile.providers import family as registry
+from reconcile.providers import declared_output, family as registry
 from reconcile.providers.family import (
     Kind,
     ProviderFamily,
     families,
     family,
 )
-from reconcile.providers.outputs import ANY, MEDIA, declared_output
-from reconcile.settings import Settings
+from reconcile.providers.outputs import ANY, MEDIA
 
 FAMILIES = [pytest.param(f, id=f.name) for f in families()]
 

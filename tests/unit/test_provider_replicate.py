@@ -17,6 +17,7 @@ import responses
 from hypothesis import given, settings, strategies as st
 from responses import matchers
 
+from reconcile import Settings
 from reconcile.errors import (
     CreateRateLimited,
     CreateRejected,
@@ -25,10 +26,8 @@ from reconcile.errors import (
     InvalidParam,
     ReconcileError,
 )
-from reconcile.providers import replicate
-from reconcile.providers.base import CreateRequest, PollStatus
+from reconcile.providers import CreateRequest, PollStatus, replicate
 from reconcile.providers.replicate import ReplicateClient
-from reconcile.settings import Settings
 
 BASE = "https://api.replicate.test"
 VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"

@@ -14,10 +14,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from reconcile import Settings
 from reconcile.core import redact
 from reconcile.errors import ProviderError
 from reconcile.ops.output import _cell, _dump
-from reconcile.settings import Settings
 
 AKID = "AKIAIOSFODNN7EXAMPLE"
 TOKEN = "FwoGZXIvYXdzEJr//////////wEaDEXAMPLEtoken=="

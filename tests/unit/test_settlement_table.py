@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from reconcile import Runtime, Settings
 from reconcile.kinds import get_kind
-from reconcile.runtime import Runtime
-from reconcile.settings import Settings
 from reconcile.settlement import (
     MAX_SHARE_DENOMINATOR,
     Cause,

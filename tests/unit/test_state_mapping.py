@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from reconcile.providers import elevenlabs, fal, kie, replicate
-from reconcile.providers.base import PollResult, PollStatus
+from reconcile.providers import PollResult, PollStatus, elevenlabs, fal, kie, replicate
 
 R, S, F, C, U, N = (PollStatus.RUNNING, PollStatus.SUCCEEDED, PollStatus.FAILED,
                     PollStatus.CANCELED, PollStatus.UNKNOWN, PollStatus.NOT_FOUND)

@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
+from reconcile import Kind, Settings
 from reconcile.db.models import Job
-from reconcile.kinds import Kind
-from reconcile.settings import Settings
 from reconcile.sweep import Action, Decision, decide as decide_rt
 from reconcile.sweep.table import SETTLE_GRACE, Guard, decide, needs_legacy_cutoff
 
@@ -35,7 +34,7 @@ ASYNC = Kind("unit-async", False, 10 * MIN, timedelta(seconds=5), None, None, "x
 SYNC = Kind("unit-sync", True, 5 * MIN, None, None, None, "x:y")
 KINDS = {"async": ASYNC, "sync": SYNC, None: None}
 
-# the legacy sweep as first specified (tests/integration/test_sweep.py SEED_PHASE_2)
+# the legacy sweep as first specified (tests/integration/_sweep_helpers.py SEED_PHASE_2)
 BASE_SETTINGS: dict[str, Any] = {"legacy_sweep": "enforce", "legacy_age": 5 * MIN,
                                  "time_scale": 1.0, "poll_mode": "chain"}
 

@@ -58,7 +58,7 @@ class AdminActions(TransactionTestCase):
         self.assertContains(self.client.get("/admin/reconcile/inflightjob/"), job_id)
         self.assertNotContains(self.client.get("/admin/reconcile/unsettledjob/"), job_id)
         page = self.client.get(f"/admin/reconcile/job/{job_id}/act/")
-        self.assertContains(page, "Resolve: the provider has it (give its upstream id)</strong>: "
+        self.assertContains(page, "Resolve: the provider created it — adopt this upstream id</strong>: "
                                   "allowed")
         (task_id,) = self.sim.tasks
         # a staff user without reconcile.act_on_jobs is refused

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconcile import tasks
-from reconcile.runtime import Runtime
-from reconcile.settings import Settings
+from reconcile import Runtime, Settings, tasks
 
 from .settings import database_url
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from reconcile.settings import Settings
+from reconcile import Settings
 
 
 def database_url() -> str:

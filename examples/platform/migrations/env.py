@@ -10,8 +10,7 @@ from acme.settings import database_url
 from sqlalchemy import create_engine
 
 from alembic import context
-from reconcile.db.session import normalise_url
-from reconcile.migrations import include_object
+from reconcile.migrations import include_object, normalise_url
 
 config = context.config
 if config.config_file_name and not config.attributes.get("skip_logging"):

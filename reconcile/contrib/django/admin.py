@@ -48,14 +48,9 @@ from .models import (
 
 ACT_PERMISSION = "reconcile.act_on_jobs"
 VIEW_JOBS = "reconcile.view_job"
-# the operator actions on a job's page (releasing an orphan needs a job row that is gone)
-STAFF_ACTIONS = tuple(a for a in operator.ACTIONS if a != "release_orphan")
-ACTION_LABELS = {
-    "resolve_upstream": "Resolve: the provider has it (give its upstream id)",
-    "resolve_not_submitted": "Resolve: never submitted (fail and refund)",
-    "fail": "Fail the job (refund)",
-    "retry_settle": "Retry the settlement",
-}
+# the operator actions on a job's page, labelled as the console labels them
+STAFF_ACTIONS = operator.JOB_ACTIONS
+ACTION_LABELS = {name: operator.REGISTRY[name].label for name in STAFF_ACTIONS}
 # the stuck, uncertain and unsettled lists show at most this many jobs (the library's listing)
 LIST_LIMIT = 1000
 

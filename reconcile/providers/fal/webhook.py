@@ -42,7 +42,7 @@ from ..scheme import (
 )
 
 if TYPE_CHECKING:
-    from ...runtime import Runtime
+    from ...core.runtime_view import RuntimeView
     from ...settings import Settings
 
 FAL_TOLERANCE = timedelta(seconds=300)
@@ -215,7 +215,7 @@ def _ed25519_any(keys: tuple[Ed25519PublicKey, ...], signature: bytes, message: 
     return False
 
 
-def _jwks(rt: Runtime) -> JwksCache:
+def _jwks(rt: RuntimeView) -> JwksCache:
     """The runtime's one JWKS cache (fetched with its HTTP session)."""
     cache = rt._clients.get("__fal_jwks__")
     if cache is None:

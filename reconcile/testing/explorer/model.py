@@ -13,10 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .engine import Explorer
+from typing import Any, Protocol
 
 log = logging.getLogger("reconcile.explorer")
 
@@ -99,11 +96,28 @@ class Decision:
 # ----------------------------------------------------------------------------- scenarios
 
 
+class ExplorerView(Protocol):
+    """The :class:`~.engine.Explorer` as a schedule's :class:`Context` and its scheduler
+    (:mod:`.scheduler`) read it: the engine imports both, so neither imports it back."""
+
+    sim: Any
+    clock: VirtualClock
+    queues: Queues
+    current: Any  # the schedule running now (scheduler._Run), or None
+    sim_mutations: int
+
+    def lock_waiting(self, pid: int) -> bool: ...
+
+    def backend(self, pid: int | None) -> Any: ...
+
+    def terminate_backend(self, pid: int) -> None: ...
+
+
 @dataclass
 class Context:
     """What a scenario's setup, writers and checks share within one schedule."""
 
-    explorer: Explorer
+    explorer: ExplorerView
     job_id: uuid.UUID
     user_id: uuid.UUID
     facts: dict[str, Any] = field(default_factory=dict)  # what writers observed (e.g. paid calls)

@@ -12,13 +12,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .model import _LOCK_GRACE, _LOCK_POLL, STEP_TIMEOUT, ExplorerAbort
-
-if TYPE_CHECKING:
-    from .engine import Explorer
-
+from .model import _LOCK_GRACE, _LOCK_POLL, STEP_TIMEOUT, ExplorerAbort, ExplorerView
 
 # ----------------------------------------------------------------------------- one schedule
 
@@ -57,7 +52,7 @@ class _Slot:
 class _Run:
     """The scheduler of one schedule: parks writer threads, grants steps, detects lock waits."""
 
-    def __init__(self, explorer: Explorer, writers: Sequence[tuple[str, Callable[[], str]]]) -> None:
+    def __init__(self, explorer: ExplorerView, writers: Sequence[tuple[str, Callable[[], str]]]) -> None:
         self.explorer = explorer
         self.cond = threading.Condition()
         self.slots = [_Slot(i, name) for i, (name, _) in enumerate(writers)]

@@ -31,10 +31,10 @@ def sync_submitted(rt: Any, ctx: Context) -> None:
 
 def sync_claimed_dead(rt: Any, ctx: Context) -> None:
     """A sync-kind job whose request took the submission claim, then its process died."""
-    from ....sync import _claim
+    from ....sync import claim
 
     _submit(rt, ctx, kind=SYNC_KIND)
-    _claim(rt, ctx.job_id, None)
+    claim(rt, ctx.job_id, None)
 
 
 def platform_row(rt: Any, ctx: Context) -> None:
