@@ -69,7 +69,8 @@ def _noop_create(job_id: uuid.UUID, countdown: float = 0.0) -> None:
     return None
 
 
-def _noop_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float) -> None:
+def _noop_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float,
+               status: str | None = None) -> None:
     return None
 
 
@@ -81,7 +82,10 @@ class Runtime:
     http: requests.Session | None = None
     clock: Callable[[], datetime] = utcnow
     enqueue_create: Callable[..., None] = _noop_create
-    enqueue_poll: Callable[[uuid.UUID, int, int, float], None] = _noop_poll
+    # (job_id, generation, seq, countdown[, status=]): ``status`` is the provider's status the
+    # chain's last read saw, for the next turn to store; a callable without a ``status``
+    # keyword still works (the status is then not carried: README, The provider's last status)
+    enqueue_poll: Callable[..., None] = _noop_poll
     pricing_hook: PricingHook | None = None
     watermark_hook: WatermarkHook | None = None
     completion_hooks: dict[str, CompletionHook] = field(default_factory=dict)  # by provider_kind

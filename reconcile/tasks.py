@@ -109,9 +109,17 @@ def enqueue_create(job_id: uuid.UUID, countdown: float = 0.0) -> None:
     send("reconcile.create", [str(job_id)], broker.cap_countdown(countdown, _settings()))
 
 
-def enqueue_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float) -> None:
+# the poll message's header carrying the provider's status the chain's last read saw: a header,
+# not an argument, so that a worker of an earlier release (whose task takes three arguments)
+# runs the message as before, and a message sent by one is read with no status
+_STATUS_HEADER = "reconcile_provider_status"
+
+
+def enqueue_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float,
+                 status: str | None = None) -> None:
     send("reconcile.poll", [str(job_id), generation, seq],
-         broker.cap_countdown(countdown, _settings()))
+         broker.cap_countdown(countdown, _settings()),
+         headers={_STATUS_HEADER: status} if status is not None else None)
 
 
 def enqueue_reconcile_job(job_id: uuid.UUID) -> None:
@@ -133,9 +141,20 @@ def create(self: Any, job_id: str) -> str:
 
 @shared_task(name="reconcile.poll", bind=True, ignore_result=True, acks_late=True)
 def poll(self: Any, job_id: str, generation: int, seq: int) -> str:
-    """One fenced status read of one job; reschedules itself while in flight."""
+    """One fenced status read of one job; reschedules itself while in flight. The message's
+    status header (the chain's previous read) is stored by the turn."""
     _redelivery(self)
-    return lifecycle.poll_step(get_runtime(), uuid.UUID(job_id), int(generation), int(seq))
+    return lifecycle.poll_step(get_runtime(), uuid.UUID(job_id), int(generation), int(seq),
+                               status=_carried_status(self))
+
+
+def _carried_status(task: Any) -> str | None:
+    """The status header of the message being run (None: none, or not text)."""
+    headers = getattr(task.request, "headers", None)
+    value = headers.get(_STATUS_HEADER) if isinstance(headers, dict) else None
+    if value is None:  # a worker's request also holds its custom headers as attributes
+        value = getattr(task.request, _STATUS_HEADER, None)
+    return value if isinstance(value, str) else None
 
 
 @shared_task(name="reconcile.poll_due", ignore_result=True, acks_late=True)

@@ -118,6 +118,11 @@ class Job(Base):
     # create claim, the poll turn or the batch claim; NULL when the writer had no heartbeat.
     # When that worker's heartbeat lapses its claims end at once instead of at their lease
     claimed_by: Mapped[str | None] = mapped_column(Text)
+    # the provider's raw status token at the latest status read of the job in flight (migration
+    # 0028; PollResult.raw_status, at most jobstore.PROVIDER_STATUS_MAX characters); NULL until
+    # a read stored one. Batch mode writes it with the read's result, chain mode with the
+    # chain's next turn (README, The provider's last status)
+    provider_status: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         # in-flight rows by call start (migration 0019; 0022 dropped the one-column

@@ -74,8 +74,8 @@ endpoint and the sweep driver), :mod:`.story` (the run itself, the request proce
 from __future__ import annotations
 
 from .checks import check, run_failures
-from .plan import GRANTS, Planned, Story, batch
-from .report import Row, how_settled, print_table, report
+from .plan import GRANTS, Planned, Row, Story, batch
+from .report import how_settled, print_table, report
 from .story import main, request_process, run
 
 __all__ = ["GRANTS", "Planned", "Row", "Story", "batch", "check", "how_settled", "main",

@@ -120,14 +120,14 @@ def run(args: argparse.Namespace) -> int:
                           fan_out=lambda job_id: tasks.reconcile_job.delay(str(job_id)))
         submit_all(rt, sim, story, Script)
         say(f"submitted {len(plans)} jobs "
-            f"({sum(not rt.kind(p.kind).sync for p in plans)} async via worker creates, "
-            f"{sum(rt.kind(p.kind).sync for p in plans)} sync via the request process)")
+            f"({sum(not _is_sync(p.kind) for p in plans)} async via worker creates, "
+            f"{sum(_is_sync(p.kind) for p in plans)} sync via the request process)")
         requests_done = start_requests(children, setup, story, logs, say)
         sweeper.start()
 
         # wait for every create to be decided and the quick jobs to finish, then crash worker A
         by_id = story.by_id()
-        async_ids = [i for i in story.ids if not rt.kind(by_id[i].kind).sync]
+        async_ids = [i for i in story.ids if not _is_sync(by_id[i].kind)]
         long_ids = [i for i in async_ids if by_id[i].timeline and by_id[i].timeline[-1][0] >= LONG]
 
         def creates_decided() -> bool:

@@ -11,7 +11,8 @@ with a Python twin where a caller decides on a loaded row.
 
 The package is one writer split along its seams; callers use ``jobstore.X`` from here:
 
-- :mod:`.predicates`: the shared predicates and the last error's code;
+- :mod:`.predicates`: the shared predicates, the last error's code and the provider's status
+  as it is stored;
 - :mod:`.cas`: the compare-and-set primitive and :func:`load`;
 - :mod:`.create`: the new row, the create claim and its outcomes, evidence adoption, re-enqueue;
 - :mod:`.turns`: the poll turn (:func:`take_poll_turn`, its lease by kind and age);
@@ -33,6 +34,7 @@ through this facade, and never writing ``jobs`` themselves — the single-writer
 from __future__ import annotations
 
 from .batch import (
+    Rescheduled,
     claim_due,
     claim_due_with_times,
     hold_claim,
@@ -54,6 +56,7 @@ from .create import (
 )
 from .poll import claim_attempt, count_attempt, note_error, set_progress, start_new_chain
 from .predicates import (
+    PROVIDER_STATUS_MAX,
     claim_expired,
     in_flight,
     is_outcome_unknown,
@@ -67,6 +70,7 @@ from .predicates import (
     platform_row_uncalled,
     settlement_due,
     settlement_pending,
+    stored_status,
     uncertain_expired,
     unknown_outcome_in_flight,
 )
@@ -93,14 +97,14 @@ from .workers import (
 )
 
 __all__ = [
-    "LeaseSteps", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
+    "PROVIDER_STATUS_MAX", "LeaseSteps", "Rescheduled", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
     "claim_due", "claim_due_with_times", "claim_expired", "claim_reenqueue", "claim_settlement",
     "count_attempt", "hold_claim", "hold_claims", "in_flight", "insert_job", "is_settlement_due",
     "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",
     "make_due", "make_due_at", "mark_completed", "mark_failed", "mark_platform_call",
     "mark_uncertain", "note_error", "platform_row_uncalled", "record_anomaly", "record_cost", "record_recharge",
     "release_rate_limited", "resolve_anomalies", "reschedule_claimed", "save_task_id", "set_progress", "settle_failed",
-    "settled", "settlement_due", "settlement_pending", "start_new_chain", "take_poll_turn",
+    "settled", "settlement_due", "settlement_pending", "start_new_chain", "stored_status", "take_poll_turn",
     "uncertain_expired", "unknown_outcome_in_flight",
     "is_outcome_unknown", "must_settle", "outcome_known",
     "write_completion", "end_claims_of", "register_worker", "remove_worker", "renew_worker", "take_lapsed_workers",

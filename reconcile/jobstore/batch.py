@@ -19,6 +19,12 @@ from ..db.models import Job
 from ..db.session import rowcount
 from ..states import IN_FLIGHT
 from .cas import _cas
+from .predicates import stored_status
+
+# a claimed row's still-running write: (id, generation, seq, next due, progress), optionally
+# with the provider's status the read saw (None: the row keeps its own)
+Rescheduled = (tuple[uuid.UUID, int, int, datetime, int | None]
+               | tuple[uuid.UUID, int, int, datetime, int | None, object])
 
 
 def claim_due(session: Session, now: datetime, lease: timedelta, limit: int, *,
@@ -69,12 +75,15 @@ def _claimed(job_id: uuid.UUID, generation: int, seq: int) -> tuple[Any, ...]:
 
 
 def hold_claim(session: Session, job_id: uuid.UUID, generation: int, seq: int,
-               until: datetime) -> Job | None:
+               until: datetime, *, status: object = None) -> Job | None:
     """The claim still holds (same generation and seq, in flight): extend it to ``until`` and
     return the current row; None: it was taken over (or the job finished) — the result is
-    refused."""
+    refused. ``status``: the provider's status the claim's read saw, stored with it
+    (:func:`~.predicates.stored_status`; None keeps the row's)."""
+    stored = stored_status(status)
+    keep = {} if stored is None else {"provider_status": stored}
     return _cas(session, *_claimed(job_id, generation, seq), poll_due_at=until,
-                poll_lease_expires_at=until)
+                poll_lease_expires_at=until, **keep)
 
 
 _HOLD_ALL = text("""
@@ -104,38 +113,46 @@ def hold_claims(session: Session, rows: list[tuple[uuid.UUID, int, int]], until:
 
 _RESCHEDULE = text("""
 UPDATE jobs SET poll_due_at = v.due,
-       progress = CASE WHEN v.progress > jobs.progress THEN v.progress ELSE jobs.progress END
+       progress = CASE WHEN v.progress > jobs.progress THEN v.progress ELSE jobs.progress END,
+       provider_status = COALESCE(v.status, jobs.provider_status)
 FROM unnest(CAST(:ids AS uuid[]), CAST(:gens AS int[]), CAST(:seqs AS int[]),
-            CAST(:dues AS timestamptz[]), CAST(:progress AS int[])) AS v(id, gen, seq, due, progress)
+            CAST(:dues AS timestamptz[]), CAST(:progress AS int[]), CAST(:statuses AS text[]))
+     AS v(id, gen, seq, due, progress, status)
 WHERE jobs.id = v.id AND jobs.status IN ('pending', 'processing')
   AND jobs.poll_generation = v.gen AND jobs.poll_seq = v.seq""")
 
 
-def reschedule_claimed(session: Session, rows: list[tuple[uuid.UUID, int, int, datetime, int | None]]
-                       ) -> int:
+def reschedule_claimed(session: Session, rows: Sequence[Rescheduled]) -> int:
     """The set-based write of a batch's still-running rows: ``(id, generation, seq, due,
-    progress)`` each; a row is written only while its claim holds; progress only rises
-    (``None``: unchanged). One ``UPDATE … FROM unnest(…)`` on PostgreSQL. Returns rows won."""
+    progress[, status])`` each; a row is written only while its claim holds; progress only
+    rises (``None``: unchanged); the provider's status the read saw is stored
+    (:func:`~.predicates.stored_status`; ``None`` or absent: the row keeps its own). One
+    ``UPDATE … FROM unnest(…)`` on PostgreSQL. Returns rows won."""
     from sqlalchemy import case
 
     if not rows:
         return 0
+    statuses = [stored_status(r[5]) if len(r) > 5 else None for r in rows]
     if session.get_bind().dialect.name != "postgresql":  # SQLite (embedded): one CAS each
         won = 0
-        for job_id, generation, seq, due, progress in rows:
+        for (job_id, generation, seq, due, progress, *_), status in zip(rows, statuses,
+                                                                          strict=True):
             extra: dict[str, Any] = {}
             if progress is not None:
                 extra["progress"] = case((Job.progress < progress, progress), else_=Job.progress)
+            if status is not None:
+                extra["provider_status"] = status
             result = session.execute(update(Job).where(*_claimed(job_id, generation, seq))
                                      .values(poll_due_at=due, **extra))
             won += rowcount(result)
         return won
-    # one statement over five arrays (unnest: a relation like VALUES, but a fixed text with five
-    # parameters — nothing to compile per batch, where VALUES binds 5 × n); -1 stands for
-    # "progress unchanged" (progress is >= 0)
+    # one statement over six arrays (unnest: a relation like VALUES, but a fixed text with six
+    # parameters — nothing to compile per batch, where VALUES binds 6 × n); -1 stands for
+    # "progress unchanged" (progress is >= 0), NULL for "status unchanged"
     result = session.execute(_RESCHEDULE, {
         "ids": [r[0] for r in rows], "gens": [r[1] for r in rows], "seqs": [r[2] for r in rows],
-        "dues": [r[3] for r in rows], "progress": [-1 if r[4] is None else r[4] for r in rows]})
+        "dues": [r[3] for r in rows], "progress": [-1 if r[4] is None else r[4] for r in rows],
+        "statuses": statuses})
     return rowcount(result)
 
 

@@ -1,9 +1,10 @@
-"""Internal: the shared predicates over ``jobs`` and the last error's code.
+"""Internal: the shared predicates over ``jobs``, the last error's code and the provider's status.
 
 SQL expressions (in flight, settlement pending or due, a create claim gone, uncertain with its
-claim gone), each with a Python twin where a caller decides on a loaded row; and the last
-error's code (the column, or the legacy text's prefix) with the values that write it. No
-writes here: the writers are the sibling modules.
+claim gone), each with a Python twin where a caller decides on a loaded row; the last
+error's code (the column, or the legacy text's prefix) with the values that write it; and the
+provider's status as ``jobs.provider_status`` stores it (:func:`stored_status`). No writes
+here: the writers are the sibling modules.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import and_, case, literal, or_, text
 
+from ..core.limits import storable
 from ..db.models import Job
 from ..states import UNKNOWN_OUTCOME, Status, Submission
 
@@ -163,3 +165,27 @@ def _last_error(last_error: str | None, code: str | None, verdict: bool) -> dict
                                          else_=literal(last_error)),
             "reconcile_last_error_code": case((keep, Job.reconcile_last_error_code),
                                               else_=literal(code))}
+
+
+# ``provider_status`` (migration 0028): the provider's raw status token at the latest read of a
+# job in flight. A provider's answer is not trusted to be short or storable: it is bounded here,
+# once, before any writer stores it or a poll message carries it to the next turn.
+
+#: the most characters ``jobs.provider_status`` stores (a longer status keeps its first ones)
+PROVIDER_STATUS_MAX = 64
+
+
+def stored_status(raw: object) -> str | None:
+    """The value ``jobs.provider_status`` stores for a read's raw status (``PollResult.raw_status``
+    as the adapter returned it): its text cut to :data:`PROVIDER_STATUS_MAX` characters, each
+    NUL and unpaired surrogate as U+FFFD (``core.limits.storable``, as every provider text the
+    library keeps). None: nothing to store (no status, or one whose text cannot be made), and
+    the row keeps the status it has. Never raises: an odd status never fails the write
+    carrying it (README, The provider's last status)."""
+    if raw is None:
+        return None
+    try:
+        text = raw if isinstance(raw, str) else str(raw)
+    except Exception:  # a status object whose text cannot be made: nothing stored
+        return None
+    return storable(text[:PROVIDER_STATUS_MAX])

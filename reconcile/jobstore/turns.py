@@ -1,7 +1,8 @@
 """Internal: the poll turn — the fence of one poll run, with its lease by kind and age.
 
 The turn's ``UPDATE … RETURNING`` for a set of lease steps is built once (:func:`_turn_by_kind`);
-each poll only binds its values.
+each poll only binds its values. It also stores the provider's status the chain's previous
+read saw (carried by the poll message): the chain's status write costs no statement of its own.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, func, select, update
+from sqlalchemy import Text, and_, bindparam, case, func, select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import Job, table_of
 from ..states import IN_FLIGHT
 from .cas import _cas
+from .predicates import stored_status
 
 # kind name → [(age, lease)]: the first step whose age the job has reached wins; an age of None
 # always matches (the kind's base interval, last). The lease is a duration: the turn writes
@@ -28,7 +30,7 @@ LeaseSteps = Mapping[str, Sequence[tuple[timedelta | None, timedelta]]]
 
 def take_poll_turn(session: Session, job_id: uuid.UUID, generation: int, seq: int,
                    lease_until: datetime | LeaseSteps, *, now: datetime | None = None,
-                   worker: str | None = None) -> Job | None:
+                   worker: str | None = None, status: object = None) -> Job | None:
     """Fence a poll run: move ``poll_seq`` from ``seq`` to ``seq + 1`` for this generation.
 
     A duplicate run, a stale chain or a terminal job loses and must not call the provider.
@@ -37,8 +39,12 @@ def take_poll_turn(session: Session, job_id: uuid.UUID, generation: int, seq: in
     That statement is built once per distinct set of steps (:func:`_turn_by_kind`); each poll
     only binds its values. ``worker``: the live worker process taking the turn (its heartbeat's
     id, recorded as the row's ``claimed_by``; None: no heartbeat, the lease alone ends it).
+    ``status``: the provider's status the chain's previous read saw, stored as
+    ``provider_status`` (bounded: :func:`~.predicates.stored_status`); None keeps the row's.
     """
+    stored = stored_status(status)
     if not isinstance(lease_until, Mapping):
+        keep = {} if stored is None else {"provider_status": stored}
         return _cas(
             session,
             Job.id == job_id,
@@ -49,13 +55,14 @@ def take_poll_turn(session: Session, job_id: uuid.UUID, generation: int, seq: in
             poll_seq=seq + 1,
             poll_lease_expires_at=lease_until,
             claimed_by=worker,
+            **keep,
         )
     if now is None:
         raise ValueError("a lease by kind needs now")
     turn = _turn_by_kind(tuple((name, tuple(steps)) for name, steps in lease_until.items()))
     params: dict[str, Any] = {"turn_job": job_id, "turn_generation": generation,
                               "turn_seq": seq, "turn_next": seq + 1, "turn_now": now,
-                              "turn_worker": worker}
+                              "turn_worker": worker, "turn_status": stored}
     for name, delta in turn.offsets:
         params[name] = now + delta
     return session.execute(
@@ -110,7 +117,10 @@ def _turn_by_kind(steps: tuple[tuple[str, tuple[tuple[timedelta | None, timedelt
         )
         .values({table.c.poll_seq: bindparam("turn_next"),
                  table.c.poll_lease_expires_at: lease_sql,
-                 table.c.claimed_by: bindparam("turn_worker", type_=Job.claimed_by.type)})
+                 table.c.claimed_by: bindparam("turn_worker", type_=Job.claimed_by.type),
+                 # the previous read's status, or (NULL: none carried) the row's own
+                 table.c.provider_status: func.coalesce(bindparam("turn_status", type_=Text()),
+                                                        table.c.provider_status)})
         .returning(*table.c)
     )
     # a Core UPDATE … RETURNING mapped onto Job: the same one statement and the same row object

@@ -18,11 +18,12 @@ rows stay due past its time budget) runs :func:`poll_due`:
    batch's claims are extended by one lease in one statement (:func:`run_claims`);
 3. **write** the outcomes: the rows still running short of their stale threshold (no error, the
    common case) in ONE set-based ``UPDATE … FROM (VALUES …)`` (next due time — one interval
-   after the due time claimed, see :func:`next_due` —, progress), each
+   after the due time claimed, see :func:`next_due` —, progress, the provider's status), each
    row guarded by its claim; every other outcome (succeeded, failed, an error, unknown / not
    found, past the threshold) goes per job through ``lifecycle.observe`` exactly as the chain
-   does — after :func:`reconcile.jobstore.hold_claim` confirmed (and extended) the claim, so a
-   result read under a claim that was taken over is refused. Finalize stays one transaction,
+   does — after :func:`reconcile.jobstore.hold_claim` confirmed (and extended) the claim and
+   stored the read's provider status, so a result read under a claim that was taken over is
+   refused. Finalize stays one transaction,
    attempts / threshold / exhaustion are the chain's own code (``lifecycle._unfinished``).
    Those per-job outcomes of one round run concurrently, ``POLL_BATCH_FINALIZE_THREADS`` at a
    time (a bounded thread pool: the media downloads and uploads of a round's completions
@@ -183,7 +184,7 @@ def _read_rounds(rt: Runtime, claims: list[Claim], report: BatchReport
 
 def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchReport) -> None:
     now = rt.now()
-    running: list[tuple[uuid.UUID, int, int, datetime, int | None]] = []
+    running: list[jobstore.Rescheduled] = []
     others: list[tuple[Claim, PollResult | ProviderError | BaseException]] = []
     for c, result in zip(claims, results, strict=True):
         if c.kind is None or c.kind.sync:
@@ -200,7 +201,8 @@ def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchRe
                 others.append((c, exc))
                 continue
             running.append((c.job.id, c.generation, c.seq,
-                            next_due(rt, c.kind, c.job, now, c.was_due), progress))
+                            next_due(rt, c.kind, c.job, now, c.was_due), progress,
+                            result.raw_status))
         else:
             others.append((c, result))
     if running:
@@ -240,8 +242,10 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
     """A result that is not plain "still running": per job, through the chain's own code."""
     assert c.kind is not None
     now = rt.now()
-    with rt.sessions.begin() as session:
-        held = jobstore.hold_claim(session, c.job.id, c.generation, c.seq, now + claim_lease(rt))
+    status = result.raw_status if isinstance(result, PollResult) else None
+    with rt.sessions.begin() as session:  # the claim holds: the read's status is stored with it
+        held = jobstore.hold_claim(session, c.job.id, c.generation, c.seq, now + claim_lease(rt),
+                                   status=status)
     if held is None:
         report.fenced += 1
         return "fenced"

@@ -5,9 +5,11 @@ is done with it (observe), unfinished attempts and exhaustion.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import uuid
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from .. import jobstore
@@ -113,12 +115,15 @@ def first_due(rt: Runtime, kind: Kind, now: datetime) -> datetime:
     return now + rt.settings.scaled(kind.interval_at(timedelta(0)))
 
 
-def reschedule_after_chain(rt: Runtime, kind: Kind, job: Job, generation: int, seq: int) -> bool:
+def reschedule_after_chain(rt: Runtime, kind: Kind, job: Job, generation: int, seq: int, *,
+                           status: str | None = None) -> bool:
     """A chain message that ran in batch mode (sent before the switch): its next read is a due
-    time on the row, under the turn it just took, instead of another message."""
+    time on the row, under the turn it just took, instead of another message; ``status``: the
+    provider's status its read saw, stored with it."""
     with rt.sessions.begin() as session:
         return bool(jobstore.reschedule_claimed(
-            session, [(job.id, generation, seq, next_due(rt, kind, job, rt.now()), None)]))
+            session, [(job.id, generation, seq, next_due(rt, kind, job, rt.now()), None,
+                       status)]))
 
 
 def resume_chain(rt: Runtime, job_id: uuid.UUID, *, only_if_lease_expired: bool = False) -> bool:
@@ -147,30 +152,71 @@ def resume_chain(rt: Runtime, job_id: uuid.UUID, *, only_if_lease_expired: bool 
     return True
 
 
-def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> str:
+def poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int,
+              status: str | None = None) -> str:
     """One status read for one job; reschedules itself while the job is in flight.
 
     The turn is the step's load: one ``UPDATE … RETURNING`` whose lease is the row's
     ``poll_lease(kind, age)`` picked in SQL. Only a lost turn reads the row (``lost``: no such
-    job or an unknown kind; else ``fenced``).
+    job or an unknown kind; else ``fenced``). ``status``: the provider's status the chain's
+    previous read saw (its message carries it), which the turn stores on the row; this read's
+    status goes on with the next message (README, The provider's last status).
     """
     now = rt.now()
     with rt.sessions.begin() as session:
         turn = jobstore.take_poll_turn(session, job_id, generation, seq, _turn_leases(rt),
-                                       now=now, worker=rt.worker_id)
+                                       now=now, worker=rt.worker_id, status=status)
     kind = rt.kind(turn.provider_kind) if turn is not None else None
     if turn is None or kind is None:
         with rt.sessions() as session:
             job = jobstore.load(session, job_id)
         return "fenced" if job is not None and rt.kind(job.provider_kind) is not None else "lost"
     rt.crash_point("mid_poll")
-    outcome = observe(rt, turn, kind, via="poll")
+    outcome, seen = _read_and_observe(rt, turn, kind)
     if outcome in ("in_flight", "error"):
         if _batch_mode(rt):  # a chain message from before the switch: the row carries on due
-            reschedule_after_chain(rt, kind, turn, generation, seq + 1)
+            reschedule_after_chain(rt, kind, turn, generation, seq + 1, status=seen)
         else:
-            rt.enqueue_poll(job_id, generation, seq + 1, poll_countdown(rt, kind, turn, rt.now()))
+            _enqueue_next(rt, job_id, generation, seq + 1,
+                         poll_countdown(rt, kind, turn, rt.now()), seen)
     return outcome
+
+
+def _enqueue_next(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int, countdown: float,
+                 status: str | None) -> None:
+    """Send the chain's next turn, carrying ``status`` (bounded) where the runtime's
+    ``enqueue_poll`` takes a ``status`` keyword; one that does not (a platform's or a test's
+    four-argument callable) gets the four arguments, and the status is not carried."""
+    if status is not None and _takes_status(rt.enqueue_poll):
+        rt.enqueue_poll(job_id, generation, seq, countdown, status=status)
+    else:
+        rt.enqueue_poll(job_id, generation, seq, countdown)
+
+
+def _takes_status(enqueue: Any) -> bool:
+    try:
+        return _has_status(enqueue)
+    except TypeError:  # an unhashable callable: its signature is read each time
+        return _has_status.__wrapped__(enqueue)
+
+
+@lru_cache(maxsize=64)
+def _has_status(enqueue: Any) -> bool:
+    try:
+        return "status" in inspect.signature(enqueue).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin, a C callable)
+        return False
+
+
+def _read_and_observe(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str | None]:
+    """:func:`observe` of one read, and that read's provider status as it is stored (None: the
+    read failed or gave none)."""
+    try:
+        result = read_status(rt, job, kind)
+    except Exception as exc:  # a raising client: no verdict, as observe counts it
+        return _raised(rt, job, kind, exc, via="poll"), None
+    seen = jobstore.stored_status(result.raw_status) if isinstance(result, PollResult) else None
+    return observe(rt, job, kind, via="poll", result=result), seen
 
 
 def read_status(rt: Runtime, job: Job, kind: Kind) -> PollResult | ProviderError:
@@ -194,11 +240,16 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
     try:
         return _observe(rt, job, kind, via=via, result=result)
     except Exception as exc:
-        log.exception("observe_step_failed job_id=%s via=%s", job.id, via)
-        code = exc.code if isinstance(exc, ReconcileError) else ErrorCode.INTERNAL
-        outcome = _unfinished(rt, job, kind, None, f"{code}: {type(exc).__name__}: {exc}"[:1000],
-                              raised=str(code))
-        return "error" if outcome == "in_flight" else outcome
+        return _raised(rt, job, kind, exc, via=via)
+
+
+def _raised(rt: Runtime, job: Job, kind: Kind, exc: Exception, *, via: str) -> str:
+    """A step that raised: an attempt with the exception's code, as :func:`observe` counts it."""
+    log.exception("observe_step_failed job_id=%s via=%s", job.id, via, exc_info=exc)
+    code = exc.code if isinstance(exc, ReconcileError) else ErrorCode.INTERNAL
+    outcome = _unfinished(rt, job, kind, None, f"{code}: {type(exc).__name__}: {exc}"[:1000],
+                          raised=str(code))
+    return "error" if outcome == "in_flight" else outcome
 
 
 def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,

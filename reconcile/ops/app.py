@@ -134,8 +134,9 @@ def _enqueue_create(job_id: uuid.UUID, countdown: float = 0.0) -> None:
     _send("create", lambda t: t.enqueue_create(job_id, countdown), job_id)
 
 
-def _enqueue_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float) -> None:
-    _send("poll", lambda t: t.enqueue_poll(job_id, generation, seq, countdown), job_id)
+def _enqueue_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float,
+                  status: str | None = None) -> None:
+    _send("poll", lambda t: t.enqueue_poll(job_id, generation, seq, countdown, status), job_id)
 
 
 def _send(what: str, send: Callable[[Any], None], job_id: uuid.UUID) -> None:

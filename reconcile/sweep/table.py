@@ -22,8 +22,16 @@ are tried in order; the first that matches wins:
 13  unsettled                  a failed/cancelled job whose refund is due: settle
 ==  =========================  ============================================================
 
+A row function reads one :class:`_Row`: the job's columns (``r.job``), its kind, the settings,
+the time, and the provider's last status stored on the row (``r.provider_status``:
+``jobs.provider_status``, the raw token of the latest read of the job in flight, bounded; None
+until a read stored one — README, The provider's last status). No row reads the status today; a
+rule about a status is one row function in ``_TABLE``, at its place in the order.
+
 The executor (:mod:`.claims`, :mod:`.carry`, :mod:`.tick`) writes each action's claim and
-carries it out; ``reconcile.sweep.decide(rt, job, now)`` is the runtime-facing wrapper.
+carries it out from the :class:`Decision` alone (its action, code, guard, ``resume`` and
+``observable``; never the row's name); ``reconcile.sweep.decide(rt, job, now)`` is the
+runtime-facing wrapper.
 """
 
 from __future__ import annotations
@@ -113,6 +121,11 @@ class _Row:
     kind: Kind | None
     now: datetime
     legacy_cutoff: datetime | None = None
+
+    @property
+    def provider_status(self) -> str | None:
+        """The provider's raw status at the job's latest stored read (None: none stored yet)."""
+        return self.job.provider_status
 
     def aged(self, since: datetime | None, age: timedelta) -> bool:
         return since is not None and self.now - since >= self.settings.scaled(age)

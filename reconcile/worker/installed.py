@@ -54,9 +54,13 @@ def installed_app() -> Celery:
     return _app
 
 
-def send(task_name: str, args: list[Any], countdown: float | None = None) -> None:
-    """Enqueue one of the library's tasks through the installed app."""
-    installed_app().tasks[task_name].apply_async(args=args, countdown=countdown or None)
+def send(task_name: str, args: list[Any], countdown: float | None = None, *,
+         headers: dict[str, Any] | None = None) -> None:
+    """Enqueue one of the library's tasks through the installed app (``headers``: message
+    headers beside the arguments, which a worker that does not read them ignores)."""
+    options: dict[str, Any] = {"headers": headers} if headers else {}
+    installed_app().tasks[task_name].apply_async(args=args, countdown=countdown or None,
+                                                 **options)
 
 
 def connect_worker_checks() -> None:

@@ -410,10 +410,10 @@ def test_xb_a_row_whose_write_raises_does_not_stop_the_rest_of_the_batch(
     broken = claims[0].job.id
     real = jobstore.hold_claim
 
-    def hold(session: Session, job_id: uuid.UUID, *args: Any) -> Any:
+    def hold(session: Session, job_id: uuid.UUID, *args: Any, **kw: Any) -> Any:
         if job_id == broken:
             raise OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
-        return real(session, job_id, *args)
+        return real(session, job_id, *args, **kw)
 
     monkeypatch.setattr(jobstore, "hold_claim", hold)
     report = batch_poll.run_claims(w.rt, claims)

@@ -119,10 +119,10 @@ def test_db_check_on_the_django_platform_prints_each_mismatch_and_exits_1(
     report = json.loads(as_json.stdout)
     assert report["fits"] is False
     # and what the revisions after 0022 add: the operator record, the worker heartbeats and
-    # the claim's worker
+    # the claim's worker, the provider's last status
     assert {f["where"] for f in report["findings"] if f["level"] == "breaks"} == {
         *(f"jobs.{c}" for c in SEVEN), "usage_logs.created_at", "reconcile_operator_actions",
-        "reconcile_workers", "reconcile_sweep_ticks", "jobs.claimed_by"}
+        "reconcile_workers", "reconcile_sweep_ticks", "jobs.claimed_by", "jobs.provider_status"}
     # every process building a runtime refuses, naming the columns, before any request
     with pytest.raises(SchemaMismatch, match="jobs.progress: missing"):
         Runtime.from_settings(Settings(database_url=url))

@@ -56,11 +56,14 @@ def wire(rt: Runtime, alias: str, eager: Callable[[], bool]) -> None:
                 send_create(job_id, countdown)
         _after_commit(rt, alias, job_id, step)
 
-    def enqueue_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float) -> None:
+    def enqueue_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float,
+                     status: str | None = None) -> None:
         if eager():
-            _eager(lambda: _poll_step(rt, job_id, generation, seq), countdown, rt)()
-        else:
+            _eager(lambda: _poll_step(rt, job_id, generation, seq, status), countdown, rt)()
+        elif status is None:
             send_poll(job_id, generation, seq, countdown)
+        else:  # the Celery send (tasks.enqueue_poll) carries it in the message's header
+            send_poll(job_id, generation, seq, countdown, status=status)
 
     rt.enqueue_create = enqueue_create
     rt.enqueue_poll = enqueue_poll
@@ -147,10 +150,11 @@ def _create_step(rt: Runtime, job_id: uuid.UUID) -> Any:
     return lifecycle.create_step(rt, job_id)
 
 
-def _poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int) -> Any:
+def _poll_step(rt: Runtime, job_id: uuid.UUID, generation: int, seq: int,
+               status: str | None = None) -> Any:
     from ... import lifecycle
 
-    return lifecycle.poll_step(rt, job_id, generation, seq)
+    return lifecycle.poll_step(rt, job_id, generation, seq, status)
 
 
 def _eager(run: Callable[[], Any], countdown: float, rt: Runtime) -> Callable[[], None]:

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, fields, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -302,13 +302,15 @@ def _horizon(rt: Any, job: Any) -> datetime:
     from ...states import ATTEMPT_SPACING, IN_FLIGHT
 
     kind = rt.kind(job.provider_kind)
+    created: datetime = job.created_at
     if job.status not in IN_FLIGHT or kind is None or observe_only(rt.settings, job):
-        return job.created_at
-    latest = horizon.job_start(job) + rt.settings.scaled(horizon.kind_horizon(kind))
+        return created
+    latest: datetime = horizon.job_start(job) + rt.settings.scaled(horizon.kind_horizon(kind))
     deadline = horizon.exhaustion_deadline(rt.settings, job)
     if deadline is not None:
         latest = max(latest, deadline)
-    return latest + rt.settings.scaled(ATTEMPT_SPACING)
+    slack: timedelta = rt.settings.scaled(ATTEMPT_SPACING)
+    return latest + slack
 
 
 def _unsettled(rt: Any) -> list[tuple[uuid.UUID, datetime]] | None:

@@ -32,7 +32,7 @@ class _ThreadStdout(io.TextIOBase):
 
     def write(self, text: str) -> int:
         if threading.current_thread() is self.main:
-            return self.real.write(text)
+            return int(self.real.write(text))
         return len(text)
 
     def flush(self) -> None:

@@ -74,7 +74,7 @@ class Explorer:
         self.queues = Queues()
         self.current: _Run | None = None
         self._snapshots: dict[str, _Snapshot] = {}
-        self._outbox = JobEvent.__table__.name
+        self._outbox = JobEvent.__tablename__
         self._own_sim = sim is None
         self.sim = sim or Simulator(seed=7, clock=self.clock.seconds).start()
         self.sim.wall_now = lambda: self.clock.now  # listings compare with our clock
@@ -141,7 +141,7 @@ class Explorer:
                     executemany: bool) -> None:
         run = self.current
         slot = run.slot_here() if run is not None else None
-        if slot is None:
+        if run is None or slot is None:
             return
         pid = _backend_pid(conn)
         slot.pid = pid
@@ -163,7 +163,7 @@ class Explorer:
         dirty = conn.info.pop("explorer_dirty", False)
         run = self.current
         slot = run.slot_here() if run is not None else None
-        if slot is not None and dirty:
+        if run is not None and slot is not None and dirty:
             run.boundary(slot, "COMMIT", _backend_pid(conn))
             run.committed = True
 

@@ -48,7 +48,7 @@ def _backend_pid(conn: Any) -> int | None:
     if pid is None:
         with contextlib.suppress(Exception):
             pid = info["explorer_pid"] = conn.connection.dbapi_connection.info.backend_pid
-    return pid
+    return None if pid is None else int(pid)
 
 
 def _plain(url: str) -> str:

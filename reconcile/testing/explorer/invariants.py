@@ -54,7 +54,7 @@ def _txn_ids(session: Any, job_id: uuid.UUID) -> set[str]:
 def _upstream_calls(ctx: Context, job: Job) -> int:
     if job.provider_kind == SYNC_KIND or job.submission_state is None:
         return int(ctx.facts.get("paid_calls", 0))
-    return ctx.sim.creates(str(ctx.job_id))
+    return int(ctx.sim.creates(str(ctx.job_id)))
 
 
 def check(rt: Any, ctx: Context, scenario: Scenario, phase: str, *, final: bool = False) -> list[str]:
@@ -246,6 +246,7 @@ def quiesce_and_check(rt: Any, ctx: Context, scenario: Scenario, rounds: int = 4
             break
         clock.now = max(clock.now, _next_deadline(rt, job, clock.now))
         sweep(rt)
+    assert job is not None
     if job.status not in TERMINAL or job.credits_actual is None:  # past the grace once more
         clock.now += SETTLE_GRACE + timedelta(seconds=1)
         sweep(rt)
