@@ -9,7 +9,10 @@ lists them all. Every other module is internal (its docstring says so) and may c
 notice.
 
 The names are loaded on first use (``reconcile.Settings`` imports ``reconcile.settings`` then),
-so that ``import reconcile.errors`` stays light.
+so that ``import reconcile.errors`` stays light. The one module imported here besides is the
+provider families' registry (:mod:`reconcile.providers.family`, which loads no family until
+asked): it tells :class:`~reconcile.settings.Settings`, below it, which fields the families
+declare (:mod:`reconcile.core.family_settings`), before any ``Settings()`` can be built.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from .core.facade import lazy as _lazy
 from .core.redact import install_log_redaction as _install_log_redaction
+from .providers import family as _families  # noqa: F401 - registers the families' settings
 
 if TYPE_CHECKING:
     from . import api, credits, errors, operator, tasks, webhooks

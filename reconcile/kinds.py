@@ -44,9 +44,9 @@ _BUILTIN: tuple[Kind, ...] = tuple(kind for family in families() for kind in fam
 _REGISTRY: dict[str, Kind] = {k.name: k for k in _BUILTIN}
 
 BUILTIN_KINDS: tuple[str, ...] = tuple(k.name for k in _BUILTIN)
-# The shipped provider families, in order (:data:`reconcile.providers.family.BUILTIN_FAMILIES`).
-# A family is one package, reconcile/providers/<family>/, with one declaration (``FAMILY``); every
-# list of the families derives from those declarations.
+# The shipped provider families, in :func:`reconcile.providers.family.families` order (their
+# packages' names). A family is one package, reconcile/providers/<family>/, with one declaration
+# (``FAMILY``); every list of the families derives from those declarations.
 BUILTIN_PROVIDERS: tuple[str, ...] = tuple(family.name for family in families())
 
 

@@ -7,15 +7,17 @@ multiplied by ``TIME_SCALE`` (demo and tests only) through :meth:`Settings.scale
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from functools import lru_cache
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, cast
 
-from pydantic import Field, PlainValidator, field_validator, model_validator
+from pydantic import Field, PlainValidator, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .core import family_settings
 from .core.redact import remember_secrets
 from .settlement import SettlementPolicy
 
@@ -78,7 +80,49 @@ _OptionalSecret = Annotated[str | None, _REDACTED]
 
 
 class Settings(BaseSettings):
+    """The library's settings, ``RECONCILE_<FIELD>`` each.
+
+    A provider family's own fields (``kie_base_url``, ``kie_api_key``, ``fal_webhook_user_id``…,
+    read from ``RECONCILE_KIE_BASE_URL``…) are not written here: each family declares them in its
+    ``FAMILY`` (``urls``, ``secrets``, ``settings``, with their defaults;
+    :mod:`reconcile.providers.family`), and ``Settings(...)`` builds an instance of
+    :meth:`with_families`, this class with those fields added — a ``secrets`` field redacted
+    like every ``_Secret`` here. ``Settings.model_fields`` holds the library's own fields,
+    ``Settings.with_families().model_fields`` every field.
+    """
+
     model_config = SettingsConfigDict(env_prefix="RECONCILE_", extra="ignore")
+
+    if TYPE_CHECKING:
+        # a provider family's field (with_families): a str, or None where it is declared with
+        # the default None and left unset
+        def __getattr__(self, name: str) -> str: ...
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        return cast(Self, super().__new__(cls.with_families() if cls is Settings else cls))
+
+    @classmethod
+    def model_construct(cls, _fields_set: set[str] | None = None, **values: Any) -> Self:
+        if cls is Settings:  # the families' fields get their defaults too
+            return cast(Self, cls.with_families().model_construct(_fields_set, **values))
+        return super().model_construct(_fields_set, **values)
+
+    @classmethod
+    def with_families(cls) -> type[Settings]:
+        """This class with every built-in provider family's fields (built once, on the first
+        call: the families' packages are imported then, never when this module is; the fields
+        come through :mod:`reconcile.core.family_settings`, this layer being below theirs)."""
+        global _WITH_FAMILIES
+        with _DERIVING:
+            if _WITH_FAMILIES is None:
+                fields: dict[str, Any] = {}
+                for declared in family_settings.declared():
+                    kind: Any = str if declared.default is not None else str | None
+                    fields[declared.name] = (Annotated[kind, _REDACTED] if declared.secret
+                                             else kind, declared.default)
+                _WITH_FAMILIES = create_model("Settings", __base__=Settings,
+                                              __module__=__name__, **fields)
+        return _WITH_FAMILIES
 
     # Storage and plumbing
     database_url: str = DEFAULT_SQLITE_URL
@@ -169,35 +213,15 @@ class Settings(BaseSettings):
     job_events_retention_days: float | None = None
     webhook_deliveries_retention_days: float | None = None
 
-    # Providers: each family's fields, named <family>_… (its FAMILY declaration lists them:
-    # urls, secrets, settings; tests/unit/test_provider_family.py checks the two agree). A
-    # _Secret is redacted wherever the library logs or stores text.
-    kie_base_url: str = "https://api.kie.ai"
-    kie_api_key: _Secret = ""
-    replicate_base_url: str = "https://api.replicate.com"
-    replicate_api_key: _Secret = ""
-    elevenlabs_base_url: str = "https://api.elevenlabs.io"
-    elevenlabs_api_key: _Secret = ""
-    fal_base_url: str = "https://queue.fal.run"
-    fal_sync_base_url: str = "https://fal.run"
-    fal_api_key: _Secret = ""
-    anthropic_base_url: str = "https://api.anthropic.com"
-    anthropic_api_key: _Secret = ""
+    # Providers: each family's fields (<family>_base_url, <family>_api_key, …) are declared by
+    # the family (its FAMILY's urls, secrets, settings: reconcile.providers.family) and added by
+    # with_families(), the class every Settings(...) is; these are the ones they all share
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
     sync_read_timeout: float = 300.0
     # a sync call's TOTAL deadline (connect + every read), ≤ each sync kind's threshold − 60 s:
     # checked at start-up (reconcile.sync.check_sync_deadline); scaled by TIME_SCALE
     sync_deadline: float = 240.0
-
-    # Webhook secrets
-    replicate_webhook_secret: _OptionalSecret = None
-    kie_webhook_hmac_key: _OptionalSecret = None
-    elevenlabs_webhook_secret: _OptionalSecret = None
-    fal_jwks_url: str = "https://rest.fal.ai/.well-known/jwks.json"
-    # fal signs every account's webhooks with one JWKS: only a delivery whose signed
-    # X-Fal-Webhook-User-Id is this id can bind to a job (unset: fal evidence is operator-only)
-    fal_webhook_user_id: str | None = None
 
     @field_validator("legacy_sweep", mode="before")
     @classmethod
@@ -246,7 +270,7 @@ class Settings(BaseSettings):
     @classmethod
     def secret_fields(cls) -> tuple[str, ...]:
         """The fields whose values are redacted (credentials and webhook secrets)."""
-        return tuple(name for name, info in cls.model_fields.items()
+        return tuple(name for name, info in cls.with_families().model_fields.items()
                      if any(isinstance(m, _Redacted) for m in info.metadata))
 
     @field_validator("failure_refund", "cancel_refund", mode="after")
@@ -267,6 +291,10 @@ class Settings(BaseSettings):
     def scaled(self, duration: timedelta) -> timedelta:
         """``duration`` multiplied by ``TIME_SCALE`` (1.0 in production)."""
         return duration * self.time_scale
+
+
+_DERIVING = threading.RLock()  # a Settings() built while the families load fails, never hangs
+_WITH_FAMILIES: type[Settings] | None = None
 
 
 @lru_cache(maxsize=1)

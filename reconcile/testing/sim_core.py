@@ -10,7 +10,6 @@ the per-provider route modules (``sim_kie`` …) take and return.
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import struct
@@ -89,33 +88,51 @@ class Script:
         return cls(**fields)
 
 
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SimSecrets:
     """The secrets the simulator signs webhooks with (give the same ones to the verifier).
 
-    The built-in families' are the named fields; a family registered later declares its own
-    default (:attr:`~reconcile.testing.sim_registry.SimWebhooks.secret`), overridden here by
-    ``webhook_secrets={provider: secret}``."""
+    Each provider's default is its simulator module's
+    (:attr:`~reconcile.testing.sim_registry.SimWebhooks.secret`): nothing here lists the
+    families. Override one with ``webhook_secrets={provider: secret}`` or by the setting it
+    fills (``SimSecrets(kie_webhook_hmac_key="k1")``); read one with :meth:`webhook_secret` or
+    by that setting's name (``secrets.kie_webhook_hmac_key``). ``fal_key_seed``: 32 bytes for a
+    fixed fal ED25519 signing key (None: a new key)."""
 
-    kie_webhook_hmac_key: str = "sim-kie-webhook-hmac-key"
-    replicate_webhook_secret: str = "whsec_" + _b64(b"sim-replicate-webhook-secret-32b!")
-    elevenlabs_webhook_secret: str = "sim-elevenlabs-webhook-secret"
-    fal_user_id: str = "sim-fal-user"
-    fal_key_seed: bytes | None = None  # 32 bytes for a fixed ED25519 key; None: a new key
-    webhook_secrets: Mapping[str, str] = field(default_factory=dict)
+    webhook_secrets: Mapping[str, str]
+    fal_key_seed: bytes | None
+
+    def __init__(self, webhook_secrets: Mapping[str, str] | None = None, *,
+                 fal_key_seed: bytes | None = None, **by_setting: str) -> None:
+        secrets = dict(webhook_secrets or {})
+        for setting, value in by_setting.items():
+            secrets[_provider_of_setting(setting)] = value
+        object.__setattr__(self, "webhook_secrets", secrets)
+        object.__setattr__(self, "fal_key_seed", fal_key_seed)
+
+    def __getattr__(self, name: str) -> str:
+        """A registered provider's secret by the setting it fills (``kie_webhook_hmac_key``)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self.webhook_secret(_provider_of_setting(name))
+        except TypeError:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}") \
+                from None
+
+    @property
+    def fal_user_id(self) -> str:
+        """fal's account id (the ``fal_webhook_user_id`` setting): its deliveries' signed user."""
+        return self.webhook_secret("fal")
 
     def webhook_secret(self, provider: str) -> str:
         """The value of ``provider``'s registered ``secret_setting`` (fal: the account id)."""
         hooks = sim_registry.webhooks_for(provider)
         if hooks is None or hooks.secret is None:
             raise LookupError(f"no simulator webhook secret is registered for {provider!r}")
-        if callable(hooks.secret):
-            return hooks.secret(self)
-        return self.webhook_secrets.get(provider, hooks.secret)
+        if provider in self.webhook_secrets:
+            return self.webhook_secrets[provider]
+        return hooks.secret(self) if callable(hooks.secret) else hooks.secret
 
     def settings_env(self) -> dict[str, str]:
         """Each registered provider's webhook setting, as the library reads it."""
@@ -124,12 +141,22 @@ class SimSecrets:
                 for hooks in sim_registry.registered_webhooks() if hooks.secret_setting}
 
 
+def _provider_of_setting(setting: str) -> str:
+    """The provider whose registered webhooks are verified with ``setting``; TypeError (as for
+    an unknown keyword) when none is."""
+    sim_registry.load_builtin(strict=False)
+    for hooks in sim_registry.registered_webhooks():
+        if hooks.secret_setting == setting:
+            return hooks.provider
+    raise TypeError(f"SimSecrets: no registered provider's webhooks are verified with {setting!r}")
+
+
 @dataclass
 class Task:
     """One upstream task as the simulator holds it (inspect, never mutate, from tests)."""
 
     task_id: str
-    provider: str  # the family: kie | replicate | elevenlabs | fal | a registered one
+    provider: str  # the family (SimWebhooks.provider): a built-in one, or a registered one
     api: str  # kie-market, kie-veo, …, replicate-prediction, elevenlabs-dubbing, fal-queue …
     model: str
     job_id: str | None

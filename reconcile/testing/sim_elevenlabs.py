@@ -335,13 +335,13 @@ def callback(sim: Simulator, task: Task, state: str, since: float) -> Delivery |
         event = {"type": "dubbing", "event_timestamp": timestamp,
                  "data": render(sim, task, state, since)}
     body = json.dumps(event, separators=(",", ":")).encode()
-    return Delivery(url, body, elevenlabs_headers(sim.secrets.elevenlabs_webhook_secret, body,
+    return Delivery(url, body, elevenlabs_headers(sim.secrets.webhook_secret(PROVIDER), body,
                                                   timestamp))
 
 
 def sign(sim: Simulator, body: bytes, timestamp: int) -> dict[str, str]:
     """``t=…,v0=…``: HMAC-SHA256 over ``{timestamp}.{body}``."""
-    return elevenlabs_headers(sim.secrets.elevenlabs_webhook_secret, body, timestamp)
+    return elevenlabs_headers(sim.secrets.webhook_secret(PROVIDER), body, timestamp)
 
 
 register_route(SimRoute(
@@ -353,4 +353,4 @@ register_route(SimRoute(
     chaos={"elevenlabs-async": 1, "elevenlabs-sync": 1}))
 register_webhooks(SimWebhooks(PROVIDER, callback, elevenlabs_headers,
                               secret_setting="elevenlabs_webhook_secret",
-                              secret=lambda secrets: secrets.elevenlabs_webhook_secret, sign=sign))
+                              secret="sim-elevenlabs-webhook-secret", sign=sign))

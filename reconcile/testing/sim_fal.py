@@ -209,7 +209,7 @@ def callback(sim: Simulator, task: Task, state: str, since: float) -> Delivery |
     else:
         payload.update(status="ERROR", error="Invalid status code: 422", payload=_failure(task))
     body = json.dumps(payload, separators=(",", ":")).encode()
-    headers = fal_headers(sim.fal_key, task.task_id, sim.secrets.fal_user_id, body, now_seconds())
+    headers = fal_headers(sim.fal_key, task.task_id, sim.secrets.webhook_secret(PROVIDER), body, now_seconds())
     return Delivery(task.callback_url, body, headers)
 
 
@@ -231,7 +231,7 @@ def _sync(sim: Simulator, req: Request) -> Response | None:
 def sign(sim: Simulator, body: bytes, timestamp: int) -> dict[str, str]:
     """Ed25519 with the simulator's key, for its account, over the body's ``request_id``."""
     request_id = body_text(body, "request_id") or "req-" + body_digest(body, 12)
-    return fal_headers(sim.fal_key, request_id, sim.secrets.fal_user_id, body, timestamp)
+    return fal_headers(sim.fal_key, request_id, sim.secrets.webhook_secret(PROVIDER), body, timestamp)
 
 
 SYNC = register_route(SimRoute("fal-sync", authorized, error, _sync,
@@ -247,5 +247,5 @@ register_route(SimRoute(
 # fal signs every account with one JWKS: the setting binds its deliveries to the simulated account
 register_webhooks(SimWebhooks(PROVIDER, callback, fal_headers,
                               secret_setting="fal_webhook_user_id",
-                              secret=lambda secrets: secrets.fal_user_id, sign=sign,
+                              secret="sim-fal-user", sign=sign,
                               verify_key=lambda sim: jwks(sim.fal_key)))

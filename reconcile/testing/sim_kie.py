@@ -258,7 +258,7 @@ def callback(sim: Simulator, task: Task, state: str, since: float) -> Delivery |
         data = {"taskId": task.task_id, "resultUrls": urls, "originUrls": urls}
     payload = {"code": env_code, task.script.kie_msg_key: msg, "data": data}
     body = json.dumps(payload, separators=(",", ":")).encode()
-    headers = kie_headers(sim.secrets.kie_webhook_hmac_key, task.task_id, now_seconds())
+    headers = kie_headers(sim.secrets.webhook_secret(PROVIDER), task.task_id, now_seconds())
     return Delivery(task.callback_url, body, headers)
 
 
@@ -283,7 +283,7 @@ def _chat(sim: Simulator, req: Request, model: str) -> Response:
 def sign(sim: Simulator, body: bytes, timestamp: int) -> dict[str, str]:
     """KIE signs the body's ``data.taskId`` (``task_id``) and the timestamp, not the body."""
     task_id = body_text(body, "data", "taskId") or body_text(body, "data", "task_id") or ""
-    return kie_headers(sim.secrets.kie_webhook_hmac_key, task_id, timestamp)
+    return kie_headers(sim.secrets.webhook_secret(PROVIDER), task_id, timestamp)
 
 
 register_route(SimRoute(
@@ -303,4 +303,4 @@ register_route(SimRoute(
     chaos={"kie-standard": 3, "kie-veo": 2, "kie-llm": 1}))
 register_webhooks(SimWebhooks(PROVIDER, callback, kie_headers,
                               secret_setting="kie_webhook_hmac_key",
-                              secret=lambda secrets: secrets.kie_webhook_hmac_key, sign=sign))
+                              secret="sim-kie-webhook-hmac-key", sign=sign))

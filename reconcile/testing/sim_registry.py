@@ -69,9 +69,10 @@ class SimWebhooks:
 
     - ``secret_setting``: the :class:`~reconcile.settings.Settings` field the library verifies
       these deliveries with (fal: the account id they are signed for);
-    - ``secret``: the simulator's value for it — a callable reads it from
-      :class:`~reconcile.testing.sim_core.SimSecrets`, a string is the default a
-      ``SimSecrets(webhook_secrets={provider: …})`` overrides;
+    - ``secret``: the simulator's value for it, a string (or a callable reading it from
+      :class:`~reconcile.testing.sim_core.SimSecrets`): the default that
+      ``SimSecrets(webhook_secrets={provider: …})``, or ``SimSecrets(<secret_setting>=…)``,
+      overrides;
     - ``sign(sim, body, timestamp)``: headers signing any ``body`` as the provider signs a
       delivery (the library's tests and fuzz sign with it);
     - ``verify_key(sim)``: the ``key`` :func:`reconcile.webhooks.verify` checks those with

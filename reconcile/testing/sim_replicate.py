@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 PREFIX = "replicate"
 PROVIDER = "replicate"
+# the simulator's webhook signing secret (whsec_ + base64 of 32 bytes), unless SimSecrets overrides it
+SECRET = "whsec_" + base64.b64encode(b"sim-replicate-webhook-secret-32b!").decode()
 PREFER_WAIT_CAP = 60.0
 
 _STATUS = {"queued": "starting", "running": "processing", "succeeded": "succeeded",
@@ -94,7 +96,7 @@ def handle(sim: Simulator, req: Request) -> Response | None:
     if req.method == "GET" and (match := _VERSION.match(req.path)):
         return json_response(200, _version(match[3]))
     if req.method == "GET" and req.path == "/v1/webhooks/default/secret":
-        return json_response(200, {"key": sim.secrets.replicate_webhook_secret})
+        return json_response(200, {"key": sim.secrets.webhook_secret(PROVIDER)})
     return None
 
 
@@ -254,14 +256,14 @@ def callback(sim: Simulator, task: Task, state: str, since: float) -> Delivery |
     if not task.callback_url or (isinstance(events, list) and "completed" not in events):
         return None
     body = json.dumps(render(sim, task, state, since), separators=(",", ":")).encode()
-    headers = replicate_headers(sim.secrets.replicate_webhook_secret, body,
+    headers = replicate_headers(sim.secrets.webhook_secret(PROVIDER), body,
                                 "msg_" + sim.new_id(27), now_seconds())
     return Delivery(task.callback_url, body, headers)
 
 
 def sign(sim: Simulator, body: bytes, timestamp: int) -> dict[str, str]:
     """Standard Webhooks over ``{id}.{timestamp}.{body}`` (the id: the body's digest)."""
-    return replicate_headers(sim.secrets.replicate_webhook_secret, body,
+    return replicate_headers(sim.secrets.webhook_secret(PROVIDER), body,
                              "msg_" + body_digest(body), timestamp)
 
 
@@ -273,4 +275,4 @@ register_route(SimRoute(
     chaos={"replicate-prediction": 3}))
 register_webhooks(SimWebhooks(PROVIDER, callback, replicate_headers,
                               secret_setting="replicate_webhook_secret",
-                              secret=lambda secrets: secrets.replicate_webhook_secret, sign=sign))
+                              secret=SECRET, sign=sign))

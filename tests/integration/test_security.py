@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import Kind, api, lifecycle, register_kind
+from reconcile import Kind, api, lifecycle, register_kind, webhooks
 from reconcile.db.models import CreditAnomaly, Job, WebhookDelivery
 from reconcile.errors import MediaFetchFailed
 from reconcile.kinds import unregister_kind
@@ -228,7 +228,7 @@ def test_webhook_success_does_no_media_work_in_the_request_thread(
     assert w.job(job_id).status == "completed"
 
 
-@pytest.mark.parametrize("provider", ["kie", "replicate", "fal", "elevenlabs"])
+@pytest.mark.parametrize("provider", webhooks.PROVIDERS)  # every shipped scheme
 def test_webhook_body_over_the_cap_is_refused_before_parsing(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, provider: str) -> None:

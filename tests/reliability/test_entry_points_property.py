@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import api, credits, lifecycle
+from reconcile import api, credits, lifecycle, webhooks
 from reconcile.cli import main
 from reconcile.db.models import (
     CreditTransaction,
@@ -174,7 +174,7 @@ def test_cancel_snapshot_and_events_never_answer_5xx_or_write(world: Any,
     run()
 
 
-PROVIDER_NAMES = ["kie", "replicate", "elevenlabs", "fal"]
+PROVIDER_NAMES = list(webhooks.PROVIDERS)  # every shipped scheme
 webhook_bodies = st.one_of(
     st.sampled_from(NON_STANDARD).map(lambda s: s.encode("utf-8", "surrogatepass")),
     st.binary(max_size=60),

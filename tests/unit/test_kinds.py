@@ -11,14 +11,14 @@ from reconcile.kinds import BUILTIN_KINDS, BUILTIN_PROVIDERS, all_kinds, get_kin
 from reconcile.providers import AsyncProvider, SyncProvider
 
 EXPECTED = {  # name: (sync, threshold minutes, poll seconds, url lifetime hours)
+    "anthropic-sync": (True, 5, None, None), "elevenlabs-async": (False, 15, 10, None),
+    "elevenlabs-sync": (True, 5, None, None), "fal-queue": (False, 20, 3, 1),
     "kie-standard": (False, 10, 5, 24), "kie-veo": (False, 25, 10, 24),
     "kie-suno": (False, 30, 10, 24), "kie-kontext": (False, 10, 5, 24),
     "kie-luma": (False, 25, 15, 24), "kie-kling3": (False, 25, 10, 24),
     "kie-runway": (False, 25, 10, 24), "kie-lip-sync": (False, 75, 15, 24),
     "kie-llm": (True, 5, None, None), "replicate-prediction": (False, 20, 3, 1),
-    "replicate-training": (False, 30, 15, 1), "elevenlabs-async": (False, 15, 10, None),
-    "elevenlabs-sync": (True, 5, None, None), "anthropic-sync": (True, 5, None, None),
-    "fal-queue": (False, 20, 3, 1),
+    "replicate-training": (False, 30, 15, 1),
 }
 
 
@@ -33,7 +33,8 @@ def test_registry_holds_the_builtin_kinds_of_the_design() -> None:
         assert kind.poll_interval == (timedelta(seconds=poll) if poll else None)
         assert kind.result_url_lifetime == (timedelta(hours=lifetime) if lifetime else None)
         assert (kind.plant is None) is sync
-    # the families, in the order their first kind appears: what every plug-in list derives from
+    # the families (their packages' names, in order), as their first kinds appear: what every
+    # plug-in list derives from
     assert BUILTIN_PROVIDERS == tuple(dict.fromkeys(n.split("-")[0] for n in EXPECTED))
 
 

@@ -24,6 +24,7 @@ import grimp
 import pytest
 
 import reconcile
+from reconcile.providers.family import families
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "reconcile"
@@ -141,7 +142,10 @@ def test_the_layers_read_as_the_map() -> None:
     assert len(CONTRACTS["layers"]["layers"]) == DEMO + 1
     assert layer_of("reconcile.providers.kie.market") == GATEWAY
     assert layer_of("reconcile.providers.family") == GATEWAY < layer_of("reconcile.kinds")  # type: ignore[operator]
-    assert layer_of("reconcile.providers.base") == CORE == layer_of("reconcile.media.types")
+    assert layer_of("reconcile.media.types") == CORE
+    # the providers package is gateway whole; its core modules are held by `providers-core`
+    assert layer_of("reconcile.providers.base", "providers-core") == 0 == \
+        layer_of("reconcile.providers.deadline", "providers-core")
     assert layer_of("reconcile.sweep.table") == JOBS < FLOWS == layer_of("reconcile.sweep.tick")
     assert layer_of("reconcile.runtime") == RUNTIME and layer_of("reconcile.lifecycle.poll") == LIFECYCLE
     assert layer_of("reconcile.contrib.django.testing") == TESTING > OPS == layer_of("reconcile.cli")
@@ -270,3 +274,22 @@ def test_the_private_name_scan_sees_every_import() -> None:
                      ("reconcile.providers.scheme", "_header")]
     assert [top_package(module) for module, _ in found] == [
         "reconcile.jobstore", "reconcile.sync", "reconcile.providers"]
+
+
+def test_the_providers_core_modules_sit_below_every_other_layer() -> None:
+    """``providers.base`` and ``providers.deadline`` are core modules inside ``reconcile.providers``,
+    which the ``layers`` contract places whole in the gateway (so that a new provider family needs
+    no line in the map): ``providers-core`` holds them below every module above the core layer,
+    each family package through ``providers.family``, which every family imports."""
+    core = {"reconcile.providers.base", "reconcile.providers.deadline"}
+    assert len(CONTRACTS["providers-core"]["layers"]) == 2
+    assert {name for name in MODULES if layer_of(name, "providers-core") == 0} == core
+    packages = {f"reconcile.providers.{family.name}" for family in families()}
+    above = sorted(name for name in MODULES if name not in core and (layer_of(name) or CORE) > CORE
+                   and name != "reconcile.providers"
+                   and not any(name == p or name.startswith(p + ".") for p in packages))
+    assert len(above) > 100 and "reconcile.providers.family" in above
+    assert [name for name in above if layer_of(name, "providers-core") != 1] == []
+    graph = import_graph()
+    assert all(graph.direct_import_exists(importer=p, imported="reconcile.providers.family")
+               for p in packages)

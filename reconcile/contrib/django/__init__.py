@@ -133,7 +133,7 @@ def _library_values() -> dict[str, Any]:
         raise ImproperlyConfigured(
             "RECONCILE['database_url']: the database is DATABASES[RECONCILE['database_alias']]; "
             "remove database_url")
-    unknown = sorted(set(values) - set(Settings.model_fields))
+    unknown = sorted(set(values) - set(Settings.with_families().model_fields))
     if unknown:
         raise ImproperlyConfigured(
             f"RECONCILE: unknown setting(s) {', '.join(unknown)} (the keys are the fields of "

@@ -23,8 +23,8 @@ FAMILY = ProviderFamily(
         Kind("anthropic-sync", True, 5 * MIN, None, None, None,
              "reconcile.providers.anthropic:sync_client", binds=()),
     ),
-    urls=("anthropic_base_url",),
-    secrets=("anthropic_api_key",),
+    urls={"anthropic_base_url": "https://api.anthropic.com"},
+    secrets={"anthropic_api_key": ""},
     simulator="reconcile.testing.sim_anthropic",
 )
 

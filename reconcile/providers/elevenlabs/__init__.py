@@ -75,8 +75,9 @@ FAMILY = ProviderFamily(
         Kind("elevenlabs-sync", True, 5 * MIN, None, None, None,
              "reconcile.providers.elevenlabs:sync_client", binds=()),
     ),
-    urls=("elevenlabs_base_url",),
-    secrets=("elevenlabs_api_key", "elevenlabs_webhook_secret"),
+    urls={"elevenlabs_base_url": "https://api.elevenlabs.io"},
+    # the workspace webhook secret (None: deliveries are refused)
+    secrets={"elevenlabs_api_key": "", "elevenlabs_webhook_secret": None},
     webhook=SCHEME,
     simulator="reconcile.testing.sim_elevenlabs",
 )

@@ -33,10 +33,13 @@ FAMILY = ProviderFamily(
         Kind("fal-queue", False, 20 * MIN, 3 * SEC, H1, "fal_webhook query",
              "reconcile.providers.fal:queue_client", binds=("fal_webhook",)),
     ),
-    urls=("fal_base_url", "fal_sync_base_url", "fal_jwks_url"),
-    secrets=("fal_api_key",),
-    # fal signs every account's webhooks with one JWKS: the account ours are signed for
-    settings=("fal_webhook_user_id",),
+    # the queue, the synchronous host, and the signing keys of fal's webhooks
+    urls={"fal_base_url": "https://queue.fal.run", "fal_sync_base_url": "https://fal.run",
+          "fal_jwks_url": "https://rest.fal.ai/.well-known/jwks.json"},
+    secrets={"fal_api_key": ""},
+    # fal signs every account's webhooks with one JWKS: only a delivery whose signed
+    # X-Fal-Webhook-User-Id is this id can bind to a job (None: fal evidence is operator-only)
+    settings={"fal_webhook_user_id": None},
     webhook=SCHEME,
     # a fal result mixes the product with metadata (seed, timings, prompt): only media counts,
     # unless the endpoint declares otherwise. Endpoints whose documented result is text:

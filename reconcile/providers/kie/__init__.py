@@ -92,8 +92,9 @@ FAMILY = ProviderFamily(
         Kind("kie-llm", True, 5 * MIN, None, None, None, "reconcile.providers.kie:llm_client",
              binds=()),
     ),
-    urls=("kie_base_url",),
-    secrets=("kie_api_key", "kie_webhook_hmac_key"),
+    urls={"kie_base_url": "https://api.kie.ai"},
+    # the webhook HMAC key (None: deliveries are refused)
+    secrets={"kie_api_key": "", "kie_webhook_hmac_key": None},
     webhook=SCHEME,
     simulator="reconcile.testing.sim_kie",
 )

@@ -51,8 +51,9 @@ FAMILY = ProviderFamily(
         Kind("replicate-training", False, 30 * MIN, 15 * SEC, H1, "webhook query",
              "reconcile.providers.replicate:training_client", binds=_BINDS),
     ),
-    urls=("replicate_base_url",),
-    secrets=("replicate_api_key", "replicate_webhook_secret"),
+    urls={"replicate_base_url": "https://api.replicate.com"},
+    # the whsec_… webhook signing secret (None: deliveries are refused)
+    secrets={"replicate_api_key": "", "replicate_webhook_secret": None},
     webhook=SCHEME,
     # a prediction's ``output`` field *is* the product: whatever it holds counts
     output=ANY,

@@ -103,7 +103,9 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
             if job.submission_state == "uncertain":
                 created = "created upstream" if creates else "never created"
                 uncertain.append(f"{job_id} ({kind}, {created})")
-                if job_id in evidenced:
+                # the sweep adopts an id on evidence, except for the observe-only kind, whose
+                # upstream decisions it only logs (its evidence waits for an operator)
+                if job_id in evidenced and kind != OBSERVED_KIND:
                     violations.append(f"evidence_ignored {job_id} ({kind}): a stored webhook "
                                       f"names its upstream id, still uncertain")
             elif kind == OBSERVED_KIND:  # nothing resumes it (an operator's choice): reported

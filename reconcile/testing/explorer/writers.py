@@ -67,7 +67,7 @@ def _webhook(rt: Any, ctx: Context) -> str:
     if found is None:
         return "vanished"
     body = json.dumps(sim_replicate.render(ctx.sim, *found), separators=(",", ":")).encode()
-    headers = replicate_headers(ctx.sim.secrets.replicate_webhook_secret, body,
+    headers = replicate_headers(ctx.sim.secrets.webhook_secret("replicate"), body,
                                 f"msg_{task.task_id}", int(ctx.clock.now.timestamp()))
     query = {k: v[-1] for k, v in parse_qs(urlsplit(task.callback_url or "").query).items()}
     status, answer = handle_webhook(rt, "replicate", headers, body, query)
