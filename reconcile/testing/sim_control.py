@@ -86,7 +86,8 @@ def _answer(sim: Simulator, method: str, path: str, query: Mapping[str, str],
     if method == "GET" and path == "/attempts":
         return {"attempts": sim.attempts(job_id, provider)}
     if method == "GET" and path == "/counters":
-        return sim.counters()
+        counters: dict[str, Any] = sim.counters()
+        return counters
     if method == "GET" and path == "/tasks":
         now = sim.now()
         return {"tasks": [t.summary(now) for t in sim.tasks.values()
@@ -118,7 +119,8 @@ class SimulatorClient:
         return base_urls_for(self.url)
 
     def health(self) -> dict[str, Any]:
-        return self._call("GET", "/health")
+        answer: dict[str, Any] = self._call("GET", "/health")
+        return answer
 
     def script(self, job_id: str, script: Script) -> None:
         self._call("POST", "/script", {"job_id": job_id, "script": script.to_dict()})
@@ -144,13 +146,16 @@ class SimulatorClient:
                    ["attempts"])
 
     def counters(self) -> dict[str, list[dict[str, Any]]]:
-        return self._call("GET", "/counters")
+        answer: dict[str, list[dict[str, Any]]] = self._call("GET", "/counters")
+        return answer
 
     def tasks(self, job_id: str | None = None) -> list[dict[str, Any]]:
-        return self._call("GET", "/tasks", params={"job_id": job_id})["tasks"]
+        tasks: list[dict[str, Any]] = self._call("GET", "/tasks", params={"job_id": job_id})["tasks"]
+        return tasks
 
     def deliveries(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/deliveries")["deliveries"]
+        deliveries: list[dict[str, Any]] = self._call("GET", "/deliveries")["deliveries"]
+        return deliveries
 
     def reset(self) -> None:
         self._call("POST", "/reset")

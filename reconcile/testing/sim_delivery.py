@@ -7,6 +7,7 @@ signs the delivery; :func:`.sim_signing.deliver` posts it fire-and-forget (a mix
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import traceback
@@ -60,7 +61,7 @@ class Delivering:
             if hooks is None:  # a provider without registered webhooks sends none
                 continue
             try:
-                delivery = hooks.callback(self, task, state, since)  # type: ignore[arg-type]
+                delivery = hooks.callback(self, task, state, since)
             except Exception:  # one broken callback must not cost the tick's other deliveries
                 traceback.print_exc()
                 continue
@@ -69,7 +70,7 @@ class Delivering:
             record = {"task_id": task.task_id, "job_id": task.job_id, "provider": task.provider,
                       "state": state, "url": delivery.url, "headers": dict(delivery.headers),
                       "body": delivery.body}
-            deliver(delivery, lambda outcome, record=record: self._delivered(record, outcome))
+            deliver(delivery, functools.partial(self._delivered, record))
 
     def _delivered(self, record: dict[str, Any], outcome: dict[str, Any]) -> None:
         with self._lock:

@@ -94,7 +94,8 @@ def form(req: Request) -> dict[str, Any]:
         for part in message.iter_parts():
             name = part.get_param("name", header="content-disposition")
             payload = part.get_payload(decode=True) or b""
-            fields[str(name)] = payload if part.get_filename() else payload.decode("utf-8", "replace")
+            data = payload if isinstance(payload, bytes) else str(payload).encode()
+            fields[str(name)] = data if part.get_filename() else data.decode("utf-8", "replace")
         return fields
     if ctype.startswith("application/x-www-form-urlencoded"):
         return {k: v[0] for k, v in parse_qs(req.body.decode()).items()}

@@ -114,7 +114,7 @@ class Serving:
         if self._server is not None:
             return self
         self._stopping.clear()
-        self._server = SimServer((self.host, self.port), self)  # type: ignore[arg-type]
+        self._server = SimServer((self.host, self.port), self)
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         self._url = f"http://{host}:{self._server.server_address[1]}"
         self._threads = [
@@ -139,7 +139,7 @@ class Serving:
             raise RuntimeError("start the simulator first")
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(certfile, keyfile)
-        server = SimServer((self.host, 0), self)  # type: ignore[arg-type]
+        server = SimServer((self.host, 0), self)
         server.socket = context.wrap_socket(server.socket, server_side=True)
         self._tls_servers.append(server)
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},

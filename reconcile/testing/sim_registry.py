@@ -25,15 +25,19 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     from .sim_signing import Delivery
 
     # The simulator (reconcile.testing.simulator) and its core types (reconcile.testing.sim_core)
-    # import this registry: its callables name them, not importing them back (the simulator's
-    # modules are not type-checked: pyproject.toml)
-    Simulator = Request = Response = Script = SimSecrets = Task = Any
+    # import this registry: its callables name them, not importing them back
+    Simulator: TypeAlias = Any
+    Request: TypeAlias = Any
+    Response: TypeAlias = Any
+    Script: TypeAlias = Any
+    SimSecrets: TypeAlias = Any
+    Task: TypeAlias = Any
 
 # (model, input): one request of a kind that the route accepts and runs to success
 Example = tuple[str, Mapping[str, Any]]
