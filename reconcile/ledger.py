@@ -169,6 +169,16 @@ class BuiltinLedger:
 DEFAULT = BuiltinLedger()
 
 
+def commits_inline(ledger: Ledger) -> bool:
+    """Whether a completion may run this ledger's commit inside its own statement
+    (``reconcile.lifecycle.completion``): the built-in ledger, whose ``commit`` and
+    ``commit_settled`` a subclass has not replaced (a replaced one is called as it is)."""
+    if not isinstance(ledger, BuiltinLedger):
+        return False
+    kind = type(ledger)
+    return kind.commit is BuiltinLedger.commit and kind.commit_settled is BuiltinLedger.commit_settled
+
+
 def commit_settled(ledger: Ledger, session: Session, job_id: uuid.UUID,
                    amount: int | None = None, *, now: datetime | None = None,
                    record: Mapping[str, str] | None = None) -> int | None:

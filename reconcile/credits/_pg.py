@@ -59,6 +59,12 @@ from ._pools import (
 
 _PG_MAX = 2**62  # amounts beyond this take the Core path (bigint arithmetic stays exact)
 
+
+def pg_amount_ok(amount: int | None) -> bool:
+    """Whether a commit of ``amount`` (None: all that is held) may take the PostgreSQL path."""
+    return amount is None or (not isinstance(amount, bool) and isinstance(amount, int)
+                              and -_PG_MAX < amount < _PG_MAX)
+
 _PG_LOCK = f"SELECT sub, topup FROM {_B.name} WHERE user_id = %(u)s FOR UPDATE"
 
 # the FIFO walk: open lots one at a time along reconcile_credit_lots_open_idx, ``sub`` first,
@@ -293,11 +299,10 @@ def _pg_settled(session: Session, conn: Connection, job_id: uuid.UUID, user_id: 
     _forget_settled(session, user_id, log_id)
 
 
-def _pg_commit(session: Session, conn: Connection, job_id: uuid.UUID, amount: int | None,
-               now: datetime, record: Mapping[str, str] | None = None) -> Settlement | None:
-    """None: the Core path decides (a reserved log without the user's balance row, or without
-    the ledger's USAGE row). ``record``: the settlement record the CAS merges into the log's
-    metadata (with ``kept``)."""
+def commit_params(job_id: uuid.UUID, amount: int | None, now: datetime,
+                  record: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The commit function's arguments, by name (:data:`COMMIT_PARAMS`): one home for the call
+    below and for a caller's statement that runs the function inline (:mod:`.inline`)."""
     release_id = release_txn_id(job_id)
     params = _pg_params(job_id, now)
     params.update(amount=amount, commit_id=commit_txn_id(job_id), release_id=release_id,
@@ -305,8 +310,15 @@ def _pg_commit(session: Session, conn: Connection, job_id: uuid.UUID, amount: in
                   rec_status=None, rec_share=None)
     if record is not None:
         params.update(rec_status=record["status"], rec_share=record["refund_share"])
-    (log_id, user_id, credits_, meta, reserved, has_usage, held, committed,
-     status) = conn.exec_driver_sql(_CALL_COMMIT, params).one()
+    return params
+
+
+def commit_outcome(session: Session, conn: Connection, job_id: uuid.UUID, amount: int | None,
+                   row: Any) -> Settlement | None:
+    """What the commit function's row (its ``OUT`` columns in order) means: the settlement, or
+    None when the Core path decides; :class:`LedgerError` for an amount above what is held
+    (nothing was written)."""
+    (log_id, user_id, credits_, meta, reserved, has_usage, held, committed, status) = row
     if log_id is None:  # no reserved log with a balance row (the lock found none)
         return None if reserved else _NOT_DONE
     if not has_usage:
@@ -318,6 +330,15 @@ def _pg_commit(session: Session, conn: Connection, job_id: uuid.UUID, amount: in
                           reason="commit_exceeds_held")
     _pg_settled(session, conn, job_id, user_id, _log_id(log_id), credits_, meta)
     return Settlement(True, int(committed))
+
+
+def _pg_commit(session: Session, conn: Connection, job_id: uuid.UUID, amount: int | None,
+               now: datetime, record: Mapping[str, str] | None = None) -> Settlement | None:
+    """None: the Core path decides (a reserved log without the user's balance row, or without
+    the ledger's USAGE row). ``record``: the settlement record the CAS merges into the log's
+    metadata (with ``kept``)."""
+    row = conn.exec_driver_sql(_CALL_COMMIT, commit_params(job_id, amount, now, record)).one()
+    return commit_outcome(session, conn, job_id, amount, row)
 
 
 def _pg_refund(session: Session, conn: Connection, job_id: uuid.UUID,

@@ -92,6 +92,8 @@ END;
 # statement (None of it found: whether the job has a reserved log at all)
 _SETTLE_OUT: Params = (("log_id", "text"), ("user_id", "uuid"), ("credits", "bigint"),
                        ("meta", "jsonb"), ("reserved", "boolean"), ("has_usage", "bigint"))
+# the commit's result columns, in the order :func:`._pg.commit_outcome` reads them
+COMMIT_OUT: Params = _SETTLE_OUT + (("held", "bigint"), ("committed", "bigint"), ("status", "text"))
 _LOCKED = {"u": "r_user_id", "log_id": "v_log.id"}  # the locked log's (v_log: _PG_LOCK_LOG's row)
 
 
@@ -121,8 +123,7 @@ END;
 FUNCTIONS: dict[str, tuple[str, str]] = {
     RESERVE_FN: (_arguments(RESERVE_PARAMS, _RESERVE_OUT), reserve_body()),
     COMMIT_FN: (
-        _arguments(COMMIT_PARAMS, _SETTLE_OUT + (("held", "bigint"), ("committed", "bigint"),
-                                                 ("status", "text"))),
+        _arguments(COMMIT_PARAMS, COMMIT_OUT),
         _settle_body(_PG_COMMIT, _PG_COMMIT_RECORDED, "r_has_usage, r_held, r_committed, r_status")),
     REFUND_FN: (
         _arguments(REFUND_PARAMS, _SETTLE_OUT + (("refunded", "boolean"), ("done", "bigint"),

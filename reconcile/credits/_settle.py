@@ -40,9 +40,9 @@ from ._core import (
     _lock,
 )
 from ._pg import (
-    _PG_MAX,
     _pg_commit,
     _pg_refund,
+    pg_amount_ok,
 )
 from ._pools import (
     _held_of,
@@ -91,9 +91,7 @@ def settle_commit(session: Session, job_id: uuid.UUID, amount: int | None = None
     now = _now(now)
     record = _checked_record(record)
     conn = _conn(session)
-    pg_ok = amount is None or (not isinstance(amount, bool) and isinstance(amount, int)
-                               and -_PG_MAX < amount < _PG_MAX)
-    if conn.dialect.name == "postgresql" and pg_ok:
+    if conn.dialect.name == "postgresql" and pg_amount_ok(amount):
         done = _pg_commit(session, conn, job_id, amount, now, record)
         if done is not None:
             return done

@@ -77,6 +77,9 @@ from .predicates import (
 from .terminal import (
     cancelled_over_failure,
     claim_settlement,
+    completion_binds,
+    completion_cas,
+    completion_inserts,
     mark_completed,
     mark_failed,
     record_anomaly,
@@ -101,6 +104,7 @@ __all__ = [
     "claim_due", "claim_due_with_times", "claim_expired", "claim_reenqueue", "claim_settlement",
     "count_attempt", "hold_claim", "hold_claims", "in_flight", "insert_job", "is_settlement_due",
     "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",
+    "completion_binds", "completion_cas", "completion_inserts",
     "make_due", "make_due_at", "mark_completed", "mark_failed", "mark_platform_call",
     "mark_uncertain", "note_error", "platform_row_uncalled", "record_anomaly", "record_cost", "record_recharge",
     "release_rate_limited", "resolve_anomalies", "reschedule_claimed", "save_task_id", "set_progress", "settle_failed",

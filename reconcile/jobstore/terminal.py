@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Connection, insert, select, text, update
@@ -106,37 +107,98 @@ def cancelled_over_failure(session: Session, job_id: uuid.UUID, task_id: str, *,
                 error_detail=redact.value(detail))
 
 
-def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | None:
-    """Completion is allowed only from pending/processing (README, Design notes: Completion).
-    Clearing the last error's text clears its code too."""
+def completion_cas(**values: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The completion's compare-and-set, its one home: the guard and every value it writes.
+    Completion is allowed only from pending/processing (README, Design notes: Completion).
+    Clearing the last error's text clears its code too. Used by :func:`mark_completed` and by
+    the completion that is one statement (``reconcile.lifecycle.completion``)."""
     if "reconcile_last_error" in values and values["reconcile_last_error"] is None:
         values.setdefault("reconcile_last_error_code", None)
-    return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT), status=Status.COMPLETED,
-                next_poll_at=None, poll_lease_expires_at=None, claim_expires_at=None, **values)
+    return (Job.status.in_(IN_FLIGHT),), dict(status=Status.COMPLETED, next_poll_at=None,
+                                               poll_lease_expires_at=None, claim_expires_at=None,
+                                               **values)
 
 
-# a won completion's other rows in ONE statement (PostgreSQL): the final cost when it was not
-# known at the completion CAS, every asset (unnest of the arrays: a fixed text, nothing to
-# compile per job) and the outbox event, whose id comes back for the publisher
-_COMPLETION_ROWS = text("""
-WITH cost AS (
-  UPDATE jobs SET credits_actual = CAST(:cost AS bigint), display_cost = CAST(:cost AS bigint)
-  WHERE jobs.id = CAST(:job_id AS uuid) AND jobs.status = 'completed'
-    AND CAST(:set_cost AS boolean)
-), assets AS (
-  INSERT INTO reconcile_assets (id, job_id, user_id, "index", storage_key, media_type,
-                                is_public, watermarked, created_at)
-  SELECT a.id, CAST(:job_id AS uuid), CAST(:user_id AS uuid), a.idx, a.skey, a.mtype,
-         CAST(:is_public AS boolean), CAST(:watermarked AS boolean), CAST(:now AS timestamptz)
-  FROM unnest(CAST(:asset_ids AS uuid[]), CAST(:indexes AS int[]), CAST(:keys AS text[]),
-              CAST(:types AS text[])) AS a(id, idx, skey, mtype)
-)
-INSERT INTO reconcile_job_events (event_id, job_id, user_id, type, payload, created_at,
-                                  published_at)
-VALUES (CAST(:event_id AS text), CAST(:job_id AS uuid), CAST(:user_id AS uuid),
-        CAST(:type AS text), CAST(:payload AS jsonb), CAST(:now AS timestamptz),
-        CAST(:published_at AS timestamptz))
-RETURNING id""")
+def mark_completed(session: Session, job_id: uuid.UUID, **values: Any) -> Job | None:
+    """In flight → completed (:func:`completion_cas`). None: lost."""
+    where, written = completion_cas(**values)
+    return _cas(session, Job.id == job_id, *where, **written)
+
+
+def completion_inserts(job_id: Any, user_id: Any, *, source: Any = None, when: Any = None,
+                       credits_actual: Any = None) -> tuple[Any, Any]:
+    """A won completion's asset rows and outbox event, their one home: ``INSERT … SELECT``
+    statements (to be CTEs of the caller's one statement) over ``source`` (None: no FROM) where
+    ``when``. ``job_id``/``user_id``: the job's, as SQL expressions. ``credits_actual``: an
+    expression merged into the event's payload (None: the payload says it already).
+
+    Binds: ``c_asset_ids``, ``c_indexes``, ``c_keys``, ``c_types`` (one array element per asset:
+    ``unnest``, a fixed text, nothing compiled per job), ``c_is_public``, ``c_watermarked``,
+    ``c_now``, ``c_event_id``, ``c_type``, ``c_payload``, ``c_published_at`` (:func:`completion_binds`).
+    The event's ``INSERT`` returns its id, for the publisher."""
+    from sqlalchemy import ARRAY, Boolean, Integer, Text, bindparam, cast, func
+    from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+    assets, events = table_of(Asset), table_of(JobEvent)
+    rows = func.unnest(bindparam("c_asset_ids", type_=ARRAY(UUID(as_uuid=True))),
+                       bindparam("c_indexes", type_=ARRAY(Integer())),
+                       bindparam("c_keys", type_=ARRAY(Text())),
+                       bindparam("c_types", type_=ARRAY(Text()))
+                       ).table_valued("id", "idx", "skey", "mtype").render_derived(name="a")
+    now = bindparam("c_now", type_=assets.c.created_at.type)
+    chosen = select(rows.c.id, job_id, user_id, rows.c.idx, rows.c.skey, rows.c.mtype,
+                    bindparam("c_is_public", type_=Boolean()),
+                    bindparam("c_watermarked", type_=Boolean()), now)
+    chosen = chosen.select_from(rows if source is None else source.join(rows, text("true")))
+    if when is not None:
+        chosen = chosen.where(when)
+    asset_rows = assets.insert().from_select(
+        ["id", "job_id", "user_id", "index", "storage_key", "media_type", "is_public",
+         "watermarked", "created_at"], chosen)
+    payload: Any = cast(bindparam("c_payload", type_=Text()), JSONB())
+    if credits_actual is not None:
+        payload = payload.op("||")(func.jsonb_build_object("credits_actual", credits_actual))
+    event = select(bindparam("c_event_id", type_=Text()), job_id, user_id,
+                   bindparam("c_type", type_=Text()), payload, now,
+                   bindparam("c_published_at", type_=events.c.published_at.type))
+    if source is not None:
+        event = event.select_from(source)
+    if when is not None:
+        event = event.where(when)
+    event_row = events.insert().from_select(
+        ["event_id", "job_id", "user_id", "type", "payload", "created_at", "published_at"],
+        event).returning(events.c.id)
+    return asset_rows, event_row
+
+
+def completion_binds(assets: list[tuple[int, str, str | None]], *, is_public: bool,
+                     watermarked: bool, event: JobEvent, now: datetime) -> dict[str, Any]:
+    """:func:`completion_inserts`' binds for these assets ``(index, key, media type)`` and this
+    event (built by ``events.new_event``)."""
+    return {"c_is_public": is_public, "c_watermarked": watermarked, "c_now": now,
+            "c_asset_ids": [uuid.uuid4() for _ in assets], "c_indexes": [a[0] for a in assets],
+            "c_keys": [a[1] for a in assets], "c_types": [a[2] for a in assets],
+            "c_event_id": event.event_id, "c_type": event.type,
+            "c_payload": json.dumps(event.payload), "c_published_at": event.published_at}
+
+
+@lru_cache(maxsize=1)
+def _completion_rows() -> Any:
+    """A won completion's other rows in ONE statement (PostgreSQL), after its CAS and its
+    ledger commit: the final cost when it was not known at the CAS, then
+    :func:`completion_inserts`."""
+    from sqlalchemy import BigInteger, Boolean, bindparam
+
+    jobs = table_of(Job)
+    job_id = bindparam("c_job_id", type_=jobs.c.id.type)
+    cost_value = bindparam("c_cost", type_=BigInteger())
+    cost = (update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.status == Status.COMPLETED.value,
+                   bindparam("c_set_cost", type_=Boolean()))
+            .values(credits_actual=cost_value, display_cost=cost_value).cte("cost"))
+    asset_rows, event_row = completion_inserts(
+        job_id, bindparam("c_user_id", type_=jobs.c.user_id.type))
+    return event_row.add_cte(cost, asset_rows.cte("assets"))
 
 
 def write_completion(session: Session, job: Job, *, cost: int | None,
@@ -157,13 +219,11 @@ def write_completion(session: Session, job: Job, *, cost: int | None,
                               watermarked=watermarked, created_at=now))
         session.add(event)
         return event
-    event.id = session.execute(_COMPLETION_ROWS, {
-        "cost": cost, "set_cost": cost is not None, "job_id": job.id, "user_id": job.user_id,
-        "is_public": is_public, "watermarked": watermarked, "now": now,
-        "asset_ids": [uuid.uuid4() for _ in assets], "indexes": [a[0] for a in assets],
-        "keys": [a[1] for a in assets], "types": [a[2] for a in assets],
-        "event_id": event.event_id, "type": event.type, "payload": json.dumps(event.payload),
-        "published_at": event.published_at,
+    event.id = session.execute(_completion_rows(), {
+        "c_cost": cost, "c_set_cost": cost is not None, "c_job_id": job.id,
+        "c_user_id": job.user_id, **completion_binds(assets, is_public=is_public,
+                                                     watermarked=watermarked, event=event,
+                                                     now=now),
     }).scalar_one()
     if cost is not None:  # the caller's row object says what was written (no flush: committed)
         set_committed_value(job, "credits_actual", cost)

@@ -21,6 +21,7 @@ from ..providers.base import Output, PollResult
 from ..runtime import Runtime
 from ..settlement import Finished, decide
 from ..states import TERMINAL, Status
+from . import completion
 
 log = logging.getLogger("reconcile.lifecycle")
 
@@ -114,16 +115,38 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
                     if look_for_assets else []
                 outputs_data = [{"key": a.storage_key, "media_type": a.media_type} for a in restored] \
                     if restored else [{"key": s.key, "media_type": s.media_type} for s in stored]
-                done = jobstore.mark_completed(
-                    session, job_id,
-                    output_data={"outputs": outputs_data,
-                                 **({"text": "\n".join(texts)} if texts else {})},
-                    provider=provider_of(job.provider_kind),
-                    provider_cost=result.cost_usd if result else None,
-                    completed_at=now, progress=100, error_code=None, error_message=None,
-                    reconcile_last_error=None, **cost,
-                )
-                if done is not None:
+                values = dict(output_data={"outputs": outputs_data,
+                                           **({"text": "\n".join(texts)} if texts else {})},
+                              provider=provider_of(job.provider_kind),
+                              provider_cost=result.cost_usd if result else None,
+                              completed_at=now, progress=100, error_code=None,
+                              error_message=None, reconcile_last_error=None)
+                asset_rows = [(index, s.key, s.media_type) for index, s in enumerate(stored)]
+                watermarked = watermark and rt.watermark_hook is not None
+                one = None
+                if not restored and completion.usable(session, rt.ledger, amount):
+                    # PostgreSQL, the built-in ledger: the CAS, the commit, the assets and the
+                    # event in ONE statement (its credits_actual is the one the commit decides)
+                    event = new_event(job, "completed", now,
+                                      {"outputs": len(stored), "credits_actual": amount,
+                                       "via": source}, rt=rt)
+                    one = completion.complete(session, job_id, amount=amount, now=now,
+                                              values=values, assets=asset_rows,
+                                              is_public=is_public, watermarked=watermarked,
+                                              event=event)
+                    done = one.job if one is not None else None
+                else:
+                    done = jobstore.mark_completed(session, job_id, **values, **cost)
+                if one is not None and won_in_one(one):
+                    won = True
+                    assert one.event_id is not None  # written with a settled commit
+                    event.id = one.event_id
+                    event.payload = {**(event.payload or {}),
+                                     "credits_actual": one.job.credits_actual}
+                    completed = event
+                elif done is not None:
+                    # the two-statement path, or the one statement's CAS won but its commit
+                    # wrote nothing (the Core path decides, nothing held): the ledger's own call
                     won = True
                     from ..ledger import commit_settled  # the amount with the commit, no re-read
 
@@ -146,16 +169,16 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
                                               {"outputs": len(restored),
                                                "credits_actual": done.credits_actual, "via": source},
                                               rt=rt)
-                if done is not None and not restored:
+                if done is not None and not restored and not won_in_one(one):
                     credits_actual = done.credits_actual if late_cost is None else late_cost
                     completed = jobstore.write_completion(
-                        session, done, cost=late_cost,
-                        assets=[(index, s.key, s.media_type) for index, s in enumerate(stored)],
-                        is_public=is_public, watermarked=watermark and rt.watermark_hook is not None,
+                        session, done, cost=late_cost, assets=asset_rows,
+                        is_public=is_public, watermarked=watermarked,
                         event=new_event(done, "completed", now,
                                         {"outputs": len(stored), "credits_actual": credits_actual,
                                          "via": source}, rt=rt),
                         now=now)
+                if done is not None and not restored:
                     _reopen_workflow(session, done)
                     hook = rt.completion_hooks.get(job.provider_kind or "")
                     if hook is not None:
@@ -177,6 +200,11 @@ def finalize_job_with_media(rt: Runtime, job_id: uuid.UUID, result: PollResult |
     publish_events(rt, [completed])
     log.info("job_completed job_id=%s source=%s outputs=%d", job_id, source, len(stored))
     return True
+
+
+def won_in_one(one: completion.Completed | None) -> bool:
+    """Whether the one statement finished the completion (its commit settled)."""
+    return one is not None and one.settlement is not None and bool(one.settlement.done)
 
 
 def _already_stored(rt: Runtime, job: Job) -> dict[int, str]:

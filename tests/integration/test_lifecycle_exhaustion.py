@@ -26,9 +26,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import credits, jobstore, lifecycle
 from reconcile.cli import main
+from reconcile.credits import inline
 from reconcile.db.models import CreditTransaction, Job
 from reconcile.errors import LedgerError
-from reconcile.lifecycle import finalize
+from reconcile.lifecycle import completion, finalize
 from reconcile.media import fetch as media
 from reconcile.states import MAX_ATTEMPTS, SETTLE_BACKOFF_MAX
 from reconcile.testing.simulator import Script, Simulator
@@ -82,12 +83,15 @@ def _pricing_refused(w: World, mp: pytest.MonkeyPatch) -> None:
 
 def _complete_cas(w: World, mp: pytest.MonkeyPatch) -> None:
     mp.setattr(jobstore, "mark_completed", boom)
+    mp.setattr(completion, "complete", boom)  # the CAS inside the one statement (PostgreSQL)
 
 
 def _commit(w: World, mp: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> bool:
         raise LedgerError("injected: the ledger refuses the commit")
     mp.setattr(credits, "commit", refuse)
+    # the commit inside the completion's one statement: its row read as a refusal
+    mp.setattr(inline, "outcome", refuse)
 
 
 def _completed_event(w: World, mp: pytest.MonkeyPatch) -> None:

@@ -34,9 +34,9 @@ from tests.integration.harness import balance, fund
 CREDITS = 40
 RUNNING_POLLS = 3
 # outside the polls: submit 3 (job, the ledger's reserve call, event), create 3 (claim, id
-# save, event), finalize 3 (completion, the ledger's commit call, then ONE statement for the
-# rest: credits_actual when no pricing hook gave it, the assets, the event)
-STATEMENTS_OUTSIDE_POLLS_MAX = 9
+# save, event), finalize 1 (the completion's CAS, the ledger's commit call, the assets and the
+# event: one statement, reconcile.lifecycle.completion)
+STATEMENTS_OUTSIDE_POLLS_MAX = 7
 # the ledger's statements: its tables, and its functions (reconcile_ledger_reserve, …)
 LEDGER_TABLES = ("usage_logs", "reconcile_credit_", "reconcile_ledger_")
 
@@ -132,21 +132,24 @@ def test_happy_path_round_trips_without_a_publisher(world: World, amount: int | 
 
     outside = (c.of("submit")["statements"] + c.of("create")["statements"]
                + c.of(final)["statements"] - 1)
-    assert outside <= STATEMENTS_OUTSIDE_POLLS_MAX
+    assert outside == STATEMENTS_OUTSIDE_POLLS_MAX
+    assert c.of(final)["statements"] == 2  # the turn, then the completion: ONE statement
+    completion = c.texts(final)[1]
+    assert completion.startswith("WITH j AS"), completion
+    for part in ("FOR UPDATE", "JOIN LATERAL reconcile_ledger_commit(", "UPDATE jobs SET",
+                 "INSERT INTO reconcile_assets", "INSERT INTO reconcile_job_events"):
+        assert part in completion, (part, completion)
     ledger = [t for t in _texts(world, "submit", final) if "reconcile_ledger_" in t]
     assert [t.split("(")[0] for t in ledger] == [  # one round trip per ledger operation
-        "SELECT * FROM reconcile_ledger_reserve", "SELECT * FROM reconcile_ledger_commit"], ledger
-    # the library's own: INSERT job + event; claim, save, event; complete, then (cost +) assets
-    # + event in one statement
-    own = _own(_texts(world, "submit", "create", final))
-    own.remove(c.texts(final)[0])  # the final poll's turn (counted as a poll)
-    assert len(own) == 7, own
+        "SELECT * FROM reconcile_ledger_reserve", "WITH j AS "], ledger
+    # the library's own: INSERT job + event; claim, save, event
+    own = _own(_texts(world, "submit", "create"))
+    assert len(own) == 5, own
     assert not any(t.startswith("SELECT jobs") for t in own), own  # no job row is re-read
     events = [t for t in _texts(world, "submit", "create", *polls) if "reconcile_job_events" in t]
     assert len(events) == 3, events
     assert all(t.startswith("INSERT") for t in events[:2]), events
-    completion = events[2]  # the completion's: cost, assets and event, one statement
-    assert completion.startswith("WITH cost AS") and "INSERT INTO reconcile_assets" in completion
+    assert events[2] == completion
 
     job = _job(world, job_id)
     expected = CREDITS if amount is None else amount
