@@ -7,13 +7,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import func, or_, update
+from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..core import redact
-from ..db.models import Job
+from ..db.models import Job, JobEvent, table_of
 from ..db.session import rowcount
 from ..states import IN_FLIGHT, Status, Submission
 from .cas import _cas
@@ -25,6 +26,40 @@ def insert_job(session: Session, **values: Any) -> Job:
     job = Job(**values)
     session.add(job)
     return job
+
+
+def insert_job_with_event(session: Session, values: dict[str, Any], event: JobEvent) -> None:
+    """A new ``jobs`` row and its first outbox ``event`` (built by ``events.new_event``, not in
+    any session; its id is set here), written now. On PostgreSQL one statement (the event's
+    ``INSERT … SELECT`` from the job's ``INSERT … RETURNING``); elsewhere the ORM's two rows,
+    flushed. The job's row is written before anything that names it (the ledger's rows)."""
+    if session.get_bind().dialect.name != "postgresql":
+        insert_job(session, **values)
+        session.add(event)
+        session.flush()
+        return
+    statement = _job_with_event(tuple(sorted(values)))
+    params = {f"j_{name}": value for name, value in values.items()}
+    params.update(e_event_id=event.event_id, e_type=event.type, e_payload=event.payload,
+                  e_created_at=event.created_at, e_published_at=event.published_at)
+    event.id = session.execute(statement, params).scalar_one()
+
+
+@lru_cache(maxsize=8)
+def _job_with_event(names: tuple[str, ...]) -> Any:
+    """:func:`insert_job_with_event`'s statement for a job written with these columns."""
+    jobs, events = table_of(Job), table_of(JobEvent)
+    row = (insert(jobs).values({name: bindparam(f"j_{name}", type_=jobs.c[name].type)
+                                for name in names})
+           .returning(jobs.c.id, jobs.c.user_id).cte("job"))
+    chosen = select(bindparam("e_event_id", type_=events.c.event_id.type), row.c.id,
+                    row.c.user_id, bindparam("e_type", type_=events.c.type.type),
+                    bindparam("e_payload", type_=events.c.payload.type),
+                    bindparam("e_created_at", type_=events.c.created_at.type),
+                    bindparam("e_published_at", type_=events.c.published_at.type))
+    return (insert(events).from_select(["event_id", "job_id", "user_id", "type", "payload",
+                                        "created_at", "published_at"], chosen)
+            .returning(events.c.id).add_cte(row))
 
 
 def mark_platform_call(session: Session, job_id: uuid.UUID, kind_name: str, now: datetime,

@@ -16,7 +16,7 @@ from ..core.limits import storable_text
 from ..core.redact import printable
 from ..db.models import Job
 from ..errors import InvalidParam
-from ..jobstore.events import add_event, publish_events
+from ..jobstore.events import new_event, publish_events
 from ..kinds import Kind, binding_key
 from ..providers.base import JOB_REF_PREFIX
 from ..runtime import Runtime, Validator
@@ -138,18 +138,18 @@ def submit_job(
             if replay is not None:  # nothing was written: the commit is empty
                 log.info("job_submit_replayed job_id=%s", replay.job_id)
                 return Submitted(replay.job_id, kind, replay)
-        jobstore.insert_job(
-            session,
+        queued = new_event(_stub(job_id, user_id), "queued", now, rt=rt)
+        # the job row and its event (one statement on PostgreSQL), before the ledger's rows
+        # that name the job
+        jobstore.insert_job_with_event(session, dict(
             id=job_id, user_id=user_id, job_type=job_type, status=Status.PENDING,
             input_data=dict(input), progress=0, should_watermark=should_watermark,
             is_public=is_public, workflow_execution_id=workflow_execution_id, node_id=node_id,
             created_at=now, provider_kind=provider_kind, provider_model=model,
             submission_state=Submission.NOT_STARTED,
             provider_options=dict(options) if options else None,
-        )
-        session.flush()  # the job row before the ledger's rows that name it
+        ), queued)
         rt.ledger.reserve(session, user_id, job_id, credits_, now=now)
-        queued = add_event(session, _stub(job_id, user_id), "queued", now, rt=rt)
     # committed: nothing below may raise (a client retrying an error would pay a second job)
     try:
         publish_events(rt, [queued])
