@@ -17,7 +17,7 @@ from ..core import redact
 from ..db.models import Job, JobEvent, table_of
 from ..db.session import rowcount
 from ..states import IN_FLIGHT, Status, Submission
-from .cas import _cas
+from .cas import _cas, _cas_with_event
 from .predicates import platform_row_uncalled, uncertain_expired
 
 
@@ -149,14 +149,15 @@ def _owner(job_id: uuid.UUID, token: str) -> tuple[Any, ...]:
 
 
 def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, now: datetime,
-                 poll_lease: timedelta, *, poll_due_at: datetime | None = None) -> Job | None:
+                 poll_lease: timedelta, *, poll_due_at: datetime | None = None,
+                 event: JobEvent | None = None) -> Job | None:
     """``on_task_created``: persist the upstream id, accepted, processing, a new poll chain.
 
     Works after the claim lease expired (even from ``uncertain``) as long as the token matches,
-    but never revives a job completed, failed or cancelled meanwhile.
+    but never revives a job completed, failed or cancelled meanwhile. ``event``: the outbox row
+    written with it when it wins (one statement on PostgreSQL: :func:`.cas._cas_with_event`).
     """
-    return _cas(
-        session, *_owner(job_id, token),
+    values: dict[str, Any] = dict(
         provider_task_id=task_id,
         submission_state=Submission.ACCEPTED,
         status=Status.PROCESSING,
@@ -170,6 +171,9 @@ def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, 
         reconcile_attempts=0,
         reconcile_last_attempt_at=None,
     )
+    if event is None:
+        return _cas(session, *_owner(job_id, token), **values)
+    return _cas_with_event(session, event, *_owner(job_id, token), **values)
 
 
 def release_rate_limited(session: Session, job_id: uuid.UUID, token: str, not_before: datetime,

@@ -26,7 +26,7 @@ from ..errors import (
     ReconcileError,
 )
 from ..jobstore import horizon
-from ..jobstore.events import add_event, publish_events
+from ..jobstore.events import new_event, publish_events
 from ..kinds import Kind, all_kinds
 from ..providers.base import AsyncProvider, CreateRequest
 from ..runtime import Runtime
@@ -192,15 +192,16 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str, *,
             if job is None or kind is None:
                 return False
         batch = _batch_mode(rt)
+        # the outbox event is written by the same statement when the save wins
+        running = new_event(Job(id=job_id), "running", now, {"provider_task_id": task_id}, rt=rt)
         saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind),
-                                      poll_due_at=first_due(rt, kind, now) if batch else None)
+                                      poll_due_at=first_due(rt, kind, now) if batch else None,
+                                      event=running)
         if saved is None:
             job = job or jobstore.load(session, job_id)
             if job is None:
                 return False
             verdict = _late_answer(session, job, task_id, now)
-        else:
-            running = add_event(session, saved, "running", now, {"provider_task_id": task_id}, rt=rt)
     if saved is None:
         assert job is not None
         if verdict == "cancel":
