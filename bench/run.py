@@ -95,7 +95,15 @@ def _environment() -> dict[str, Any]:
         "redis": redis_version, "celery": celery.__version__,
         "sqlalchemy": sqlalchemy.__version__, "psycopg": psycopg.__version__,
         "load_at_start": _load(),
+        # the poll mode the report's verdicts are on (bench.aims)
+        "default_poll_mode": _default_poll_mode(),
     }
+
+
+def _default_poll_mode() -> str:
+    from reconcile import Settings
+
+    return str(Settings().poll_mode)
 
 
 # each figure's expected wall time under make bench's bounds on a quiet 2-core host (seconds;
