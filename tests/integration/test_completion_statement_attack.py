@@ -108,10 +108,12 @@ def _rt(factory: sessionmaker[Session], media: Path, share: str, price: int | No
 
 
 def _in_txn(fn: Callable[[Session], Any]) -> Callable[[Runtime], Any]:
-    def run(rt: Runtime) -> Any:
-        with rt.sessions.begin() as s:
-            return fn(s)
-    return run
+    return lambda rt: _with(rt.sessions, fn)
+
+
+def _with(sessions: sessionmaker[Session], fn: Callable[[Session], Any]) -> Any:
+    with sessions.begin() as s:
+        return fn(s)
 
 
 def _stale_write_back(s: Session) -> Any:
@@ -236,8 +238,8 @@ def test_the_completion_interleaved_with_another_writer_is_a_serial_order(
         statements.append(job_id), real(session, job_id, **kw))[1])
     back = tmp_path / "first" if start == "written_back" else None
     ab = _serial(factory, tmp_path / "ab", share, first, second, back)
-    ba_b, ba_a, ba_state = _serial(factory, tmp_path / "ba", share, second, first, back)
-    ba = (ba_a, ba_b, ba_state)
+    ba = (lambda b, a, st: (a, b, st))(*_serial(factory, tmp_path / "ba", share, second, first,
+                                                back))
     for _, _, state in (ab, ba):
         if back is None:  # a re-completion adds its own event; a cancel of it is the platform's
             _money_rules(state)
@@ -300,8 +302,8 @@ def test_the_completion_interleaved_with_another_writer_is_a_serial_order(
 # ----------------------------------------------------------------------------- odd data
 
 
-class Credits(int):
-    """A platform's int subclass for an amount (an ``IntEnum``-like price)."""
+class Credits(int):  # a platform's int subclass for a price
+    __slots__ = ()
 
 
 def _bare(factory: sessionmaker[Session], prepare: Callable[[Session], Any]) -> None:
@@ -320,17 +322,11 @@ def _funded(s: Session) -> None:
 
 
 def _sql(*statements: str) -> Callable[[Session], Any]:
-    def run(s: Session) -> None:
-        for statement in statements:
-            s.execute(text(statement), {"j": JOB, "u": USER, "t": T0})
-    return run
+    return lambda s: [s.execute(text(q), {"j": JOB, "u": USER, "t": T0}) for q in statements]
 
 
 def _then(*steps: Callable[[Session], Any]) -> Callable[[Session], Any]:
-    def run(s: Session) -> None:
-        for step in steps:
-            step(s)
-    return run
+    return lambda s: [step(s) for step in steps]
 
 
 PLATFORM_LOG = ("INSERT INTO usage_logs (id, job_id, user_id, status, credits, metadata, "
@@ -570,3 +566,34 @@ def test_a_ledger_whose_commit_is_replaced_otherwise_than_by_subclassing_is_call
     state = _state(factory)
     assert state["job"][0][:3] == ("completed", 4, 4)
     assert [t[3] for t in state["txns"] if t[2] == JOB] == ["COMMIT", "RELEASE", "USAGE"]
+
+
+@pytest.mark.parametrize("case", ["all_held", "legacy_refund_first",
+                                  "platform_reservation_no_balance", "stale_cost_in_flight"])
+def test_the_completion_hook_and_the_provider_cost_as_on_the_two_statement_path(
+        pg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """The hook sees the completed row at the cost decided; the provider's cost and text kept."""
+    from decimal import Decimal
+
+    from reconcile.providers.base import PollResult, PollStatus
+    factory = pg[0]
+    prepare, price = ODD[case]
+    result = PollResult(status=PollStatus.SUCCEEDED, cost_usd=Decimal("0.123456"),
+                        outputs=(Output(text="caption"), *PNG))
+    seen = []
+    for one in (True, False):
+        _bare(factory, prepare)
+        rt = _rt(factory, tmp_path / str(one), "1", None)
+        rt.pricing_hook = lambda job, result: price
+        rt.completion_hooks[""] = lambda session, job, got, one=one: seen.append(
+            (one, job.status, job.credits_actual, job.display_cost, got is result))
+        with monkeypatch.context() as m:
+            if not one:
+                m.setattr(completion, "usable", lambda *a, **k: False)
+            assert finalize_job_with_media(rt, JOB, result, source="hook") is True
+        with factory() as s:
+            seen.append((one, *s.execute(text(
+                "SELECT provider_cost, output_data->>'text', credits_actual FROM jobs")).one()))
+    assert [x[1:] for x in seen[:2]] == [x[1:] for x in seen[2:]], seen
+    assert seen[0][1] == "completed" and seen[1][1:3] == (Decimal("0.123456"), "caption")
+    assert seen[0][2] == seen[1][3]  # the hook saw the cost that was stored
