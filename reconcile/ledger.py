@@ -172,11 +172,13 @@ DEFAULT = BuiltinLedger()
 def commits_inline(ledger: Ledger) -> bool:
     """Whether a completion may run this ledger's commit inside its own statement
     (``reconcile.lifecycle.completion``): the built-in ledger, whose ``commit`` and
-    ``commit_settled`` a subclass has not replaced (a replaced one is called as it is)."""
+    ``commit_settled`` nothing has replaced (a replaced one is called as it is): not a
+    subclass, not an attribute set on the instance (a wrapper), not a test double that only
+    passes ``isinstance`` (read as the ledger's own bound methods, never its class's)."""
     if not isinstance(ledger, BuiltinLedger):
         return False
-    kind = type(ledger)
-    return kind.commit is BuiltinLedger.commit and kind.commit_settled is BuiltinLedger.commit_settled
+    return all(getattr(getattr(ledger, name, None), "__func__", None) is getattr(BuiltinLedger, name)
+               for name in ("commit", "commit_settled"))
 
 
 def commit_settled(ledger: Ledger, session: Session, job_id: uuid.UUID,
