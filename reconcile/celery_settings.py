@@ -56,9 +56,12 @@ worker_eta_task_limit = 1000
 # is requeued at once instead of waiting for the broker's own restore
 worker_soft_shutdown_timeout = float(_settings.worker_soft_shutdown_timeout)
 worker_enable_soft_shutdown_on_idle = worker_soft_shutdown_timeout > 0
-# Flower: task events on
-worker_send_task_events = True
-task_send_sent_event = True
+# Task events off, as Celery's own default: each is one more broker publish per task state
+# (sent, received, started, succeeded), about a third of a chain poll's Celery cost and a
+# quarter of a submit's. Flower turns them on in the workers it watches (its ``enable_events``,
+# through remote control); ``celery -A … control enable_events`` does the same by hand
+worker_send_task_events = False
+task_send_sent_event = False
 
 # The visibility timeout (RECONCILE_BROKER_VISIBILITY_TIMEOUT, default 3600 s) exceeds the
 # longest task (600 s) plus the longest countdown (300 s; checked at worker start), so a healthy
