@@ -104,6 +104,12 @@ def run(quick: bool = False) -> dict[str, Any]:
     with throwaway_db("stmts") as (url, _), tempfile.TemporaryDirectory() as tmp, \
             Simulator(clock=lambda: clock[0]) as sim:
         engine = make_engine(url)
+        # once per engine, at a process's start (Runtime.from_settings' table check): what the
+        # database assigns on usage_logs.id, read before the per-job counts (as the test does)
+        from reconcile.db.contract import usage_log_ids_assigned
+
+        with engine.connect() as conn:
+            usage_log_ids_assigned(conn)
         counting = Counting(engine)
         rt = Runtime(settings=sim.settings(webhook_base_url="https://platform.example/hooks"), sessions=make_sessionmaker(engine),
                      storage=LocalStorage(Path(tmp) / "media"))
