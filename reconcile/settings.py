@@ -171,6 +171,10 @@ class Settings(BaseSettings):
     # kinds every process must have registered (checked at start-up): the kinds your rows carry
     required_kinds: list[str] = Field(default_factory=list)
     sweep_time_budget: float = 20.0  # seconds handled inline per tick
+    # rows the sweep task carries out at once per process (status reads, media, each row's own
+    # transactions), inline and in each fanned-out chunk (reconcile.reconcile_jobs carries
+    # this many); bounded below the engine's pool (5 + 5 overflow connections)
+    sweep_threads: int = Field(default=8, ge=1, le=64)
 
     # The settlement policy (reconcile.settlement): the share of what a failed / a user-
     # cancelled job holds that goes back to the user, exact ("1/2", "0.25", "1"). Deployment

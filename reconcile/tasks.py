@@ -20,9 +20,10 @@ from .worker import broker, heartbeat
 from .worker.installed import connect_worker_checks, send
 
 __all__ = [
-    "create", "enqueue_create", "enqueue_poll", "enqueue_reconcile_job", "get_runtime",
+    "create", "enqueue_create", "enqueue_poll", "enqueue_reconcile_job", "enqueue_reconcile_jobs",
+    "get_runtime",
     "has_runtime", "poll",
-    "poll_due", "prune", "reconcile_job", "reset_runtime", "set_runtime", "settle", "sweep",
+    "poll_due", "prune", "reconcile_job", "reconcile_jobs", "reset_runtime", "set_runtime", "settle", "sweep",
 ]
 
 log = logging.getLogger("reconcile.tasks")
@@ -126,6 +127,30 @@ def enqueue_reconcile_job(job_id: uuid.UUID) -> None:
     send("reconcile.reconcile_job", [str(job_id)])
 
 
+def enqueue_reconcile_jobs(job_ids: list[uuid.UUID]) -> None:
+    send("reconcile.reconcile_jobs", [[str(job_id) for job_id in job_ids]])
+
+
+class _Chunks:
+    """The sweep task's fan-out: the rows past its time budget, sent ``size`` per message
+    (``reconcile.reconcile_jobs``, which carries them out at once) instead of one message each.
+    A row not sent (the tick died first) was not claimed: the next tick finds it again."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.held: list[uuid.UUID] = []
+
+    def __call__(self, job_id: uuid.UUID) -> None:
+        self.held.append(job_id)
+        if len(self.held) >= self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        held, self.held = self.held, []
+        if held:
+            enqueue_reconcile_jobs(held)
+
+
 def _redelivery(task: Any) -> None:
     info = getattr(task.request, "delivery_info", None) or {}
     if info.get("redelivered"):
@@ -188,12 +213,30 @@ def reconcile_job(job_id: str) -> str:
     return run(get_runtime(), uuid.UUID(job_id))
 
 
+@shared_task(name="reconcile.reconcile_jobs", ignore_result=True, acks_late=True)
+def reconcile_jobs(job_ids: list[str]) -> str:
+    """Apply the sweep's decision table to a chunk of jobs (the sweep fans out to this),
+    ``sweep_threads`` at a time."""
+    from .sweep import reconcile_jobs as run
+
+    rt = get_runtime()
+    outcomes = run(rt, [uuid.UUID(job_id) for job_id in job_ids],
+                   threads=rt.settings.sweep_threads)
+    return ",".join(outcomes)
+
+
 @shared_task(name="reconcile.sweep", ignore_result=True, acks_late=True)
 def sweep() -> str:
-    """One reconcile tick (beat); what does not fit the time budget fans out per job."""
+    """One reconcile tick (beat): the rows of a page ``sweep_threads`` at a time; what does not
+    fit the time budget fans out in chunks of as many (``reconcile.reconcile_jobs``)."""
     from .sweep import sweep as run
 
-    report = run(get_runtime(), fan_out=enqueue_reconcile_job)
+    rt = get_runtime()
+    chunks = _Chunks(rt.settings.sweep_threads)
+    try:
+        report = run(rt, fan_out=chunks, threads=rt.settings.sweep_threads)
+    finally:
+        chunks.flush()
     return report.line()
 
 

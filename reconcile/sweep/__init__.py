@@ -45,9 +45,10 @@ from .tick import (
     _cursor_of as _cursor_of,
     _phases as _phases,
     reconcile_job,
+    reconcile_jobs,
     sweep,
 )
 
 # kept importable here, not exported (``x as x``): the tuning constants, and the keyset walk's
 # statements (bench/fig_query.py, tests/integration/test_sweep_tick_guarantees.py)
-__all__ = ["Action", "Decision", "SweepAction", "SweepReport", "decide", "reconcile_job", "sweep"]
+__all__ = ["Action", "Decision", "SweepAction", "SweepReport", "decide", "reconcile_job", "reconcile_jobs", "sweep"]

@@ -7,8 +7,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Select, select, text, tuple_
@@ -71,12 +73,15 @@ def _cursor_of(phase: str, job: Job) -> tuple[Any, ...]:
 
 def sweep(rt: Runtime, *, dry_run: bool = False, now: datetime | None = None,
           budget: float | None = None, fan_out: Callable[[uuid.UUID], None] | None = None,
-          timer: Callable[[], float] = time.monotonic) -> SweepReport:
+          timer: Callable[[], float] = time.monotonic, threads: int = 1) -> SweepReport:
     """One tick of the decision table over every candidate row; logs and returns the report.
 
     ``now`` (default ``rt.now()``) is the tick's decision time. ``budget`` is the seconds handled
     inline (default ``sweep_time_budget``, scaled); past it, actionable rows go to ``fan_out``
     (None: keep going inline). ``dry_run`` and observe-only kinds only log what would happen.
+    ``threads``: the claimed rows of one page carried out that many at once (each in its own
+    transactions, as the batch poller's outcomes: :func:`carry_out_all`); 1, the default,
+    one after the other (the Celery task passes ``sweep_threads``).
     """
     started_at = timer()
     now = now or rt.now()
@@ -102,9 +107,13 @@ def sweep(rt: Runtime, *, dry_run: bool = False, now: datetime | None = None,
                 break
             for job_id in errors:
                 tally.add(job_id, _ERROR, "error")
-            for plan in plans:
-                tally.add(plan.job.id, plan.decision,
-                          _run(rt, plan, fan_out if over and plan.outcome is None else None))
+            # past the budget each row only goes to fan_out: one after the other
+            out = fan_out if over else None
+            outcomes = carry_out_all(
+                [partial(_run, rt, plan, out if plan.outcome is None else None)
+                 for plan in plans], 1 if over else threads)
+            for plan, outcome in zip(plans, outcomes, strict=True):
+                tally.add(plan.job.id, plan.decision, outcome)
             if cursor is None:
                 break
     try:
@@ -198,6 +207,33 @@ def _batch(rt: Runtime, phase: str, query: Callable[[_Cursor], Select[Job]],
                 errors.append(job.id)
         last = _cursor_of(phase, jobs[-1]) if jobs else None
     return plans, errors, (last if len(jobs) == BATCH_SIZE else None)
+
+
+def carry_out_all(steps: Sequence[Callable[[], str]], threads: int) -> list[str]:
+    """Run each step (one row's carry-out, which catches its own errors) and return their
+    outcomes in order: ``threads`` at a time in a bounded pool (the status reads, media
+    downloads and each row's own transactions overlap), or one after the other when 1. Rows are
+    independent: each was claimed on its own, and one's failure never touches another's."""
+    if threads <= 1 or len(steps) <= 1:
+        return [step() for step in steps]
+    with ThreadPoolExecutor(max_workers=min(threads, len(steps)),
+                            thread_name_prefix="reconcile-sweep") as pool:
+        return list(pool.map(lambda step: step(), steps))
+
+
+def reconcile_jobs(rt: Runtime, job_ids: Sequence[uuid.UUID], *, threads: int = 1) -> list[str]:
+    """:func:`reconcile_job` for each of ``job_ids`` (a fanned-out chunk), ``threads`` at a
+    time; the outcomes in order. A row's error is its own outcome (``error``)."""
+    def one(job_id: uuid.UUID) -> Callable[[], str]:
+        def step() -> str:
+            try:
+                return reconcile_job(rt, job_id)
+            except Exception:
+                log.exception("reconcile_job_failed job_id=%s", job_id)
+                return "error"
+        return step
+
+    return carry_out_all([one(job_id) for job_id in job_ids], threads)
 
 
 def reconcile_job(rt: Runtime, job_id: uuid.UUID, *, now: datetime | None = None,

@@ -35,6 +35,7 @@ EXPECTED = {
     "reconcile.prune": SWEEP_QUEUE,
     "reconcile.settle": QUEUE,
     "reconcile.reconcile_job": QUEUE,
+    "reconcile.reconcile_jobs": QUEUE,
 }
 
 

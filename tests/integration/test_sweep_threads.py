@@ -1,0 +1,164 @@
+"""The sweep carries out a page's rows several at once, and fans out in chunks.
+
+The Celery sweep task passes ``sweep_threads``: the claimed rows of one page are carried out
+that many at once (each in its own transactions), and the rows past the time budget go out
+``sweep_threads`` per ``reconcile.reconcile_jobs`` message, which carries them out at once too.
+A direct ``sweep(rt)`` stays one row after the other.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reconcile import tasks
+from reconcile.db.models import Asset, CreditTransaction, Job
+from reconcile.lifecycle import poll
+from reconcile.sweep import reconcile_jobs, sweep
+from reconcile.testing.simulator import Script, Simulator
+from tests.integration._sweep_helpers import INSTANT, World
+
+
+@pytest.fixture
+def world(db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> World:
+    return World(db, simulator, tmp_path)
+
+
+_REAL_READ = poll.read_status
+
+
+def _stale(w: World, n: int, *, failing: int = 0) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    done = [w.accept("kie-standard", Script(timeline=INSTANT)) for _ in range(n)]
+    failed = [w.accept("kie-standard", Script(timeline=((0.0, "failed"),)))
+              for _ in range(failing)]
+    w.clock.advance(minutes=11)
+    return done, failed
+
+
+def _reads_meet(monkeypatch: pytest.MonkeyPatch, parties: int) -> list[str]:
+    """Every status read waits until ``parties`` reads are in flight at once (a barrier that
+    breaks after 10 s): it passes only when the rows really are read concurrently."""
+    barrier = threading.Barrier(parties, timeout=10)
+    met: list[str] = []
+    real = _REAL_READ
+
+    def read_status(rt: Any, job: Any, kind: Any) -> Any:
+        try:
+            barrier.wait()
+            met.append("met")
+        except threading.BrokenBarrierError:
+            met.append("alone")
+        return real(rt, job, kind)
+
+    monkeypatch.setattr(poll, "read_status", read_status)
+    return met
+
+
+def _money(db: sessionmaker[Session]) -> tuple[Counter[str], Counter[tuple[Any, str]], Counter[Any]]:
+    with db() as s:
+        statuses = Counter(s.execute(select(Job.status)).scalars())
+        txns = Counter((t.job_id, t.type) for t in s.execute(select(CreditTransaction)).scalars())
+        assets = Counter(s.execute(select(Asset.job_id)).scalars())
+    return statuses, txns, assets
+
+
+def test_a_page_is_carried_out_several_rows_at_once(world: World,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    w = world
+    done, failed = _stale(w, 8, failing=4)
+    met = _reads_meet(monkeypatch, 4)
+    report = sweep(w.rt, threads=4)
+    assert (report.recovered, report.failed, report.errors) == (8, 4, 0)
+    assert met.count("met") == 12, met  # every read had three others in flight with it
+    statuses, txns, assets = _money(w.db)
+    assert statuses == {"completed": 8, "failed": 4}
+    for job_id in done:
+        assert (txns[(job_id, "COMMIT")], txns[(job_id, "REFUND")], assets[job_id]) == (1, 0, 1)
+    for job_id in failed:
+        assert (txns[(job_id, "COMMIT")], txns[(job_id, "REFUND")], assets[job_id]) == (0, 1, 0)
+    assert w.audit() == []
+
+
+def test_a_direct_sweep_stays_one_row_after_the_other(world: World,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default: no read ever has company (so the explorer's and the tests' direct sweeps
+    keep their order)."""
+    w = world
+    _stale(w, 3)
+    barrier = threading.Barrier(2, timeout=0.5)
+    alone: list[bool] = []
+    real = _REAL_READ
+
+    def read_status(rt: Any, job: Any, kind: Any) -> Any:
+        try:
+            barrier.wait()
+            alone.append(False)
+        except threading.BrokenBarrierError:
+            alone.append(True)
+            barrier.reset()
+        return real(rt, job, kind)
+
+    monkeypatch.setattr(poll, "read_status", read_status)
+    assert sweep(w.rt).recovered == 3
+    assert alone == [True, True, True]
+
+
+def test_past_the_budget_rows_go_out_in_chunks_and_each_chunk_runs_at_once(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Budget 0: nothing inline; 10 rows fan out as chunks of 4 (4, 4, 2) through the task's
+    own fan-out; ``reconcile_jobs`` then carries each chunk out at once, every job finished
+    exactly once."""
+    w = world
+    done, _ = _stale(w, 10)
+    sent: list[list[uuid.UUID]] = []
+    monkeypatch.setattr(tasks, "enqueue_reconcile_jobs", lambda ids: sent.append(list(ids)))
+    chunks = tasks._Chunks(4)
+    report = sweep(w.rt, budget=0, fan_out=chunks, threads=4)
+    chunks.flush()
+    assert report.fanned_out == 10 and report.recovered == 0
+    assert [len(c) for c in sent] == [4, 4, 2]
+    assert sorted(j for c in sent for j in c) == sorted(done)
+    met = _reads_meet(monkeypatch, 4)
+    outcomes = [reconcile_jobs(w.rt, chunk, threads=4) for chunk in sent[:2]]
+    assert met.count("met") == 8, met
+    met = _reads_meet(monkeypatch, 2)  # the last chunk: its two rows at once
+    outcomes.append(reconcile_jobs(w.rt, sent[2], threads=4))
+    assert met.count("met") == 2, met
+    assert [o for chunk in outcomes for o in chunk] == ["completed"] * 10, outcomes
+    # a chunk sent twice (a redelivery) finishes nothing twice
+    assert "completed" not in reconcile_jobs(w.rt, sent[0], threads=4)
+    statuses, txns, assets = _money(w.db)
+    assert statuses == {"completed": 10}
+    assert all(txns[(j, "COMMIT")] == 1 and assets[j] == 1 for j in done)
+    assert w.audit() == []
+
+
+def test_the_celery_task_flushes_its_last_chunk_even_when_the_tick_raises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[list[uuid.UUID]] = []
+    monkeypatch.setattr(tasks, "enqueue_reconcile_jobs", lambda ids: sent.append(list(ids)))
+    ids = [uuid.uuid4() for _ in range(3)]
+
+    class Boom(Exception):
+        pass
+
+    def run(rt: Any, *, fan_out: Any, threads: int) -> Any:
+        for job_id in ids:
+            fan_out(job_id)
+        raise Boom
+
+    import reconcile.sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "sweep", run)
+    monkeypatch.setattr(tasks, "get_runtime", lambda: type("Rt", (), {
+        "settings": type("S", (), {"sweep_threads": 2})()})())
+    with pytest.raises(Boom):
+        tasks.sweep.run()
+    assert sent == [ids[:2], ids[2:]]
