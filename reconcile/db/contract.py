@@ -75,6 +75,15 @@ INSERTED_INTO = ("jobs", "usage_logs")
 # nullable in the mapping (a platform's rows may hold NULL) but never NULL when the library writes
 # the row: a NOT NULL column is fine
 ALWAYS_SET = frozenset({"jobs.input_data", "usage_logs.job_id", "usage_logs.metadata"})
+# nullable in the mapping, and never NULL when the library writes it: left out of the job's insert
+# when the submit has no value (:func:`reconcile.jobstore.insert_job_with_event`), later written
+# only with a value (a job's start, its outputs, its provider, its completion). A NOT NULL column
+# with a default takes the default; without one, the insert fails. Every other nullable column may
+# be written NULL after the insert (the completion clears ``error_message``; the provider may
+# report no cost): NOT NULL there breaks a write, default or not.
+FILLED_BY_DEFAULT = frozenset({
+    "jobs.output_data", "jobs.provider", "jobs.started_at", "jobs.completed_at",
+    "jobs.should_watermark", "jobs.is_public", "jobs.workflow_execution_id", "jobs.node_id"})
 LIBRARY_TABLES = tuple(sorted(name for name in Base.metadata.tables if name not in PLATFORM_TABLES))
 UUID_ONLY = "the library's ids are uuids; an integer or text id is not supported yet"
 # the fix of a library column or table that is gone while its migrations are at head
@@ -267,11 +276,22 @@ def _column_findings(col: Column, live: _Live | None, dialect: str) -> list[Find
         return _usage_log_id(where, live, dialect)
     out = _type_findings(col, where, live, dialect)
     if col.nullable and not live.nullable and not live.primary and where not in ALWAYS_SET:
-        # the library leaves it unset or writes NULL (a job submitted without it)
-        out.append(Finding(where, "NOT NULL, where the library may write NULL",
-                           DIFFERS if live.default else BREAKS,
-                           f"ALTER TABLE {col.table} ALTER COLUMN {col.name} DROP NOT NULL"))
+        out.append(_not_null(col, where, live))
     return out
+
+
+def _not_null(col: Column, where: str, live: _Live) -> Finding:
+    """A NOT NULL column the mapping has nullable: see :data:`FILLED_BY_DEFAULT`."""
+    fix = f"ALTER TABLE {col.table} ALTER COLUMN {col.name} DROP NOT NULL"
+    if where in FILLED_BY_DEFAULT:
+        if live.default:
+            return Finding(where, "NOT NULL with a default: a row the library writes without a "
+                                  "value takes the default", NOTE)
+        return Finding(where, "NOT NULL without a default, where the library leaves it out of "
+                              "a row it has no value for", BREAKS, fix + ", or SET DEFAULT <value>")
+    return Finding(where, "NOT NULL, where the library may write NULL"
+                          f"{' (a default does not apply to a written NULL)' if live.default else ''}",
+                   BREAKS, fix)
 
 
 def _type_findings(col: Column, where: str, live: _Live, dialect: str) -> list[Finding]:

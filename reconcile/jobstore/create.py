@@ -32,9 +32,15 @@ def insert_job_with_event(session: Session, values: dict[str, Any], event: JobEv
     """A new ``jobs`` row and its first outbox ``event`` (built by ``events.new_event``, not in
     any session; its id is set here), written now. On PostgreSQL one statement (the event's
     ``INSERT … SELECT`` from the job's ``INSERT … RETURNING``); elsewhere the ORM's two rows,
-    flushed. The job's row is written before anything that names it (the ledger's rows)."""
+    flushed. The job's row is written before anything that names it (the ledger's rows).
+
+    A column whose value is None is left out, not written NULL: the platform's default applies
+    (a NOT NULL ``should_watermark`` with a default, a job submitted without it; see
+    :data:`reconcile.db.contract.FILLED_BY_DEFAULT`)."""
+    values = {name: value for name, value in values.items() if value is not None}
     if session.get_bind().dialect.name != "postgresql":
-        insert_job(session, **values)
+        # a Core insert: the ORM would write NULL for each column left out
+        session.execute(insert(table_of(Job)).values(values))
         session.add(event)
         session.flush()
         return
@@ -45,7 +51,7 @@ def insert_job_with_event(session: Session, values: dict[str, Any], event: JobEv
     event.id = session.execute(statement, params).scalar_one()
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=32)  # the optional columns given or not
 def _job_with_event(names: tuple[str, ...]) -> Any:
     """:func:`insert_job_with_event`'s statement for a job written with these columns."""
     jobs, events = table_of(Job), table_of(JobEvent)

@@ -194,11 +194,92 @@ UNSUPPORTED = {
         DJANGO_PG.format(usage_id=BIGINT_IDENTITY).replace(
             "metadata jsonb NOT NULL);", "metadata jsonb NOT NULL, description text NOT NULL);"),
         "BREAKS   usage_logs.description: NOT NULL without a default"),
-    "a NOT NULL column the library writes NULL to": (
+    "a NOT NULL column the library leaves out, without a default": (
         DJANGO_PG.format(usage_id=BIGINT_IDENTITY).replace(
             "provider varchar(50),", "provider varchar(50), should_watermark boolean NOT NULL,"),
-        "BREAKS   jobs.should_watermark: NOT NULL, where the library may write NULL"),
+        "BREAKS   jobs.should_watermark: NOT NULL without a default, where the library leaves "
+        "it out"),
+    # the check said DIFFERS ("nothing fails yet") and let workers start: every completion
+    # then failed on the NULL it writes (a default does not fill a written NULL), and the
+    # upstream result was lost
+    "a NOT NULL column the library writes NULL to, with a default": (
+        DJANGO_PG.format(usage_id=BIGINT_IDENTITY).replace(
+            "error_message text,", "error_message text NOT NULL DEFAULT '',"),
+        "BREAKS   jobs.error_message: NOT NULL, where the library may write NULL (a default "
+        "does not apply to a written NULL)"),
 }
+
+
+# the optional fields a submit may not give, NOT NULL with a default (Django's db_default)
+DEFAULTED = {"should_watermark": "boolean NOT NULL DEFAULT false",
+             "is_public": "boolean NOT NULL DEFAULT true",
+             "workflow_execution_id": "uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000'",
+             "node_id": "text NOT NULL DEFAULT ''"}
+
+
+def test_not_null_columns_with_a_default_the_library_leaves_out(
+        pg_databases: PgDatabases, simulator: Simulator, tmp_path: Path) -> None:
+    """A submit without the optional fields leaves them out of the job's insert, so the
+    platform's defaults fill them: the check accepts the shape (a note each) and a submit, a
+    cancel and a completion succeed. The insert wrote them NULL: every submit answered 500 while
+    the check said "nothing fails yet"."""
+    from reconcile import lifecycle
+    from reconcile.db.models import Job
+    from tests.integration.test_orchestrator import PNG
+
+    extra = "".join(f"{name} {ddl}, " for name, ddl in DEFAULTED.items())
+    url = _platform(pg_databases, DJANGO_PG.format(usage_id=BIGINT_IDENTITY).replace(
+        "output_data jsonb,", f"{extra}output_data jsonb NOT NULL DEFAULT '{{}}',").replace(
+        "completed_at timestamp)", "completed_at timestamp NOT NULL DEFAULT now())"))
+    code, out = _db_check(url)
+    assert code == 0, out
+    for name in (*DEFAULTED, "output_data", "completed_at"):
+        assert (f"NOTE     jobs.{name}: NOT NULL with a default: a row the library writes "
+                "without a value takes the default") in out
+    Runtime.from_settings(Settings(database_url=url))  # the start-up check passes
+    _submit_and_cancel(url, simulator, tmp_path)
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    rt = Runtime(settings=simulator.settings(), sessions=sessions, storage=LocalStorage(tmp_path / "c"))
+    user = uuid.uuid4()
+    fund(sessions, user, 100)
+    job_id = lifecycle.submit_job(rt, user, "kie-standard", "seedream/4.5-edit", {"prompt": "x"},
+                                  40, job_type="image", enqueue=False, is_public=False).job_id
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
+    assert lifecycle.finalize_job_with_media(rt, job_id, PNG, source="poll")
+    assert balance(sessions, user) == (60, 0)
+    with sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.status == "completed" and job.output_data["outputs"]
+        # the defaults, and the value given
+        assert (job.should_watermark, job.is_public, job.node_id) == (False, False, "")
+    engine.dispose()
+
+
+def test_sqlite_leaves_out_what_a_submit_has_no_value_for(
+        tmp_path: Path, simulator: Simulator) -> None:
+    """The embedded default's insert (the ORM's) leaves the same columns out."""
+    url = f"sqlite:///{tmp_path / 'defaults.db'}"
+    upgrade(url)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # SQLite has no ALTER COLUMN: the table is rebuilt
+        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        conn.exec_driver_sql("PRAGMA legacy_alter_table=ON")  # other tables keep naming jobs
+        ddl = conn.exec_driver_sql(
+            "SELECT sql FROM sqlite_master WHERE name = 'jobs'").scalar_one()
+        assert "should_watermark BOOLEAN," in ddl, ddl
+        conn.exec_driver_sql("ALTER TABLE jobs RENAME TO jobs_old")
+        conn.exec_driver_sql(ddl.replace("should_watermark BOOLEAN,",
+                                         "should_watermark BOOLEAN NOT NULL DEFAULT 0,"))
+        conn.exec_driver_sql("DROP TABLE jobs_old")
+    engine.dispose()
+    from reconcile.db.contract import check
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        found = {f.where: f for f in check(conn)}
+    assert found["jobs.should_watermark"].level == "note", found
+    engine.dispose()
+    _submit_and_cancel(url, simulator, tmp_path)
 
 
 @pytest.mark.parametrize("shape", list(UNSUPPORTED), ids=list(UNSUPPORTED))
