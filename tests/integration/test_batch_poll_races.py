@@ -415,11 +415,20 @@ def test_xb_a_row_whose_write_raises_does_not_stop_the_rest_of_the_batch(
             raise OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
         return real(session, job_id, *args, **kw)
 
+    def hold_all(session: Session, rows: list[Any], until: Any) -> Any:
+        # the round's one statement names the broken row too: it fails, each job holds alone
+        if any(r[0] == broken for r in rows):
+            raise OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
+        return real_all(session, rows, until)
+
+    real_all = jobstore.held_claims
     monkeypatch.setattr(jobstore, "hold_claim", hold)
+    monkeypatch.setattr(jobstore, "held_claims", hold_all)
     report = batch_poll.run_claims(w.rt, claims)
     assert report.outcomes.get("failed") == 2, report.line()
     assert sorted(w.job(j).status for j in ids) == ["failed", "failed", "processing"]
     monkeypatch.setattr(jobstore, "hold_claim", real)
+    monkeypatch.setattr(jobstore, "held_claims", real_all)
     w.clock.now += batch_poll.claim_lease(w.rt)
     assert batch_poll.poll_due(w.rt, budget=60).outcomes == {"failed": 1}
     assert [w.refunds(j) for j in ids] == [1, 1, 1]
@@ -495,6 +504,72 @@ def test_xb_rounds_extend_the_claims_not_yet_written_and_drop_a_taken_over_one(
     assert len(due_seen) == 2  # the third row was never read by this batch
     third = w.job(ids[2])
     assert third.poll_seq == 0 and third.poll_generation == claims[2].generation + 1
+
+
+def test_xb_a_round_holds_its_claims_in_one_statement(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four rows finish (two succeed, two fail) in one round: their claims are confirmed, and
+    each read's status stored, by one statement for the round, not one per job; no job holds
+    its own claim again (the round is well within half a lease)."""
+    from reconcile import jobstore
+
+    w = world
+    ids = [w.accept(KIND, Script(timeline=INSTANT if n % 2 else FAILS)) for n in range(4)]
+    w.clock.now += INTERVAL
+    calls: list[int] = []
+    alone: list[uuid.UUID] = []
+    real_all, real_one = jobstore.held_claims, jobstore.hold_claim
+
+    def hold_all(session: Session, rows: list[Any], until: Any) -> Any:
+        calls.append(len(rows))
+        return real_all(session, rows, until)
+
+    def hold_one(session: Session, job_id: uuid.UUID, *args: Any, **kw: Any) -> Any:
+        alone.append(job_id)
+        return real_one(session, job_id, *args, **kw)
+
+    monkeypatch.setattr(jobstore, "held_claims", hold_all)
+    monkeypatch.setattr(jobstore, "hold_claim", hold_one)
+    report = batch_poll.poll_due(w.rt, budget=60)
+    assert report.outcomes == {"completed": 2, "failed": 2}, report.line()
+    assert calls == [4] and alone == []
+    assert {w.job(j).provider_status for j in ids} == {"succeeded", "failed"}
+    assert [w.refunds(j) for j in ids] == [1, 0, 1, 0]
+    assert w.audit() == []
+
+
+def test_xb_a_job_whose_turn_comes_late_holds_its_claim_again(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The round's hold is more than half a lease old when the second job's turn comes (the
+    first job's outcome took that long), and meanwhile its claim was taken over (a new
+    generation): the second job holds its own claim again, finds it gone, and its result is
+    refused (fenced) instead of being written on the round's stale confirmation."""
+    from reconcile import jobstore
+
+    # the outcomes one after the other, in claim order
+    w = World(db, simulator, tmp_path, poll_mode="batch", poll_batch_threads=1,
+              poll_batch_finalize_threads=1)
+    first, second = (w.accept(KIND, Script(timeline=INSTANT)) for _ in range(2))
+    w.clock.now += INTERVAL
+    claims = batch_poll.claim(w.rt)
+    assert [c.job.id for c in claims] == [first, second]
+    real_observe = lifecycle.observe
+    lease = batch_poll.claim_lease(w.rt)
+
+    def slow_observe(rt: Any, job: Any, *args: Any, **kw: Any) -> Any:
+        out = real_observe(rt, job, *args, **kw)
+        if job.id == first:  # a slow media download; the sweep starts a new chain meanwhile
+            w.clock.now += lease * 0.6
+            with w.db.begin() as s:
+                assert jobstore.start_new_chain(s, second, w.clock.now, lease) is not None
+        return out
+
+    monkeypatch.setattr(lifecycle, "observe", slow_observe)
+    report = batch_poll.run_claims(w.rt, claims)
+    assert report.outcomes == {"completed": 1, "fenced": 1}, report.line()
+    assert w.job(first).status == "completed" and w.job(second).status == "processing"
+    assert _completions(w, second) == 0
 
 
 def test_xb_hold_claims_extends_only_the_claims_that_still_hold(world: World) -> None:
