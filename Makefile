@@ -50,9 +50,10 @@ demo: setup
 # [DB_TZ=America/New_York] (the database's default TimeZone; not TZ, which the environment
 # often sets) [NAIVE=1] (the platform's timestamps as timestamp without time zone)
 # [POLICY=1/2,1/3] (the settlement policy's failure,cancel refund shares; drawn from the seed)
+# [POLL_MODE=batch] (RECONCILE_POLL_MODE in every process; the run sends beat's poll_due ticks)
 CHAOS_ARGS = --jobs $(or $(N),300) $(if $(SEED),--seed $(SEED)) \
 	$(if $(DB_TZ),--db-timezone $(DB_TZ)) $(if $(filter-out 0,$(NAIVE)),--naive-timestamps) \
-	$(if $(POLICY),--policy $(POLICY))
+	$(if $(POLICY),--policy $(POLICY)) $(if $(POLL_MODE),--poll-mode $(POLL_MODE))
 chaos: setup services
 	$(BIN)/python -m reconcile.testing.chaos $(CHAOS_ARGS)
 

@@ -164,6 +164,8 @@ def _check(state: _Run, rt: Any, sim: Any, receiver: WebhookReceiver,
         pg_terminations=state.counts["pg_terminations"],
         submit_failed=state.counts["submit_failed"], pg_backends_terminated=state.counts["pg_backends_terminated"],
         sweeps=state.counts["sweeps"], sweep_errors=state.counts["sweep_errors"],
+        poll_due_ticks=state.counts["poll_due_ticks"],
+        poll_due_ticks_lost=state.counts["poll_due_ticks_lost"],
         recovered=recovered,
         completed=sum(1 for i, j in jobs.items() if j.status == "completed" and i not in platform),
         failed=sum(1 for i, j in jobs.items()

@@ -47,6 +47,9 @@ class ChaosReport:
     observed_in_flight: list[str] = field(default_factory=list)
     observed_settled: int = 0  # library jobs of the observe-only kind settled (terminal)
     platform_rows: int = 0  # the platform's own rows mixed in (unknown and observe-only kinds)
+    # batch mode (--poll-mode batch): the poll_due ticks sent to the workers, and lost (broker down)
+    poll_due_ticks: int = 0
+    poll_due_ticks_lost: int = 0
 
     def ok(self) -> bool:
         return not self.violations
@@ -69,7 +72,9 @@ class ChaosReport:
             f"lost_publishes={self.lost_publishes} submit_failed={self.submit_failed}",
             f"  sweeps={self.sweeps} sweep_errors={self.sweep_errors} "
             f"resumes={self.sweep_resumes} extra_generations={self.extra_generations} "
-            f"webhooks={dict(sorted(self.webhook_answers.items()))}",
+            f"webhooks={dict(sorted(self.webhook_answers.items()))}"
+            + (f" poll_due_ticks={self.poll_due_ticks} (lost {self.poll_due_ticks_lost})"
+               if self.poll_due_ticks else ""),
             f"  outcomes: completed={self.completed} failed={self.failed} "
             f"recovered={self.recovered} refunded={self.refunded} "
             f"uncertain={len(self.uncertain)} orphans={self.orphans}",

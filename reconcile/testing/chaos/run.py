@@ -95,7 +95,7 @@ def run(config: ChaosConfig) -> ChaosReport:
             webhook_base_url=receiver.base_url, events_redis_url=redis_server.url(1),
             broker_visibility_timeout=60, max_countdown=20, task_time_limit=30,
             failure_refund=policy.failure_refund, cancel_refund=policy.cancel_refund,
-            observe_only_kinds=[OBSERVED_KIND])
+            observe_only_kinds=[OBSERVED_KIND], poll_mode=config.poll_mode)
         rt = Runtime(settings=settings, sessions=sessions,
                      storage=LocalStorage(workdir / "media"),
                      enqueue_create=_counting(state, "lost_publishes", create),
@@ -112,10 +112,11 @@ def run(config: ChaosConfig) -> ChaosReport:
                "RECONCILE_TIME_SCALE": str(config.time_scale),
                "RECONCILE_WEBHOOK_BASE_URL": receiver.base_url,
                "RECONCILE_EVENTS_REDIS_URL": redis_server.url(1), **policy_env(policy),
-               "RECONCILE_OBSERVE_ONLY_KINDS": json.dumps([OBSERVED_KIND])}
+               "RECONCILE_OBSERVE_ONLY_KINDS": json.dumps([OBSERVED_KIND]),
+               "RECONCILE_POLL_MODE": config.poll_mode}
         _start_workers(state, env)
         _fund(rt, plan)
-        _chaos_window(state, rt, sim, redis_server, env, db_name)
+        _chaos_window(state, rt, sim, redis_server, env, db_name, sender)
         _settle(state, rt, sim)
         _stop_workers(state)
         report = _check(state, rt, sim, receiver, redis_server)
@@ -149,11 +150,14 @@ def _user(plan: Plan, index: int) -> uuid.UUID:
 
 
 def _chaos_window(state: _Run, rt: Any, sim: Any, redis_server: ScratchRedis,
-                  env: Mapping[str, str], db_name: str) -> None:
-    """Submit every job on schedule while the faults fire and two sweepers overlap."""
+                  env: Mapping[str, str], db_name: str, sender: Any) -> None:
+    """Submit every job on schedule while the faults fire and two sweepers overlap (and, in
+    batch mode, the beat thread sends the batch poller's ticks)."""
     state.started = time.monotonic()  # the schedule's time zero: infrastructure is up
     state.say("chaos window opens")
-    threads = [
+    beat = [threading.Thread(target=_poll_due_beat, args=(state, rt, sender), name="beat",
+                             daemon=True)] if rt.settings.poll_mode == "batch" else []
+    threads = beat + [
         threading.Thread(target=_sweeper, args=(state, rt, state.plan.sweep_intervals[i]),
                          name=f"sweeper{i}", daemon=True) for i in range(2)
     ] + [
@@ -226,6 +230,21 @@ def _sync_request(state: _Run, rt: Any, spec: JobSpec) -> None:
     except Exception as exc:  # a terminated backend mid-call: the sweep fails + refunds it
         log.info("chaos_sync_request_failed job_id=%s error=%s", spec.job_id, exc)
         state.bump("sync_requests_interrupted")
+
+
+def _poll_due_beat(state: _Run, rt: Any, sender: Any) -> None:
+    """Batch mode's beat: ``reconcile.poll_due`` to the workers every POLL_BATCH_INTERVAL
+    (scaled), each tick expiring after one interval, as the library's beat schedule sends it
+    (``reconcile.celery_settings``); a tick lost to a dead broker is the next one's."""
+    every = max(0.05, rt.settings.poll_batch_interval * rt.settings.time_scale)
+    while not state.stop.is_set():
+        try:
+            sender.send_task("reconcile.poll_due", args=[], expires=max(1.0, every))
+            state.bump("poll_due_ticks")
+        except Exception as exc:  # the broker is down (a planned restart)
+            state.bump("poll_due_ticks_lost")
+            log.info("chaos_poll_due_tick_lost error=%s", exc)
+        state.stop.wait(every)
 
 
 def _sweeper(state: _Run, rt: Any, interval: float) -> None:
@@ -358,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive-timestamps", action="store_true",
                         help="the platform's jobs/usage_logs with timestamp without time zone "
                              "columns (holding UTC)")
+    parser.add_argument("--poll-mode", default="chain", choices=("chain", "batch"),
+                        help="RECONCILE_POLL_MODE in every process (batch: the run sends the "
+                             "poll_due ticks beat would)")
     parser.add_argument("--policy", default=None, metavar="FAILURE,CANCEL",
                         help="the settlement policy's refund shares, e.g. 1/2,1/3 (default: "
                              "drawn from the seed)")
