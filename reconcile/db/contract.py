@@ -74,16 +74,21 @@ PLATFORM_COLUMNS: dict[str, tuple[str, ...]] = {
 INSERTED_INTO = ("jobs", "usage_logs")
 # nullable in the mapping (a platform's rows may hold NULL) but never NULL when the library writes
 # the row: a NOT NULL column is fine
-ALWAYS_SET = frozenset({"jobs.input_data", "usage_logs.job_id", "usage_logs.metadata"})
-# nullable in the mapping, and never NULL when the library writes it: left out of the job's insert
-# when the submit has no value (:func:`reconcile.jobstore.insert_job_with_event`), later written
+# (workflow_executions: the library never inserts a row, and writes failed_nodes only as a list)
+ALWAYS_SET = frozenset({"jobs.input_data", "usage_logs.job_id", "usage_logs.metadata",
+                        "workflow_executions.failed_nodes"})
+# nullable in the mapping, and never written NULL by the library: not in the job's insert, or
+# left out of it when NOT NULL with a default and the submit has no value
+# (:func:`reconcile.jobstore.insert_job_with_event`, :func:`defaulted_not_null`); later written
 # only with a value (a job's start, its outputs, its provider, its completion). A NOT NULL column
-# with a default takes the default; without one, the insert fails. Every other nullable column may
-# be written NULL after the insert (the completion clears ``error_message``; the provider may
-# report no cost): NOT NULL there breaks a write, default or not.
+# with a default takes the default (``should_watermark``: the platform's default, not the
+# library's "watermark when unset", decides for a submit that gives none); without one, the insert
+# fails. Every other nullable column may be written NULL (the completion clears
+# ``error_message``; a job outside a workflow has no ``workflow_execution_id``, and NULL is how
+# the library knows it): NOT NULL there breaks a write, default or not.
 FILLED_BY_DEFAULT = frozenset({
     "jobs.output_data", "jobs.provider", "jobs.started_at", "jobs.completed_at",
-    "jobs.should_watermark", "jobs.is_public", "jobs.workflow_execution_id", "jobs.node_id"})
+    "jobs.should_watermark", "jobs.is_public"})
 LIBRARY_TABLES = tuple(sorted(name for name in Base.metadata.tables if name not in PLATFORM_TABLES))
 UUID_ONLY = "the library's ids are uuids; an integer or text id is not supported yet"
 # the fix of a library column or table that is gone while its migrations are at head
@@ -439,18 +444,43 @@ def _not_created(engine: Engine) -> bool:
 
 # ----------------------------------------------------------------------------- usage_logs.id
 
-_ASSIGNED: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class _Shape:
+    """What the library's writes read of the platform's tables: once per engine (a process's
+    first write, or its start-up check), never on a request after that."""
+
+    usage_log_ids_assigned: bool
+    defaulted_not_null: frozenset[str]
+
+
+_SHAPES: weakref.WeakKeyDictionary[Engine, _Shape] = weakref.WeakKeyDictionary()
+
+
+def _shape(conn: Connection) -> _Shape:
+    engine = conn.engine
+    found = _SHAPES.get(engine)
+    if found is None:
+        usage_id = (_live_columns(conn, "usage_logs") or {}).get("id")
+        jobs = _live_columns(conn, "jobs") or {}
+        found = _SHAPES[engine] = _Shape(
+            bool(usage_id and usage_id.default),
+            frozenset(name for name, col in jobs.items()
+                      if f"jobs.{name}" in FILLED_BY_DEFAULT and not col.nullable and col.default))
+    return found
 
 
 def usage_log_ids_assigned(conn: Connection) -> bool:
     """Whether the database assigns ``usage_logs.id`` (a default, an identity, SQLite's rowid
     alias); False: the library gives each usage log a uuid. Read once per engine."""
-    engine = conn.engine
-    assigned = _ASSIGNED.get(engine)
-    if assigned is None:
-        live = (_live_columns(conn, "usage_logs") or {}).get("id")
-        assigned = _ASSIGNED[engine] = bool(live and live.default)
-    return assigned
+    return _shape(conn).usage_log_ids_assigned
+
+
+def defaulted_not_null(conn: Connection) -> frozenset[str]:
+    """The ``jobs`` columns of :data:`FILLED_BY_DEFAULT` that are NOT NULL with a default in this
+    database: a submit with no value for one leaves it out, so the default fills it (elsewhere it
+    writes NULL, as it always did: a nullable column's default never replaces the NULL the
+    library means). Read once per engine, with :func:`usage_log_ids_assigned`."""
+    return _shape(conn).defaulted_not_null
 
 
 # ----------------------------------------------------------------------------- the docs

@@ -34,10 +34,15 @@ def insert_job_with_event(session: Session, values: dict[str, Any], event: JobEv
     ``INSERT … SELECT`` from the job's ``INSERT … RETURNING``); elsewhere the ORM's two rows,
     flushed. The job's row is written before anything that names it (the ledger's rows).
 
-    A column whose value is None is left out, not written NULL: the platform's default applies
-    (a NOT NULL ``should_watermark`` with a default, a job submitted without it; see
-    :data:`reconcile.db.contract.FILLED_BY_DEFAULT`)."""
-    values = {name: value for name, value in values.items() if value is not None}
+    A value None for a column the platform has NOT NULL with a default (``should_watermark``,
+    say: :func:`reconcile.db.contract.defaulted_not_null`) is left out, so the default fills
+    it; every other None is written NULL."""
+    from ..db.contract import defaulted_not_null
+
+    defaulted = defaulted_not_null(session.connection())
+    if defaulted:
+        values = {name: value for name, value in values.items()
+                  if value is not None or name not in defaulted}
     if session.get_bind().dialect.name != "postgresql":
         # a Core insert: the ORM would write NULL for each column left out
         session.execute(insert(table_of(Job)).values(values))

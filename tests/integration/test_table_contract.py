@@ -23,7 +23,7 @@ from reconcile import Runtime, Settings, api
 from reconcile.cli import main
 from reconcile.db.contract import SchemaMismatch, contract_markdown, head_revision
 from reconcile.db.migrate import upgrade
-from reconcile.db.models import UsageLog
+from reconcile.db.models import Asset, UsageLog
 from reconcile.db.session import make_engine, make_sessionmaker
 from reconcile.storage import LocalStorage
 from reconcile.testing.simulator import Simulator
@@ -202,6 +202,13 @@ UNSUPPORTED = {
     # the check said DIFFERS ("nothing fails yet") and let workers start: every completion
     # then failed on the NULL it writes (a default does not fill a written NULL), and the
     # upstream result was lost
+    # NULL is how the library knows a job is outside a workflow: a sentinel default would make
+    # every standalone job a node of the sentinel's execution
+    "a NOT NULL workflow_execution_id with a default": (
+        DJANGO_PG.format(usage_id=BIGINT_IDENTITY).replace(
+            "provider varchar(50),", "provider varchar(50), workflow_execution_id uuid NOT NULL "
+            "DEFAULT '00000000-0000-0000-0000-000000000000',"),
+        "BREAKS   jobs.workflow_execution_id: NOT NULL, where the library may write NULL"),
     "a NOT NULL column the library writes NULL to, with a default": (
         DJANGO_PG.format(usage_id=BIGINT_IDENTITY).replace(
             "error_message text,", "error_message text NOT NULL DEFAULT '',"),
@@ -212,9 +219,7 @@ UNSUPPORTED = {
 
 # the optional fields a submit may not give, NOT NULL with a default (Django's db_default)
 DEFAULTED = {"should_watermark": "boolean NOT NULL DEFAULT false",
-             "is_public": "boolean NOT NULL DEFAULT true",
-             "workflow_execution_id": "uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000'",
-             "node_id": "text NOT NULL DEFAULT ''"}
+             "is_public": "boolean NOT NULL DEFAULT false"}
 
 
 def test_not_null_columns_with_a_default_the_library_leaves_out(
@@ -233,7 +238,7 @@ def test_not_null_columns_with_a_default_the_library_leaves_out(
         "completed_at timestamp)", "completed_at timestamp NOT NULL DEFAULT now())"))
     code, out = _db_check(url)
     assert code == 0, out
-    for name in (*DEFAULTED, "output_data", "completed_at"):
+    for name in (*DEFAULTED, "output_data", "completed_at"):  # and nothing else: code 0
         assert (f"NOTE     jobs.{name}: NOT NULL with a default: a row the library writes "
                 "without a value takes the default") in out
     Runtime.from_settings(Settings(database_url=url))  # the start-up check passes
@@ -251,8 +256,82 @@ def test_not_null_columns_with_a_default_the_library_leaves_out(
     with sessions() as s:
         job = s.get(Job, job_id)
         assert job is not None and job.status == "completed" and job.output_data["outputs"]
-        # the defaults, and the value given
-        assert (job.should_watermark, job.is_public, job.node_id) == (False, False, "")
+        # the platform's defaults (not the library's "unset means yes")
+        assert (job.should_watermark, job.is_public) == (False, False)
+        asset = s.execute(select(Asset).where(Asset.job_id == job_id)).scalar_one()
+        assert (asset.is_public, asset.watermarked) == (False, False)
+    engine.dispose()
+
+
+def test_a_nullable_column_with_a_default_still_gets_the_null_the_library_means(
+        pg_databases: PgDatabases, simulator: Simulator, tmp_path: Path) -> None:
+    """Nullable ``is_public`` / ``should_watermark`` with a default: a submit without them
+    writes NULL, as it always did, and NULL means yes (public, watermarked): the platform's
+    default must not silently flip a live platform's assets to private and unwatermarked."""
+    from reconcile import lifecycle
+    from tests.integration.test_orchestrator import PNG
+
+    url = _platform(pg_databases, DJANGO_PG.format(usage_id=BIGINT_IDENTITY).replace(
+        "provider varchar(50),", "provider varchar(50), is_public boolean DEFAULT false, "
+        "should_watermark boolean DEFAULT false,"))
+    code, out = _db_check(url)
+    assert code == 0 and "jobs.is_public" not in out and "jobs.should_watermark" not in out, out
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    rt = Runtime(settings=simulator.settings(), sessions=sessions, storage=LocalStorage(tmp_path / "p"))
+    rt.watermark_hook = lambda data, media_type, job: data + b"WM"
+    user = uuid.uuid4()
+    fund(sessions, user, 100)
+    job_id = lifecycle.submit_job(rt, user, "kie-standard", "seedream/4.5-edit", {"prompt": "x"},
+                                  40, job_type="image", enqueue=False).job_id
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
+    assert lifecycle.finalize_job_with_media(rt, job_id, PNG, source="poll")
+    with sessions() as s:
+        asset = s.execute(select(Asset).where(Asset.job_id == job_id)).scalar_one()
+        assert (asset.is_public, asset.watermarked) == (True, True)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("ddl", ["jsonb NOT NULL DEFAULT '[]'::jsonb", "jsonb NOT NULL"],
+                         ids=["with a default", "without one"])
+def test_a_not_null_failed_nodes_is_accepted(
+        pg_databases: PgDatabases, simulator: Simulator, tmp_path: Path, ddl: str) -> None:
+    """``workflow_executions.failed_nodes`` NOT NULL (Django's ``JSONField(default=list)``): the
+    library never inserts an execution and writes the column only as a list, so nothing fails
+    and the check does not refuse it; a node's timeout and the completion that reopens the
+    execution both succeed on that shape."""
+    from reconcile import lifecycle
+    from reconcile.db.models import WorkflowExecution
+    from reconcile.orchestrator import mark_node_timed_out
+    from tests.integration.test_orchestrator import PNG
+
+    url = _platform(pg_databases, DJANGO_PG.format(usage_id=BIGINT_IDENTITY).replace(
+        "CREATE TABLE workflow_executions (id uuid PRIMARY KEY, status varchar(20) NOT NULL);",
+        "CREATE TABLE workflow_executions (id uuid PRIMARY KEY, status varchar(20) NOT NULL, "
+        f"failed_nodes {ddl}, error_message text);"))
+    code, out = _db_check(url)
+    assert code == 0 and "workflow_executions.failed_nodes" not in out, out
+    Runtime.from_settings(Settings(database_url=url))  # the start-up check passes
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    rt = Runtime(settings=simulator.settings(), sessions=sessions, storage=LocalStorage(tmp_path / "w"))
+    user, execution_id = uuid.uuid4(), uuid.uuid4()
+    fund(sessions, user, 100)
+    with _psql(url) as conn:
+        conn.execute("INSERT INTO workflow_executions (id, status, failed_nodes) "
+                     "VALUES (%s, 'running', '[]')", (execution_id,))
+    job_id = lifecycle.submit_job(rt, user, "kie-standard", "seedream/4.5-edit", {"prompt": "x"},
+                                  40, job_type="image", enqueue=False,
+                                  workflow_execution_id=execution_id, node_id="n1").job_id
+    assert lifecycle.create_step(rt, job_id).action == "accepted"
+    assert mark_node_timed_out(rt, job_id) == ("n1", execution_id)
+    with sessions() as s:
+        e = s.get(WorkflowExecution, execution_id)
+        assert e is not None and (e.status, e.failed_nodes) == ("failed", ["n1"])
+    assert lifecycle.finalize_job_with_media(rt, job_id, PNG, source="poll")
+    with sessions() as s:
+        e = s.get(WorkflowExecution, execution_id)
+        assert e is not None and (e.status, e.failed_nodes) == ("completed", [])
     engine.dispose()
 
 
