@@ -58,6 +58,10 @@ class _Snapshot:
 
 
 
+# wakes of the sleeping writers that changed nothing before the world moves (Explorer._world_moves)
+IDLE_WAKES = 3
+
+
 class Explorer:
     """Owns the database, the simulator, the engines and the hooks; runs schedules."""
 
@@ -280,6 +284,7 @@ class Explorer:
         try:
             last: int | None = None
             preemptions = jumps = 0
+            idle = 0  # wakes of sleepers with no change since (nothing moved the world)
             k = 0
             seen = -1
             stalled = time.monotonic()
@@ -292,8 +297,12 @@ class Explorer:
                     if run.sleepers():  # everyone waits for time: the next deadline comes
                         if ahead:
                             self._jump(run, marks[ahead[0]], trace, forced=True)
+                        elif idle >= IDLE_WAKES and run.all_asleep():
+                            self._world_moves(run, ctx, trace)
+                            idle = 0
                         else:
                             run.touch()
+                            idle += 1
                         continue
                     if time.monotonic() > stalled + STEP_TIMEOUT:
                         raise TimeoutError("no writer can run and none is done")
@@ -319,7 +328,10 @@ class Explorer:
                 else:
                     index = int(choice)
                     label = run.slots[index].label
+                    before = run.version
                     run.step(index)
+                    if run.version != before:  # it committed a change: not idle
+                        idle = 0
                     slot = run.slots[index]
                     decisions.append(Decision(tuple(enabled), ahead, choice, last, last_parked,
                                               preemptions, jumps, slot.clock_read, label, changed,
@@ -348,6 +360,24 @@ class Explorer:
             violations += quiesce_and_check(self.rt, ctx, scenario)
         return ScheduleResult(tuple(d.chosen for d in decisions), tuple(trace), tuple(violations),
                               outcomes, tuple(decisions), diverged)
+
+    def _world_moves(self, run: _Run, ctx: Context, trace: list[str]) -> None:
+        """Every writer left waits for time, no mark is ahead, and waking them changed nothing
+        (``IDLE_WAKES`` times): the rest of the world moves as at quiescence — workers run the
+        queued messages, time passes to the job's next deadline. Without it a waiter on what only
+        a queued message would do (a webhook that enqueued a poll, a workflow's wait) spins at
+        one instant until the step limit: a hang of the harness, not of the library."""
+        from ... import jobstore
+        from .invariants import _drain, _next_deadline
+
+        _drain(self.rt, ctx)
+        with self.rt.sessions() as session:
+            job = jobstore.load(session, ctx.job_id)
+        if job is not None:
+            self.clock.now = max(self.clock.now, _next_deadline(self.rt, job, self.clock.now))
+        run.touch()
+        trace.append(f"world: queued messages run; clock → +{self.clock.now - START} "
+                     "(all waiting, nothing changed)")
 
     def _jump(self, run: _Run, to: datetime, trace: list[str], *, forced: bool) -> None:
         self.clock.now = to

@@ -121,6 +121,11 @@ class _Run:
             return [s.index for s in self.slots if s.state in ("init", "parked")
                     or (s.state == "sleeping" and s.slept_at < self.version)]
 
+    def all_asleep(self) -> bool:
+        """Every writer not done is asleep (none runs, none waits on a lock)."""
+        with self.cond:
+            return all(s.state in ("sleeping", "done") for s in self.slots)
+
     def sleepers(self) -> list[int]:
         with self.cond:
             return [s.index for s in self.slots if s.state == "sleeping"]
