@@ -184,8 +184,8 @@ def stored_status(raw: object) -> str | None:
     carrying it (README, The provider's last status)."""
     if raw is None:
         return None
-    try:
-        text = raw if isinstance(raw, str) else str(raw)
+    try:  # a plain str: a subclass's own slicing or text is the adapter's, not trusted
+        text = str.__str__(raw) if isinstance(raw, str) else str.__str__(str(raw))
+        return storable(text[:PROVIDER_STATUS_MAX])
     except Exception:  # a status object whose text cannot be made: nothing stored
         return None
-    return storable(text[:PROVIDER_STATUS_MAX])

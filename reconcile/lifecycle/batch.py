@@ -21,10 +21,9 @@ rows stay due past its time budget) runs :func:`poll_due`:
    after the due time claimed, see :func:`next_due` —, progress, the provider's status), each
    row guarded by its claim; every other outcome (succeeded, failed, an error, unknown / not
    found, past the threshold) goes per job through ``lifecycle.observe`` exactly as the chain
-   does — after :func:`reconcile.jobstore.held_claims` confirmed (and extended) the round's
-   claims and stored each read's provider status in one statement, so a result read under a
-   claim that was taken over is refused (a job whose turn comes more than half a lease after
-   that holds its own claim again, as does every job when that statement failed). Finalize stays one transaction,
+   does — after :func:`reconcile.jobstore.hold_claim` confirmed (and extended) the claim and
+   stored the read's provider status, so a result read under a claim that was taken over is
+   refused. Finalize stays one transaction,
    attempts / threshold / exhaustion are the chain's own code (``lifecycle._unfinished``).
    Those per-job outcomes of one round run concurrently, ``POLL_BATCH_FINALIZE_THREADS`` at a
    time (a bounded thread pool: the media downloads and uploads of a round's completions
@@ -212,79 +211,41 @@ def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchRe
         report.running += won
         report.fenced += len(running) - won
         report.outcomes["in_flight"] = report.outcomes.get("in_flight", 0) + won
-    if not others:
-        return
-    holds = _hold_all(rt, others)
     threads = min(rt.settings.poll_batch_finalize_threads, len(others))
     if threads <= 1:
         for c, result in others:
-            report.add(_isolated(rt, c, result, report, holds))
+            report.add(_isolated(rt, c, result, report))
         return
     # concurrently: each job in its own thread with its own report, merged here
     pool = _finalize_pool(rt.settings.poll_batch_finalize_threads)
-    for outcome, part in pool.map(lambda item: _alone(rt, item[0], item[1], holds), others):
+    for outcome, part in pool.map(lambda item: _alone(rt, *item), others):
         report.add(outcome)
         report.observed += part.observed
         report.fenced += part.fenced
 
 
-@dataclass(frozen=True)
-class _Holds:
-    """The claims of a round's per-job outcomes, held in one statement before any of them runs
-    (:func:`reconcile.jobstore.held_claims`): the rows still claimed, and when."""
-
-    rows: dict[uuid.UUID, Job]
-    at: datetime
-
-
-def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]]) -> _Holds | None:
-    """One statement for the round instead of one each; None (each job then holds its own
-    claim, as alone) when it failed: a database error there fails no job's outcome."""
-    now = rt.now()
-    try:
-        with rt.sessions.begin() as session:
-            rows = jobstore.held_claims(session, [(c.job.id, c.generation, c.seq, _status(r))
-                                                  for c, r in others], now + claim_lease(rt))
-    except Exception:
-        log.exception("batch_hold_failed claims=%d (each is held alone)", len(others))
-        return None
-    return _Holds(rows, now)
-
-
-def _status(result: Any) -> object:
-    return result.raw_status if isinstance(result, PollResult) else None
-
-
-def _alone(rt: Runtime, c: Claim, result: Any, holds: _Holds | None) -> tuple[str, BatchReport]:
+def _alone(rt: Runtime, c: Claim, result: Any) -> tuple[str, BatchReport]:
     part = BatchReport()
-    return _isolated(rt, c, result, part, holds), part
+    return _isolated(rt, c, result, part), part
 
 
-def _isolated(rt: Runtime, c: Claim, result: Any, report: BatchReport,
-              holds: _Holds | None = None) -> str:
+def _isolated(rt: Runtime, c: Claim, result: Any, report: BatchReport) -> str:
     try:
-        return _one(rt, c, result, report, holds)
+        return _one(rt, c, result, report)
     except Exception:  # one row's failure (a database error…) never stops the others
         log.exception("batch_row_failed job_id=%s", c.job.id)
         return "error"  # still claimed: due again after its lease, as a dead poller's
 
 
-def _held(rt: Runtime, c: Claim, result: Any, holds: _Holds | None) -> Job | None:
-    """The row, its claim confirmed (and extended) within half a lease before its outcome runs:
-    the round's hold when it is that recent (the common case), else this job's own."""
-    now = rt.now()
-    if holds is not None and now - holds.at < claim_lease(rt) / 2:
-        return holds.rows.get(c.job.id)
-    with rt.sessions.begin() as session:  # the claim holds: the read's status is stored with it
-        return jobstore.hold_claim(session, c.job.id, c.generation, c.seq, now + claim_lease(rt),
-                                   status=_status(result))
-
-
 def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseException,
-         report: BatchReport, holds: _Holds | None = None) -> str:
+         report: BatchReport) -> str:
     """A result that is not plain "still running": per job, through the chain's own code."""
     assert c.kind is not None
-    held = _held(rt, c, result, holds)
+    now = rt.now()
+    status = result.raw_status if isinstance(result, PollResult) else None
+    with rt.sessions.begin() as session:  # the claim holds: the read's status is stored with it
+        held = jobstore.hold_claim(session, c.job.id, c.generation, c.seq, now + claim_lease(rt),
+                                   status=status)
     if held is None:
         report.fenced += 1
         return "fenced"

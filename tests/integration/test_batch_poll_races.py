@@ -415,20 +415,11 @@ def test_xb_a_row_whose_write_raises_does_not_stop_the_rest_of_the_batch(
             raise OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
         return real(session, job_id, *args, **kw)
 
-    def hold_all(session: Session, rows: list[Any], until: Any) -> Any:
-        # the round's one statement names the broken row too: it fails, each job holds alone
-        if any(r[0] == broken for r in rows):
-            raise OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
-        return real_all(session, rows, until)
-
-    real_all = jobstore.held_claims
     monkeypatch.setattr(jobstore, "hold_claim", hold)
-    monkeypatch.setattr(jobstore, "held_claims", hold_all)
     report = batch_poll.run_claims(w.rt, claims)
     assert report.outcomes.get("failed") == 2, report.line()
     assert sorted(w.job(j).status for j in ids) == ["failed", "failed", "processing"]
     monkeypatch.setattr(jobstore, "hold_claim", real)
-    monkeypatch.setattr(jobstore, "held_claims", real_all)
     w.clock.now += batch_poll.claim_lease(w.rt)
     assert batch_poll.poll_due(w.rt, budget=60).outcomes == {"failed": 1}
     assert [w.refunds(j) for j in ids] == [1, 1, 1]
@@ -506,70 +497,77 @@ def test_xb_rounds_extend_the_claims_not_yet_written_and_drop_a_taken_over_one(
     assert third.poll_seq == 0 and third.poll_generation == claims[2].generation + 1
 
 
-def test_xb_a_round_holds_its_claims_in_one_statement(
-        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four rows finish (two succeed, two fail) in one round: their claims are confirmed, and
-    each read's status stored, by one statement for the round, not one per job; no job holds
-    its own claim again (the round is well within half a lease)."""
+def _lapse(w: World, name: str) -> None:
+    """``name`` registered a minute ago with a 6 s heartbeat timeout, never renewed."""
     from reconcile import jobstore
 
-    w = world
-    ids = [w.accept(KIND, Script(timeline=INSTANT if n % 2 else FAILS)) for n in range(4)]
-    w.clock.now += INTERVAL
-    calls: list[int] = []
-    alone: list[uuid.UUID] = []
-    real_all, real_one = jobstore.held_claims, jobstore.hold_claim
-
-    def hold_all(session: Session, rows: list[Any], until: Any) -> Any:
-        calls.append(len(rows))
-        return real_all(session, rows, until)
-
-    def hold_one(session: Session, job_id: uuid.UUID, *args: Any, **kw: Any) -> Any:
-        alone.append(job_id)
-        return real_one(session, job_id, *args, **kw)
-
-    monkeypatch.setattr(jobstore, "held_claims", hold_all)
-    monkeypatch.setattr(jobstore, "hold_claim", hold_one)
-    report = batch_poll.poll_due(w.rt, budget=60)
-    assert report.outcomes == {"completed": 2, "failed": 2}, report.line()
-    assert calls == [4] and alone == []
-    assert {w.job(j).provider_status for j in ids} == {"succeeded", "failed"}
-    assert [w.refunds(j) for j in ids] == [1, 0, 1, 0]
-    assert w.audit() == []
+    with w.db.begin() as s:
+        jobstore.register_worker(s, name, "host", 1, w.clock.now - timedelta(minutes=1),
+                                 timedelta(seconds=6))
 
 
-def test_xb_a_job_whose_turn_comes_late_holds_its_claim_again(
+@pytest.mark.parametrize("writer", ["webhook_resume", "reap_and_claim"])
+def test_xb_a_claim_taken_over_without_waiting_for_its_lease_is_fenced_at_its_turn(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The round's hold is more than half a lease old when the second job's turn comes (the
-    first job's outcome took that long), and meanwhile its claim was taken over (a new
-    generation): the second job holds its own claim again, finds it gone, and its result is
-    refused (fenced) instead of being written on the round's stale confirmation."""
-    from reconcile import jobstore
+        monkeypatch: pytest.MonkeyPatch, writer: str) -> None:
+    """Job 2 has one attempt left and poller A's read of it said NOT_FOUND (a transient miss).
+    While A finishes job 1, the task succeeds and job 2's claim is taken over at once — the
+    webhook's confirming read starts a new generation, or A stalls, is reaped and poller B
+    claims — long before A's lease ends. A's turn for job 2 must hold its claim then, find it
+    gone and be refused; B completes the job. A hold of the whole round before its outcomes
+    (trusted for half a lease) let A count the last attempt and fail, and refund, a job whose
+    task had succeeded."""
+    from reconcile.states import MAX_ATTEMPTS
+    from reconcile.sweep.liveness import reap
 
-    # the outcomes one after the other, in claim order
     w = World(db, simulator, tmp_path, poll_mode="batch", poll_batch_threads=1,
               poll_batch_finalize_threads=1)
-    first, second = (w.accept(KIND, Script(timeline=INSTANT)) for _ in range(2))
-    w.clock.now += INTERVAL
+    w.rt.worker_id = "w-A"
+    first = w.accept(KIND, Script(timeline=INSTANT))
+    second = w.accept(KIND, Script(timeline=FOREVER))
+    w.clock.now += THRESHOLD + timedelta(minutes=1)  # past the stale threshold
+    w.set(second, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
+    task2 = w.task_id(second)
+    client = w.rt.client(w.rt.kind(KIND))
+    real_poll = client.poll
+    misses = [1]
+
+    def poll(task_id: str, model: str | None = None) -> PollResult:
+        if task_id == task2 and misses:
+            misses.pop()
+            return PollResult(PollStatus.NOT_FOUND)
+        return real_poll(task_id, model=model)
+
+    monkeypatch.setattr(client, "poll", poll)
     claims = batch_poll.claim(w.rt)
     assert [c.job.id for c in claims] == [first, second]
-    real_observe = lifecycle.observe
     lease = batch_poll.claim_lease(w.rt)
+    real_observe = lifecycle.observe
+    taken: list[batch_poll.Claim] = []
 
-    def slow_observe(rt: Any, job: Any, *args: Any, **kw: Any) -> Any:
+    def observe(rt: Any, job: Any, *args: Any, **kw: Any) -> Any:
         out = real_observe(rt, job, *args, **kw)
-        if job.id == first:  # a slow media download; the sweep starts a new chain meanwhile
-            w.clock.now += lease * 0.6
-            with w.db.begin() as s:
-                assert jobstore.start_new_chain(s, second, w.clock.now, lease) is not None
+        if job.id == first:
+            w.clock.now += lease * 0.1
+            simulator.set_state(task2, "succeeded")
+            if writer == "webhook_resume":
+                assert lifecycle.resume_chain(w.rt, second)
+            else:
+                _lapse(w, "w-A")
+                assert reap(w.rt).workers == ["w-A"]
+            w.rt.worker_id = "w-B"
+            taken.extend(batch_poll.claim(w.rt))  # B's claim; B reads after A's turn
+            w.rt.worker_id = "w-A"
         return out
 
-    monkeypatch.setattr(lifecycle, "observe", slow_observe)
-    report = batch_poll.run_claims(w.rt, claims)
-    assert report.outcomes == {"completed": 1, "fenced": 1}, report.line()
-    assert w.job(first).status == "completed" and w.job(second).status == "processing"
-    assert _completions(w, second) == 0
+    monkeypatch.setattr(lifecycle, "observe", observe)
+    a = batch_poll.run_claims(w.rt, claims)
+    monkeypatch.setattr(lifecycle, "observe", real_observe)
+    assert a.outcomes == {"completed": 1, "fenced": 1}, a.line()
+    b = batch_poll.run_claims(w.rt, taken)
+    assert b.outcomes == {"completed": 1}, b.line()
+    assert w.job(second).status == "completed" and _completions(w, second) == 1
+    assert w.refunds(second) == 0 and w.audit() == []
 
 
 def test_xb_hold_claims_extends_only_the_claims_that_still_hold(world: World) -> None:

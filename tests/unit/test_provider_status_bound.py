@@ -68,3 +68,22 @@ def test_the_bound_is_idempotent() -> None:
     for raw in ("x" * 500, "run\x00ning", "\ud800p", "ok"):
         once = stored_status(raw)
         assert stored_status(once) == once
+
+
+def test_a_str_subclass_is_stored_as_its_plain_text() -> None:
+    """An adapter's ``str`` subclass whose slicing or ``__str__`` raises (or lies): its plain
+    characters are stored, and the bound still never raises (it raised on the slice)."""
+    class Sliceless(str):
+        def __getitem__(self, key: Any) -> str:
+            raise RuntimeError("no slicing")
+
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    class Liar(str):
+        def __str__(self) -> str:
+            return "succeeded"
+
+    assert stored_status(Sliceless("processing" * 10)) == ("processing" * 10)[:MAX]
+    assert type(stored_status(Sliceless("x"))) is str
+    assert stored_status(Liar("running")) == "running"
