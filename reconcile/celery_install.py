@@ -116,9 +116,10 @@ def install(app: Celery, *, beat: bool = True, replace: bool = True) -> Celery:
     worker_process_shutdown.connect(_stop_heartbeat, weak=False,
                                     dispatch_uid="reconcile.stop_heartbeat")
     connect_worker_checks()
-    from .worker.broker import survive_broker_loss
+    from .worker.broker import reuse_redis_clients, survive_broker_loss
 
     survive_broker_loss()
+    reuse_redis_clients()
     for signal in (worker_init, beat_init):
         signal.connect(check_settings, weak=False, dispatch_uid=f"reconcile.check_settings.{signal.name}")
     installed.record(app, replace=replace)
