@@ -157,10 +157,9 @@ def _chaos_window(state: _Run, rt: Any, sim: Any, redis_server: ScratchRedis,
     state.say("chaos window opens")
     beat = [threading.Thread(target=_poll_due_beat, args=(state, rt, sender), name="beat",
                              daemon=True)] if rt.settings.poll_mode == "batch" else []
-    threads = beat + [
-        threading.Thread(target=_sweeper, args=(state, rt, state.plan.sweep_intervals[i]),
-                         name=f"sweeper{i}", daemon=True) for i in range(2)
-    ] + [
+    threads = beat + [threading.Thread(target=_sweeper, args=(
+        state, rt, state.plan.sweep_intervals[i]), name=f"sweeper{i}", daemon=True)
+        for i in range(2)] + [
         threading.Thread(target=_faults, args=(state, redis_server, env, db_name),
                          name="faults", daemon=True),
         threading.Thread(target=_watchdog, args=(state, env, redis_server), name="watchdog",
