@@ -37,7 +37,6 @@ from .batch import (
     Rescheduled,
     claim_due,
     claim_due_with_times,
-    held_claims,
     hold_claim,
     hold_claims,
     make_due,
@@ -104,7 +103,7 @@ from .workers import (
 __all__ = [
     "PROVIDER_STATUS_MAX", "LeaseSteps", "Rescheduled", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
     "claim_due", "claim_due_with_times", "claim_expired", "claim_reenqueue", "claim_settlement",
-    "count_attempt", "hold_claim", "hold_claims", "held_claims", "in_flight", "insert_job", "insert_job_with_event", "is_settlement_due",
+    "count_attempt", "hold_claim", "hold_claims", "in_flight", "insert_job", "insert_job_with_event", "is_settlement_due",
     "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",
     "completion_binds", "completion_cas", "completion_inserts",
     "make_due", "make_due_at", "mark_completed", "mark_failed", "mark_platform_call",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ARRAY, Integer, Text, Uuid, bindparam, func, select, text, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from ..db.models import Job
@@ -80,57 +80,35 @@ def hold_claim(session: Session, job_id: uuid.UUID, generation: int, seq: int,
     return the current row; None: it was taken over (or the job finished) — the result is
     refused. ``status``: the provider's status the claim's read saw, stored with it
     (:func:`~.predicates.stored_status`; None keeps the row's)."""
-    return held_claims(session, [(job_id, generation, seq, status)], until).get(job_id)
+    stored = stored_status(status)
+    keep = {} if stored is None else {"provider_status": stored}
+    return _cas(session, *_claimed(job_id, generation, seq), poll_due_at=until,
+                poll_lease_expires_at=until, **keep)
 
 
-def hold_claims(session: Session, rows: Sequence[Held], until: datetime) -> set[uuid.UUID]:
-    """:func:`held_claims`, the ids only."""
-    return set(held_claims(session, rows, until))
+_HOLD_ALL = text("""
+UPDATE jobs SET poll_due_at = :until, poll_lease_expires_at = :until
+FROM unnest(CAST(:ids AS uuid[]), CAST(:gens AS int[]), CAST(:seqs AS int[])) AS v(id, gen, seq)
+WHERE jobs.id = v.id AND jobs.status IN ('pending', 'processing')
+  AND jobs.poll_generation = v.gen AND jobs.poll_seq = v.seq
+RETURNING jobs.id""")
 
 
-# a claim to hold: (id, generation, seq), optionally with the status its read saw
-Held = tuple[uuid.UUID, int, int] | tuple[uuid.UUID, int, int, object]
-
-
-def held_claims(session: Session, rows: Sequence[Held], until: datetime) -> dict[uuid.UUID, Job]:
-    """:func:`hold_claim` for many rows at once: every claim that still holds is extended to
-    ``until`` (its identity unchanged) and stores its read's status; returns the rows held, by
-    id. One ``UPDATE … FROM unnest(…) … RETURNING`` on PostgreSQL; one CAS each on SQLite."""
+def hold_claims(session: Session, rows: list[tuple[uuid.UUID, int, int]], until: datetime
+                ) -> set[uuid.UUID]:
+    """:func:`hold_claim` for many rows at once, ``(id, generation, seq)`` each: every claim
+    that still holds is extended to ``until`` (its identity unchanged); returns the ids held.
+    One ``UPDATE … FROM unnest(…)`` on PostgreSQL; one CAS each on SQLite."""
     if not rows:
-        return {}
-    statuses = [stored_status(r[3]) if len(r) > 3 else None for r in rows]
+        return set()
     if session.get_bind().dialect.name != "postgresql":
-        out: dict[uuid.UUID, Job] = {}
-        for (job_id, generation, seq, *_), status in zip(rows, statuses, strict=True):
-            keep = {} if status is None else {"provider_status": status}
-            row = _cas(session, *_claimed(job_id, generation, seq), poll_due_at=until,
-                       poll_lease_expires_at=until, **keep)
-            if row is not None:
-                out[job_id] = row
-        return out
-    found = session.execute(
-        _HOLD_ALL, {"ids": [r[0] for r in rows], "gens": [r[1] for r in rows],
-                    "seqs": [r[2] for r in rows], "statuses": statuses, "until": until},
-        execution_options={"synchronize_session": False, "populate_existing": True})
-    return {job.id: job for job in found.scalars()}
-
-
-def _hold_all() -> Any:
-    """:func:`held_claims`' statement on PostgreSQL: the claim predicate of :func:`_claimed`,
-    row by row from the arrays."""
-    v = func.unnest(bindparam("ids", type_=ARRAY(Uuid)), bindparam("gens", type_=ARRAY(Integer)),
-                    bindparam("seqs", type_=ARRAY(Integer)),
-                    bindparam("statuses", type_=ARRAY(Text))
-                    ).table_valued("id", "gen", "seq", "status").render_derived(name="v")
-    return (update(Job)
-            .where(Job.id == v.c.id, Job.status.in_(IN_FLIGHT), Job.poll_generation == v.c.gen,
-                   Job.poll_seq == v.c.seq)
-            .values(poll_due_at=bindparam("until"), poll_lease_expires_at=bindparam("until"),
-                    provider_status=func.coalesce(v.c.status, Job.provider_status))
-            .returning(Job))
-
-
-_HOLD_ALL = _hold_all()
+        return {job_id for job_id, generation, seq in rows
+                if rowcount(session.execute(update(Job).where(*_claimed(job_id, generation, seq))
+                                            .values(poll_due_at=until,
+                                                    poll_lease_expires_at=until)))}
+    held = session.execute(_HOLD_ALL, {"ids": [r[0] for r in rows], "gens": [r[1] for r in rows],
+                                       "seqs": [r[2] for r in rows], "until": until})
+    return {row[0] for row in held}
 
 
 _RESCHEDULE = text("""
