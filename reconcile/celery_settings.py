@@ -119,9 +119,9 @@ beat_max_loop_interval = min(300.0, max(1.0, _settings.sweep_interval * _setting
 # RECONCILE_POLL_MODE=batch: the batch poller's tick (reconcile.lifecycle.batch); a tick not picked
 # up within its interval expires (a busy worker is polling already: ticks must not pile up)
 if _settings.poll_mode == "batch":
-    _POLL_DUE_EVERY = max(0.05, _settings.poll_batch_interval * _settings.time_scale)
+    _POLL_DUE_EVERY, _POLL_DUE_EXPIRES = _settings.poll_due_tick
     beat_schedule["reconcile-poll-due"] = {
         "task": "reconcile.poll_due", "schedule": timedelta(seconds=_POLL_DUE_EVERY),
-        "options": {"expires": max(1.0, _POLL_DUE_EVERY)},
+        "options": {"expires": _POLL_DUE_EXPIRES},
     }
     beat_max_loop_interval = min(beat_max_loop_interval, _POLL_DUE_EVERY)

@@ -298,6 +298,14 @@ class Settings(BaseSettings):
         """``duration`` multiplied by ``TIME_SCALE`` (1.0 in production)."""
         return duration * self.time_scale
 
+    @property
+    def poll_due_tick(self) -> tuple[float, float]:
+        """Batch mode's beat tick: ``(every, expires)`` in seconds — ``reconcile.poll_due`` every
+        ``POLL_BATCH_INTERVAL`` (scaled, at least 0.05 s), each tick expiring when not picked up
+        within its interval (at least 1 s), so ticks never pile up behind a busy worker."""
+        every = max(0.05, self.poll_batch_interval * self.time_scale)
+        return every, max(1.0, every)
+
 
 _DERIVING = threading.RLock()  # a Settings() built while the families load fails, never hangs
 _WITH_FAMILIES: type[Settings] | None = None

@@ -63,3 +63,12 @@ def test_xb_chain_mode_has_no_poll_due_entry_and_the_task_is_a_no_op(mode: str |
     out = _probe(mode)
     assert out["entry"] is None
     assert out["sent"] == {"platform": 0, "other": 0} and out["ran"] == "off"
+
+
+def test_the_beat_tick_has_one_home() -> None:
+    """``Settings.poll_due_tick``: beat's schedule and the chaos run's beat thread both read it."""
+    from reconcile.settings import Settings
+
+    assert Settings(poll_batch_interval=1.0).poll_due_tick == (1.0, 1.0)
+    assert Settings(poll_batch_interval=4.0, time_scale=0.5).poll_due_tick == (2.0, 2.0)
+    assert Settings(poll_batch_interval=1.0, time_scale=0.01).poll_due_tick == (0.05, 1.0)

@@ -232,13 +232,12 @@ def _sync_request(state: _Run, rt: Any, spec: JobSpec) -> None:
 
 
 def _poll_due_beat(state: _Run, rt: Any, sender: Any) -> None:
-    """Batch mode's beat: ``reconcile.poll_due`` to the workers every POLL_BATCH_INTERVAL
-    (scaled), each tick expiring after one interval, as the library's beat schedule sends it
-    (``reconcile.celery_settings``); a tick lost to a dead broker is the next one's."""
-    every = max(0.05, rt.settings.poll_batch_interval * rt.settings.time_scale)
+    """Batch mode's beat: ``reconcile.poll_due`` to the workers on the library's beat tick
+    (``Settings.poll_due_tick``); a tick lost to a dead broker is the next one's."""
+    every, expires = rt.settings.poll_due_tick
     while not state.stop.is_set():
         try:
-            sender.send_task("reconcile.poll_due", args=[], expires=max(1.0, every))
+            sender.send_task("reconcile.poll_due", args=[], expires=expires)
             state.bump("poll_due_ticks")
         except Exception as exc:  # the broker is down (a planned restart)
             state.bump("poll_due_ticks_lost")
