@@ -150,20 +150,23 @@ def check_settings(**_: object) -> None:
 def fresh_engines(**_: object) -> None:
     """``worker_process_init``: one engine per worker process, never a pool across fork; then
     the process's heartbeat (:mod:`reconcile.worker.heartbeat`; its first beat is written here,
-    before the process takes a task)."""
+    before the process takes a task) and batch mode's fallback tick (:mod:`reconcile.worker.ticker`)."""
     from . import tasks
     from .db.session import dispose_engines
-    from .worker import heartbeat
+    from .worker import heartbeat, ticker
 
     dispose_engines()
     tasks.reset_runtime()
     heartbeat.start(tasks.get_runtime, ready=tasks.has_runtime)
+    ticker.start(tasks.get_runtime, ready=tasks.has_runtime)
 
 
 def _stop_heartbeat(**_: object) -> None:
-    """``worker_process_shutdown``: a clean exit removes the process's liveness row."""
-    from .worker import heartbeat
+    """``worker_process_shutdown``: a clean exit removes the process's liveness row (and stops
+    batch mode's fallback tick)."""
+    from .worker import heartbeat, ticker
 
+    ticker.stop()
     heartbeat.stop()
 
 

@@ -42,12 +42,7 @@ def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limi
                          ) -> list[tuple[Job, datetime]]:
     """:func:`claim_due`, each row with the due time it had before the claim moved it (the
     batch poller schedules the next read from it: no drift of one tick per read)."""
-    from ..db.models import IN_FLIGHT as IN_FLIGHT_SQL
-
-    only = [] if kinds is None else [Job.provider_kind.in_(list(kinds))]
-    due = (select(Job.id, Job.poll_due_at)
-           .where(IN_FLIGHT_SQL, Job.poll_due_at.is_not(None), Job.poll_due_at <= now,
-                  Job.provider_task_id.is_not(None), *only)
+    due = (select(Job.id, Job.poll_due_at).where(*_due_by(now, kinds))
            .order_by(Job.poll_due_at).limit(limit).with_for_update(skip_locked=True))
     # poll_due_at IS NOT NULL in the query
     was: dict[uuid.UUID, datetime] = {job_id: due_at for job_id, due_at in session.execute(due).all()
@@ -63,6 +58,24 @@ def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limi
     ).scalars().all()
     order = {job_id: n for n, job_id in enumerate(ids)}
     return [(job, _aware(was[job.id])) for job in sorted(rows, key=lambda j: order[j.id])]
+
+
+def _due_by(when: datetime, kinds: Sequence[str] | None) -> tuple[Any, ...]:
+    """A row the batch poller claims at ``when``: in flight with a task id, due by then (the
+    partial index ``jobs_poll_due_idx``), of one of ``kinds`` (None: any)."""
+    from ..db.models import IN_FLIGHT as IN_FLIGHT_SQL
+
+    only = () if kinds is None else (Job.provider_kind.in_(list(kinds)),)
+    return (IN_FLIGHT_SQL, Job.poll_due_at.is_not(None), Job.poll_due_at <= when,
+            Job.provider_task_id.is_not(None), *only)
+
+
+def due_unclaimed(session: Session, before: datetime, *,
+                  kinds: Sequence[str] | None = None) -> bool:
+    """Whether a row the batch poller would claim was due before ``before`` and is still
+    unclaimed (a claim moves ``poll_due_at`` one lease ahead): nobody is polling it."""
+    return session.execute(select(Job.id).where(*_due_by(before, kinds)).limit(1)).first() \
+        is not None
 
 
 def _aware(value: datetime) -> datetime:

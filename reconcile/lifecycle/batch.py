@@ -70,6 +70,17 @@ def enabled(rt: Runtime) -> bool:
     return rt.settings.poll_mode == "batch"
 
 
+def stalled(rt: Runtime, now: datetime | None = None) -> bool:
+    """Whether a row this process could claim has been due for more than two poll_due ticks
+    and is still unclaimed: the ticks are not arriving (beat down, late or not running), or
+    every poller is busy. The worker's fallback tick (:mod:`reconcile.worker.ticker`) sends
+    one ``reconcile.poll_due`` then."""
+    every, _ = rt.settings.poll_due_tick
+    before = (now or rt.now()) - timedelta(seconds=2 * every)
+    with rt.sessions.begin() as session:
+        return jobstore.due_unclaimed(session, before, kinds=_async_kinds())
+
+
 def claim_lease(rt: Runtime) -> timedelta:
     """How long a claim holds its rows: one status read's total deadline + the poll slack
     (scaled). A dead poller's rows are due again after this."""

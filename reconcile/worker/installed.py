@@ -55,10 +55,13 @@ def installed_app() -> Celery:
 
 
 def send(task_name: str, args: list[Any], countdown: float | None = None, *,
-         headers: dict[str, Any] | None = None) -> None:
+         headers: dict[str, Any] | None = None, expires: float | None = None) -> None:
     """Enqueue one of the library's tasks through the installed app (``headers``: message
-    headers beside the arguments, which a worker that does not read them ignores)."""
+    headers beside the arguments, which a worker that does not read them ignores;
+    ``expires``: seconds after which a message not yet picked up is dropped)."""
     options: dict[str, Any] = {"headers": headers} if headers else {}
+    if expires is not None:
+        options["expires"] = expires
     installed_app().tasks[task_name].apply_async(args=args, countdown=countdown or None,
                                                  **options)
 

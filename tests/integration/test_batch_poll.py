@@ -18,7 +18,7 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle
-from reconcile.db.models import CreditTransaction, JobEvent
+from reconcile.db.models import CreditTransaction, Job, JobEvent
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.providers import PollResult, PollStatus
 from reconcile.states import ATTEMPT_SPACING, MAX_ATTEMPTS
@@ -428,3 +428,23 @@ def test_the_next_read_is_due_one_interval_after_the_claimed_due_time(
     w.clock.now = due + INTERVAL + tick * 0.5
     batch_poll.poll_due(w.rt, budget=60)
     assert w.job(on_time).poll_due_at == due + 2 * INTERVAL
+
+
+def test_stalled_says_a_row_waits_unclaimed_past_two_ticks_and_a_claim_ends_it(world: World) -> None:
+    """The worker's fallback tick (``reconcile.worker.ticker``) nudges only when a row this
+    process could claim has been due for more than two poll_due ticks and nobody claimed it."""
+    w = world
+    (job_id,) = _accepted(w)
+    due = w.job(job_id).poll_due_at
+    every, _ = w.rt.settings.poll_due_tick
+    w.clock.now = due
+    assert not batch_poll.stalled(w.rt)  # due now: beat's next tick takes it
+    w.clock.now = due + timedelta(seconds=2 * every)
+    assert batch_poll.stalled(w.rt)  # due two ticks ago, unclaimed
+    assert len(batch_poll.claim(w.rt)) == 1
+    assert not batch_poll.stalled(w.rt)  # claimed: due again one lease ahead
+    w.clock.now += batch_poll.claim_lease(w.rt) + timedelta(seconds=2 * every)
+    assert batch_poll.stalled(w.rt)  # a dead poller's claim ran out: due and unclaimed again
+    with w.db.begin() as s:  # a kind no process here can read is never this process's nudge
+        s.execute(update(Job).where(Job.id == job_id).values(provider_kind="nobody-knows-it"))
+    assert not batch_poll.stalled(w.rt)
