@@ -185,10 +185,11 @@ class Settings(BaseSettings):
     failure_refund: _Share = Fraction(1)
     cancel_refund: _Share = Fraction(1)
 
-    # Polling (reconcile.lifecycle.batch): "chain" — one broker message per poll (the default);
-    # "batch" — the due time lives on the row (jobs.poll_due_at) and reconcile.poll_due claims
-    # due rows in batches (FOR UPDATE SKIP LOCKED) and reads them concurrently
-    poll_mode: PollMode = "chain"
+    # Polling (reconcile.lifecycle.batch): "batch" (the default) — the due time lives on the
+    # row (jobs.poll_due_at) and reconcile.poll_due (beat, and each worker's fallback tick)
+    # claims due rows in batches (FOR UPDATE SKIP LOCKED) and reads them concurrently;
+    # "chain" — one broker message per poll
+    poll_mode: PollMode = "batch"
     # rows claimed per statement; the default equals poll_batch_threads: one round of reads,
     # each inside the claim lease (a larger size reads in rounds: README, Batch polling)
     poll_batch_size: int = Field(default=32, ge=1, le=5000)

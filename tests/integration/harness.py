@@ -85,6 +85,9 @@ def make_runtime(db: sessionmaker[Session], sim: Simulator, tmp: Path, *, clock:
                  **settings: Any) -> tuple[Runtime, Queues]:
     queues = Queues()
     current = backend()
+    # this harness steps the poll chain's messages (``drain``): chain mode unless a test asks
+    # for batch (the batch poller's own tests drive ``lifecycle.batch`` with poll_mode="batch")
+    settings.setdefault("poll_mode", "chain")
     rt = Runtime(
         settings=sim.settings(webhook_base_url="https://platform.example/hooks", **settings),
         sessions=db,

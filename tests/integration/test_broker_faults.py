@@ -57,6 +57,7 @@ def _env(pg_url: str, broker: str, sim: Simulator, tmp: Path,
          timeouts: dict[str, float]) -> dict[str, str]:
     return {
         **sim.env(),
+        "RECONCILE_POLL_MODE": "chain",  # unacked countdown polls are what the broker loses
         "RECONCILE_DATABASE_URL": pg_url,
         "RECONCILE_BROKER_URL": broker,
         # max countdown + task time limit (20 + 30) stay below the visibility timeout

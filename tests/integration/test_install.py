@@ -47,8 +47,10 @@ def test_install_merges_settings_routes_beat_and_the_engine_hook(
     assert c.task_routes["acme.*"] == {"queue": "acme"}
     assert c.task_routes["reconcile.sweep"] == {"queue": "reconcile.sweep"}
     assert c.task_routes["reconcile.*"] == {"queue": "reconcile"}
-    assert set(c.beat_schedule) == {"acme-nightly", "reconcile-sweep"}
+    # the default polling mode (batch) adds beat's poll_due tick
+    assert set(c.beat_schedule) == {"acme-nightly", "reconcile-sweep", "reconcile-poll-due"}
     assert c.beat_schedule["reconcile-sweep"]["task"] == "reconcile.sweep"
+    assert c.beat_schedule["reconcile-poll-due"]["task"] == "reconcile.poll_due"
     assert {"reconcile.create", "reconcile.poll", "reconcile.sweep"} <= set(app.tasks)
     assert app.tasks["reconcile.create"].app is app
     receivers = [r() if isinstance(r, weakref.ReferenceType) else r

@@ -262,7 +262,8 @@ def test_a_real_workers_chain_carries_the_status_in_its_message_header(
     env = {**simulator.env(), "RECONCILE_DATABASE_URL": pg_url, "RECONCILE_BROKER_URL": redis_url,
            "RECONCILE_STORAGE_URL": f"file://{tmp_path / 'media'}",
            "RECONCILE_TIME_SCALE": "0.05",  # kie-standard: a read every 0.25 s
-           "RECONCILE_WEBHOOK_BASE_URL": "https://platform.example/hooks"}
+           "RECONCILE_WEBHOOK_BASE_URL": "https://platform.example/hooks",
+           "RECONCILE_POLL_MODE": "chain"}  # the chain's message header
     worker = Worker(env, tmp_path / "worker.log")
     try:
         worker.wait_ready(timeout=60)

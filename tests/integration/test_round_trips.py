@@ -57,7 +57,9 @@ class World:
 def world(db: sessionmaker[Session], pg_engine: Engine, tmp_path: Path) -> Iterator[World]:
     clock = [0.0]
     with Simulator(clock=lambda: clock[0]) as sim:
-        rt = Runtime(settings=sim.settings(webhook_base_url="https://platform.example/hooks"),
+        # the chain's turns are what these counts step (batch mode's: test_batch_poll)
+        rt = Runtime(settings=sim.settings(webhook_base_url="https://platform.example/hooks",
+                                           poll_mode="chain"),
                      sessions=db, storage=LocalStorage(tmp_path / "media"))
         # once per engine, at start-up in a process (Runtime.from_settings' table check): what
         # the database assigns on usage_logs.id is read before the per-job counts begin

@@ -60,6 +60,7 @@ def broker(request: pytest.FixtureRequest, redis_url: str) -> str:
 def _env(pg_url: str, broker: str, sim: Simulator, tmp: Path, **extra: str) -> dict[str, str]:
     return {
         **sim.env(),
+        "RECONCILE_POLL_MODE": "chain",  # mid_poll is the chain's (batch: test_worker_heartbeat_kill)
         "RECONCILE_DATABASE_URL": pg_url,
         "RECONCILE_BROKER_URL": broker,
         "RECONCILE_BROKER_VISIBILITY_TIMEOUT": "60",

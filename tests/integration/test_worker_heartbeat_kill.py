@@ -63,7 +63,7 @@ def test_a_killed_worker_is_recovered_by_a_live_workers_heartbeat_before_its_lea
 ) -> None:
     _flush(redis_url)
     batch = case.startswith("batch")
-    mode = {"POLL_MODE": "batch", "POLL_BATCH_INTERVAL": "0.5"} if batch else {}
+    mode = {"POLL_MODE": "batch", "POLL_BATCH_INTERVAL": "0.5"} if batch else {"POLL_MODE": "chain"}
     extra = {f"RECONCILE_{k}": v for k, v in mode.items()}
     point = {"create_after_accept": "after_accept", "batch_mid_claim": "mid_batch"}.get(
         case, "mid_poll")

@@ -42,6 +42,8 @@ class Queues:
 def runtime(db: sessionmaker[Session], sim: Simulator, tmp: Path, *, clock: Any = None,
             webhook_base_url: str = CLOSED_HOOKS, **settings: Any) -> tuple[Runtime, Queues]:
     queues = Queues()
+    # these tests step the poll chain's messages: chain mode unless a test asks for batch
+    settings.setdefault("poll_mode", "chain")
     rt = Runtime(settings=sim.settings(webhook_base_url=webhook_base_url, **settings),
                  sessions=db, storage=LocalStorage(tmp / "media"),
                  enqueue_create=queues.enqueue_create, enqueue_poll=queues.enqueue_poll)

@@ -103,6 +103,7 @@ class Matrix:
     def env(self, broker: str, *, webhooks: bool = False, **extra: str) -> dict[str, str]:
         return {
             **self.sim.env(),
+            "RECONCILE_POLL_MODE": "chain",  # the chain's crash points (batch: test_worker_heartbeat_kill)
             "RECONCILE_DATABASE_URL": self.pg_url,
             "RECONCILE_BROKER_URL": broker,
             "RECONCILE_BROKER_VISIBILITY_TIMEOUT": "60",

@@ -132,9 +132,11 @@ class Explorer:
         from ...runtime import Runtime
         from ...storage import LocalStorage
 
+        # a scenario's writers step the poll chain's turns unless it says otherwise (the batch
+        # scenarios carry poll_mode=batch: scenarios/batch.py)
         return Runtime(
             settings=self.sim.settings(webhook_base_url="https://platform.example/hooks",
-                                       database_url=self.database_url),
+                                       database_url=self.database_url, poll_mode="chain"),
             sessions=sessions, storage=LocalStorage(self.workdir / "media"), clock=self.clock,
             http=requests.Session(),  # kept-alive loopback connections: media fetches are cheap
             enqueue_create=self.queues.enqueue_create, enqueue_poll=self.queues.enqueue_poll)
