@@ -1,7 +1,8 @@
 """The demo's invariants: :func:`check` per job (created upstream at most once, the right
 outcome, assets stored, the reservation committed, refunded or — uncertain — intact), and
-:func:`run_failures` for the run (the crashes happened as scripted, dead chains were resumed, the
-audit is clean, the credits add up)."""
+:func:`run_failures` for the run (the crashes happened as scripted; chain mode: dead chains were
+resumed; batch mode: the rows worker A held claimed were finished by worker B; the audit is
+clean, the credits add up)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,21 @@ def resumed_chains(story: Story, rows: Sequence[Row], jobs: dict[uuid.UUID, Any]
             and (jobs[r.job_id].poll_generation or 0) >= 2]
 
 
+def batch_failures(story: Story, jobs: dict[uuid.UUID, Any]) -> list[str]:
+    """Batch mode: worker A died holding claimed rows, and worker B finished every one."""
+    from .claims import finished_by
+
+    if story.crash_rc is None:
+        return []  # reported as the crash that did not happen
+    if not story.held_at_crash:
+        return ["worker A held no claimed row when it died"]
+    if not story.b_workers:
+        return ["worker B's liveness rows were not found: cannot tell who finished A's rows"]
+    _, wrong = finished_by(story, jobs)
+    return (["rows claimed by worker A when it died were not all finished by worker B: "
+             + "; ".join(wrong)] if wrong else [])
+
+
 def run_failures(story: Story, sweeper: Sweeper, rows: Sequence[Row], jobs: dict[uuid.UUID, Any],
                  sync_calls: dict[str, int], sync_jobs: dict[str, int],
                  discrepancies: Sequence[Any]) -> list[str]:
@@ -90,14 +106,17 @@ def run_failures(story: Story, sweeper: Sweeper, rows: Sequence[Row], jobs: dict
         if calls > sync_jobs.get(provider, 0):
             failures.append(f"{provider}: {calls} sync calls for {sync_jobs.get(provider, 0)} jobs")
     if story.crash_rc != -signal.SIGKILL:
-        failures.append(f"worker A was not SIGKILLed mid-poll (exit {story.crash_rc})")
+        where = "right after claiming a batch" if story.mode == "batch" else "mid-poll"
+        failures.append(f"worker A was not SIGKILLed {where} (exit {story.crash_rc})")
     for name, rc in story.sync_rcs.items():
         want = -signal.SIGKILL if "dies" in name else 0
         if rc != want:
             failures.append(f"{name} process: exit {rc}, expected {want}")
     if story.worker_b_rc is not None:
         failures.append(f"worker B exited on its own (exit {story.worker_b_rc}): see its log")
-    if not resumed_chains(story, rows, jobs):
+    if story.mode == "batch":
+        failures.extend(batch_failures(story, jobs))
+    elif not resumed_chains(story, rows, jobs):
         failures.append("no poll chain that died with worker A was resumed by the sweep")
     if discrepancies:
         failures.extend(f"audit: {d.kind} {d.detail}" for d in discrepancies)

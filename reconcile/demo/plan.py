@@ -6,12 +6,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 DEFAULT_TIME_SCALE = 0.05
 SWEEP_EVERY = 1.0  # real seconds between sweep ticks (SWEEP_INTERVAL = this / TIME_SCALE)
 DEADLINE = 80.0  # real seconds from start by which every job must be settled
-CRASH_POINT = "mid_poll"
+CRASH_POINT = "mid_poll"  # chain mode: worker A dies in the middle of one poll
+BATCH_CRASH_POINT = "mid_batch"  # batch mode: right after a claim committed, before its reads
 SYNC_CRASH_POINT = "sync_after_call"
 
 # ----------------------------------------------------------------------------- the batch
@@ -96,6 +98,22 @@ class Story:
     worker_b_rc: int | None = None  # None: worker B was still alive at the end
     in_flight_at_crash: list[uuid.UUID] = field(default_factory=list)
     sync_rcs: dict[str, int | None] = field(default_factory=dict)
+    mode: str = "chain"  # the poll mode the workers run (Settings.poll_mode)
+    # batch mode (reconcile.demo.claims): worker A's and B's liveness ids, the rows A held
+    # claimed when it died (each with its claimer and its claim's lease end), when each of A's
+    # liveness rows was reaped and by whom, and the poll_due ticks this process sent
+    a_workers: set[str] = field(default_factory=set)
+    b_workers: set[str] = field(default_factory=set)
+    held_at_crash: dict[uuid.UUID, tuple[str, datetime]] = field(default_factory=dict)
+    crashed_at: datetime | None = None
+    a_reaped_at: dict[str, datetime] = field(default_factory=dict)
+    reaped_by: dict[str, str] = field(default_factory=dict)
+    poll_due_ticks: int = 0
+    poll_due_discarded: int = 0  # expired ticks the workers dropped unrun (their logs)
+
+    @property
+    def crash_point(self) -> str:
+        return BATCH_CRASH_POINT if self.mode == "batch" else CRASH_POINT
 
     def by_id(self) -> dict[uuid.UUID, Planned]:
         return dict(zip(self.ids, self.plans, strict=True))

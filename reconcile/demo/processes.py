@@ -1,6 +1,6 @@
 """The demo's moving parts: subprocesses in their own process groups (killed on the way out), the
-work folder and the environment every process shares, the printer, the sweep driver thread and
-the reads of ``jobs`` the story waits on."""
+work folder and the environment every process shares, the printer, the sweep driver thread, batch
+mode's poll_due beat thread and the reads of ``jobs`` the story waits on."""
 
 from __future__ import annotations
 
@@ -165,6 +165,41 @@ class Sweeper:
             self._thread.join(timeout=30)
 
 
+@dataclass
+class PollDueBeat:
+    """Batch mode's beat, as ``celery beat`` sends it: ``reconcile.poll_due`` to the workers
+    every ``every`` seconds, each expiring after ``expires`` (``Settings.poll_due_tick``), sent
+    through the library's own send. The ``filesystem://`` broker keeps an expired tick on disk
+    (it has no message TTL); the worker that receives it discards it unrun."""
+
+    every: float
+    expires: float
+    sent: int = 0
+    lost: int = 0  # sends that raised (a broker outage): the next tick is the next one
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="demo-poll-due", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from ..worker.installed import send
+
+        while not self._stop.is_set():
+            try:
+                send("reconcile.poll_due", [], expires=self.expires)
+                self.sent += 1
+            except Exception:
+                self.lost += 1
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
 def _summarise(actions: Iterable[Any]) -> str:
     counts: dict[str, int] = {}
     for action in actions:
@@ -184,6 +219,7 @@ class Setup:
     database_url: str
     embedded_db: bool
     embedded_broker: bool
+    poll_mode: str = "chain"
 
 
 def prepare(work: Path, scale: float, hooks_url: str, sim_env: Mapping[str, str]) -> Setup:
@@ -203,9 +239,15 @@ def prepare(work: Path, scale: float, hooks_url: str, sim_env: Mapping[str, str]
         "RECONCILE_WEBHOOK_BASE_URL": hooks_url,
         "PYTHONUNBUFFERED": "1",
     })
+    # the configured poll mode (RECONCILE_POLL_MODE, else the library's default), spelled out
+    # for every process: the story the demo tells depends on it
+    from ..settings import Settings
+
+    env["RECONCILE_POLL_MODE"] = Settings().poll_mode
     # loopback only: never through a proxy
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    return Setup(work, env, db_url, given_db is None, given_broker is None)
+    return Setup(work, env, db_url, given_db is None, given_broker is None,
+                 env["RECONCILE_POLL_MODE"])
 
 
 MARKER = ".reconcile-demo"  # a work folder the demo made (and may wipe)

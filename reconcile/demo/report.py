@@ -9,9 +9,11 @@ import importlib.util
 import subprocess
 import sys
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from .checks import _is_sync, _provider, check, resumed_chains, run_failures
+from .claims import finished_by, release
 from .plan import Row, Story
 from .processes import Printer, Setup, Sweeper, snapshot
 
@@ -73,7 +75,11 @@ def show_console(setup: Setup, uncertain_ids: list[uuid.UUID], say: Printer) -> 
         "behind its demo hook (GET /ops-login?as=ops@acme.test)", stamp=False)
 
 
-def how_settled(job: Any, via: str | None) -> str:
+def how_settled(job: Any, via: str | None,
+                held: Mapping[uuid.UUID, str] | None = None) -> str:
+    """The table's "settled by". ``held``: batch mode — the rows worker A held claimed when it
+    died, each with how it came back (``released`` or ``due-again``); a row's generation
+    says nothing there (a webhook's confirmed success starts a new one too)."""
     if job.status in ("pending", "processing"):
         return "left-uncertain" if job.submission_state == "uncertain" else "STILL IN FLIGHT"
     detail = job.error_detail if isinstance(job.error_detail, dict) else {}
@@ -86,6 +92,8 @@ def how_settled(job: Any, via: str | None) -> str:
         return "request"
     if source == "sweep":
         return "sweep-poll"
+    if held is not None:
+        return held.get(job.id, "worker")
     return "sweep-resumed" if (job.poll_generation or 0) >= 2 else "worker"
 
 
@@ -125,6 +133,9 @@ def report(rt: Any, sim: Any, story: Story, sweeper: Sweeper, say: Printer) -> l
         if _is_sync(plan.kind):
             sync_jobs[_provider(plan.kind)] = sync_jobs.get(_provider(plan.kind), 0) + 1
 
+    came_back = ({job_id: release(claim, story.a_reaped_at)
+                  for job_id, claim in story.held_at_crash.items()}
+                 if story.mode == "batch" else None)
     rows: list[Row] = []
     failures: list[str] = []
     for job_id in story.ids:
@@ -141,7 +152,7 @@ def report(rt: Any, sim: Any, story: Story, sweeper: Sweeper, say: Printer) -> l
             creates = str(sim.creates(str(job_id)))
         rows.append(Row(job_id, plan, job.status, job.submission_state, job.error_code, creates,
                         log.credits if log else 0, amounts.get("COMMIT", 0), refunded,
-                        how_settled(job, vias.get(job_id))))
+                        how_settled(job, vias.get(job_id), came_back)))
         failures.extend(check(plan, job, log, assets.get(job_id, []), refunded, sim, rt))
 
     failures.extend(run_failures(story, sweeper, rows, jobs, sync_calls, sync_jobs,
@@ -151,10 +162,14 @@ def report(rt: Any, sim: Any, story: Story, sweeper: Sweeper, say: Printer) -> l
     say("ˢ sync calls carry no job id upstream: calls/jobs per provider ("
         + ", ".join(f"{p} {sync_calls.get(p, 0)}/{n}" for p, n in sorted(sync_jobs.items()))
         + ")", stamp=False)
-    resumed = resumed_chains(story, rows, jobs)
-    say(f"in flight when worker A died: {len(story.in_flight_at_crash)} jobs; chains resumed by "
-        f"the sweep and finished on worker B: {len(resumed)} (a chain whose next poll was still "
-        f"waiting in the broker, not yet fetched by A, simply continues on B)", stamp=False)
+    if story.mode == "batch":
+        show_claims(story, jobs, came_back or {}, say)
+    else:
+        resumed = resumed_chains(story, rows, jobs)
+        say(f"in flight when worker A died: {len(story.in_flight_at_crash)} jobs; chains resumed "
+            f"by the sweep and finished on worker B: {len(resumed)} (a chain whose next poll was "
+            f"still waiting in the broker, not yet fetched by A, simply continues on B)",
+            stamp=False)
     say("", stamp=False)
     say(f"sweep ticks ({len(sweeper.ticks)}):", stamp=False)
     for at, line, notes in sweeper.ticks:
@@ -170,6 +185,34 @@ def report(rt: Any, sim: Any, story: Story, sweeper: Sweeper, say: Printer) -> l
         say(f"ledger audit: clean (credits.audit == [] over {len(users)} users, "
             f"{len(story.ids)} jobs)", stamp=False)
     return failures
+
+
+def show_claims(story: Story, jobs: dict[uuid.UUID, Any], came_back: Mapping[uuid.UUID, str],
+                say: Printer) -> None:
+    """Batch mode: what became of the rows worker A held claimed when it died."""
+    done, _ = finished_by(story, jobs)
+    labels = sorted(set(came_back.values()))
+    how = ", ".join(f"{sum(1 for v in came_back.values() if v == k)} {k}" for k in labels)
+
+    def after(when: Any) -> str:
+        return f"{(when - story.crashed_at).total_seconds():.1f} s" if story.crashed_at else "?"
+
+    say(f"in flight when worker A died: {len(story.in_flight_at_crash)} jobs; rows A held "
+        f"claimed: {len(came_back)} ({how or '-'}); finished by worker B: {len(done)} "
+        f"(released: a reaper saw A's heartbeat lapse and ended the claim before its lease; "
+        f"due-again: the claim's lease ran out first)", stamp=False)
+    holders = sorted({worker for worker, _ in story.held_at_crash.values()})
+    for worker in sorted(story.a_workers):
+        reaped = story.a_reaped_at.get(worker)
+        leases = [until for w, until in story.held_at_crash.values() if w == worker]
+        say(f"  worker A process {worker}: " + (
+            f"reaped {after(reaped)} after A died by {story.reaped_by.get(worker, '?')}"
+            if reaped is not None else "never reaped")
+            + (f"; it held {len(leases)} claim(s), lease ending {after(max(leases))} after"
+               if worker in holders else "; it held no claim"), stamp=False)
+    say(f"poll_due ticks sent by this process: {story.poll_due_ticks}; dropped unrun by the "
+        f"workers as expired: {story.poll_due_discarded} (the filesystem broker keeps an "
+        f"expired message; the worker that receives it discards it)", stamp=False)
 
 
 def print_table(rows: list[Row], say: Printer) -> None:

@@ -1,6 +1,8 @@
 """The demo's story, end to end (see :mod:`reconcile.demo`): set up, submit, crash worker A
-mid-poll, start worker B, let the sweep recover, then report; plus the ``--request`` process
-(the platform's request handler for the sync kinds) and the command line."""
+(mid-poll in chain mode, right after it claimed a batch in batch mode), start worker B, let the
+sweep (and, in batch mode, the released or expired claims) recover, then report; plus the
+``--request`` process (the platform's request handler for the sync kinds) and the command
+line."""
 
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from typing import Any
 
 from ..core.redact import database_url
 from .checks import _is_sync, _provider
+from .claims import ReapWatch, discarded_ticks, held_claims, reaped_by, workers_of
 from .plan import (
-    CRASH_POINT,
     DEADLINE,
     DEFAULT_TIME_SCALE,
     GRANTS,
@@ -33,6 +35,7 @@ from .plan import (
 )
 from .processes import (
     Children,
+    PollDueBeat,
     Printer,
     Setup,
     Sweeper,
@@ -63,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     sim = Simulator(time_scale=scale).start()
     hooks: WebhookReceiver | None = None
     sweeper: Sweeper | None = None
+    beat: PollDueBeat | None = None
+    watch: ReapWatch | None = None
     try:
         # the platform's webhook route, POST <base>/webhooks/<provider>?job_id=…: it listens at
         # once (its URL goes into WEBHOOK_BASE_URL) and gets the runtime once that exists
@@ -98,7 +103,14 @@ def run(args: argparse.Namespace) -> int:
         say("migrated; simulator and webhook endpoint up")
 
         plans = batch()
-        story = Story(plans, [uuid.uuid4() for _ in plans], [uuid.uuid4() for _ in GRANTS])
+        story = Story(plans, [uuid.uuid4() for _ in plans], [uuid.uuid4() for _ in GRANTS],
+                      mode=setup.poll_mode)
+        batched = story.mode == "batch"
+        every, expires = rt.settings.poll_due_tick
+        say(f"poll mode {story.mode}: " + (
+            f"rows carry their due times; this process sends reconcile.poll_due every "
+            f"{every:g} s (expiring after {expires:g} s), as celery beat would"
+            if batched else "one reconcile.poll message per status read"))
         with rt.sessions.begin() as session:
             for user, grants in zip(story.users, GRANTS, strict=True):
                 for pool, amount in grants:
@@ -107,10 +119,11 @@ def run(args: argparse.Namespace) -> int:
             + "; ".join(f"{str(u)[:8]} sub {g[0][1]} + topup {g[1][1]}"
                         for u, g in zip(story.users, GRANTS, strict=True)))
 
-        # worker A, with a once-only mid-poll crash: the marker file exists = disarmed
+        # worker A, with a once-only crash (mid-poll, or right after a batch claim): the marker
+        # file exists = disarmed
         marker = work / "crash-once.marker"
         marker.touch()
-        env_a = {**setup.env, "RECONCILE_TEST_CRASH_AT": CRASH_POINT,
+        env_a = {**setup.env, "RECONCILE_TEST_CRASH_AT": story.crash_point,
                  "RECONCILE_TEST_CRASH_ONCE": str(marker), "RECONCILE_TEST_CRASH_MODE": "group"}
         worker_a = children.spawn("worker A", worker_argv("A"), env_a, logs / "worker-A.log")
         wait_ready(worker_a, logs / "worker-A.log")
@@ -118,12 +131,15 @@ def run(args: argparse.Namespace) -> int:
 
         sweeper = Sweeper(rt, SWEEP_EVERY, say,
                           fan_out=lambda job_id: tasks.reconcile_job.delay(str(job_id)))
+        beat = PollDueBeat(every, expires) if batched else None
         submit_all(rt, sim, story, Script)
         say(f"submitted {len(plans)} jobs "
             f"({sum(not _is_sync(p.kind) for p in plans)} async via worker creates, "
             f"{sum(_is_sync(p.kind) for p in plans)} sync via the request process)")
         requests_done = start_requests(children, setup, story, logs, say)
         sweeper.start()
+        if beat is not None:
+            beat.start()
 
         # wait for every create to be decided and the quick jobs to finish, then crash worker A
         by_id = story.by_id()
@@ -148,9 +164,13 @@ def run(args: argparse.Namespace) -> int:
         say("creates decided: " + _count(j.submission_state for j in jobs.values())
             + "; " + _count(j.status for j in jobs.values()))
         story.in_flight_at_crash = [i for i, j in jobs.items() if j.status == "processing"]
+        if batched:  # A's liveness rows, one per pool process: the claims it makes carry them
+            story.a_workers = workers_of(rt, worker_a.pid)
         marker.unlink()
-        say(f"armed the once-only '{CRASH_POINT}' crash in worker A "
-            f"({len(story.in_flight_at_crash)} jobs have live poll chains)")
+        say(f"armed the once-only '{story.crash_point}' crash in worker A "
+            f"({len(story.in_flight_at_crash)} jobs "
+            + ("in flight, read in batches: A dies at its next claim)" if batched else
+               "have live poll chains)"))
         with contextlib.suppress(subprocess.TimeoutExpired):
             worker_a.wait(timeout=15)
         story.crash_rc = worker_a.poll()
@@ -158,6 +178,17 @@ def run(args: argparse.Namespace) -> int:
         if story.crash_rc is None:
             say("!! worker A did not crash")
             worker_a.wait(timeout=5)
+        elif batched:
+            story.crashed_at = rt.now()
+            story.held_at_crash = held_claims(rt, async_ids, story.a_workers)
+            watch = ReapWatch(rt, story.a_workers).start()
+            lease = max((u for _, u in story.held_at_crash.values()),
+                        default=story.crashed_at) - story.crashed_at
+            say(f"worker A died right after claiming a batch: whole process group SIGKILLed "
+                f"(exit {story.crash_rc}); it holds {len(story.held_at_crash)} row(s) claimed "
+                f"for {lease.total_seconds():.1f} s more (the claim lease) — unless a "
+                f"reaper sees its heartbeat lapse first ({rt.settings.heartbeat_timeout:g} s "
+                f"without a beat)")
         else:
             say(f"worker A died mid-poll: whole process group SIGKILLed (exit {story.crash_rc}); "
                 + ("the poll messages it held are gone: the filesystem broker never redelivers"
@@ -167,7 +198,10 @@ def run(args: argparse.Namespace) -> int:
 
         worker_b = children.spawn("worker B", worker_argv("B"), setup.env, logs / "worker-B.log")
         wait_ready(worker_b, logs / "worker-B.log")
-        say(f"worker B ready (pid {worker_b.pid}); the sweep resumes chains whose poll lease expired")
+        say(f"worker B ready (pid {worker_b.pid}); " + (
+            "it claims A's rows once they are released (A's heartbeat lapsed) or due again "
+            "(their claim lease ended)" if batched else
+            "the sweep resumes chains whose poll lease expired"))
 
         uncertain_ids = [i for i in story.ids if by_id[i].expect == "uncertain"]
 
@@ -183,12 +217,23 @@ def run(args: argparse.Namespace) -> int:
         else:
             say(f"!! not everything settled within {DEADLINE:.0f} s of the start")
         sweeper.stop()
+        if beat is not None:
+            beat.stop()
+            story.poll_due_ticks = beat.sent
         sweeper.tick()  # one last tick after the dust settles: it must change nothing
         story.worker_b_rc = worker_b.poll()
+        if batched:
+            story.b_workers = workers_of(rt, worker_b.pid)
         for name, proc, _ in list(children.procs):
             if name.startswith("worker"):  # cold shutdown: nothing is left to finish
                 children.stop(proc, signal.SIGQUIT, grace=1.5)
         say("workers stopped")
+        if watch is not None:
+            watch.stop()
+            story.a_reaped_at = watch.gone_at
+            story.reaped_by = reaped_by(logs / "worker-B.log", story.a_workers)
+            story.poll_due_discarded = sum(discarded_ticks(logs / f"worker-{name}.log")
+                                           for name in "AB")
         for name, proc, _ in list(children.procs):
             if name.startswith("request"):
                 story.sync_rcs[name] = proc.poll()
@@ -209,6 +254,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if sweeper is not None:
             sweeper.stop()
+        if beat is not None:
+            beat.stop()
+        if watch is not None:
+            watch.stop()
         children.stop_all()
         if hooks is not None:
             with contextlib.suppress(Exception):

@@ -1,6 +1,7 @@
 """``python -m reconcile.demo`` end to end, exactly as a new user runs it: no database or broker
 server (SQLite file, ``filesystem://`` broker, local storage), real prefork workers, a worker
-SIGKILLed mid-poll, a create dropped after acceptance, a sync request killed mid-call.
+SIGKILLed mid-poll (chain mode) or right after claiming a batch (batch mode), a create dropped
+after acceptance, a sync request killed mid-call. Run once per poll mode.
 
 Marked ``slow`` (it spawns real worker processes); nothing deselects ``slow``, so it is part
 of the default ``make test`` run.
@@ -22,9 +23,10 @@ pytestmark = pytest.mark.slow
 TIMEOUT = 150  # seconds; the demo itself takes ~25 s and promises < 90 s
 
 
-def _run_demo(cwd: Path) -> tuple[int, str]:
+def _run_demo(cwd: Path, mode: str) -> tuple[int, str]:
     # the embedded default whatever the developer's shell says (no RECONCILE_DATABASE_URL …)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILE_")}
+    env["RECONCILE_POLL_MODE"] = mode
     proc = subprocess.Popen([sys.executable, "-m", "reconcile.demo"], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -40,10 +42,13 @@ def _run_demo(cwd: Path) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def test_demo_exits_zero_with_every_invariant_holding(tmp_path: Path) -> None:
-    """The demo exits 0, prints the per-job table, the sweep ticks and a clean ledger audit."""
-    code, out = _run_demo(tmp_path)
+@pytest.mark.parametrize("mode", ["chain", "batch"])
+def test_demo_exits_zero_with_every_invariant_holding(tmp_path: Path, mode: str) -> None:
+    """The demo exits 0, prints the per-job table, the sweep ticks and a clean ledger audit, and
+    tells the story of the poll mode it was given."""
+    code, out = _run_demo(tmp_path, mode)
     assert code == 0, out[-8000:]
+    assert re.search(rf"\] poll mode {mode}: ", out), out[:3000]
     assert "DEMO OK: every invariant holds" in out
     assert re.search(r"^ledger audit: clean\b", out, re.M), out[-4000:]
 
@@ -54,8 +59,17 @@ def test_demo_exits_zero_with_every_invariant_holding(tmp_path: Path) -> None:
     assert len(rows) == 20, out[-6000:]
 
     # each part of the story happened
-    assert re.search(r"worker A died mid-poll: whole process group SIGKILLed \(exit -9\)", out)
-    assert re.search(r"\bsweep-resumed$", out, re.M)
+    if mode == "chain":
+        assert re.search(r"worker A died mid-poll: whole process group SIGKILLed \(exit -9\)", out)
+        assert re.search(r"\bsweep-resumed$", out, re.M)
+    else:
+        assert re.search(r"worker A died right after claiming a batch: whole process group "
+                         r"SIGKILLed \(exit -9\); it holds [1-9]\d* row\(s\) claimed", out), \
+            out[-6000:]
+        # a row A held claimed came back (released by a reaper, or due again after its lease)
+        assert re.search(r"\b(released|due-again)$", out, re.M), out[-6000:]
+        assert not re.search(r"\bsweep-resumed$", out, re.M)
+        assert re.search(r"^poll_due ticks sent by this process: [1-9]\d*", out, re.M)
     assert re.search(r"pending/uncertain\s+UPSTREAM_SUBMISSION_UNCERTAIN\s+1\s.*left-uncertain$",
                      out, re.M)
     assert re.search(r"failed\s+UPSTREAM_FAILED\s.*\s25\s+0\s+25\s+\S+$", out, re.M)
