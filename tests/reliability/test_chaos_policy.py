@@ -84,10 +84,11 @@ def test_the_policy_reaches_the_config_and_the_replay_line(
     report = fake_run(seen[-1])
     assert report.text().endswith("--jobs 5 --seed 7 --policy 1/2,1/3")
     assert "policy (failure,cancel refund): 1/2,1/3" in report.text()
-    # the poll mode too (batch: the run sends beat's ticks), and only when not the default
-    assert chaos_run.main(["--jobs", "5", "--seed", "7", "--poll-mode", "batch", "--quiet"]) == 0
+    # the poll mode too, and only when not the default (batch)
     assert seen[-1].poll_mode == "batch"
-    assert fake_run(seen[-1]).text().endswith("--jobs 5 --seed 7 --poll-mode batch")
+    assert chaos_run.main(["--jobs", "5", "--seed", "7", "--poll-mode", "chain", "--quiet"]) == 0
+    assert seen[-1].poll_mode == "chain"
+    assert fake_run(seen[-1]).text().endswith("--jobs 5 --seed 7 --poll-mode chain")
     with pytest.raises(SystemExit):
         chaos_run.main(["--jobs", "5", "--poll-mode", "webhook", "--quiet"])
 

@@ -49,17 +49,17 @@ class ChaosConfig:
     # the settlement policy, "FAILURE,CANCEL" refund shares ("1/2,1/3"; chaos.policy), set in
     # every process's settings and environment (None: drawn from the seed)
     policy: str | None = None
-    # RECONCILE_POLL_MODE in every process: "batch" has no poll messages; the run's own beat
-    # thread sends reconcile.poll_due to the workers every POLL_BATCH_INTERVAL (scaled), as
-    # celery beat does with the library's schedule
-    poll_mode: str = "chain"
+    # RECONCILE_POLL_MODE in every process: "batch" (the default) has no poll messages; the
+    # run's own beat thread sends reconcile.poll_due to the workers every POLL_BATCH_INTERVAL
+    # (scaled), as celery beat does with the library's schedule; "chain": a message per poll
+    poll_mode: str = "batch"
 
     def shape_options(self) -> list[str]:
         """The command-line options that shape the run beyond its seed and size (the report's
         replay line repeats them)."""
         options = ["--db-timezone", self.db_timezone] if self.db_timezone else []
         options += ["--policy", self.policy] if self.policy else []
-        options += ["--poll-mode", self.poll_mode] if self.poll_mode != "chain" else []
+        options += ["--poll-mode", self.poll_mode] if self.poll_mode != "batch" else []
         return options + (["--naive-timestamps"] if self.naive_timestamps else [])
 
 

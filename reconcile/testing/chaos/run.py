@@ -375,9 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive-timestamps", action="store_true",
                         help="the platform's jobs/usage_logs with timestamp without time zone "
                              "columns (holding UTC)")
-    parser.add_argument("--poll-mode", default="chain", choices=("chain", "batch"),
-                        help="RECONCILE_POLL_MODE in every process (batch: the run sends the "
-                             "poll_due ticks beat would)")
+    parser.add_argument("--poll-mode", default="batch", choices=("chain", "batch"),
+                        help="RECONCILE_POLL_MODE in every process (batch, the default: the "
+                             "run sends the poll_due ticks beat would)")
     parser.add_argument("--policy", default=None, metavar="FAILURE,CANCEL",
                         help="the settlement policy's refund shares, e.g. 1/2,1/3 (default: "
                              "drawn from the seed)")
