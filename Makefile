@@ -26,7 +26,7 @@ services:
 # TEST_WORKERS=0 runs in this process, one test at a time.
 TEST_WORKERS ?= 3
 test: setup services
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: setup
 	$(BIN)/ruff check reconcile tests alembic examples

@@ -303,7 +303,9 @@ class Settings(BaseSettings):
     def poll_due_tick(self) -> tuple[float, float]:
         """Batch mode's beat tick: ``(every, expires)`` in seconds — ``reconcile.poll_due`` every
         ``POLL_BATCH_INTERVAL`` (scaled, at least 0.05 s), each tick expiring when not picked up
-        within its interval (at least 1 s), so ticks never pile up behind a busy worker."""
+        within its interval (at least 1 s): a worker that receives it later drops it unrun,
+        so a busy worker never runs a backlog of ticks (on Redis an expired tick stays queued
+        until a worker receives it)."""
         every = max(0.05, self.poll_batch_interval * self.time_scale)
         return every, max(1.0, every)
 

@@ -127,4 +127,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the same on every worker (xdist requires identical collections); a plain run keeps the
     file order."""
     if XDIST_WORKER:
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                     _LONGEST_FIRST.get(item.path.name, len(_LONGEST_FIRST))))
+
+
+# the files that take minutes on one xdist worker (``make test`` prints its slowest tests), the
+# longest first: started last, one of them alone would set the run's wall time
+_LONGEST_FIRST = {name: rank for rank, name in enumerate((
+    "test_broker_faults.py", "test_crash_matrix.py", "test_chaos.py",
+    "test_worker_heartbeat_kill.py", "test_worker_crash.py", "test_django_platform.py",
+    "test_wheel.py", "test_demo.py"))}

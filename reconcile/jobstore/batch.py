@@ -70,12 +70,14 @@ def _due_by(when: datetime, kinds: Sequence[str] | None) -> tuple[Any, ...]:
             Job.provider_task_id.is_not(None), *only)
 
 
-def due_unclaimed(session: Session, before: datetime, *,
-                  kinds: Sequence[str] | None = None) -> bool:
-    """Whether a row the batch poller would claim was due before ``before`` and is still
-    unclaimed (a claim moves ``poll_due_at`` one lease ahead): nobody is polling it."""
-    return session.execute(select(Job.id).where(*_due_by(before, kinds)).limit(1)).first() \
-        is not None
+def oldest_unclaimed_due(session: Session, before: datetime, *,
+                         kinds: Sequence[str] | None = None) -> datetime | None:
+    """The oldest due time of a row the batch poller would claim that was due before ``before``
+    and is still unclaimed (a claim moves ``poll_due_at`` one lease ahead): None when there is
+    none. One row from the partial index ``jobs_poll_due_idx``."""
+    due = session.execute(select(Job.poll_due_at).where(*_due_by(before, kinds))
+                          .order_by(Job.poll_due_at).limit(1)).scalar()
+    return None if due is None else _aware(due)
 
 
 def _aware(value: datetime) -> datetime:

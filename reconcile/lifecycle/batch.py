@@ -70,15 +70,15 @@ def enabled(rt: Runtime) -> bool:
     return rt.settings.poll_mode == "batch"
 
 
-def stalled(rt: Runtime, now: datetime | None = None) -> bool:
-    """Whether a row this process could claim has been due for more than two poll_due ticks
-    and is still unclaimed: the ticks are not arriving (beat down, late or not running), or
-    every poller is busy. The worker's fallback tick (:mod:`reconcile.worker.ticker`) sends
-    one ``reconcile.poll_due`` then."""
+def stalled(rt: Runtime, now: datetime | None = None) -> datetime | None:
+    """The oldest due time of a row this process could claim that has been due for more than
+    two poll_due ticks and is still unclaimed (None: no such row): the ticks are not arriving
+    (beat down, late or not running), or every poller is busy. The worker's fallback tick
+    (:mod:`reconcile.worker.ticker`) sends one ``reconcile.poll_due`` then."""
     every, _ = rt.settings.poll_due_tick
     before = (now or rt.now()) - timedelta(seconds=2 * every)
     with rt.sessions.begin() as session:
-        return jobstore.due_unclaimed(session, before, kinds=_async_kinds())
+        return jobstore.oldest_unclaimed_due(session, before, kinds=_async_kinds())
 
 
 def claim_lease(rt: Runtime) -> timedelta:

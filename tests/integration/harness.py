@@ -111,9 +111,13 @@ def clocked_runtime(db: sessionmaker[Session], sim: Simulator, tmp: Path,
 
 
 def drain(rt: Runtime, queues: Queues, *, max_steps: int = 200, sleep: float = 0.0) -> int:
-    """Run queued steps until none are left (or ``max_steps``); returns steps run."""
+    """Run queued steps until none are left (or ``max_steps``); returns steps run. Batch mode:
+    the creates, then the batch poller's claims (every row in flight is claimed whatever its
+    due time, as the chain's queued turns run whatever their countdown) until none is left."""
     import time
 
+    if rt.settings.poll_mode == "batch":
+        return _drain_batch(rt, queues, max_steps=max_steps)
     steps = 0
     while (queues.creates or queues.polls) and steps < max_steps:
         if queues.creates:
@@ -152,3 +156,23 @@ def use_policy(rt: Runtime, policy: Any) -> Runtime:
     rt.settings = rt.settings.model_copy(update={"failure_refund": policy.failure_refund,
                                                  "cancel_refund": policy.cancel_refund})
     return rt
+
+
+def _drain_batch(rt: Runtime, queues: Queues, *, max_steps: int) -> int:
+    from datetime import timedelta
+
+    from reconcile.lifecycle import batch
+
+    steps = 0
+    while queues.creates and steps < max_steps:
+        lifecycle.create_step(rt, queues.creates.popleft())
+        steps += 1
+    while steps < max_steps:
+        # claimed "a year from now": due whatever its time (run_claims schedules the next read
+        # from the runtime's own clock, so a row still running is claimable again)
+        claims = batch.claim(rt, now=rt.now() + timedelta(days=365))
+        if not claims:
+            break
+        batch.run_claims(rt, claims)
+        steps += len(claims)
+    return steps

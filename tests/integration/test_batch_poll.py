@@ -432,19 +432,26 @@ def test_the_next_read_is_due_one_interval_after_the_claimed_due_time(
 
 def test_stalled_says_a_row_waits_unclaimed_past_two_ticks_and_a_claim_ends_it(world: World) -> None:
     """The worker's fallback tick (``reconcile.worker.ticker``) nudges only when a row this
-    process could claim has been due for more than two poll_due ticks and nobody claimed it."""
+    process could claim has been due for more than two poll_due ticks and nobody claimed it;
+    ``stalled`` names the oldest such due time (the ticker's back-off compares it)."""
     w = world
-    (job_id,) = _accepted(w)
-    due = w.job(job_id).poll_due_at
+    first, second = _accepted(w, n=2)
+    due = w.job(first).poll_due_at
+    assert due is not None
+    with w.db.begin() as s:  # the second one falls due a second later
+        s.execute(update(Job).where(Job.id == second)
+                  .values(poll_due_at=due + timedelta(seconds=1)))
     every, _ = w.rt.settings.poll_due_tick
     w.clock.now = due
-    assert not batch_poll.stalled(w.rt)  # due now: beat's next tick takes it
-    w.clock.now = due + timedelta(seconds=2 * every)
-    assert batch_poll.stalled(w.rt)  # due two ticks ago, unclaimed
+    assert batch_poll.stalled(w.rt) is None  # due now: beat's next tick takes it
+    w.clock.now = due + timedelta(seconds=2 * every + 1)
+    assert batch_poll.stalled(w.rt) == due  # the oldest waiting row
+    assert len(batch_poll.claim(w.rt, limit=1)) == 1
+    assert batch_poll.stalled(w.rt) == due + timedelta(seconds=1)  # the next one waits still
     assert len(batch_poll.claim(w.rt)) == 1
-    assert not batch_poll.stalled(w.rt)  # claimed: due again one lease ahead
+    assert batch_poll.stalled(w.rt) is None  # both claimed: due again one lease ahead
     w.clock.now += batch_poll.claim_lease(w.rt) + timedelta(seconds=2 * every)
-    assert batch_poll.stalled(w.rt)  # a dead poller's claim ran out: due and unclaimed again
+    assert batch_poll.stalled(w.rt) is not None  # a dead poller's claims ran out: due again
     with w.db.begin() as s:  # a kind no process here can read is never this process's nudge
-        s.execute(update(Job).where(Job.id == job_id).values(provider_kind="nobody-knows-it"))
-    assert not batch_poll.stalled(w.rt)
+        s.execute(update(Job).values(provider_kind="nobody-knows-it"))
+    assert batch_poll.stalled(w.rt) is None

@@ -82,9 +82,11 @@ def zdb(zoned: dict[str, Any]) -> sessionmaker[Session]:
     return make_sessionmaker(engine)
 
 
-@pytest.fixture
-def zworld(zdb: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> World:
-    return World(zdb, simulator, tmp_path)
+@pytest.fixture(params=["batch", "chain"])
+def zworld(zdb: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+           request: pytest.FixtureRequest) -> World:
+    """Both poll modes' writers (batch, the default: the batch poller's claims and writes)."""
+    return World(zdb, simulator, tmp_path, poll_mode=request.param)
 
 
 def test_the_shape_is_what_the_test_says(zoned: dict[str, Any]) -> None:

@@ -148,7 +148,9 @@ def test_wheel_installed_outside_the_checkout_migrates_configures_and_runs_a_job
         assert conf["broker"] == broker
         assert conf["queue"] == "reconcile"
         assert conf["routes"]["reconcile.sweep"] == {"queue": "reconcile.sweep"}
-        assert conf["beat"] == {"reconcile-sweep": "reconcile.sweep"}
+        # the default poll mode (batch) adds beat's poll_due tick
+        assert conf["beat"] == {"reconcile-sweep": "reconcile.sweep",
+                                "reconcile-poll-due": "reconcile.poll_due"}
         assert conf["beat_queue"] == "reconcile.sweep"
         assert (conf["acks_late"], conf["prefetch"], conf["visibility"]) == (True, 1, 60)
 

@@ -49,18 +49,18 @@ def _probe(mode: str | None) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("mode", [None, "batch"])  # None: the default is batch
 def test_xb_batch_mode_installs_the_poll_due_entry_and_reenqueues_through_the_installed_app(
-) -> None:
-    out = _probe("batch")
+        mode: str | None) -> None:
+    out = _probe(mode)
     assert out["entry"] == "reconcile.poll_due"
     assert out["sent"] == {"platform": 1, "other": 0}
     assert out["ran"] == "[reconcile]"
     assert float(out["loop"]) <= 1.0  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("mode", [None, "chain"])
-def test_xb_chain_mode_has_no_poll_due_entry_and_the_task_is_a_no_op(mode: str | None) -> None:
-    out = _probe(mode)
+def test_xb_chain_mode_has_no_poll_due_entry_and_the_task_is_a_no_op() -> None:
+    out = _probe("chain")
     assert out["entry"] is None
     assert out["sent"] == {"platform": 0, "other": 0} and out["ran"] == "off"
 

@@ -154,3 +154,18 @@ def test_an_entrys_expires_becomes_django_celery_beats_whole_expire_seconds() ->
     # nothing to keep: no expiry, or not a relative one
     assert [expire_seconds(o) for o in ({}, {"expires": None}, {"expires": True},
                                         {"expires": 0}, {"expires": "soon"})] == [None] * 5
+
+
+def test_eager_polls_the_chain_in_the_request_whatever_the_default_mode() -> None:
+    """``RECONCILE["eager"]`` steps the poll chain inline: batch mode (the default) has no poll
+    message to run, so an eager configuration polls as ``chain``; one that asks for batch is
+    refused with its fix."""
+    with override_settings(RECONCILE={"eager": True}):
+        assert contrib.settings().poll_mode == "chain"
+    with override_settings(RECONCILE={"eager": True, "poll_mode": "chain"}):
+        assert contrib.settings().poll_mode == "chain"
+    with override_settings(RECONCILE={}):
+        assert contrib.settings().poll_mode == Settings().poll_mode == "batch"
+    with override_settings(RECONCILE={"eager": True, "poll_mode": "batch"}), \
+            pytest.raises(ImproperlyConfigured, match="eager.*poll_mode"):
+        contrib.settings()

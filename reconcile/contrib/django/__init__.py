@@ -138,6 +138,14 @@ def _library_values() -> dict[str, Any]:
         raise ImproperlyConfigured(
             f"RECONCILE: unknown setting(s) {', '.join(unknown)} (the keys are the fields of "
             f"reconcile.settings.Settings, or {', '.join(_OWN_KEYS)})")
+    if eager():
+        # the eager run steps the poll chain inline, in the request: batch mode (the default)
+        # has no poll message to run, and its claims come from the workers' poll_due ticks
+        if values.get("poll_mode", "chain") != "chain":
+            raise ImproperlyConfigured("RECONCILE['eager'] runs the poll chain in the request: "
+                                       "leave poll_mode out (eager polls as 'chain') or set it "
+                                       "to 'chain'")
+        values["poll_mode"] = "chain"
     if "broker_url" not in values and not os.environ.get("RECONCILE_BROKER_URL"):
         # the workers' broker: a process that sends through the library's own Celery app (a
         # web process that never imports the project's) must not fall back to filesystem://
@@ -193,7 +201,8 @@ def export_environment() -> Settings:
 
 
 def eager() -> bool:
-    """``RECONCILE["eager"]``: run a job's create and polls inline, in the request, against the
+    """``RECONCILE["eager"]``: run a job's create and polls inline, in the request (in chain
+    mode, whatever ``RECONCILE_POLL_MODE`` says), against the
     simulator (tests only; read at each enqueue, so ``override_settings`` applies)."""
     value = _config().get("eager", False)
     if not isinstance(value, bool):
