@@ -391,7 +391,9 @@ def recovery(r9: dict[str, Any] | None, p: dict[str, Any] | None, default: str,
     cells, ok = [], None
     if r9 is not None:
         p99 = _get(r9, "recovery_s", "p99")
-        cells.append(f"**{default} (default), kill → first poll of the resumed generation: "
+        mode = r9.get("mode", "chain")  # figure 9 kills a worker at the chain's mid_poll
+        label = f"{mode} (default)" if mode == default else f"{mode} (not the default, {default})"
+        cells.append(f"**{label}, kill → first poll of the resumed generation: "
                      f"{p99} s** ({_get(r9, 'recovery_s', 'n')} of {r9.get('affected')} chains, "
                      f"{r9.get('unresolved')} unresolved)")
         ok = None if p99 is None else (p99 <= 10 and not r9.get("unresolved"))

@@ -272,8 +272,12 @@ class Proc:
 
 def worker_env(db_url: str, sim_env: Mapping[str, str], media: Path, *, time_scale: float = 1.0,
                **extra: str) -> dict[str, str]:
+    """A bench worker's environment. Chain mode unless ``extra`` says otherwise: the figures
+    built on the chain's mechanics (a ``mid_poll`` crash, countdown polls held by a worker, the
+    chain's capacity curve) name it; the batch runs pass ``RECONCILE_POLL_MODE=batch``."""
     return {
         **sim_env,
+        "RECONCILE_POLL_MODE": "chain",
         "RECONCILE_DATABASE_URL": db_url,
         "RECONCILE_BROKER_URL": BROKER_URL,
         "RECONCILE_STORAGE_URL": f"file://{media}",

@@ -119,7 +119,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             if restarted is not None:
                 restarted.stop()
             engine.dispose()
-    out.update({"affected": len(latencies) + unresolved, "unresolved": unresolved,
+    out.update({"mode": "chain",  # the victim dies at the chain's mid_poll (worker_env)
+                "affected": len(latencies) + unresolved, "unresolved": unresolved,
                 "restarted_ready_after_kill_s": round(ready, 2),
                 "reaps_logged": reaped, "reaper_log": reaper_log[-12:],
                 "kill_at": kill, "recovery_s": summary(latencies, 2),
