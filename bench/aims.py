@@ -396,7 +396,8 @@ def recovery(r9: dict[str, Any] | None, p: dict[str, Any] | None, default: str,
         cells.append(f"**{label}, kill → first poll of the resumed generation: "
                      f"{p99} s** ({_get(r9, 'recovery_s', 'n')} of {r9.get('affected')} chains, "
                      f"{r9.get('unresolved')} unresolved)")
-        ok = None if p99 is None else (p99 <= 10 and not r9.get("unresolved"))
+        # decides only for the default mode: a figure of the other mode leaves it open
+        ok = None if p99 is None or mode != default else (p99 <= 10 and not r9.get("unresolved"))
     else:
         cells.append("figure 9 (kill → resume): not run")
     rec = (p or {}).get("recovery") or {}
