@@ -32,16 +32,17 @@ def test_same_seed_same_schedule() -> None:
 
 
 def test_chaos_run_keeps_every_invariant() -> None:
-    """~300 jobs in chain mode (a message per poll), two workers SIGKILLed, Redis restarted,
-    backends terminated, overlapping sweeps: 0 duplicate creates, 0 double settlements, nothing
-    stuck but listed uncertain jobs, a clean audit, every asset's object present, one asset per
-    output."""
-    report = run(ChaosConfig(jobs=JOBS, seed=SEED, pg_admin=PG_ADMIN_URL, rate=20.0, quiet=True,
+    """~150 jobs in chain mode (a message per poll; the default, batch, runs below), two
+    workers SIGKILLed, Redis restarted, backends terminated, overlapping sweeps: 0 duplicate
+    creates, 0 double settlements, nothing stuck but listed uncertain jobs, a clean audit,
+    every asset's object present, one asset per output."""
+    jobs = max(60, JOBS // 2)
+    report = run(ChaosConfig(jobs=jobs, seed=SEED, pg_admin=PG_ADMIN_URL, rate=20.0, quiet=True,
                              poll_mode="chain"))
     print("\n" + report.text())
     assert report.ok(), report.text()
     assert report.kills >= 2 and report.redis_restarts >= 1 and report.pg_terminations >= 2
-    assert report.completed > JOBS // 2  # the run did real work, not only failures
+    assert report.completed > jobs // 2  # the run did real work, not only failures
 
 
 def test_chaos_run_in_batch_mode_keeps_every_invariant() -> None:
