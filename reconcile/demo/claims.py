@@ -41,23 +41,18 @@ def workers_of(rt: Any, group: int) -> set[str]:
 def held_claims(rt: Any, ids: Iterable[uuid.UUID], workers: set[str]
                 ) -> dict[uuid.UUID, tuple[str, datetime]]:
     """The rows of ``ids`` whose batch claim ``workers`` hold now, each with its claimer and its
-    lease's end:
-    in flight, claimed by one of them, due again exactly when the claim's lease ends (a read
-    written back moves ``poll_due_at`` off the lease), and that lease still running —
-    ``jobstore.end_claims_of``'s own test of a live batch claim."""
+    lease's end: ``jobstore.live_batch_claims``, the claims a reaper ends
+    (``jobstore.end_claims_of``)."""
     from sqlalchemy import select
 
     from ..db.models import Job
-    from ..states import IN_FLIGHT
+    from ..jobstore import live_batch_claims
 
     if not workers:
         return {}
-    now = rt.now()
     with rt.sessions() as session:
         jobs = session.execute(select(Job).where(
-            Job.id.in_(list(ids)), Job.status.in_(IN_FLIGHT), Job.claimed_by.in_(list(workers)),
-            Job.provider_task_id.is_not(None), Job.poll_due_at.is_not(None),
-            Job.poll_due_at == Job.poll_lease_expires_at, Job.poll_due_at > now)).scalars()
+            Job.id.in_(list(ids)), *live_batch_claims(sorted(workers), rt.now()))).scalars()
         return {job.id: (job.claimed_by, job.poll_due_at) for job in jobs}
 
 

@@ -95,6 +95,7 @@ from .terminal import (
 from .turns import LeaseSteps, take_poll_turn
 from .workers import (
     end_claims_of,
+    live_batch_claims,
     register_worker,
     remove_worker,
     renew_worker,
@@ -113,5 +114,5 @@ __all__ = [
     "settled", "settlement_due", "settlement_pending", "start_new_chain", "stored_status", "take_poll_turn",
     "uncertain_expired", "unknown_outcome_in_flight",
     "is_outcome_unknown", "must_settle", "outcome_known",
-    "write_completion", "end_claims_of", "register_worker", "remove_worker", "renew_worker", "take_lapsed_workers",
+    "write_completion", "end_claims_of", "live_batch_claims", "register_worker", "remove_worker", "renew_worker", "take_lapsed_workers",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
@@ -88,9 +89,15 @@ def end_claims_of(session: Session, workers: Sequence[str], now: datetime) -> li
         update(Job).where(*mine, Job.provider_task_id.is_not(None), Job.poll_due_at.is_(None),
                           Job.poll_lease_expires_at > now)
         .values(poll_lease_expires_at=ended).returning(Job.id)).scalars().all()
-    session.execute(
-        update(Job).where(*mine, Job.provider_task_id.is_not(None),
-                          Job.poll_due_at.is_not(None), Job.poll_due_at > now,
-                          Job.poll_due_at == Job.poll_lease_expires_at)
-        .values(poll_due_at=ended, poll_lease_expires_at=ended))
+    session.execute(update(Job).where(*live_batch_claims(workers, now))
+                    .values(poll_due_at=ended, poll_lease_expires_at=ended))
     return [*creates, *chains]
+
+
+def live_batch_claims(workers: Sequence[str], now: datetime) -> tuple[Any, ...]:
+    """A batch claim one of ``workers`` holds at ``now``: in flight with a task id, claimed by
+    it, due again exactly when the claim's lease ends (a read written back moves
+    ``poll_due_at`` off the lease), and that lease still running."""
+    return (Job.claimed_by.in_(list(workers)), Job.status.in_(IN_FLIGHT),
+            Job.provider_task_id.is_not(None), Job.poll_due_at.is_not(None),
+            Job.poll_due_at > now, Job.poll_due_at == Job.poll_lease_expires_at)

@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from ...celery_install import QUEUES
+from ...settings import Settings
 from ..processes import CeleryWorker, ScratchRedis
 from .plan import Fault, Plan
 
 log = logging.getLogger("reconcile.chaos")
 
 PG_ADMIN_DEFAULT = "postgresql://postgres@127.0.0.1:5432/postgres"
+# the library's default poll mode (its one home: Settings.poll_mode), not the environment's
+DEFAULT_POLL_MODE: str = Settings.model_fields["poll_mode"].default
 
 
 @dataclass
@@ -49,17 +52,18 @@ class ChaosConfig:
     # the settlement policy, "FAILURE,CANCEL" refund shares ("1/2,1/3"; chaos.policy), set in
     # every process's settings and environment (None: drawn from the seed)
     policy: str | None = None
-    # RECONCILE_POLL_MODE in every process: "batch" (the default) has no poll messages; the
-    # run's own beat thread sends reconcile.poll_due to the workers every POLL_BATCH_INTERVAL
-    # (scaled), as celery beat does with the library's schedule; "chain": a message per poll
-    poll_mode: str = "batch"
+    # RECONCILE_POLL_MODE in every process, the library's default unless given: "batch" has no
+    # poll messages; the run's own beat thread sends reconcile.poll_due to the workers every
+    # POLL_BATCH_INTERVAL (scaled), as celery beat does with the library's schedule; "chain": a
+    # message per poll
+    poll_mode: str = DEFAULT_POLL_MODE
 
     def shape_options(self) -> list[str]:
         """The command-line options that shape the run beyond its seed and size (the report's
         replay line repeats them)."""
         options = ["--db-timezone", self.db_timezone] if self.db_timezone else []
         options += ["--policy", self.policy] if self.policy else []
-        options += ["--poll-mode", self.poll_mode] if self.poll_mode != "batch" else []
+        options += ["--poll-mode", self.poll_mode] if self.poll_mode != DEFAULT_POLL_MODE else []
         return options + (["--naive-timestamps"] if self.naive_timestamps else [])
 
 

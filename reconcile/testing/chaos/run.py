@@ -25,6 +25,7 @@ from typing import Any
 from ..processes import ScratchRedis, WebhookReceiver, celery_sender, enqueuers
 from .checks import _check, _evidenced_uncertain
 from .control import (
+    DEFAULT_POLL_MODE,
     PG_ADMIN_DEFAULT,
     ChaosConfig,
     _counting,
@@ -375,9 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive-timestamps", action="store_true",
                         help="the platform's jobs/usage_logs with timestamp without time zone "
                              "columns (holding UTC)")
-    parser.add_argument("--poll-mode", default="batch", choices=("chain", "batch"),
-                        help="RECONCILE_POLL_MODE in every process (batch, the default: the "
-                             "run sends the poll_due ticks beat would)")
+    parser.add_argument("--poll-mode", default=DEFAULT_POLL_MODE, choices=("chain", "batch"),
+                        help="RECONCILE_POLL_MODE in every process (default: the library's; "
+                             "batch: the run sends the poll_due ticks beat would)")
     parser.add_argument("--policy", default=None, metavar="FAILURE,CANCEL",
                         help="the settlement policy's refund shares, e.g. 1/2,1/3 (default: "
                              "drawn from the seed)")
