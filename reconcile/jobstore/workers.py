@@ -65,7 +65,8 @@ def take_lapsed_workers(session: Session, now: datetime, limit: int = 20) -> lis
     return ids
 
 
-def end_claims_of(session: Session, workers: Sequence[str], now: datetime) -> list[uuid.UUID]:
+def end_claims_of(session: Session, workers: Sequence[str], now: datetime
+                  ) -> tuple[list[uuid.UUID], int]:
     """End now every live claim the dead ``workers`` hold, as if its lease ran out:
 
     * a create claim (``submitting``, no task id, its claim alive): ``claim_expires_at``;
@@ -73,11 +74,12 @@ def end_claims_of(session: Session, workers: Sequence[str], now: datetime) -> li
       ``poll_lease_expires_at``;
     * a batch claim (``poll_due_at`` still equal to the claim's lease, in the future): both.
 
-    Returns the ids of the first two kinds: rows the sweep's decision table must now decide
-    (``reconcile_job``: uncertain, or a resumed chain). A batch row needs nobody: it is due.
+    Returns the ids of the first two kinds, rows the sweep's decision table must now decide
+    (``reconcile_job``: uncertain, or a resumed chain), and how many batch claims were released
+    (a batch row needs nobody: it is due).
     """
     if not workers:
-        return []
+        return [], 0
     ended = now - _ENDED
     mine = (Job.claimed_by.in_(list(workers)), Job.status.in_(IN_FLIGHT))
     creates = session.execute(
@@ -89,9 +91,9 @@ def end_claims_of(session: Session, workers: Sequence[str], now: datetime) -> li
         update(Job).where(*mine, Job.provider_task_id.is_not(None), Job.poll_due_at.is_(None),
                           Job.poll_lease_expires_at > now)
         .values(poll_lease_expires_at=ended).returning(Job.id)).scalars().all()
-    session.execute(update(Job).where(*live_batch_claims(workers, now))
-                    .values(poll_due_at=ended, poll_lease_expires_at=ended))
-    return [*creates, *chains]
+    released = rowcount(session.execute(update(Job).where(*live_batch_claims(workers, now))
+                                        .values(poll_due_at=ended, poll_lease_expires_at=ended)))
+    return [*creates, *chains], released
 
 
 def live_batch_claims(workers: Sequence[str], now: datetime) -> tuple[Any, ...]:

@@ -40,10 +40,12 @@ class ReapReport:
 
     workers: list[str] = field(default_factory=list)
     decided: Counter[str] = field(default_factory=Counter)
+    released: int = 0  # batch claims made due at once (nothing to decide)
 
     def line(self) -> str:
         outcomes = " ".join(f"{k}={v}" for k, v in sorted(self.decided.items()))
-        return f"reap workers={len(self.workers)} rows={sum(self.decided.values())} {outcomes}"
+        return (f"reap workers={len(self.workers)} rows={sum(self.decided.values())} "
+                f"batch_released={self.released} {outcomes}").rstrip()
 
 
 def reap(rt: Runtime) -> ReapReport:
@@ -53,11 +55,13 @@ def reap(rt: Runtime) -> ReapReport:
         now = rt.now()
         with rt.sessions.begin() as session:
             dead = jobstore.take_lapsed_workers(session, now, REAP_BATCH)
-            rows: list[uuid.UUID] = jobstore.end_claims_of(session, dead, now) if dead else []
+            rows, released = jobstore.end_claims_of(session, dead, now) if dead else ([], 0)
         if not dead:
             break
         report.workers.extend(dead)
-        log.warning("worker_lapsed workers=%s claims_ended=%d", ",".join(dead), len(rows))
+        report.released += released
+        log.warning("worker_lapsed workers=%s claims_ended=%d batch_released=%d",
+                    ",".join(dead), len(rows), released)
         for start in range(0, len(rows), BATCH_SIZE):
             _decide(rt, rows[start:start + BATCH_SIZE], report)
         if len(dead) < REAP_BATCH:

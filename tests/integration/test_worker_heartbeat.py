@@ -142,6 +142,8 @@ def test_a_lapsed_workers_batch_claim_is_due_again_and_fenced(
     _workers(db, rt, **{"w-dead": True})
     report = reap(rt)
     assert report.workers == ["w-dead"] and sum(report.decided.values()) == 0
+    # the operator's log line counts the released claim (it read "rows=0" before)
+    assert report.released == 1 and "batch_released=1" in report.line()
     assert _job(db, job_id).poll_due_at < rt.now()
     [claim] = batch_poll.claim(rt)
     assert claim.seq == dead_claim.seq + 1
