@@ -2,8 +2,8 @@
 
 Polling at scale (issue 16): poll-due times on the rows, read in batches.
 
-``RECONCILE_POLL_MODE=batch`` (the default stays ``chain``: one ``reconcile.poll`` message per
-read). In batch mode an accepted job carries ``jobs.poll_due_at`` instead of a message, and
+``RECONCILE_POLL_MODE=batch`` (the default; ``chain`` is the option of one ``reconcile.poll``
+message per read). In batch mode an accepted job carries ``jobs.poll_due_at`` instead of a message, and
 ``reconcile.poll_due`` (beat, every ``POLL_BATCH_INTERVAL`` s; it also re-enqueues itself while
 rows stay due past its time budget) runs :func:`poll_due`:
 
@@ -23,7 +23,11 @@ rows stay due past its time budget) runs :func:`poll_due`:
    found, past the threshold) goes per job through ``lifecycle.observe`` exactly as the chain
    does — after :func:`reconcile.jobstore.hold_claim` confirmed (and extended) the claim and
    stored the read's provider status, so a result read under a claim that was taken over is
-   refused. Finalize stays one transaction,
+   refused. That hold is per job, right before its outcome, never one for the whole round: a
+   claim taken over while the round's earlier jobs finalize must be refused at its own turn
+   (``test_batch_poll_races``: a round-wide hold let a stale "not found" fail and refund a job
+   whose task had succeeded), because the failure writes are not fenced on the claim.
+   Finalize stays one transaction,
    attempts / threshold / exhaustion are the chain's own code (``lifecycle._unfinished``).
    Those per-job outcomes of one round run concurrently, ``POLL_BATCH_FINALIZE_THREADS`` at a
    time (a bounded thread pool: the media downloads and uploads of a round's completions

@@ -291,3 +291,60 @@ def test_a_lost_turn_still_says_fenced_or_lost(world: World) -> None:
         s.execute(update(Job).where(Job.id == job_id).values(provider_kind="gone-kind"))
     assert lifecycle.poll_step(world.rt, job_id, generation, seq + 1) == "lost"
     assert _job(world, job_id).poll_seq == seq + 1  # the unknown kind's turn was not taken
+
+
+BATCH_JOBS = 8
+
+
+def test_batch_mode_round_trips(db: sessionmaker[Session], pg_engine: Engine,
+                                tmp_path: Path) -> None:
+    """Batch mode (the default), ``BATCH_JOBS`` kie-standard jobs polled together: a round of
+    running reads costs 3 statements in 2 transactions for the whole batch (the claim's SELECT
+    and UPDATE, then one set-based reschedule); the round that completes them all costs the
+    claim plus 2 statements and 2 transactions per job (its claim held, then the completion's
+    one statement). Submit and create are the chain's (2 + 2 statements, 1 + 2 transactions)."""
+    from reconcile.jobstore import make_due_at
+    from reconcile.lifecycle import batch as batch_poll
+
+    clock = [0.0]
+    with Simulator(clock=lambda: clock[0]) as sim, Counting(pg_engine, sample_width=200) as c:
+        rt = Runtime(settings=sim.settings(webhook_base_url="https://platform.example/hooks",
+                                           poll_mode="batch"),
+                     sessions=db, storage=LocalStorage(tmp_path / "media"))
+        with pg_engine.connect() as conn:
+            usage_log_ids_assigned(conn)
+        creates: list[uuid.UUID] = []
+        rt.enqueue_create = lambda job_id, countdown=0.0: creates.append(job_id)
+        ids = []
+        for _ in range(BATCH_JOBS):
+            user, job_id = uuid.uuid4(), uuid.uuid4()
+            fund(db, user)
+            sim.script(str(job_id), Script(timeline=((0.0, "queued"), (1.0, "running"),
+                                                     (10.0, "succeeded")), outputs=1))
+            with c.step_named("submit"):
+                lifecycle.submit_job(rt, user, "kie-standard", "m", {"prompt": "a cat"},
+                                     CREDITS, job_type="image", job_id=job_id)
+            with c.step_named("create"):
+                assert lifecycle.create_step(rt, creates.pop()).action == "accepted"
+            ids.append(job_id)
+        assert c.of("submit")["statements"] == 2 * BATCH_JOBS
+        assert c.of("create")["statements"] == 2 * BATCH_JOBS
+        for n, at in enumerate([2.0, 4.0, 6.0, 11.0]):
+            clock[0] = at
+            with db.begin() as s:  # every row due now
+                for job_id in ids:
+                    make_due_at(s, job_id, rt.now() - timedelta(seconds=1))
+            with c.step_named(f"round{n}"):
+                report = batch_poll.poll_due(rt, budget=60)
+            got = (c.of(f"round{n}")["statements"], c.of(f"round{n}")["transactions"])
+            if at < 10.0:
+                assert report.outcomes == {"in_flight": BATCH_JOBS}, report.line()
+                assert got == (3, 2), (n, got, c.texts(f"round{n}"))
+                assert "FROM unnest(" in c.texts(f"round{n}")[2]
+            else:
+                assert report.outcomes == {"completed": BATCH_JOBS}, report.line()
+                assert got == (2 + 2 * BATCH_JOBS, 1 + 2 * BATCH_JOBS), (got, c.texts("round3"))
+                completions = [t for t in c.texts("round3") if t.startswith("WITH j AS")]
+                assert len(completions) == BATCH_JOBS
+    with db() as s:
+        assert set(s.scalars(select(Job.status).where(Job.id.in_(ids)))) == {"completed"}
