@@ -245,7 +245,7 @@ def drain(r2: dict[str, Any] | None) -> Aim:
     noop = _get(r2, "machine_limit_noop", "tasks_per_s")
     share = rate / noop if noop else None
     done = r2.get("finished") and r2.get("completed", jobs) >= jobs
-    measured = (f"**{rate} jobs/s** ({r2.get('completed', jobs):,} of {jobs:,} in "
+    measured = (f"{r2.get('mode', 'chain')}: **{rate} jobs/s** ({r2.get('completed', jobs):,} of {jobs:,} in "
                 f"{r2['seconds']} s" + ("" if done else ", the budget") + ")"
                 + (f" = **{share:.0%}** of the no-op rate ({noop} tasks/s)" if share is not None
                    else "; no-op rate not measured"))

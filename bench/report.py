@@ -161,7 +161,8 @@ def _summary_rows(figs: dict[str, Any], mode: str) -> list[str]:
         extra = (f"; 10,000 extrapolated: {r['extrapolated_10000_seconds']} s"
                  if "extrapolated_10000_seconds" in r else "")
         rows.append(
-            f"| 2 | backlog drain, {r['jobs']:,} stale jobs, 1 worker -c 2 | **{r['jobs_per_s']} "
+            f"| 2 | backlog drain, {r['jobs']:,} stale jobs, 1 worker -c 2, "
+            f"{r.get('mode', 'chain')} mode | **{r['jobs_per_s']} "
             f"jobs/s** ({r['seconds']} s){extra}; seed cron 0.167 jobs/s → "
             f"**×{r['ratio_to_seed_cron']:.0f}**; machine limit (no-op tasks, same worker) "
             f"{_get(r, 'machine_limit_noop', 'tasks_per_s')} tasks/s | {aim.target} | "
@@ -395,7 +396,9 @@ def _fig1(r: dict[str, Any]) -> str:
 
 def _fig2(r: dict[str, Any]) -> str:
     s = [f"{r['jobs']:,} stale `kie-standard` jobs (dead chains, past the threshold, the upstream "
-         f"already succeeded) reconciled by {r['worker']} from one `reconcile.sweep` task: "
+         f"already succeeded) reconciled by {r['worker']} in {r.get('mode', 'chain')} mode"
+         + (" (with `celery beat` for the `poll_due` tick)" if r.get("mode") == "batch" else "")
+         + " from one `reconcile.sweep` task: "
          f"{r['completed']:,} of {r['jobs']:,} completed in {r['seconds']} s"
          + ("" if r.get("finished") else f" (the figure's budget: {r.get('budget_s')} s; "
             "`make bench-full` waits for all of them)")
