@@ -687,9 +687,9 @@ def _fig5_batch(b: dict[str, Any]) -> str:
              f"the polls** in {b['transactions_per_job_outside_polls']} transactions, "
              f"{b['statements_per_job_per_poll']} per poll in "
              f"{b['transactions_per_job_per_poll']}. A running round is the claim (`SELECT … FOR "
-             f"UPDATE SKIP LOCKED`, `UPDATE`) and one set-based reschedule for the whole batch; a "
-             f"completion is its claim held (one `UPDATE`, per job, right before its outcome) and "
-             f"the completion's one statement.\n"]
+             f"UPDATE SKIP LOCKED`, `UPDATE`) and one set-based reschedule for the whole batch; the "
+             f"round that completes them holds all their claims in one `UPDATE … FROM "
+             f"unnest(…)`, then each completion is one statement.\n"]
     texts = "\n".join(f"[{k}]\n" + "\n".join(f"  {t}" for t in v)
                       for k, v in b.get("statement_texts", {}).items())
     return "\n".join(lines) + ("\n" + _fence(texts) if texts else "")

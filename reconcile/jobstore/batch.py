@@ -84,9 +84,15 @@ def _aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)  # SQLite: naive
 
 
+def under_claim(generation: Any, seq: Any) -> tuple[Any, ...]:
+    """A write made under a poller's claim or turn ``(generation, seq)``: it applies only while
+    the row still carries that claim (a claim taken over — a new generation, another poller's
+    claim or turn — moved one of them). Added to a CAS's own conditions."""
+    return (Job.poll_generation == generation, Job.poll_seq == seq)
+
+
 def _claimed(job_id: uuid.UUID, generation: int, seq: int) -> tuple[Any, ...]:
-    return (Job.id == job_id, Job.status.in_(IN_FLIGHT), Job.poll_generation == generation,
-            Job.poll_seq == seq)
+    return (Job.id == job_id, Job.status.in_(IN_FLIGHT), *under_claim(generation, seq))
 
 
 def hold_claim(session: Session, job_id: uuid.UUID, generation: int, seq: int,
@@ -124,6 +130,51 @@ def hold_claims(session: Session, rows: list[tuple[uuid.UUID, int, int]], until:
     held = session.execute(_HOLD_ALL, {"ids": [r[0] for r in rows], "gens": [r[1] for r in rows],
                                        "seqs": [r[2] for r in rows], "until": until})
     return {row[0] for row in held}
+
+
+def _hold_reads_statement() -> Any:
+    """``UPDATE jobs … FROM unnest(ids, gens, seqs, statuses) … RETURNING jobs`` as an ORM
+    statement (the rows come back as :class:`Job`); its text is fixed whatever the number of
+    rows (four array parameters), so it is built once."""
+    from sqlalchemy import Integer, Text, bindparam, cast, func
+    from sqlalchemy.dialects.postgresql import ARRAY, UUID
+
+    v = func.unnest(cast(bindparam("ids"), ARRAY(UUID(as_uuid=True))),
+                    cast(bindparam("gens"), ARRAY(Integer)),
+                    cast(bindparam("seqs"), ARRAY(Integer)),
+                    cast(bindparam("statuses"), ARRAY(Text))
+                    ).table_valued("id", "gen", "seq", "status").render_derived(name="v")
+    return (update(Job).where(Job.id == v.c.id, Job.status.in_(IN_FLIGHT),
+                              *under_claim(v.c.gen, v.c.seq))
+            .values(poll_due_at=bindparam("until"), poll_lease_expires_at=bindparam("until"),
+                    provider_status=func.coalesce(v.c.status, Job.provider_status))
+            .returning(Job))
+
+
+_HOLD_READS: list[Any] = []  # the statement, built at first use
+
+
+def hold_claims_with_status(session: Session, rows: Sequence[tuple[uuid.UUID, int, int, object]],
+                            until: datetime) -> dict[uuid.UUID, Job]:
+    """:func:`hold_claim` for many rows in one statement, ``(id, generation, seq, status)``
+    each: every claim that still holds is extended to ``until`` with the status its read saw
+    stored (:func:`~.predicates.stored_status`; None keeps the row's), and its current row is
+    returned by id; a claim taken over (or a job finished) is absent. Each row is its own
+    compare-and-set: one row fenced never keeps another from being held. One statement on
+    PostgreSQL; one CAS each on SQLite."""
+    if not rows:
+        return {}
+    if session.get_bind().dialect.name != "postgresql":
+        held = ((job_id, hold_claim(session, job_id, generation, seq, until, status=status))
+                for job_id, generation, seq, status in rows)
+        return {job_id: job for job_id, job in held if job is not None}
+    if not _HOLD_READS:
+        _HOLD_READS.append(_hold_reads_statement())
+    found = session.execute(_HOLD_READS[0], {
+        "ids": [r[0] for r in rows], "gens": [r[1] for r in rows], "seqs": [r[2] for r in rows],
+        "statuses": [stored_status(r[3]) for r in rows], "until": until},
+        execution_options={"synchronize_session": False, "populate_existing": True})
+    return {job.id: job for job in found.scalars().all()}
 
 
 _RESCHEDULE = text("""

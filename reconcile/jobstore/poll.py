@@ -42,14 +42,16 @@ def start_new_chain(session: Session, job_id: uuid.UUID, now: datetime,
 
 
 def _attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
-             **values: Any) -> Job | None:
-    """The attempt CAS: at most one attempt per ``spacing`` per in-flight job."""
+             *where: Any, **values: Any) -> Job | None:
+    """The attempt CAS: at most one attempt per ``spacing`` per in-flight job (``where``: the
+    caller's further conditions)."""
     return _cas(
         session,
         Job.id == job_id,
         Job.status.in_(IN_FLIGHT),
         or_(Job.reconcile_last_attempt_at.is_(None),
             Job.reconcile_last_attempt_at <= now - spacing),
+        *where,
         reconcile_attempts=Job.reconcile_attempts + 1,
         reconcile_last_attempt_at=now,
         **values,
@@ -57,13 +59,14 @@ def _attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timede
 
 
 def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
-                  last_error: str | None, *, verdict: bool = True,
-                  code: str | None = None) -> Job | None:
+                  last_error: str | None, *, verdict: bool = True, code: str | None = None,
+                  where: tuple[Any, ...] = ()) -> Job | None:
     """One attempt, at most once per ``spacing`` per job, whoever observes it, recording what
     it observed and its ``code`` (``verdict=False``: an error that is no verdict keeps an
-    upstream one)."""
+    upstream one). ``where``: further conditions (a poller's claim, :func:`under_claim`)."""
     last_error = redact.text(last_error) if last_error else last_error
-    return _attempt(session, job_id, now, spacing, **_last_error(last_error, code, verdict))
+    return _attempt(session, job_id, now, spacing, *where,
+                    **_last_error(last_error, code, verdict))
 
 
 def claim_attempt(session: Session, job_id: uuid.UUID, now: datetime,

@@ -21,13 +21,13 @@ rows stay due past its time budget) runs :func:`poll_due`:
    after the due time claimed, see :func:`next_due` —, progress, the provider's status), each
    row guarded by its claim; every other outcome (succeeded, failed, an error, unknown / not
    found, past the threshold) goes per job through ``lifecycle.observe`` exactly as the chain
-   does — after :func:`reconcile.jobstore.hold_claim` confirmed (and extended) the claim and
-   stored the read's provider status, so a result read under a claim that was taken over is
-   refused. That hold is per job, right before its outcome, never one for the whole round: a
-   claim taken over while the round's earlier jobs finalize must be refused at its own turn
-   (``test_batch_poll_races``: a round-wide hold let a stale "not found" fail and refund a job
-   whose task had succeeded), because the failure writes are not fenced on the claim.
-   Finalize stays one transaction,
+   does, under its claim: one statement for the whole round
+   (:func:`reconcile.jobstore.hold_claims_with_status`) first confirms and extends each of
+   their claims and stores each read's provider status (a claim taken over is refused there),
+   and each job's attempt count and failure at exhaustion then apply only while the row still
+   carries its claim (``observe(claim=…)``): a claim taken over while the round's earlier jobs
+   finalize spends no attempt and fails nothing on a read that was no verdict. Finalize stays
+   one transaction per job,
    attempts / threshold / exhaustion are the chain's own code (``lifecycle._unfinished``).
    Those per-job outcomes of one round run concurrently, ``POLL_BATCH_FINALIZE_THREADS`` at a
    time (a bounded thread pool: the media downloads and uploads of a round's completions
@@ -226,53 +226,87 @@ def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchRe
         report.running += won
         report.fenced += len(running) - won
         report.outcomes["in_flight"] = report.outcomes.get("in_flight", 0) + won
+    if not others:
+        return
+    holds = _hold_all(rt, others)
+    items = [(c, result, _HOLD_EACH if holds is None else holds.get(c.job.id))
+             for c, result in others]
     threads = min(rt.settings.poll_batch_finalize_threads, len(others))
     if threads <= 1:
-        for c, result in others:
-            report.add(_isolated(rt, c, result, report))
+        for c, result, held in items:
+            report.add(_isolated(rt, c, result, report, held))
         return
     # concurrently: each job in its own thread with its own report, merged here
     pool = _finalize_pool(rt.settings.poll_batch_finalize_threads)
-    for outcome, part in pool.map(lambda item: _alone(rt, *item), others):
+    for outcome, part in pool.map(lambda item: _alone(rt, *item), items):
         report.add(outcome)
         report.observed += part.observed
         report.fenced += part.fenced
 
 
-def _alone(rt: Runtime, c: Claim, result: Any) -> tuple[str, BatchReport]:
-    part = BatchReport()
-    return _isolated(rt, c, result, part), part
+# a claim the round did not hold: the job holds its own (one CAS) before it is observed
+_HOLD_EACH: Any = object()
 
 
-def _isolated(rt: Runtime, c: Claim, result: Any, report: BatchReport) -> str:
+def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]]) -> dict[uuid.UUID, Job] | None:
+    """Before the round's per-job outcomes: ONE statement confirms and extends each of their
+    claims and stores the status each read saw (:func:`reconcile.jobstore.hold_claims_with_status`,
+    every row its own compare-and-set). Returns the rows held by id (a claim taken over is
+    absent: fenced). None when that statement failed: each job then holds its own claim, so a
+    database error on one row stays that row's (a group that did commit is held again under
+    the same claim: nothing changes). The claim is still checked at each job's writes: its
+    outcome is observed under it (``lifecycle.observe(claim=…)``), so a claim taken over while
+    the round's earlier jobs finalize spends no attempt and fails nothing."""
+    rows = [(c.job.id, c.generation, c.seq,
+             result.raw_status if isinstance(result, PollResult) else None)
+            for c, result in others]
     try:
-        return _one(rt, c, result, report)
+        with rt.sessions.begin() as session:
+            return jobstore.hold_claims_with_status(session, rows, rt.now() + claim_lease(rt))
+    except Exception:
+        log.warning("batch_hold_failed rows=%d: each row holds its own claim", len(rows),
+                    exc_info=True)
+        return None
+
+
+def _alone(rt: Runtime, c: Claim, result: Any, held: Any) -> tuple[str, BatchReport]:
+    part = BatchReport()
+    return _isolated(rt, c, result, part, held), part
+
+
+def _isolated(rt: Runtime, c: Claim, result: Any, report: BatchReport,
+              held: Any = _HOLD_EACH) -> str:
+    try:
+        return _one(rt, c, result, report, held)
     except Exception:  # one row's failure (a database error…) never stops the others
         log.exception("batch_row_failed job_id=%s", c.job.id)
         return "error"  # still claimed: due again after its lease, as a dead poller's
 
 
 def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseException,
-         report: BatchReport) -> str:
-    """A result that is not plain "still running": per job, through the chain's own code."""
+         report: BatchReport, held: Job | None = _HOLD_EACH) -> str:
+    """A result that is not plain "still running": per job, through the chain's own code,
+    under the claim. ``held``: the row as the round's hold returned it (None: that hold found
+    the claim taken over); by default the job holds its own claim first."""
     assert c.kind is not None
-    now = rt.now()
-    status = result.raw_status if isinstance(result, PollResult) else None
-    with rt.sessions.begin() as session:  # the claim holds: the read's status is stored with it
-        held = jobstore.hold_claim(session, c.job.id, c.generation, c.seq, now + claim_lease(rt),
-                                   status=status)
+    if held is _HOLD_EACH:
+        status = result.raw_status if isinstance(result, PollResult) else None
+        with rt.sessions.begin() as session:  # the claim holds: the read's status stored with it
+            held = jobstore.hold_claim(session, c.job.id, c.generation, c.seq,
+                                       rt.now() + claim_lease(rt), status=status)
     if held is None:
         report.fenced += 1
         return "fenced"
     report.observed += 1
+    claim = (c.generation, c.seq)
     if isinstance(result, PollResult | ProviderError):
-        outcome = lifecycle.observe(rt, held, c.kind, via="poll", result=result)
+        outcome = lifecycle.observe(rt, held, c.kind, via="poll", result=result, claim=claim)
     else:  # the read raised something else: no verdict, an attempt as observe counts one
         log.error("batch_read_raised job_id=%s", c.job.id, exc_info=result)
         outcome = lifecycle._unfinished(
             rt, held, c.kind, None,
             f"{ErrorCode.INTERNAL}: {type(result).__name__}: {result}"[:1000],
-            raised=ErrorCode.INTERNAL)
+            raised=ErrorCode.INTERNAL, fence=jobstore.under_claim(*claim))
         outcome = "error" if outcome == "in_flight" else outcome
     if outcome in ("in_flight", "error"):
         with rt.sessions.begin() as session:
@@ -280,6 +314,7 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
                     session, [(c.job.id, c.generation, c.seq,
                                next_due(rt, c.kind, held, rt.now(), c.was_due), None)]):
                 report.fenced += 1
+                return "fenced"  # taken over: what it read counted for nothing
     return outcome
 
 

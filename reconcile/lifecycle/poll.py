@@ -211,12 +211,13 @@ def _has_status(enqueue: Any) -> bool:
 def _read_and_observe(rt: Runtime, job: Job, kind: Kind) -> tuple[str, str | None]:
     """:func:`observe` of one read, and that read's provider status as it is stored (None: the
     read failed or gave none)."""
+    claim = (job.poll_generation, job.poll_seq)  # the turn this step took
     try:
         result = read_status(rt, job, kind)
     except Exception as exc:  # a raising client: no verdict, as observe counts it
-        return _raised(rt, job, kind, exc, via="poll"), None
+        return _raised(rt, job, kind, exc, via="poll", fence=jobstore.under_claim(*claim)), None
     seen = jobstore.stored_status(result.raw_status) if isinstance(result, PollResult) else None
-    return observe(rt, job, kind, via="poll", result=result), seen
+    return observe(rt, job, kind, via="poll", result=result, claim=claim), seen
 
 
 def read_status(rt: Runtime, job: Job, kind: Kind) -> PollResult | ProviderError:
@@ -228,7 +229,8 @@ def read_status(rt: Runtime, job: Job, kind: Kind) -> PollResult | ProviderError
 
 
 def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
-            result: PollResult | ProviderError | None = None) -> str:
+            result: PollResult | ProviderError | None = None,
+            claim: tuple[int, int] | None = None) -> str:
     """Read the task once (unless ``result`` is given) and act on it through the CAS paths.
 
     Returns ``completed``, ``failed``, ``in_flight``, ``lost`` (someone else finished it) or
@@ -236,29 +238,38 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
     ledger's commit) is no verdict about the task: it counts as an attempt with its code in
     ``reconcile_last_error`` (issue 11 hole 2), so no job outlives its exhaustion horizon;
     ``error`` means the job is still in flight after such a raise (the chain goes on).
+
+    ``claim``: the poller's ``(poll_generation, poll_seq)`` the read was made under (the chain's
+    turn, the batch poller's claim). An attempt is then counted, and a job failed at
+    exhaustion, only while the row still carries it: a read that is no verdict ("not found",
+    an unknown status, an error), made under a claim taken over since, never spends the new
+    poller's attempts nor fails a job whose task may have finished meanwhile. A verdict the
+    provider gave (succeeded, failed) is written whoever reads it: the status CAS decides.
     """
+    fence = () if claim is None else jobstore.under_claim(*claim)
     try:
-        return _observe(rt, job, kind, via=via, result=result)
+        return _observe(rt, job, kind, via=via, result=result, fence=fence)
     except Exception as exc:
-        return _raised(rt, job, kind, exc, via=via)
+        return _raised(rt, job, kind, exc, via=via, fence=fence)
 
 
-def _raised(rt: Runtime, job: Job, kind: Kind, exc: Exception, *, via: str) -> str:
+def _raised(rt: Runtime, job: Job, kind: Kind, exc: Exception, *, via: str,
+            fence: tuple[Any, ...] = ()) -> str:
     """A step that raised: an attempt with the exception's code, as :func:`observe` counts it."""
     log.exception("observe_step_failed job_id=%s via=%s", job.id, via, exc_info=exc)
     code = exc.code if isinstance(exc, ReconcileError) else ErrorCode.INTERNAL
     outcome = _unfinished(rt, job, kind, None, f"{code}: {type(exc).__name__}: {exc}"[:1000],
-                          raised=str(code))
+                          raised=str(code), fence=fence)
     return "error" if outcome == "in_flight" else outcome
 
 
 def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
-             result: PollResult | ProviderError | None) -> str:
+             result: PollResult | ProviderError | None, fence: tuple[Any, ...] = ()) -> str:
     if result is None:
         result = read_status(rt, job, kind)
     if isinstance(result, ProviderError):
         # a failed read is no verdict: at exhaustion it counts as "still running" (TIMEOUT)
-        return _unfinished(rt, job, kind, None, f"read failed: {result.message}")
+        return _unfinished(rt, job, kind, None, f"read failed: {result.message}", fence=fence)
     if result.status is PollStatus.SUCCEEDED:
         if not result.outputs:
             ok = fail_job(rt, job.id, ErrorCode.UPSTREAM_EMPTY_RESULT,
@@ -274,14 +285,16 @@ def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
         try:
             ok = finalize_job_with_media(rt, job.id, result, source=via, job=job)
         except MediaExpired as exc:
-            return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_MEDIA_EXPIRED, exc.message)
+            return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_MEDIA_EXPIRED, exc.message,
+                               fence=fence)
         except (UnsafeMediaURL, MediaTooLarge) as exc:
             # refused, not failed: kept in flight (an operator may fix the allow-list) and, at
             # exhaustion, failed UPSTREAM_FAILED with the reason rather than as a timeout
             return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_FAILED,
-                               f"media refused: {exc.message}")
+                               f"media refused: {exc.message}", fence=fence)
         except MediaError as exc:
-            return _unfinished(rt, job, kind, None, f"media fetch failed: {exc.message}")
+            return _unfinished(rt, job, kind, None, f"media fetch failed: {exc.message}",
+                               fence=fence)
         return "completed" if ok else "lost"
     if result.status in (PollStatus.FAILED, PollStatus.CANCELED):
         message = result.error_message or f"The provider reported {result.raw_status or 'failure'}."
@@ -289,15 +302,16 @@ def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
         return "failed" if ok else "lost"
     if result.status is PollStatus.UNKNOWN:
         return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_UNKNOWN_STATUS,
-                           f"unknown status {result.raw_status!r}")
+                           f"unknown status {result.raw_status!r}", fence=fence)
     if result.status is PollStatus.NOT_FOUND:
-        return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_TASK_NOT_FOUND, "task not found upstream")
+        return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_TASK_NOT_FOUND,
+                           "task not found upstream", fence=fence)
     if result.progress is not None:
         progress = max(0, min(99, int(result.progress)))
         if job.progress is None or progress > job.progress:  # else the CAS could only lose
             with rt.sessions.begin() as session:
                 jobstore.set_progress(session, job.id, progress)
-    return _unfinished(rt, job, kind, None, None)
+    return _unfinished(rt, job, kind, None, None, fence=fence)
 
 
 def _poll_detail(result: PollResult, via: str) -> dict[str, Any]:
@@ -318,10 +332,11 @@ def past_threshold(rt: Runtime, job: Job, kind: Kind, now: datetime) -> bool:
 
 
 def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: str | None, *,
-                raised: str | None = None) -> str:
+                raised: str | None = None, fence: tuple[Any, ...] = ()) -> str:
     """Still not finished: note the error; past the threshold, count an attempt; at
     MAX_ATTEMPTS fail the job with the last error's code (or UPSTREAM_TIMEOUT). ``raised``: the
-    code of a raising step (no verdict; ``message`` names it), stored as the error's code."""
+    code of a raising step (no verdict; ``message`` names it), stored as the error's code.
+    ``fence``: the poller's claim (:func:`observe`), a condition of the count and the failure."""
     now = rt.now()
     last_error = f"{code}: {message}" if code else message
     error_code = str(code) if code else raised
@@ -335,14 +350,15 @@ def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: st
         return "in_flight"
     with rt.sessions.begin() as session:
         counted = jobstore.count_attempt(session, job.id, now, rt.settings.scaled(ATTEMPT_SPACING),
-                                         last_error, verdict=verdict, code=error_code)
+                                         last_error, verdict=verdict, code=error_code,
+                                         where=fence)
     if counted is None:
         if last_error:
             _note_error(rt, job, last_error, verdict, error_code)
         return "in_flight"
     if not horizon.exhausted(counted):
         return "in_flight"
-    return exhaust(rt, counted)
+    return exhaust(rt, counted, where=fence)
 
 
 def _note_error(rt: Runtime, job: Job, last_error: str, verdict: bool,
@@ -362,8 +378,9 @@ def _note_error(rt: Runtime, job: Job, last_error: str, verdict: bool,
     job.reconcile_last_error, job.reconcile_last_error_code = new, code
 
 
-def exhaust(rt: Runtime, job: Job) -> str:
-    """Attempts exhausted: fail with the last error's code (or UPSTREAM_TIMEOUT) + anomaly."""
+def exhaust(rt: Runtime, job: Job, *, where: tuple[Any, ...] = ()) -> str:
+    """Attempts exhausted: fail with the last error's code (or UPSTREAM_TIMEOUT) + anomaly
+    (``where``: further conditions of the failure's CAS, a poller's claim)."""
     last = job.reconcile_last_error or ""
     found = jobstore.last_error_code(job)  # the column (legacy rows: their text's prefix)
     code = found if found is not None and (jobstore.is_verdict(found) or found == ErrorCode.INTERNAL) \
@@ -372,5 +389,5 @@ def exhaust(rt: Runtime, job: Job) -> str:
                else last.split(": ", 1)[-1])
     ok = fail_job(rt, job.id, code, message,
                   {"attempts": job.reconcile_attempts, "last_error": last or None},
-                  anomaly="reconcile_exhausted")
+                  anomaly="reconcile_exhausted", where=where)
     return "failed" if ok else "lost"

@@ -396,9 +396,10 @@ def test_xb_terminal_rows_keep_no_claimable_due_time(world: World) -> None:
 
 def test_xb_a_row_whose_write_raises_does_not_stop_the_rest_of_the_batch(
         world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three rows that all need the per-job path (failed upstream); the first one's claim
-    check hits a database error: the two others are still failed and refunded in this run,
-    and the broken row is due again after its lease (as a dead poller's)."""
+    """Three rows that all need the per-job path (failed upstream); the round's one hold of
+    their claims hits a database error, and then so does the first one's own claim check: the
+    two others are still failed and refunded in this run, and the broken row is due again
+    after its lease (as a dead poller's)."""
     from sqlalchemy.exc import OperationalError
 
     import reconcile.jobstore as jobstore
@@ -408,18 +409,27 @@ def test_xb_a_row_whose_write_raises_does_not_stop_the_rest_of_the_batch(
     w.clock.now += INTERVAL
     claims = batch_poll.claim(w.rt)
     broken = claims[0].job.id
-    real = jobstore.hold_claim
+    real, real_all = jobstore.hold_claim, jobstore.hold_claims_with_status
+    lost = OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
+    grouped: list[int] = []
+
+    def hold_all(session: Session, rows: Any, until: Any) -> Any:
+        grouped.append(len(rows))
+        raise lost
 
     def hold(session: Session, job_id: uuid.UUID, *args: Any, **kw: Any) -> Any:
         if job_id == broken:
-            raise OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
+            raise lost
         return real(session, job_id, *args, **kw)
 
+    monkeypatch.setattr(jobstore, "hold_claims_with_status", hold_all)
     monkeypatch.setattr(jobstore, "hold_claim", hold)
     report = batch_poll.run_claims(w.rt, claims)
+    assert grouped == [3]  # the round's hold was tried once, for the three
     assert report.outcomes.get("failed") == 2, report.line()
     assert sorted(w.job(j).status for j in ids) == ["failed", "failed", "processing"]
     monkeypatch.setattr(jobstore, "hold_claim", real)
+    monkeypatch.setattr(jobstore, "hold_claims_with_status", real_all)
     w.clock.now += batch_poll.claim_lease(w.rt)
     assert batch_poll.poll_due(w.rt, budget=60).outcomes == {"failed": 1}
     assert [w.refunds(j) for j in ids] == [1, 1, 1]
