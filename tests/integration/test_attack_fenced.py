@@ -6,7 +6,8 @@ turn; the grouped hold's SQL is fed odd rows; batch mode runs on the embedded SQ
 
 PostgreSQL (and SQLite where named), the simulator and an injected clock (``World``).
 
-Expected to FAIL (findings, both also on 606b2b3, i.e. not regressions of 7f91260):
+Strict xfails (findings, both also on 606b2b3, i.e. not regressions of 7f91260; the sweep's
+read is now fenced on its claim's generation and seq, which does not cover the turnless case):
 ``test_a_sweep_read_overtaken_by_a_webhook_resume_fails_nothing`` (the sweep's / reaper's own
 read exhausts under no fence) and ``test_a_length_limited_provider_status_poisons_no_other_row_of_the_round[running]``
 (one overlong status makes the set-based reschedule raise out of the whole round). Every
@@ -76,8 +77,17 @@ def _miss_once(w: World, monkeypatch: pytest.MonkeyPatch, job_id: uuid.UUID,
 # ------------------------------------------------------------------ 1. the sweep's own read
 
 
-@pytest.mark.parametrize("mode,writer", [("batch", "sweep"), ("chain", "sweep"),
-                                         ("chain", "reap")])
+TURNLESS = pytest.mark.xfail(strict=True, reason=(
+    "known hole, older than the fenced writes (fails the same way on 606b2b3): the sweep's "
+    "read is fenced on the row's (poll_generation, poll_seq) as its claim left it, but the "
+    "webhook's resume of a generation that never took a turn (poll_seq 0) keeps that "
+    "generation and seq (start_new_chain), so the fence cannot see it; closing it needs a "
+    "mark the resume writes (a turn of its own, or a column), not added in this change"))
+
+
+@pytest.mark.parametrize("mode,writer", [pytest.param("batch", "sweep", marks=TURNLESS),
+                                         pytest.param("chain", "sweep", marks=TURNLESS),
+                                         pytest.param("chain", "reap", marks=TURNLESS)])
 def test_a_sweep_read_overtaken_by_a_webhook_resume_fails_nothing(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, mode: str, writer: str) -> None:
@@ -449,7 +459,12 @@ def test_a_round_on_a_platform_shaped_jobs_table(
         engine.dispose()
 
 
-@pytest.mark.parametrize("where", ["others", "running"])
+@pytest.mark.parametrize("where", ["others", pytest.param("running", marks=pytest.mark.xfail(
+    strict=True, reason=(
+        "known, older than the fenced writes (fails the same way on 606b2b3): the set-based "
+        "write of a round's still-running rows is one statement with no per-row fallback, so "
+        "one status longer than a platform's varchar(n) column raises out of the whole round; "
+        "db check only notes such a column")))])
 def test_a_length_limited_provider_status_poisons_no_other_row_of_the_round(
         pg_databases: Any, simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, where: str) -> None:

@@ -138,3 +138,36 @@ def test_chain_a_turn_taken_over_before_its_count_spends_no_attempt_and_fails_no
                                before.poll_seq + 1) == "fenced"
     assert w.job(job_id).status == "completed" and w.refunds(job_id) == 0
     assert w.audit() == []
+
+
+def test_the_sweeps_read_counts_only_while_no_poller_claimed_the_row_since(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch mode: the sweep claims the last attempt of a due row and reads "not found"; during
+    that read a batch poller claims the row (the task has succeeded). The sweep's read is no
+    verdict and the row is the poller's now: the sweep fails nothing, the poller completes it.
+    (A resume of a generation that never took a turn keeps its generation and seq, so the
+    fence cannot see it: ``test_attack_fenced.py``'s strict xfails.)"""
+    from reconcile.sweep import reconcile_job
+
+    w = World(db, simulator, tmp_path, poll_mode="batch", poll_batch_threads=1,
+              poll_batch_finalize_threads=1)
+    taken: list[batch_poll.Claim] = []
+
+    def taken_over() -> None:
+        taken.extend(batch_poll.claim(w.rt))  # the poller's claim: seq + 1
+
+    job_id, _ = _last_attempt_miss(w, monkeypatch, taken_over)
+    assert reconcile_job(w.rt, job_id) in ("lost", "in_flight"), w.job(job_id).status
+    _spent_nothing_but_the_sweeps_claim(w, job_id)
+    assert [c.job.id for c in taken] == [job_id]
+    assert batch_poll.run_claims(w.rt, taken).outcomes == {"completed": 1}
+    assert w.job(job_id).status == "completed" and w.refunds(job_id) == 0
+    assert w.audit() == []
+
+
+def _spent_nothing_but_the_sweeps_claim(w: World, job_id: uuid.UUID) -> None:
+    job = w.job(job_id)
+    assert job.status == "processing", (job.status, job.error_code)
+    assert job.reconcile_attempts == MAX_ATTEMPTS  # the sweep's own claim of an attempt
+    assert w.refunds(job_id) == 0
