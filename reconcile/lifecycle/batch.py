@@ -40,11 +40,8 @@ The loop claims again while rows are due and its time budget is left.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -56,6 +53,7 @@ from ..kinds import Kind
 from ..providers.base import PollResult, PollStatus
 from ..runtime import Runtime
 from ..states import POLL_LEASE_SLACK
+from .batch_reads import finalize_pool, read_all
 from .create import _async_kinds
 from .poll import (  # batch mode's due times: the chain and the create use them too
     first_due as first_due,
@@ -221,11 +219,7 @@ def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchRe
         else:
             others.append((c, result))
     if running:
-        with rt.sessions.begin() as session:
-            won = jobstore.reschedule_claimed(session, running)
-        report.running += won
-        report.fenced += len(running) - won
-        report.outcomes["in_flight"] = report.outcomes.get("in_flight", 0) + won
+        _reschedule_running(rt, running, report)
     if not others:
         return
     holds = _hold_all(rt, others)
@@ -237,11 +231,38 @@ def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchRe
             report.add(_isolated(rt, c, result, report, held))
         return
     # concurrently: each job in its own thread with its own report, merged here
-    pool = _finalize_pool(rt.settings.poll_batch_finalize_threads)
+    pool = finalize_pool(rt.settings.poll_batch_finalize_threads)
     for outcome, part in pool.map(lambda item: _alone(rt, *item), items):
         report.add(outcome)
         report.observed += part.observed
         report.fenced += part.fenced
+
+
+def _reschedule_running(rt: Runtime, running: list[jobstore.Rescheduled],
+                        report: BatchReport) -> None:
+    """The round's still-running rows in ONE set-based write; when that statement fails (one
+    row's value the platform's column refuses, a trigger…), each row is written alone, so the
+    failure stays that row's (it stays claimed: due again after its lease) and the rest of the
+    round — its other rows, its completions — goes on."""
+    try:
+        with rt.sessions.begin() as session:
+            won, failed = jobstore.reschedule_claimed(session, running), 0
+    except Exception:
+        log.warning("batch_reschedule_failed rows=%d: each row is written alone", len(running),
+                    exc_info=True)
+        won = failed = 0
+        for row in running:
+            try:
+                with rt.sessions.begin() as session:
+                    won += jobstore.reschedule_claimed(session, [row])
+            except Exception:
+                log.exception("batch_row_failed job_id=%s", row[0])
+                failed += 1
+    report.running += won
+    report.fenced += len(running) - won - failed
+    report.outcomes["in_flight"] = report.outcomes.get("in_flight", 0) + won
+    if failed:
+        report.outcomes["error"] = report.outcomes.get("error", 0) + failed
 
 
 # a claim the round did not hold: the job holds its own (one CAS) before it is observed
@@ -316,75 +337,6 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
                 report.fenced += 1
                 return "fenced"  # taken over: what it read counted for nothing
     return outcome
-
-
-# ----------------------------------------------------------------------------- reads
-
-_POOLS: dict[int, tuple[int, ThreadPoolExecutor]] = {}
-_POOL_LOCK = threading.Lock()
-
-
-def _pool(size: int, name: str = "reconcile-poll") -> ThreadPoolExecutor:
-    """This process's read pool (made after fork, in the process that uses it)."""
-    with _POOL_LOCK:
-        key = os.getpid() if name == "reconcile-poll" else -os.getpid()
-        held = _POOLS.get(key)
-        if held is None or held[0] != size:
-            if held is not None:
-                held[1].shutdown(wait=False)
-            held = (size, ThreadPoolExecutor(max_workers=size, thread_name_prefix=name))
-            _POOLS[key] = held
-        return held[1]
-
-
-def _finalize_pool(threads: int) -> ThreadPoolExecutor:
-    """This process's finalize pool (the per-job outcomes of a round; database work and media:
-    kept apart from the read pool, whose threads do HTTP only)."""
-    return _pool(threads, "reconcile-finalize")
-
-
-def _read(rt: Runtime, c: Claim) -> PollResult | ProviderError | BaseException:
-    if c.kind is None or c.kind.sync:
-        return ProviderError("no async kind")  # not read; run_claims drops it
-    try:
-        return lifecycle.read_status(rt, c.job, c.kind)
-    except Exception as exc:  # a raising client: no verdict (run_claims counts an attempt)
-        return exc
-
-
-def read_all(rt: Runtime, claims: list[Claim]) -> list[Any]:
-    """The status reads, ``POLL_BATCH_THREADS`` at a time; in claim order. Threads do HTTP
-    only (no session, no enqueue)."""
-    threads = min(rt.settings.poll_batch_threads, len(claims))
-    if threads <= 1:
-        return [_read(rt, c) for c in claims]
-    for kind in {c.kind.name: c.kind for c in claims if c.kind is not None and not c.kind.sync
-                 }.values():
-        _widen_pool(rt.client(kind), rt.settings.poll_batch_threads)
-    return list(_pool(rt.settings.poll_batch_threads).map(lambda c: _read(rt, c), claims))
-
-
-_WIDENED: set[tuple[int, int]] = set()
-
-
-def _widen_pool(client: Any, size: int) -> None:
-    """Keep ``size`` connections per host in the client's ``requests.Session`` (requests
-    pools 10): concurrent reads beyond the pool would each open and drop a connection."""
-    from requests.adapters import HTTPAdapter
-
-    from ..providers.http import HttpClient
-
-    http = getattr(client, "http", None)
-    session = getattr(http, "session", None) if isinstance(http, HttpClient) else None
-    if session is None or size <= 10:
-        return
-    key = (os.getpid(), id(session))
-    with _POOL_LOCK:
-        if key in _WIDENED:
-            return
-        for prefix in ("http://", "https://"):
-            session.mount(prefix, HTTPAdapter(pool_connections=10, pool_maxsize=size))
-        _WIDENED.add(key)
 
 
 # ----------------------------------------------------------------------------- hooks

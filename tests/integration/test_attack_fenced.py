@@ -6,7 +6,8 @@ turn; the grouped hold's SQL is fed odd rows; batch mode runs on the embedded SQ
 
 PostgreSQL (and SQLite where named), the simulator and an injected clock (``World``).
 
-Strict xfails (findings, both also on 606b2b3, i.e. not regressions of 7f91260; the sweep's
+Findings, both also on 606b2b3 (not regressions of 7f91260). The second is fixed (the round's
+set-based write falls back to one write per row); the first stays a strict xfail (the sweep's
 read is now fenced on its claim's generation and seq, which does not cover the turnless case):
 ``test_a_sweep_read_overtaken_by_a_webhook_resume_fails_nothing`` (the sweep's / reaper's own
 read exhausts under no fence) and ``test_a_length_limited_provider_status_poisons_no_other_row_of_the_round[running]``
@@ -459,12 +460,7 @@ def test_a_round_on_a_platform_shaped_jobs_table(
         engine.dispose()
 
 
-@pytest.mark.parametrize("where", ["others", pytest.param("running", marks=pytest.mark.xfail(
-    strict=True, reason=(
-        "known, older than the fenced writes (fails the same way on 606b2b3): the set-based "
-        "write of a round's still-running rows is one statement with no per-row fallback, so "
-        "one status longer than a platform's varchar(n) column raises out of the whole round; "
-        "db check only notes such a column")))])
+@pytest.mark.parametrize("where", ["others", "running"])
 def test_a_length_limited_provider_status_poisons_no_other_row_of_the_round(
         pg_databases: Any, simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, where: str) -> None:
