@@ -163,23 +163,31 @@ def _write(w: World, writer: str, job_id: uuid.UUID, mode: str,
         lifecycle.observe(w.rt, w.job(job_id), w.rt.kind(KIND), via="webhook")
 
 
+def _poll_round(w: World, mode: str) -> int:
+    """One attempt spacing later, the pollers' next round: a ``poll_due`` run (batch) or every
+    queued poll message (chain). Returns the messages run (chain)."""
+    from reconcile.states import ATTEMPT_SPACING
+
+    w.clock.now += w.rt.settings.scaled(ATTEMPT_SPACING) + timedelta(seconds=1)
+    if mode == "batch":
+        batch_poll.poll_due(w.rt, budget=60)
+        return 0
+    steps = list(w.q.polls)
+    w.q.polls.clear()
+    for job_id, generation, seq in steps:
+        lifecycle.poll_step(w.rt, job_id, generation, seq)
+    return len(steps)
+
+
 def _drain(w: World, mode: str, taken: list[batch_poll.Claim], rounds: int = 4) -> None:
     """Whatever brings a job back: another poller's claims, the sweep, the next poll
     messages, each lease and spacing let run out."""
-    from reconcile.states import ATTEMPT_SPACING
 
     if taken:
         batch_poll.run_claims(w.rt, list(taken))
         taken.clear()
     for _ in range(rounds):
-        w.clock.now += w.rt.settings.scaled(ATTEMPT_SPACING) + timedelta(seconds=1)
-        if mode == "batch":
-            batch_poll.poll_due(w.rt, budget=60)
-        else:
-            harness_polls = list(w.q.polls)
-            w.q.polls.clear()
-            for job_id, generation, seq in harness_polls:
-                lifecycle.poll_step(w.rt, job_id, generation, seq)
+        _poll_round(w, mode)
         w.tick()
 
 
@@ -309,8 +317,6 @@ def test_a_task_never_found_exhausts_under_the_poller_alone(
     """No step of the poller itself moves poll_seq/poll_generation between its claim (turn)
     and its count: a task the provider never finds spends one attempt per spacing and the job
     is failed (and refunded once) at MAX_ATTEMPTS, with no sweep running — default settings."""
-    from reconcile.states import ATTEMPT_SPACING
-
     w = World(db, simulator, tmp_path, poll_mode=mode)
     job_id = w.accept(KIND, Script(timeline=FOREVER))
     if mode == "chain":
@@ -322,14 +328,8 @@ def test_a_task_never_found_exhausts_under_the_poller_alone(
     w.clock.now += THRESHOLD
     seen: list[int] = []
     for _ in range(MAX_ATTEMPTS + 6):
-        w.clock.now += w.rt.settings.scaled(ATTEMPT_SPACING) + timedelta(seconds=1)
-        if mode == "batch":
-            batch_poll.poll_due(w.rt, budget=60)
-        else:
-            steps = list(w.q.polls)
-            w.q.polls.clear()
-            assert len(steps) == 1, steps
-            lifecycle.poll_step(w.rt, *steps[0])
+        ran = _poll_round(w, mode)
+        assert mode == "batch" or ran == 1, ran
         job = w.job(job_id)
         seen.append(job.reconcile_attempts or 0)
         if job.status == "failed":
