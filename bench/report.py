@@ -153,7 +153,7 @@ def _summary_rows(figs: dict[str, Any], mode: str) -> list[str]:
             f"{h['tick_walk_ms'][small]:.0f} → {h['tick_walk_ms'][big]:.0f} ms "
             f"(×{h['growth_tick_walk_small_to_big']}) | ≤ 5 ms, ≥ 50×, flat | {_verdict(ok)} for "
             f"the first page"
-            + ("; the walk is **not** flat, see §1" if h["growth_tick_walk_small_to_big"] > 1.2
+            + ("; the walk is **not** flat, see figure 1 below" if h["growth_tick_walk_small_to_big"] > 1.2
                else "; the walk is flat too") + " |")
     r = res("fig2")
     if r:

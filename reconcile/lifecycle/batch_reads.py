@@ -2,7 +2,9 @@
 
 The batch poller's thread pools (:mod:`reconcile.lifecycle.batch`): its status reads,
 ``POLL_BATCH_THREADS`` at a time (HTTP only: no session, no enqueue, the GIL released on I/O),
-and the pool its per-job outcomes run on, each made after fork in the process that uses it.
+and the pool its per-job outcomes run on, each made after fork in the process that uses it. A
+claim here is :class:`reconcile.lifecycle.batch.Claim` (typed ``Any``: that module imports
+this one).
 """
 
 from __future__ import annotations
@@ -10,15 +12,12 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import lifecycle
 from ..errors import ProviderError
 from ..providers.base import PollResult
 from ..runtime import Runtime
-
-if TYPE_CHECKING:
-    from .batch import Claim
 
 _POOLS: dict[int, tuple[int, ThreadPoolExecutor]] = {}
 _POOL_LOCK = threading.Lock()
@@ -43,7 +42,7 @@ def finalize_pool(threads: int) -> ThreadPoolExecutor:
     return _pool(threads, "reconcile-finalize")
 
 
-def _read(rt: Runtime, c: Claim) -> PollResult | ProviderError | BaseException:
+def _read(rt: Runtime, c: Any) -> PollResult | ProviderError | BaseException:
     if c.kind is None or c.kind.sync:
         return ProviderError("no async kind")  # not read; run_claims drops it
     try:
@@ -52,7 +51,7 @@ def _read(rt: Runtime, c: Claim) -> PollResult | ProviderError | BaseException:
         return exc
 
 
-def read_all(rt: Runtime, claims: list[Claim]) -> list[Any]:
+def read_all(rt: Runtime, claims: list[Any]) -> list[Any]:
     """The status reads, ``POLL_BATCH_THREADS`` at a time; in claim order. Threads do HTTP
     only (no session, no enqueue)."""
     threads = min(rt.settings.poll_batch_threads, len(claims))
