@@ -156,6 +156,39 @@ class World:
         assert task_id
         return task_id
 
+    def lapse(self, worker: str) -> None:
+        """``worker`` registered a minute ago with a 6 s heartbeat timeout, never renewed: its
+        heartbeat has lapsed (the reaper takes it)."""
+        from reconcile import jobstore
+
+        with self.db.begin() as s:
+            jobstore.register_worker(s, worker, "host", 1, self.clock.now - timedelta(minutes=1),
+                                     timedelta(seconds=6))
+
+    def miss_once(self, monkeypatch: pytest.MonkeyPatch, job_id: uuid.UUID,
+                  inside: Any) -> list[int]:
+        """The job's next read says "not found" once (a transient miss) while its task has
+        succeeded upstream; ``inside()`` runs inside that read. Returns the reads of the task
+        (one int each)."""
+        from reconcile.providers import PollResult, PollStatus
+
+        task = self.task_id(job_id)
+        client = self.rt.client(self.rt.kind(self.job(job_id).provider_kind or ""))
+        real = client.poll
+        reads: list[int] = []
+
+        def poll(task_id: str, model: str | None = None) -> PollResult:
+            if task_id == task:
+                reads.append(1)
+                if len(reads) == 1:
+                    self.sim.set_state(task, "succeeded")
+                    inside()
+                    return PollResult(PollStatus.NOT_FOUND)
+            return real(task_id, model=model)
+
+        monkeypatch.setattr(client, "poll", poll)
+        return reads
+
 
 @pytest.fixture(params=BACKENDS)
 def world(request: pytest.FixtureRequest, db: sessionmaker[Session], simulator: Simulator,

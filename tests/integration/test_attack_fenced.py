@@ -47,34 +47,6 @@ def _completions(w: World, job_id: uuid.UUID) -> int:
             JobEvent.job_id == job_id, JobEvent.type == "completed")).scalar_one()
 
 
-def _lapse(w: World, name: str) -> None:
-    with w.db.begin() as s:
-        jobstore.register_worker(s, name, "host", 1, w.clock.now - timedelta(minutes=1),
-                                 timedelta(seconds=6))
-
-
-def _miss_once(w: World, monkeypatch: pytest.MonkeyPatch, job_id: uuid.UUID,
-               inside: Any) -> list[int]:
-    """The job's next read says "not found" once; ``inside()`` runs inside that read, after the
-    task succeeded upstream. Returns the list of reads (one int per read of the task)."""
-    task = w.task_id(job_id)
-    client = w.rt.client(w.rt.kind(KIND))
-    real = client.poll
-    reads: list[int] = []
-
-    def poll(task_id: str, model: str | None = None) -> PollResult:
-        if task_id == task:
-            reads.append(1)
-            if len(reads) == 1:
-                w.sim.set_state(task, "succeeded")
-                inside()
-                return PollResult(PollStatus.NOT_FOUND)
-        return real(task_id, model=model)
-
-    monkeypatch.setattr(client, "poll", poll)
-    return reads
-
-
 # ------------------------------------------------------------------ 1. the sweep's own read
 
 
@@ -107,9 +79,9 @@ def test_a_sweep_read_overtaken_by_a_webhook_resume_fails_nothing(
     if writer == "reap":  # a live chain's turn, held by a worker whose heartbeat lapsed
         w.set(job_id, claimed_by="w-A", poll_due_at=None,
               poll_lease_expires_at=w.clock.now + timedelta(minutes=1))
-        _lapse(w, "w-A")
+        w.lapse("w-A")
     resumed: list[bool] = []
-    _miss_once(w, monkeypatch, job_id,
+    w.miss_once(monkeypatch, job_id,
                lambda: resumed.append(lifecycle.resume_chain(w.rt, job_id)))
     if writer == "sweep":
         outcome = reconcile_job(w.rt, job_id)
@@ -151,7 +123,7 @@ def _write(w: World, writer: str, job_id: uuid.UUID, mode: str,
     elif writer == "sweep":
         reconcile_job(w.rt, job_id)
     elif writer == "reap_and_claim":
-        _lapse(w, "w-A")
+        w.lapse("w-A")
         assert reap(w.rt).workers == ["w-A"]
         if mode == "batch":
             w.rt.worker_id = "w-B"

@@ -507,15 +507,6 @@ def test_xb_rounds_extend_the_claims_not_yet_written_and_drop_a_taken_over_one(
     assert third.poll_seq == 0 and third.poll_generation == claims[2].generation + 1
 
 
-def _lapse(w: World, name: str) -> None:
-    """``name`` registered a minute ago with a 6 s heartbeat timeout, never renewed."""
-    from reconcile import jobstore
-
-    with w.db.begin() as s:
-        jobstore.register_worker(s, name, "host", 1, w.clock.now - timedelta(minutes=1),
-                                 timedelta(seconds=6))
-
-
 @pytest.mark.parametrize("writer", ["webhook_resume", "reap_and_claim"])
 def test_xb_a_claim_taken_over_without_waiting_for_its_lease_is_fenced_at_its_turn(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
@@ -563,7 +554,7 @@ def test_xb_a_claim_taken_over_without_waiting_for_its_lease_is_fenced_at_its_tu
             if writer == "webhook_resume":
                 assert lifecycle.resume_chain(w.rt, second)
             else:
-                _lapse(w, "w-A")
+                w.lapse("w-A")
                 assert reap(w.rt).workers == ["w-A"]
             w.rt.worker_id = "w-B"
             taken.extend(batch_poll.claim(w.rt))  # B's claim; B reads after A's turn

@@ -21,9 +21,8 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import jobstore, lifecycle
+from reconcile import lifecycle
 from reconcile.lifecycle import batch as batch_poll
-from reconcile.providers import PollResult, PollStatus
 from reconcile.states import MAX_ATTEMPTS
 from reconcile.sweep.liveness import reap
 from reconcile.testing.simulator import Script, Simulator
@@ -40,27 +39,9 @@ def _last_attempt_miss(w: World, monkeypatch: pytest.MonkeyPatch,
     job_id = w.accept(KIND, Script(timeline=FOREVER))
     w.clock.now += THRESHOLD + timedelta(minutes=1)
     w.set(job_id, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
+    w.miss_once(monkeypatch, job_id, taken_over)
     task = w.task_id(job_id)
-    client = w.rt.client(w.rt.kind(KIND))
-    real = client.poll
-    misses = [1]
-
-    def poll(task_id: str, model: str | None = None) -> PollResult:
-        if task_id == task and misses:
-            misses.pop()
-            w.sim.set_state(task, "succeeded")
-            taken_over()
-            return PollResult(PollStatus.NOT_FOUND)
-        return real(task_id, model=model)
-
-    monkeypatch.setattr(client, "poll", poll)
     return job_id, task
-
-
-def _lapse(w: World, name: str) -> None:
-    with w.db.begin() as s:
-        jobstore.register_worker(s, name, "host", 1, w.clock.now - timedelta(minutes=1),
-                                 timedelta(seconds=6))
 
 
 def _spent_nothing(w: World, job_id: uuid.UUID) -> None:
@@ -92,7 +73,7 @@ def test_batch_a_claim_taken_over_after_its_hold_spends_no_attempt_and_fails_not
             if takeover == "webhook_resume":
                 assert lifecycle.resume_chain(w.rt, job.id)
             else:
-                _lapse(w, "w-A")
+                w.lapse("w-A")
                 assert reap(w.rt).workers == ["w-A"]
             w.rt.worker_id = "w-B"
             taken.extend(batch_poll.claim(w.rt))
