@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -160,13 +161,14 @@ class Column:
     family: str
     platform: bool  # the platform's table must have it; else `reconcile db upgrade` adds it
     nullable: bool
+    longest: int | None = None  # text: the longest value the library writes (models._longest)
 
 
 def columns(table: str) -> tuple[Column, ...]:
     """The contract of one platform table, from its mapping."""
     mapped = Base.metadata.tables[table]
     return tuple(Column(table, c.name, family_of(c.type), c.name in PLATFORM_COLUMNS[table],
-                        bool(c.nullable)) for c in mapped.columns)
+                        bool(c.nullable), c.info.get("longest")) for c in mapped.columns)
 
 
 @dataclass(frozen=True)
@@ -303,6 +305,9 @@ def _type_findings(col: Column, where: str, live: _Live, dialect: str) -> list[F
     family = FAMILIES[col.family]
     if dialect == "postgresql":
         base = _base_pg_type(live.type)
+        short = _too_short(col, where, live.type)
+        if short is not None:
+            return [short]
         note = family.note_for(live.type) or family.note_for(base)
         if note is not None:
             return [Finding(where, f"{live.type}: {note}", NOTE)]
@@ -316,6 +321,18 @@ def _type_findings(col: Column, where: str, live: _Live, dialect: str) -> list[F
     return [Finding(where, f"{live.declared}, not {family.name}", BREAKS,
                     f"ALTER TABLE {col.table} ALTER COLUMN {col.name} TYPE {family.ddl} "
                     f"USING {col.name}::{family.ddl} (rewrites the table: plan it)")]
+
+
+def _too_short(col: Column, where: str, pg_type: str) -> Finding | None:
+    """A ``varchar(n)`` shorter than the longest value the library writes to the column: that
+    write fails (a status, a provider's status), so a job stops where it is."""
+    m = re.fullmatch(r"character varying\((\d+)\)", pg_type)
+    if m is None or col.longest is None or int(m.group(1)) >= col.longest:
+        return None
+    return Finding(where, f"{pg_type}: the library writes values of up to {col.longest} "
+                          "characters here, and a longer value fails its write", BREAKS,
+                   f"ALTER TABLE {col.table} ALTER COLUMN {col.name} TYPE varchar({col.longest}) "
+                   "(or text; widening a varchar rewrites nothing)")
 
 
 def _usage_log_id(where: str, live: _Live, dialect: str) -> list[Finding]:

@@ -33,7 +33,19 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from ..states import Status, Submission
 from .types import JSONType, UTCDateTime
+
+#: the most characters ``jobs.provider_status`` stores (the writer cuts a longer status:
+#: ``reconcile.jobstore.stored_status``)
+PROVIDER_STATUS_MAX = 64
+
+
+def _longest(bound: int) -> dict[str, int]:
+    """A text column's ``info``: the longest value the library writes to it. The table contract
+    breaks on a ``varchar(n)`` shorter than that (the library's write would fail), and notes a
+    longer one as fitting."""
+    return {"longest": bound}
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -63,7 +75,7 @@ class Job(Base):
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
     user_id: Mapped[uuid.UUID] = mapped_column(Uuid)
     job_type: Mapped[str] = mapped_column(Text)
-    status: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text, info=_longest(max(len(s) for s in Status)))
     input_data: Mapped[Any | None] = mapped_column(JSONType)
     output_data: Mapped[Any | None] = mapped_column(JSONType)
     error_message: Mapped[str | None] = mapped_column(Text)
@@ -88,7 +100,8 @@ class Job(Base):
 
     # --- the library's columns ---
     # NULL: a row the library never submitted (legacy or another subsystem's)
-    submission_state: Mapped[str | None] = mapped_column(Text)
+    submission_state: Mapped[str | None] = mapped_column(
+        Text, info=_longest(max(len(s) for s in Submission)))
     provider_model: Mapped[str | None] = mapped_column(Text)
     # provider request options that are not model input (e.g. a Replicate training's destination)
     provider_options: Mapped[Any | None] = mapped_column(JSONType)
@@ -119,10 +132,14 @@ class Job(Base):
     # When that worker's heartbeat lapses its claims end at once instead of at their lease
     claimed_by: Mapped[str | None] = mapped_column(Text)
     # the provider's raw status token at the latest status read of the job in flight (migration
-    # 0028; PollResult.raw_status, at most jobstore.PROVIDER_STATUS_MAX characters); NULL until
+    # 0028; PollResult.raw_status, at most PROVIDER_STATUS_MAX characters); NULL until
     # a read stored one. Batch mode writes it with the read's result, chain mode with the
     # chain's next turn (README, The provider's last status)
-    provider_status: Mapped[str | None] = mapped_column(Text)
+    provider_status: Mapped[str | None] = mapped_column(Text, info=_longest(PROVIDER_STATUS_MAX))
+    # how many times the job's polling was resumed (migration 0030; jobstore.start_new_chain
+    # adds one, NULL: none since then): the mark of a resume that keeps a turnless generation,
+    # which a reader holding no turn of its own (the sweep) fences on (jobstore.claim_of)
+    poll_resumes: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         # in-flight rows by call start (migration 0019; 0022 dropped the one-column

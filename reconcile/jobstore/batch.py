@@ -84,11 +84,28 @@ def _aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)  # SQLite: naive
 
 
-def under_claim(generation: Any, seq: Any) -> tuple[Any, ...]:
+_ANY = object()
+
+
+def under_claim(generation: Any, seq: Any, resumes: Any = _ANY) -> tuple[Any, ...]:
     """A write made under a poller's claim or turn ``(generation, seq)``: it applies only while
     the row still carries that claim (a claim taken over — a new generation, another poller's
-    claim or turn — moved one of them). Added to a CAS's own conditions."""
-    return (Job.poll_generation == generation, Job.poll_seq == seq)
+    claim or turn — moved one of them). Added to a CAS's own conditions.
+
+    ``resumes``: also while the row's resume count is that (:func:`claim_of`, a reader holding
+    no turn of its own). A poller needs none: its turn or claim moved ``poll_seq`` past 0, so a
+    resume after it starts a new generation."""
+    held = (Job.poll_generation == generation, Job.poll_seq == seq)
+    if resumes is _ANY:
+        return held
+    return (*held, Job.poll_resumes.is_not_distinct_from(resumes))
+
+
+def claim_of(job: Job) -> tuple[int, int, int | None]:
+    """The claim a reader without a turn of its own (the sweep, the heartbeat reaper) reads
+    under: the row's ``(poll_generation, poll_seq, poll_resumes)`` as its plan loaded it. A
+    resume of a generation that never took a turn keeps the first two; it moves the third."""
+    return (job.poll_generation, job.poll_seq, job.poll_resumes)
 
 
 def _claimed(job_id: uuid.UUID, generation: int, seq: int) -> tuple[Any, ...]:

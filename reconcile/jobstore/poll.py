@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, or_, update
+from sqlalchemy import and_, case, func, or_, update
 from sqlalchemy.orm import Session
 
 from ..core import redact
@@ -32,12 +32,16 @@ def start_new_chain(session: Session, job_id: uuid.UUID, now: datetime,
 
     ``poll_due_at``: batch mode — the generation is due then (no message is sent); chain
     mode leaves NULL, so a row scheduled by an earlier batch mode goes back to its chain.
+
+    Either way ``poll_resumes`` counts the resume: the mark a reader without a turn of its own
+    fences on (:func:`~.batch.claim_of`), since a kept generation moves nothing else.
     """
     turnless = and_(Job.poll_seq == 0, Job.poll_generation > 0)
     return _cas(
         session, Job.id == job_id, Job.status.in_(IN_FLIGHT), Job.provider_task_id.is_not(None),
         poll_generation=case((turnless, Job.poll_generation), else_=Job.poll_generation + 1),
         poll_seq=0, poll_lease_expires_at=now + lease, poll_due_at=poll_due_at,
+        poll_resumes=func.coalesce(Job.poll_resumes, 0) + 1,
     )
 
 

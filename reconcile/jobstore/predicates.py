@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import and_, case, literal, or_, text
 
 from ..core.limits import storable
+from ..db import models
 from ..db.models import Job
 from ..states import UNKNOWN_OUTCOME, Status, Submission
 
@@ -171,8 +172,9 @@ def _last_error(last_error: str | None, code: str | None, verdict: bool) -> dict
 # job in flight. A provider's answer is not trusted to be short or storable: it is bounded here,
 # once, before any writer stores it or a poll message carries it to the next turn.
 
-#: the most characters ``jobs.provider_status`` stores (a longer status keeps its first ones)
-PROVIDER_STATUS_MAX = 64
+#: the most characters ``jobs.provider_status`` stores (a longer status keeps its first ones;
+#: its home is the column's mapping, which the table contract reads)
+PROVIDER_STATUS_MAX = models.PROVIDER_STATUS_MAX
 
 
 def stored_status(raw: object) -> str | None:

@@ -85,12 +85,13 @@ def _enqueue_chain(rt: Runtime, plan: _Plan) -> str | None:
 def _poll_once(rt: Runtime, plan: _Plan) -> str:
     """The ``accepted`` row's poll: one read through ``lifecycle.observe``. The attempt was counted by the claim,
     so observe's own count loses its spacing CAS: exhaustion is checked here. The read is made
-    under the row's poll claim as the sweep's claim left it (``(poll_generation, poll_seq)``):
-    a webhook's resume or a poller's turn meanwhile takes the job over, and then a read that
-    is no verdict fails nothing (the poller that took it exhausts it in its turn)."""
+    under the row's poll claim as the sweep's claim left it (``jobstore.claim_of``: generation,
+    seq and resume count): a webhook's resume or a poller's turn meanwhile takes the job over
+    (a resume that keeps a turnless generation moves the count), and then a read that is no
+    verdict fails nothing (the poller that took it exhausts it in its turn)."""
     job, kind = plan.job, plan.kind
     assert kind is not None
-    claim = (job.poll_generation, job.poll_seq)
+    claim = jobstore.claim_of(job)
     outcome = lifecycle.observe(rt, job, kind, via="sweep", claim=claim)
     if outcome in ("in_flight", "error") and horizon.exhausted(job):
         with rt.sessions() as session:

@@ -6,14 +6,14 @@ turn; the grouped hold's SQL is fed odd rows; batch mode runs on the embedded SQ
 
 PostgreSQL (and SQLite where named), the simulator and an injected clock (``World``).
 
-Findings, both also on 606b2b3 (not regressions of 7f91260). The second is fixed (the round's
-set-based write falls back to one write per row); the first stays a strict xfail (the sweep's
-read is now fenced on its claim's generation and seq, which does not cover the turnless case):
+Findings, both also on 606b2b3 (not regressions of 7f91260), both fixed:
 ``test_a_sweep_read_overtaken_by_a_webhook_resume_fails_nothing`` (the sweep's / reaper's own
-read exhausts under no fence) and ``test_a_length_limited_provider_status_poisons_no_other_row_of_the_round[running]``
-(one overlong status makes the set-based reschedule raise out of the whole round). Every
-other test here passes on 7f91260; the ``succeeded`` interleavings of webhook_resume and
-reap_and_claim fail on 606b2b3 (the hole the commit closes).
+read exhausted under no fence, then under a fence a resume of a turnless generation could not
+move: the fence now includes the row's resume count, ``jobstore.claim_of``, migration 0030)
+and ``test_a_length_limited_provider_status_poisons_no_other_row_of_the_round[running]`` (one
+overlong status made the set-based reschedule raise out of the whole round; the round's
+set-based write now falls back to one write per row). The ``succeeded`` interleavings of
+webhook_resume and reap_and_claim fail on 606b2b3 (the hole 7f91260 closes).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from reconcile import jobstore, lifecycle
 from reconcile.db.models import JobEvent
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.providers import PollResult, PollStatus
-from reconcile.states import MAX_ATTEMPTS
+from reconcile.states import IN_FLIGHT, MAX_ATTEMPTS
 from reconcile.sweep import reconcile_job
 from reconcile.sweep.liveness import reap
 from reconcile.testing.simulator import Script, Simulator
@@ -50,17 +50,8 @@ def _completions(w: World, job_id: uuid.UUID) -> int:
 # ------------------------------------------------------------------ 1. the sweep's own read
 
 
-TURNLESS = pytest.mark.xfail(strict=True, reason=(
-    "known hole, older than the fenced writes (fails the same way on 606b2b3): the sweep's "
-    "read is fenced on the row's (poll_generation, poll_seq) as its claim left it, but the "
-    "webhook's resume of a generation that never took a turn (poll_seq 0) keeps that "
-    "generation and seq (start_new_chain), so the fence cannot see it; closing it needs a "
-    "mark the resume writes (a turn of its own, or a column), not added in this change"))
-
-
-@pytest.mark.parametrize("mode,writer", [pytest.param("batch", "sweep", marks=TURNLESS),
-                                         pytest.param("chain", "sweep", marks=TURNLESS),
-                                         pytest.param("chain", "reap", marks=TURNLESS)])
+@pytest.mark.parametrize("mode,writer", [("batch", "sweep"), ("chain", "sweep"),
+                                         ("chain", "reap")])
 def test_a_sweep_read_overtaken_by_a_webhook_resume_fails_nothing(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, mode: str, writer: str) -> None:
@@ -101,6 +92,52 @@ def test_a_sweep_read_overtaken_by_a_webhook_resume_fails_nothing(
     assert (job.status, job.error_code, w.refunds(job_id)) == ("completed", None, 0), (
         f"{writer} outcome={outcome}: a job whose task succeeded was {job.status} "
         f"({job.error_code}) and refunded {w.refunds(job_id)}x on a stale 'not found'")
+    assert _completions(w, job_id) == 1 and w.audit() == []
+
+
+@pytest.mark.parametrize("mode", ["batch", "chain"])
+def test_a_webhook_read_overtaken_by_a_resume_fails_nothing(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """The webhook's confirming read is a reader without a turn too: it reads "processing" (no
+    verdict) on the job's last attempt, and during that read the task succeeds and another
+    delivery's confirming read resumes the polling (a generation that never took a turn: only
+    the resume count moves). The first delivery fails nothing; the resumed poller completes."""
+    from types import SimpleNamespace
+
+    from reconcile.webhook_ingest import _confirm
+
+    w = World(db, simulator, tmp_path, poll_mode=mode, poll_batch_threads=1,
+              poll_batch_finalize_threads=1)
+    job_id = w.accept(KIND, Script(timeline=FOREVER))
+    w.clock.now += THRESHOLD + timedelta(minutes=1)
+    w.set(job_id, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
+    task, job = w.task_id(job_id), w.job(job_id)
+    kind = w.rt.kind(KIND)
+    client = w.rt.client(kind)
+    real = client.poll
+    resumed: list[bool] = []
+
+    def poll(task_id: str, model: str | None = None) -> PollResult:
+        if task_id == task and not resumed:
+            w.sim.set_state(task, "succeeded")
+            resumed.append(lifecycle.resume_chain(w.rt, job_id))
+            return PollResult(PollStatus.RUNNING, raw_status="processing")
+        return real(task_id, model=model)
+
+    monkeypatch.setattr(client, "poll", poll)
+    event = SimpleNamespace(failed=False, signed_body=b"", status="processing", error=None)
+    code, body = _confirm(w.rt, job, kind, event)
+    assert resumed == [True] and code == 200, body
+    assert w.job(job_id).status in IN_FLIGHT, body
+    w.lose_messages()
+    if mode == "batch":
+        batch_poll.poll_due(w.rt, budget=60)
+    else:
+        now = w.job(job_id)
+        lifecycle.poll_step(w.rt, job_id, now.poll_generation, now.poll_seq)
+    job = w.job(job_id)
+    assert (job.status, w.refunds(job_id)) == ("completed", 0), (job.status, body)
     assert _completions(w, job_id) == 1 and w.audit() == []
 
 

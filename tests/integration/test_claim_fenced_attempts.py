@@ -127,8 +127,8 @@ def test_the_sweeps_read_counts_only_while_no_poller_claimed_the_row_since(
     """Batch mode: the sweep claims the last attempt of a due row and reads "not found"; during
     that read a batch poller claims the row (the task has succeeded). The sweep's read is no
     verdict and the row is the poller's now: the sweep fails nothing, the poller completes it.
-    (A resume of a generation that never took a turn keeps its generation and seq, so the
-    fence cannot see it: ``test_attack_fenced.py``'s strict xfails.)"""
+    (A resume of a generation that never took a turn keeps its generation and seq; the fence
+    sees it by the row's resume count: ``test_attack_fenced.py``'s first test.)"""
     from reconcile.sweep import reconcile_job
 
     w = World(db, simulator, tmp_path, poll_mode="batch", poll_batch_threads=1,

@@ -123,6 +123,7 @@ def test_db_check_on_the_django_platform_prints_each_mismatch_and_exits_1(
     assert {f["where"] for f in report["findings"] if f["level"] == "breaks"} == {
         *(f"jobs.{c}" for c in SEVEN), "usage_logs.created_at", "reconcile_operator_actions",
         "reconcile_workers", "reconcile_sweep_ticks", "jobs.claimed_by", "jobs.provider_status",
+        "jobs.poll_resumes",
         "reconcile_ledger_reserve()", "reconcile_ledger_commit()", "reconcile_ledger_refund()"}
     # every process building a runtime refuses, naming the columns, before any request
     with pytest.raises(SchemaMismatch, match="jobs.progress: missing"):
@@ -136,6 +137,39 @@ def test_db_check_on_the_django_platform_prints_each_mismatch_and_exits_1(
     assert code == 0, out
     assert "BREAKS" not in out and "DIFFERS" not in out
     assert "the database fits the table contract\n" in out
+
+
+def test_a_varchar_shorter_than_what_the_library_writes_breaks(pg_databases: PgDatabases) -> None:
+    """A platform whose ``status`` is ``varchar(8)`` and which already had a ``provider_status
+    varchar(20)`` (the library's upgrade keeps a column it finds): the library writes
+    ``processing`` (10 characters) and provider statuses of up to 64, which PostgreSQL refuses
+    there, so ``db check`` breaks on both (it only noted a length limit) and names the widening
+    that fixes it; a varchar long enough is noted as before."""
+    ddl = (DJANGO_PG.format(usage_id=BIGINT_IDENTITY)
+           .replace("status varchar(20) NOT NULL, input_data", "status varchar(8) NOT NULL, input_data")
+           .replace("completed_at timestamp);", "completed_at timestamp, provider_status varchar(20));", 1))
+    url = _platform(pg_databases, ddl)
+    code, out = _db_check(url)
+    assert code == 1, out
+    assert ("BREAKS   jobs.status: character varying(8): the library writes values of up to 10 "
+            "characters here") in out, out
+    assert ("BREAKS   jobs.provider_status: character varying(20): the library writes values of "
+            "up to 64 characters here") in out, out
+    assert "NOTE     workflow_executions.status: character varying(20): length-limited" in out
+    # what the finding says, as PostgreSQL has it: the library's longest value fails its write
+    with _psql(url) as conn, pytest.raises(psycopg.errors.StringDataRightTruncation):
+        conn.execute("INSERT INTO jobs (id, user_id, job_type, status, input_data, created_at) "
+                     "VALUES (gen_random_uuid(), gen_random_uuid(), 'image', 'processing', "
+                     "'{}', now())")
+    fixes = [line.split("fix: ", 1)[1].split(" (or text", 1)[0]
+             for line in out.splitlines() if "fix: ALTER TABLE jobs ALTER COLUMN" in line]
+    assert len(fixes) == 2, out
+    with _psql(url) as conn:
+        for fix in fixes:
+            conn.execute(fix)
+    code, out = _db_check(url)
+    assert code == 0, out
+    assert "NOTE     jobs.provider_status: character varying(64): length-limited" in out
 
 
 @pytest.mark.parametrize("usage_id", list(SUPPORTED_IDS.values()), ids=list(SUPPORTED_IDS))
