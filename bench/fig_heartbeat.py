@@ -72,13 +72,11 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 def _claim_lease_s() -> float:
     """What a dead process's batch claim would wait without the heartbeat (the claim lease at
-    the default settings; ``claim_lease`` reads only the runtime's settings)."""
-    from types import SimpleNamespace
-
+    the default settings)."""
     from reconcile.lifecycle import batch
     from reconcile.settings import Settings
 
-    return batch.claim_lease(SimpleNamespace(settings=Settings())).total_seconds()  # type: ignore[arg-type]
+    return batch.claim_lease_of(Settings()).total_seconds()
 
 
 def _one(mode: str, jobs: int) -> dict[str, Any]:

@@ -44,7 +44,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from enum import Enum
+from typing import Any, Literal
 
 from .. import jobstore, lifecycle
 from ..db.models import Job
@@ -52,6 +53,7 @@ from ..errors import ErrorCode, ProviderError
 from ..kinds import Kind
 from ..providers.base import PollResult, PollStatus
 from ..runtime import Runtime
+from ..settings import Settings
 from ..states import POLL_LEASE_SLACK
 from .batch_reads import finalize_pool, read_all
 from .create import _async_kinds
@@ -84,9 +86,14 @@ def stalled(rt: Runtime, now: datetime | None = None) -> datetime | None:
 
 
 def claim_lease(rt: Runtime) -> timedelta:
-    """How long a claim holds its rows: one status read's total deadline + the poll slack
-    (scaled). A dead poller's rows are due again after this."""
-    return rt.settings.scaled(lifecycle.poll_step_deadline(rt.settings) + POLL_LEASE_SLACK)
+    """How long a claim holds its rows (:func:`claim_lease_of` the runtime's settings)."""
+    return claim_lease_of(rt.settings)
+
+
+def claim_lease_of(settings: Settings) -> timedelta:
+    """How long a claim holds its rows under ``settings``: one status read's total deadline +
+    the poll slack (scaled). A dead poller's rows are due again after this."""
+    return settings.scaled(lifecycle.poll_step_deadline(settings) + POLL_LEASE_SLACK)
 
 
 # ----------------------------------------------------------------------------- one run
@@ -265,8 +272,14 @@ def _reschedule_running(rt: Runtime, running: list[jobstore.Rescheduled],
         report.outcomes["error"] = report.outcomes.get("error", 0) + failed
 
 
-# a claim the round did not hold: the job holds its own (one CAS) before it is observed
-_HOLD_EACH: Any = object()
+class _Hold(Enum):
+    EACH = "each"  # a claim the round did not hold: the job holds its own (one CAS) first
+
+
+_HOLD_EACH = _Hold.EACH
+# what a job's outcome is handed: the row the round's hold returned, None (that hold found the
+# claim taken over), or _HOLD_EACH
+Held = Job | None | Literal[_Hold.EACH]
 
 
 def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]]) -> dict[uuid.UUID, Job] | None:
@@ -290,13 +303,13 @@ def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]]) -> dict[uuid.UUID, J
         return None
 
 
-def _alone(rt: Runtime, c: Claim, result: Any, held: Any) -> tuple[str, BatchReport]:
+def _alone(rt: Runtime, c: Claim, result: Any, held: Held) -> tuple[str, BatchReport]:
     part = BatchReport()
     return _isolated(rt, c, result, part, held), part
 
 
 def _isolated(rt: Runtime, c: Claim, result: Any, report: BatchReport,
-              held: Any = _HOLD_EACH) -> str:
+              held: Held = _HOLD_EACH) -> str:
     try:
         return _one(rt, c, result, report, held)
     except Exception:  # one row's failure (a database error…) never stops the others
@@ -305,7 +318,7 @@ def _isolated(rt: Runtime, c: Claim, result: Any, report: BatchReport,
 
 
 def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseException,
-         report: BatchReport, held: Job | None = _HOLD_EACH) -> str:
+         report: BatchReport, held: Held = _HOLD_EACH) -> str:
     """A result that is not plain "still running": per job, through the chain's own code,
     under the claim. ``held``: the row as the round's hold returned it (None: that hold found
     the claim taken over); by default the job holds its own claim first."""
