@@ -273,10 +273,10 @@ def _confirm(rt: Runtime, job: Job, kind: Any, event: Any) -> _Answer:
         started = lifecycle.resume_chain(rt, job.id)
         log.info("webhook_enqueued job_id=%s started=%s", job.id, started)
         return 202, {"status": "enqueued"}
-    # under the claim the delivery's row carried: a poller's turn or a resume since then has
-    # news of the task, and this read's no-verdict outcome then spends and fails nothing
+    # under the claim the delivery's row carried, while no poller holds it: a poller's turn or
+    # a resume has news of the task, and this read's no-verdict outcome spends and fails nothing
     outcome = lifecycle.observe(rt, job, kind, via="webhook", result=result,
-                                claim=jobstore.claim_of(job))
+                                claim=jobstore.claim_of(job, unheld_at=rt.now()))
     with rt.sessions() as session:
         current = jobstore.load(session, job.id)
     log.info("webhook_handled job_id=%s outcome=%s", job.id, outcome)

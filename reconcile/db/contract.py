@@ -89,7 +89,7 @@ ALWAYS_SET = frozenset({"jobs.input_data", "usage_logs.job_id", "usage_logs.meta
 # the library knows it): NOT NULL there breaks a write, default or not.
 FILLED_BY_DEFAULT = frozenset({
     "jobs.output_data", "jobs.provider", "jobs.started_at", "jobs.completed_at",
-    "jobs.should_watermark", "jobs.is_public"})
+    "jobs.should_watermark", "jobs.is_public", "jobs.poll_resumes"})
 LIBRARY_TABLES = tuple(sorted(name for name in Base.metadata.tables if name not in PLATFORM_TABLES))
 UUID_ONLY = "the library's ids are uuids; an integer or text id is not supported yet"
 # the fix of a library column or table that is gone while its migrations are at head
@@ -222,11 +222,15 @@ def _affinity(declared: str) -> str:
 
 
 def _pg_columns(conn: Connection, table: str) -> dict[str, _Live] | None:
+    # a domain is checked as its base type (what its values are stored as), named as declared
     rows = conn.execute(text(
-        "SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull, "
+        "SELECT a.attname, format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype "
+        "ELSE a.atttypid END, CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END), "
+        "NOT a.attnotnull, "
         "a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '', "
-        "COALESCE(a.attnum = ANY(i.indkey), false) "
+        "COALESCE(a.attnum = ANY(i.indkey), false), format_type(a.atttypid, a.atttypmod) "
         "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_type t ON t.oid = a.atttypid "
         "JOIN pg_namespace n ON n.oid = c.relnamespace "
         "LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
         "WHERE c.relname = :t AND n.nspname = current_schema() AND c.relkind IN ('r', 'p') "
@@ -235,7 +239,8 @@ def _pg_columns(conn: Connection, table: str) -> dict[str, _Live] | None:
         exists = conn.execute(text("SELECT to_regclass(:t) IS NOT NULL"), {"t": table}).scalar()
         if not exists:
             return None
-    return {r[0]: _Live(r[1], r[1], bool(r[2]), bool(r[3]), bool(r[4])) for r in rows}
+    return {r[0]: _Live(r[1], r[1] if r[5] == r[1] else f"{r[5]} ({r[1]})", bool(r[2]),
+                        bool(r[3]), bool(r[4])) for r in rows}
 
 
 def _sqlite_columns(conn: Connection, table: str) -> dict[str, _Live] | None:
@@ -304,15 +309,16 @@ def _not_null(col: Column, where: str, live: _Live) -> Finding:
 def _type_findings(col: Column, where: str, live: _Live, dialect: str) -> list[Finding]:
     family = FAMILIES[col.family]
     if dialect == "postgresql":
-        base = _base_pg_type(live.type)
-        short = _too_short(col, where, live.type)
-        if short is not None:
-            return [short]
-        note = family.note_for(live.type) or family.note_for(base)
-        if note is not None:
-            return [Finding(where, f"{live.type}: {note}", NOTE)]
-        if base in family.pg:
-            return []
+        if not live.type.endswith("[]"):  # an array is no family's type
+            base = _base_pg_type(live.type)
+            short = _too_short(col, where, live.type)
+            if short is not None:
+                return [short]
+            note = family.note_for(live.type) or family.note_for(base)
+            if note is not None:
+                return [Finding(where, f"{live.declared}: {note}", NOTE)]
+            if base in family.pg:
+                return []
     elif live.type in family.sqlite:
         return []
     if col.family == "uuid":

@@ -34,6 +34,7 @@ through this facade, and never writing ``jobs`` themselves — the single-writer
 from __future__ import annotations
 
 from .batch import (
+    ReaderClaim,
     Rescheduled,
     claim_due,
     claim_due_with_times,
@@ -46,6 +47,7 @@ from .batch import (
     oldest_unclaimed_due,
     reschedule_claimed,
     under_claim,
+    unheld,
 )
 from .cas import load
 from .create import (
@@ -106,14 +108,14 @@ from .workers import (
 )
 
 __all__ = [
-    "PROVIDER_STATUS_MAX", "LeaseSteps", "Rescheduled", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
+    "PROVIDER_STATUS_MAX", "LeaseSteps", "ReaderClaim", "Rescheduled", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
     "claim_due", "claim_of", "claim_due_with_times", "claim_expired", "claim_reenqueue", "claim_settlement",
     "count_attempt", "hold_claim", "hold_claims", "hold_claims_with_status", "in_flight", "insert_job", "insert_job_with_event", "is_settlement_due",
     "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",
     "completion_binds", "completion_cas", "completion_inserts",
     "make_due", "make_due_at", "oldest_unclaimed_due", "mark_completed", "mark_failed", "mark_platform_call",
     "mark_uncertain", "note_error", "platform_row_uncalled", "record_anomaly", "record_cost", "record_recharge",
-    "release_rate_limited", "resolve_anomalies", "reschedule_claimed", "under_claim", "save_task_id", "set_progress", "settle_failed",
+    "release_rate_limited", "resolve_anomalies", "reschedule_claimed", "under_claim", "unheld", "save_task_id", "set_progress", "settle_failed",
     "settled", "settlement_due", "settlement_pending", "start_new_chain", "stored_status", "take_poll_turn",
     "uncertain_expired", "unknown_outcome_in_flight",
     "is_outcome_unknown", "must_settle", "outcome_known",

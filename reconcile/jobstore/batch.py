@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import and_, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from ..db.models import Job
@@ -86,26 +86,49 @@ def _aware(value: datetime) -> datetime:
 
 _ANY = object()
 
+# a reader without a turn of its own (:func:`claim_of`): (poll_generation, poll_seq,
+# poll_resumes, the time no poller may hold the row at — None: not asked)
+ReaderClaim = tuple[int, int, int | None, datetime | None]
 
-def under_claim(generation: Any, seq: Any, resumes: Any = _ANY) -> tuple[Any, ...]:
+
+def under_claim(generation: Any, seq: Any, resumes: Any = _ANY,
+                unheld_at: datetime | None = None) -> tuple[Any, ...]:
     """A write made under a poller's claim or turn ``(generation, seq)``: it applies only while
     the row still carries that claim (a claim taken over — a new generation, another poller's
     claim or turn — moved one of them). Added to a CAS's own conditions.
 
     ``resumes``: also while the row's resume count is that (:func:`claim_of`, a reader holding
     no turn of its own). A poller needs none: its turn or claim moved ``poll_seq`` past 0, so a
-    resume after it starts a new generation."""
-    held = (Job.poll_generation == generation, Job.poll_seq == seq)
-    if resumes is _ANY:
-        return held
-    return (*held, Job.poll_resumes.is_not_distinct_from(resumes))
+    resume after it starts a new generation. ``unheld_at``: also only while no poller holds the
+    row at that time (:func:`unheld`)."""
+    held: tuple[Any, ...] = (Job.poll_generation == generation, Job.poll_seq == seq)
+    if resumes is not _ANY:
+        held = (*held, Job.poll_resumes.is_not_distinct_from(resumes))
+    if unheld_at is not None:
+        held = (*held, unheld(unheld_at))
+    return held
 
 
-def claim_of(job: Job) -> tuple[int, int, int | None]:
-    """The claim a reader without a turn of its own (the sweep, the heartbeat reaper) reads
-    under: the row's ``(poll_generation, poll_seq, poll_resumes)`` as its plan loaded it. A
-    resume of a generation that never took a turn keeps the first two; it moves the third."""
-    return (job.poll_generation, job.poll_seq, job.poll_resumes)
+def unheld(now: datetime) -> Any:
+    """No poller holds the row at ``now``: a chain row (``poll_due_at`` NULL) whose turn's lease
+    has ended, or a batch row that is due (a claim, its hold and a poller's reschedule all put
+    ``poll_due_at`` ahead). A poller that holds the row may be storing the success it read: a
+    reader without a turn of its own leaves the job's exhaustion to it."""
+    return or_(and_(Job.poll_due_at.is_(None),
+                    or_(Job.poll_lease_expires_at.is_(None), Job.poll_lease_expires_at <= now)),
+               Job.poll_due_at <= now)
+
+
+def claim_of(job: Job, *, unheld_at: datetime | None = None) -> ReaderClaim:
+    """The claim a reader without a turn of its own (the sweep, the heartbeat reaper, a
+    webhook's confirming read) reads under: the row's ``(poll_generation, poll_seq,
+    poll_resumes)`` as it loaded it — a resume of a generation that never took a turn keeps the
+    first two, it moves the third — and ``unheld_at``: the time at which no poller may hold the
+    row for the reader's no-verdict outcome to count (None: the reader itself started the
+    polling it would fence, the sweep's resume of a dead chain). A poller's turn or claim taken
+    before the reader loaded the row moves none of the three while it stores a success; its
+    live lease is what shows it."""
+    return (job.poll_generation, job.poll_seq, job.poll_resumes, unheld_at)
 
 
 def _claimed(job_id: uuid.UUID, generation: int, seq: int) -> tuple[Any, ...]:

@@ -230,7 +230,7 @@ def read_status(rt: Runtime, job: Job, kind: Kind) -> PollResult | ProviderError
 
 def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
             result: PollResult | ProviderError | None = None,
-            claim: tuple[int, int] | tuple[int, int, int | None] | None = None) -> str:
+            claim: tuple[int, int] | jobstore.ReaderClaim | None = None) -> str:
     """Read the task once (unless ``result`` is given) and act on it through the CAS paths.
 
     Returns ``completed``, ``failed``, ``in_flight``, ``lost`` (someone else finished it) or
@@ -240,7 +240,9 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
     ``error`` means the job is still in flight after such a raise (the chain goes on).
 
     ``claim``: the poller's ``(poll_generation, poll_seq)`` the read was made under (the chain's
-    turn, the batch poller's claim), or a turnless reader's ``jobstore.claim_of`` (the sweep). An attempt is then counted, and a job failed at
+    turn, the batch poller's claim), or a reader's without a turn of its own
+    (``jobstore.claim_of``: the sweep, a webhook's confirming read), which also counts nothing
+    and fails nothing while a poller holds the row (it may be storing the success it read). An attempt is then counted, and a job failed at
     exhaustion, only while the row still carries it: a read that is no verdict ("not found",
     an unknown status, an error), made under a claim taken over since, never spends the new
     poller's attempts nor fails a job whose task may have finished meanwhile. A verdict the
@@ -355,6 +357,11 @@ def _unfinished(rt: Runtime, job: Job, kind: Kind, code: str | None, message: st
     if counted is None:
         if last_error:
             _note_error(rt, job, last_error, verdict, error_code)
+        if fence and horizon.exhausted(job):
+            # an attempt spaced too close to the last one, counted by a reader that left the
+            # job's exhaustion to this poller (the sweep while a poller held the row): it
+            # exhausts it now, under its own claim
+            return exhaust(rt, job, where=fence)
         return "in_flight"
     if not horizon.exhausted(counted):
         return "in_flight"

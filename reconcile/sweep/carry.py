@@ -20,7 +20,7 @@ from ..kinds import Kind
 from ..providers.base import AsyncProvider
 from ..runtime import Runtime
 from ..settlement import SettleOutcome
-from ..states import IN_FLIGHT, Submission
+from ..states import Submission
 from .claims import _anomaly_once, _Plan
 from .table import Action
 
@@ -84,20 +84,22 @@ def _enqueue_chain(rt: Runtime, plan: _Plan) -> str | None:
 
 def _poll_once(rt: Runtime, plan: _Plan) -> str:
     """The ``accepted`` row's poll: one read through ``lifecycle.observe``. The attempt was counted by the claim,
-    so observe's own count loses its spacing CAS: exhaustion is checked here. The read is made
+    so observe's own count loses its spacing CAS, and observe exhausts the job at its horizon
+    under the claim (as a poller whose attempt another reader counted). The read is made
     under the row's poll claim as the sweep's claim left it (``jobstore.claim_of``: generation,
     seq and resume count): a webhook's resume or a poller's turn meanwhile takes the job over
     (a resume that keeps a turnless generation moves the count), and then a read that is no
-    verdict fails nothing (the poller that took it exhausts it in its turn)."""
+    verdict fails nothing (the poller that took it exhausts it in its turn). The same when a
+    poller held the row before the sweep loaded it (a live chain, a claimed or scheduled batch
+    row): it exhausts the job itself, after storing the success it may have read meanwhile."""
     job, kind = plan.job, plan.kind
     assert kind is not None
-    claim = jobstore.claim_of(job)
+    # a live chain or a held batch row at the decision: its poller exhausts the job in its turn
+    # (it may be storing the success it read); a dead chain this plan resumed: the sweep may
+    # (not the reaper's plan: a lapsed heartbeat is no proof that its poller stopped)
+    own = plan.decision.resume and not plan.reaped
+    claim = jobstore.claim_of(job, unheld_at=None if own else rt.now())
     outcome = lifecycle.observe(rt, job, kind, via="sweep", claim=claim)
-    if outcome in ("in_flight", "error") and horizon.exhausted(job):
-        with rt.sessions() as session:
-            current = jobstore.load(session, job.id)
-        if current is not None and current.status in IN_FLIGHT:
-            outcome = lifecycle.exhaust(rt, current, where=jobstore.under_claim(*claim))
     if outcome in ("in_flight", "error"):
         _enqueue_chain(rt, plan)
     return outcome

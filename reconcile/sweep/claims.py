@@ -57,6 +57,10 @@ class _Plan:
     kind: Kind | None = None
     outcome: str | None = None
     generation: int | None = None  # a new poll chain to enqueue
+    # decided by the heartbeat reaper, after it ended the claims of a worker whose heartbeat
+    # lapsed: a resume here does not show that no poller holds the row (a slow worker may still
+    # be storing the success it read), so the reader leaves the job's exhaustion to its poller
+    reaped: bool = False
 
 
 def _plan(rt: Runtime, session: Session, job: Job, now: datetime, *, dry_run: bool,

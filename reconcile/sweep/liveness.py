@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import select
 
@@ -83,7 +83,8 @@ def _decide(rt: Runtime, ids: list[uuid.UUID], report: ReapReport) -> None:
                                    .with_for_update(skip_locked=True)).scalars().all()
             for job in jobs:
                 try:
-                    plans.append(_plan(rt, session, job, now, dry_run=False))
+                    plans.append(replace(_plan(rt, session, job, now, dry_run=False),
+                                         reaped=True))
                 except Exception:
                     log.exception("worker_lapsed_row_failed job_id=%s", job.id)
                     report.decided["error"] += 1
