@@ -107,6 +107,24 @@ ON CONFLICT DO NOTHING"""
                 record(f"column:{table}.{column}")
 
 
+def add_library_column(table: str, column: str, pg_type: str, sqlite_type: str) -> None:
+    """A nullable library column: recorded as the library's only where it was missing, then
+    ``ADD COLUMN IF NOT EXISTS`` (PostgreSQL; a plain statement the migration linter reads) —
+    a column the platform already has is kept as it is (:func:`drop_library_column`)."""
+    if is_pg():
+        record_missing_columns(table, [column])
+        op.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {pg_type}")
+    elif not sqlite_has_column(table, column):
+        op.execute(f"ALTER TABLE {table} ADD COLUMN {column} {sqlite_type}")
+        record(f"column:{table}.{column}")
+
+
+def drop_library_column(table: str, column: str) -> None:
+    """The downgrade of :func:`add_library_column`: drops the column only if the library added
+    it."""
+    drop_recorded("column:", only={f"column:{table}.{column}"})
+
+
 def create_index_concurrently(name: str, table: str, columns: str, where: str | None = None) -> None:
     """``CREATE INDEX CONCURRENTLY IF NOT EXISTS`` outside the migration's transaction (PG)."""
     predicate = f" WHERE {where}" if where else ""

@@ -131,6 +131,14 @@ class World:
             return s.execute(select(func.count()).select_from(CreditTransaction).where(
                 CreditTransaction.job_id == job_id, CreditTransaction.type == "REFUND")).scalar_one()
 
+    def completions(self, job_id: uuid.UUID) -> int:
+        """The job's ``completed`` events (one per completion that won)."""
+        from reconcile.db.models import JobEvent
+
+        with self.db() as s:
+            return s.execute(select(func.count()).select_from(JobEvent).where(
+                JobEvent.job_id == job_id, JobEvent.type == "completed")).scalar_one()
+
     def anomalies(self, job_id: uuid.UUID, kind: str | None = None) -> list[str]:
         with self.db() as s:
             stmt = select(CreditAnomaly.kind).where(CreditAnomaly.job_id == job_id)
@@ -166,10 +174,10 @@ class World:
                                      timedelta(seconds=6))
 
     def miss_once(self, monkeypatch: pytest.MonkeyPatch, job_id: uuid.UUID,
-                  inside: Any) -> list[int]:
-        """The job's next read says "not found" once (a transient miss) while its task has
-        succeeded upstream; ``inside()`` runs inside that read. Returns the reads of the task
-        (one int each)."""
+                  inside: Any, stale: Any = None) -> list[int]:
+        """The job's next read says "not found" once (a transient miss; ``stale``: that
+        ``PollResult`` instead) while its task has succeeded upstream; ``inside()`` runs inside
+        that read. Returns the reads of the task (one int each)."""
         from reconcile.providers import PollResult, PollStatus
 
         task = self.task_id(job_id)
@@ -183,7 +191,7 @@ class World:
                 if len(reads) == 1:
                     self.sim.set_state(task, "succeeded")
                     inside()
-                    return PollResult(PollStatus.NOT_FOUND)
+                    return stale if stale is not None else PollResult(PollStatus.NOT_FOUND)
             return real(task_id, model=model)
 
         monkeypatch.setattr(client, "poll", poll)

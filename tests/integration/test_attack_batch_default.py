@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle
-from reconcile.db.models import CreditTransaction, JobEvent
+from reconcile.db.models import CreditTransaction
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.states import IN_FLIGHT
 from reconcile.sweep.liveness import reap
@@ -45,20 +45,16 @@ def _count(w: World, model: Any, *where: Any) -> int:
         return s.execute(select(func.count()).select_from(model).where(*where)).scalar_one()
 
 
-def _completions(w: World, job_id: uuid.UUID) -> int:
-    return _count(w, JobEvent, JobEvent.job_id == job_id, JobEvent.type == "completed")
-
-
 def _settled_once(w: World, job_id: uuid.UUID) -> None:
     job = w.job(job_id)
     refunds = _count(w, CreditTransaction, CreditTransaction.job_id == job_id,
                      CreditTransaction.type == "REFUND")
     if job.status == "completed":
-        assert _completions(w, job_id) == 1 and refunds == 0, (job_id, refunds)
+        assert w.completions(job_id) == 1 and refunds == 0, (job_id, refunds)
         assert job.credits_actual is not None and job.credits_actual > 0
     else:
         assert job.status in ("failed", "cancelled"), job.status
-        assert _completions(w, job_id) == 0 and refunds == 1
+        assert w.completions(job_id) == 0 and refunds == 1
 
 
 # ----------------------------------------------------------------------------- paths under batch

@@ -24,11 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle
-from reconcile.db.models import JobEvent
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.providers import PollResult, PollStatus
 from reconcile.states import IN_FLIGHT, MAX_ATTEMPTS
@@ -40,11 +38,6 @@ from tests.integration._sweep_helpers import FOREVER, World
 KIND = "replicate-prediction"
 THRESHOLD = timedelta(minutes=20)
 
-
-def _completions(w: World, job_id: uuid.UUID) -> int:
-    with w.db() as s:
-        return s.execute(select(func.count()).select_from(JobEvent).where(
-            JobEvent.job_id == job_id, JobEvent.type == "completed")).scalar_one()
 
 
 # ------------------------------------------------------------------ 1. the sweep's own read
@@ -92,7 +85,7 @@ def test_a_sweep_read_overtaken_by_a_webhook_resume_fails_nothing(
     assert (job.status, job.error_code, w.refunds(job_id)) == ("completed", None, 0), (
         f"{writer} outcome={outcome}: a job whose task succeeded was {job.status} "
         f"({job.error_code}) and refunded {w.refunds(job_id)}x on a stale 'not found'")
-    assert _completions(w, job_id) == 1 and w.audit() == []
+    assert w.completions(job_id) == 1 and w.audit() == []
 
 
 @pytest.mark.parametrize("mode", ["batch", "chain"])
@@ -138,7 +131,7 @@ def test_a_webhook_read_overtaken_by_a_resume_fails_nothing(
         lifecycle.poll_step(w.rt, job_id, now.poll_generation, now.poll_seq)
     job = w.job(job_id)
     assert (job.status, w.refunds(job_id)) == ("completed", 0), (job.status, body)
-    assert _completions(w, job_id) == 1 and w.audit() == []
+    assert w.completions(job_id) == 1 and w.audit() == []
 
 
 # ------------------------------------------------------------------ 2. writers after the hold / turn
@@ -205,7 +198,7 @@ def _invariants(w: World, job_id: uuid.UUID, upstream: str, writer: str, mode: s
     refunds = w.refunds(job_id)
     where = f"{mode}/{writer}/{upstream}: status={job.status} code={job.error_code}"
     assert refunds <= 1, where
-    assert _completions(w, job_id) <= 1, where
+    assert w.completions(job_id) <= 1, where
     if job.status == "completed":
         assert refunds == 0, where
     if upstream == "succeeded" and writer not in ("cancel", "operator_fail"):
@@ -569,4 +562,4 @@ def test_sqlite_a_round_held_one_row_at_a_time_and_fenced(
     again = batch_poll.poll_due(w.rt, budget=60)
     assert again.outcomes == {"completed": 1}, again.line()
     assert [w.refunds(j) for j in (done, missing, running, taken)] == [0, 1, 0, 0]
-    assert _completions(w, taken) == 1
+    assert w.completions(taken) == 1

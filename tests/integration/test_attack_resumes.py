@@ -25,11 +25,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import lifecycle
-from reconcile.db.models import JobEvent
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.providers import PollResult, PollStatus
 from reconcile.states import MAX_ATTEMPTS
@@ -42,11 +41,6 @@ KIND = "replicate-prediction"
 THRESHOLD = timedelta(minutes=20)
 
 
-def _completions(w: World, job_id: uuid.UUID) -> int:
-    with w.db() as s:
-        return s.execute(select(func.count()).select_from(JobEvent).where(
-            JobEvent.job_id == job_id, JobEvent.type == "completed")).scalar_one()
-
 
 def _money(w: World, job_id: uuid.UUID, where: str) -> None:
     """The task succeeded upstream and nobody asked the job to stop: completed once, no refund."""
@@ -54,7 +48,7 @@ def _money(w: World, job_id: uuid.UUID, where: str) -> None:
     assert (job.status, job.error_code, w.refunds(job_id)) == ("completed", None, 0), (
         f"{where}: status={job.status} code={job.error_code} refunds={w.refunds(job_id)} "
         f"attempts={job.reconcile_attempts}")
-    assert _completions(w, job_id) == 1 and w.audit() == [], where
+    assert w.completions(job_id) == 1 and w.audit() == [], where
 
 
 # ------------------------------------------------------------------ a. a turnless reader while a
@@ -165,27 +159,6 @@ def _second_writer(w: World, writer: str, job_id: uuid.UUID, taken: list[Any]) -
         reap(w.rt)
 
 
-def _stale_once(w: World, monkeypatch: pytest.MonkeyPatch, job_id: uuid.UUID, stale: PollResult,
-                inside: Any) -> None:
-    """The job's next read answers ``stale`` once while its task has succeeded upstream;
-    ``inside()`` runs inside that read (``World.miss_once`` with any stale answer)."""
-    task = w.task_id(job_id)
-    client = w.rt.client(w.rt.kind(KIND))
-    real = client.poll
-    reads: list[int] = []
-
-    def poll(task_id: str, model: str | None = None) -> PollResult:
-        if task_id == task:
-            reads.append(1)
-            if len(reads) == 1:
-                w.sim.set_state(task, "succeeded")
-                inside()
-                return stale
-        return real(task_id, model=model)
-
-    monkeypatch.setattr(client, "poll", poll)
-
-
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("mode,writer", [(m, wr) for m, ws in SWEEP_WRITERS.items() for wr in ws])
 @pytest.mark.parametrize("reader", ["sweep", "webhook"])
@@ -226,7 +199,7 @@ def test_a_writer_at_each_statement_of_a_turnless_read(
 
     stale = (PollResult(PollStatus.NOT_FOUND) if reader == "sweep"
              else PollResult(PollStatus.RUNNING, raw_status="processing"))
-    _stale_once(w, monkeypatch, job_id, stale, fire if point == "read" else (lambda: None))
+    w.miss_once(monkeypatch, job_id, fire if point == "read" else (lambda: None), stale)
     if point == "before_exhaust":
         real_exhaust = poll_mod.exhaust  # both readers exhaust inside observe
 
@@ -254,7 +227,7 @@ def test_a_writer_at_each_statement_of_a_turnless_read(
         w.lose_messages()
     _drain(w, mode, taken)
     job = w.job(job_id)
-    assert w.refunds(job_id) <= 1 and _completions(w, job_id) <= 1, where
+    assert w.refunds(job_id) <= 1 and w.completions(job_id) <= 1, where
     assert w.audit() == [], where
     if writer in ("cancel", "operator_fail"):
         assert job.status in ("cancelled", "failed"), where

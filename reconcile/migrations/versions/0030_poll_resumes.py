@@ -15,34 +15,19 @@ Revision ID: 0030
 Revises: 0029
 """
 
-from alembic import op
-from reconcile.db.migrate import (
-    drop_recorded,
-    is_pg,
-    record,
-    record_missing_columns,
-    set_lock_timeout,
-    sqlite_has_column,
-)
+from reconcile.db.migrate import add_library_column, drop_library_column, set_lock_timeout
 
 revision = "0030"
 down_revision = "0029"
 branch_labels = None
 depends_on = None
 
-COLUMN = "poll_resumes"
-
 
 def upgrade() -> None:
     set_lock_timeout()
-    if is_pg():
-        record_missing_columns("jobs", [COLUMN])
-        op.execute(f"ALTER TABLE jobs ADD COLUMN IF NOT EXISTS {COLUMN} integer")
-    elif not sqlite_has_column("jobs", COLUMN):
-        op.execute(f"ALTER TABLE jobs ADD COLUMN {COLUMN} INTEGER")
-        record(f"column:jobs.{COLUMN}")
+    add_library_column("jobs", "poll_resumes", "integer", "INTEGER")
 
 
 def downgrade() -> None:
     set_lock_timeout()
-    drop_recorded("column:", only={f"column:jobs.{COLUMN}"})
+    drop_library_column("jobs", "poll_resumes")
