@@ -74,6 +74,12 @@ def exhausted(job: Any) -> bool:
     return (job.reconcile_attempts or 0) >= MAX_ATTEMPTS
 
 
+def beyond_last_attempt(attempts: int) -> bool:
+    """An attempt counted after the last one (:data:`MAX_ATTEMPTS`): whoever held the job when
+    its last attempt was counted has had a whole attempt spacing since to finish or fail it."""
+    return attempts > MAX_ATTEMPTS
+
+
 def exhaustion_deadline(settings: Any, job: Any) -> datetime | None:
     """The latest an in-flight job may still be in flight: its kind's stale threshold after its
     start; a sync kind has no attempts after it, only its call's claim (:func:`call_deadline`);

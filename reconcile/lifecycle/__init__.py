@@ -29,6 +29,7 @@ from .poll import (
     poll_step,
     poll_step_deadline,
     read_status,
+    reader_claim as reader_claim,
     resume_chain,
 )
 from .settling import fail_job, settle

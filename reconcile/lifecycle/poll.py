@@ -255,6 +255,20 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
         return _raised(rt, job, kind, exc, via=via, fence=fence)
 
 
+def reader_claim(rt: Runtime, job: Job, *, resumed: bool = False,
+                 counting: int = 0) -> jobstore.ReaderClaim:
+    """The claim a reader without a turn of its own reads under (:func:`jobstore.claim_of`): it
+    counts an attempt and exhausts the job only while the row is as it loaded it, and while no
+    poller holds the row (that poller may be storing the success it read; it exhausts the job
+    in its own turn). Not the second: when the reader resumed the polling itself
+    (``resumed``: the sweep's resume of a dead chain, no poller held it), or when its attempt
+    is beyond the last one (``job.reconcile_attempts`` + ``counting``, the attempt it has yet to
+    count: a holder has had a whole spacing since the last attempt, and one that crashes in a
+    loop never finishes)."""
+    beyond = horizon.beyond_last_attempt((job.reconcile_attempts or 0) + counting)
+    return jobstore.claim_of(job, unheld_at=None if resumed or beyond else rt.now())
+
+
 def _raised(rt: Runtime, job: Job, kind: Kind, exc: Exception, *, via: str,
             fence: tuple[Any, ...] = ()) -> str:
     """A step that raised: an attempt with the exception's code, as :func:`observe` counts it."""

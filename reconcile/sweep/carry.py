@@ -94,11 +94,9 @@ def _poll_once(rt: Runtime, plan: _Plan) -> str:
     row): it exhausts the job itself, after storing the success it may have read meanwhile."""
     job, kind = plan.job, plan.kind
     assert kind is not None
-    # a live chain or a held batch row at the decision: its poller exhausts the job in its turn
-    # (it may be storing the success it read); a dead chain this plan resumed: the sweep may
-    # (not the reaper's plan: a lapsed heartbeat is no proof that its poller stopped)
-    own = plan.decision.resume and not plan.reaped
-    claim = jobstore.claim_of(job, unheld_at=None if own else rt.now())
+    # the attempt is counted (the claim); a dead chain this plan resumed held nobody (not the
+    # reaper's plan: a lapsed heartbeat is no proof that its poller stopped)
+    claim = lifecycle.reader_claim(rt, job, resumed=plan.decision.resume and not plan.reaped)
     outcome = lifecycle.observe(rt, job, kind, via="sweep", claim=claim)
     if outcome in ("in_flight", "error"):
         _enqueue_chain(rt, plan)
