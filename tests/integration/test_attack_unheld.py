@@ -97,6 +97,17 @@ def _slow_finalize(w: World, monkeypatch: pytest.MonkeyPatch, job_id: uuid.UUID,
 # ------------------------------------------------------------------ 2. a poller completing
 
 
+def _tick_meanwhile(w: World, stale: list[str], later: timedelta) -> Any:
+    """A sweep tick ``later`` (the poller's outputs still being stored), its reads stale."""
+    def tick() -> str:
+        w.clock.now += later
+        stale.append("on")
+        report = w.tick()
+        stale.clear()
+        return f"{report}"
+    return tick
+
+
 @pytest.mark.parametrize("beat", [pytest.param("lapsed", marks=SLOW_HOLDER), "alive"])
 def test_batch_a_sweep_tick_after_the_reaper_released_a_slow_pollers_claim_fails_nothing(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
@@ -122,14 +133,8 @@ def test_batch_a_sweep_tick_after_the_reaper_released_a_slow_pollers_claim_fails
         jobstore.register_worker(s, "w-A", "host", 1, w.clock.now,
                                  timedelta(seconds=30 if beat == "lapsed" else 600))
 
-    def tick_meanwhile() -> str:
-        w.clock.now += timedelta(minutes=1)  # the downloads take a minute: w-A's beat lapsed
-        stale.append("on")
-        report = w.tick()
-        stale.clear()
-        return f"{report}"
-
-    seen = _slow_finalize(w, monkeypatch, job_id, tick_meanwhile)
+    seen = _slow_finalize(w, monkeypatch, job_id,
+                          _tick_meanwhile(w, stale, timedelta(minutes=1)))  # the downloads take a minute: w-A's beat lapsed
     outcome = batch_poll.poll_due(w.rt, budget=60).line()
     assert len(seen) == 1, outcome
     _money(w, job_id, f"poller={outcome} tick={seen[0]}")
@@ -155,14 +160,8 @@ def test_chain_a_finalize_longer_than_the_poll_lease_is_not_failed_by_the_sweep(
     stale: list[str] = []
     _stale_reads(w, monkeypatch, job_id, stale)
 
-    def tick_meanwhile() -> str:
-        w.clock.now += timedelta(seconds=60)  # one slow media fetch, within media_timeout
-        stale.append("on")
-        report = w.tick()
-        stale.clear()
-        return f"{report}"
-
-    seen = _slow_finalize(w, monkeypatch, job_id, tick_meanwhile)
+    seen = _slow_finalize(w, monkeypatch, job_id,
+                          _tick_meanwhile(w, stale, timedelta(seconds=60)))  # one slow media fetch, within media_timeout
     assert lifecycle.resume_chain(w.rt, job_id)
     _, generation, seq = w.q.polls.popleft()
     outcome = lifecycle.poll_step(w.rt, job_id, generation, seq)
@@ -189,14 +188,8 @@ def test_batch_a_finalize_longer_than_the_claim_lease_is_not_failed_by_the_sweep
     stale: list[str] = []
     _stale_reads(w, monkeypatch, job_id, stale)
 
-    def tick_meanwhile() -> str:
-        w.clock.now += timedelta(minutes=5)
-        stale.append("on")
-        report = w.tick()
-        stale.clear()
-        return f"{report}"
-
-    seen = _slow_finalize(w, monkeypatch, job_id, tick_meanwhile)
+    seen = _slow_finalize(w, monkeypatch, job_id,
+                          _tick_meanwhile(w, stale, timedelta(minutes=5)))
     outcome = batch_poll.poll_due(w.rt, budget=60).line()
     assert len(seen) == 1, outcome
     _money(w, job_id, f"poller={outcome} tick={seen[0]}")
