@@ -276,7 +276,7 @@ def _confirm(rt: Runtime, job: Job, kind: Any, event: Any) -> _Answer:
     # under the claim the delivery's row carried, while no poller holds it: a poller's turn or
     # a resume has news of the task, and this read's no-verdict outcome spends and fails nothing
     outcome = lifecycle.observe(rt, job, kind, via="webhook", result=result,
-                                claim=lifecycle.reader_claim(rt, job, counting=1))
+                                claim=lifecycle.reader_claim(rt, job))
     with rt.sessions() as session:
         current = jobstore.load(session, job.id)
     log.info("webhook_handled job_id=%s outcome=%s", job.id, outcome)

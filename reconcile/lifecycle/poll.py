@@ -255,17 +255,17 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
         return _raised(rt, job, kind, exc, via=via, fence=fence)
 
 
-def reader_claim(rt: Runtime, job: Job, *, resumed: bool = False,
-                 counting: int = 0) -> jobstore.ReaderClaim:
+def reader_claim(rt: Runtime, job: Job, *, resumed: bool = False) -> jobstore.ReaderClaim:
     """The claim a reader without a turn of its own reads under (:func:`jobstore.claim_of`): it
     counts an attempt and exhausts the job only while the row is as it loaded it, and while no
     poller holds the row (that poller may be storing the success it read; it exhausts the job
     in its own turn). Not the second: when the reader resumed the polling itself
-    (``resumed``: the sweep's resume of a dead chain, no poller held it), or when its attempt
-    is beyond the last one (``job.reconcile_attempts`` + ``counting``, the attempt it has yet to
-    count: a holder has had a whole spacing since the last attempt, and one that crashes in a
-    loop never finishes)."""
-    beyond = horizon.beyond_last_attempt((job.reconcile_attempts or 0) + counting)
+    (``resumed``: the sweep's resume of a dead chain, no poller held it), or when the row's
+    counted attempts (``job.reconcile_attempts``: the sweep's own attempt is counted by its
+    claim; a webhook's is not, its count may still be refused by the spacing) are beyond the
+    last one: a holder has had a whole spacing since the last attempt, and one that crashes in
+    a loop never finishes."""
+    beyond = horizon.beyond_last_attempt(job.reconcile_attempts or 0)
     return jobstore.claim_of(job, unheld_at=None if resumed or beyond else rt.now())
 
 

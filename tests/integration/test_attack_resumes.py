@@ -125,6 +125,35 @@ def test_a_turnless_reader_during_a_pollers_finalize_fails_nothing(
     _money(w, job_id, f"{mode}/{reader}: poller={outcome} reader={seen[0]}")
 
 
+@pytest.mark.parametrize("mode", ["chain", "batch"])
+def test_a_webhook_after_the_last_attempt_leaves_a_held_job_to_its_poller(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """The sweep counted the job's last attempt a minute ago while a poller held the row (so it
+    left the exhaustion to that poller, which is storing the success it read). A webhook then
+    reads a stale "processing": its own count is refused by the attempt spacing, so its read is
+    not beyond the last attempt, and it fails nothing while the poller holds the row."""
+    from reconcile.webhook_ingest import _confirm
+
+    w = World(db, simulator, tmp_path, poll_mode=mode, poll_batch_threads=1,
+              poll_batch_finalize_threads=1)
+    job_id = w.accept(KIND, Script(timeline=FOREVER))
+    w.clock.now += THRESHOLD + timedelta(minutes=10)
+    held = w.clock.now + timedelta(minutes=1)  # a live chain lease / a claimed batch row
+    w.set(job_id, reconcile_attempts=MAX_ATTEMPTS,
+          reconcile_last_attempt_at=w.clock.now - timedelta(minutes=1),
+          poll_lease_expires_at=held, poll_due_at=held if mode == "batch" else None)
+    task = w.task_id(job_id)
+    w.sim.set_state(task, "succeeded")
+    client = w.rt.client(w.rt.kind(KIND))
+    monkeypatch.setattr(client, "poll", lambda task_id, model=None: PollResult(
+        PollStatus.RUNNING, raw_status="processing"))
+    event = SimpleNamespace(failed=False, signed_body=b"", status="processing", error=None)
+    code, body = _confirm(w.rt, w.job(job_id), w.rt.kind(KIND), event)
+    job = w.job(job_id)
+    assert (job.status, w.refunds(job_id)) == ("processing", 0), (code, body, job.error_code)
+
+
 # ------------------------------------------------------------------ a. a second writer at each
 # statement of the sweep's _poll_once (inside its read; after observe, before exhaust's load;
 # between that load and the failure's CAS)
