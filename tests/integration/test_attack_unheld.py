@@ -60,6 +60,17 @@ def _money(w: World, job_id: uuid.UUID, where: str) -> None:
     assert _completions(w, job_id) == 1 and w.audit() == [], where
 
 
+def _succeeded_on_its_last_attempt(w: World, monkeypatch: pytest.MonkeyPatch,
+                                   job_id: uuid.UUID) -> list[str]:
+    """The job's next attempt is its last and its task has succeeded upstream; returns the
+    switch of :func:`_stale_reads` (non-empty: a read says "not found")."""
+    w.set(job_id, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
+    w.sim.set_state(w.task_id(job_id), "succeeded")
+    stale: list[str] = []
+    _stale_reads(w, monkeypatch, job_id, stale)
+    return stale
+
+
 def _stale_reads(w: World, monkeypatch: pytest.MonkeyPatch, job_id: uuid.UUID,
                  stale: list[str]) -> None:
     """While ``stale`` is non-empty, a read of the job's task says "not found" (a transient
@@ -125,10 +136,7 @@ def test_batch_a_sweep_tick_after_the_reaper_released_a_slow_pollers_claim_fails
     w.rt.worker_id = "w-A"
     job_id = w.accept(KIND, Script(timeline=FOREVER))
     w.clock.now += THRESHOLD + timedelta(minutes=1)
-    w.set(job_id, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
-    w.sim.set_state(w.task_id(job_id), "succeeded")
-    stale: list[str] = []
-    _stale_reads(w, monkeypatch, job_id, stale)
+    stale = _succeeded_on_its_last_attempt(w, monkeypatch, job_id)
     with w.db.begin() as s:  # w-A's heartbeat row, alive when it claims
         jobstore.register_worker(s, "w-A", "host", 1, w.clock.now,
                                  timedelta(seconds=30 if beat == "lapsed" else 600))
@@ -155,10 +163,7 @@ def test_chain_a_finalize_longer_than_the_poll_lease_is_not_failed_by_the_sweep(
     job_id = w.accept(kind, Script(timeline=FOREVER), job_type="video")
     k = w.rt.kind(kind)
     w.clock.now += k.stale_threshold + timedelta(minutes=1)
-    w.set(job_id, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
-    w.sim.set_state(w.task_id(job_id), "succeeded")
-    stale: list[str] = []
-    _stale_reads(w, monkeypatch, job_id, stale)
+    stale = _succeeded_on_its_last_attempt(w, monkeypatch, job_id)
 
     seen = _slow_finalize(w, monkeypatch, job_id,
                           _tick_meanwhile(w, stale, timedelta(seconds=60)))  # one slow media fetch, within media_timeout
@@ -183,10 +188,7 @@ def test_batch_a_finalize_longer_than_the_claim_lease_is_not_failed_by_the_sweep
               poll_batch_finalize_threads=1)
     job_id = w.accept(KIND, Script(timeline=FOREVER))
     w.clock.now += THRESHOLD + timedelta(minutes=1)
-    w.set(job_id, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
-    w.sim.set_state(w.task_id(job_id), "succeeded")
-    stale: list[str] = []
-    _stale_reads(w, monkeypatch, job_id, stale)
+    stale = _succeeded_on_its_last_attempt(w, monkeypatch, job_id)
 
     seen = _slow_finalize(w, monkeypatch, job_id,
                           _tick_meanwhile(w, stale, timedelta(minutes=5)))
