@@ -47,7 +47,6 @@ from .batch import (
     oldest_unclaimed_due,
     reschedule_claimed,
     under_claim,
-    unheld,
 )
 from .cas import load
 from .create import (
@@ -115,7 +114,7 @@ __all__ = [
     "completion_binds", "completion_cas", "completion_inserts",
     "make_due", "make_due_at", "oldest_unclaimed_due", "mark_completed", "mark_failed", "mark_platform_call",
     "mark_uncertain", "note_error", "platform_row_uncalled", "record_anomaly", "record_cost", "record_recharge",
-    "release_rate_limited", "resolve_anomalies", "reschedule_claimed", "under_claim", "unheld", "save_task_id", "set_progress", "settle_failed",
+    "release_rate_limited", "resolve_anomalies", "reschedule_claimed", "under_claim", "save_task_id", "set_progress", "settle_failed",
     "settled", "settlement_due", "settlement_pending", "start_new_chain", "stored_status", "take_poll_turn",
     "uncertain_expired", "unknown_outcome_in_flight",
     "is_outcome_unknown", "must_settle", "outcome_known",

@@ -124,8 +124,8 @@ def claim_of(job: Job, *, unheld_at: datetime | None = None) -> ReaderClaim:
     webhook's confirming read) reads under: the row's ``(poll_generation, poll_seq,
     poll_resumes)`` as it loaded it — a resume of a generation that never took a turn keeps the
     first two, it moves the third — and ``unheld_at``: the time at which no poller may hold the
-    row for the reader's no-verdict outcome to count (None: the reader itself started the
-    polling it would fence, the sweep's resume of a dead chain). A poller's turn or claim taken
+    row for the reader's no-verdict outcome to count (None: not asked; when to ask is
+    ``lifecycle.reader_claim``'s rule). A poller's turn or claim taken
     before the reader loaded the row moves none of the three while it stores a success; its
     live lease is what shows it."""
     return (job.poll_generation, job.poll_seq, job.poll_resumes, unheld_at)

@@ -241,9 +241,10 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
 
     ``claim``: the poller's ``(poll_generation, poll_seq)`` the read was made under (the chain's
     turn, the batch poller's claim), or a reader's without a turn of its own
-    (``jobstore.claim_of``: the sweep, a webhook's confirming read), which also counts nothing
-    and fails nothing while a poller holds the row (it may be storing the success it read). An attempt is then counted, and a job failed at
-    exhaustion, only while the row still carries it: a read that is no verdict ("not found",
+    (:func:`reader_claim`: the sweep, a webhook's confirming read), which also counts nothing
+    and fails nothing while a poller holds the row (it may be storing the success it read).
+    An attempt is then counted, and a job failed at exhaustion, only while the row still
+    carries it: a read that is no verdict ("not found",
     an unknown status, an error), made under a claim taken over since, never spends the new
     poller's attempts nor fails a job whose task may have finished meanwhile. A verdict the
     provider gave (succeeded, failed) is written whoever reads it: the status CAS decides.

@@ -43,6 +43,17 @@ THRESHOLD = timedelta(minutes=20)
 # ------------------------------------------------------------------ 1. the sweep's own read
 
 
+def _next_poll(w: World, mode: str, job_id: uuid.UUID) -> None:
+    """The job's next poll, its queued messages lost: a ``poll_due`` run (batch), or a turn of
+    the row's current generation and seq (chain)."""
+    w.lose_messages()
+    if mode == "batch":
+        batch_poll.poll_due(w.rt, budget=60)
+    else:
+        job = w.job(job_id)
+        lifecycle.poll_step(w.rt, job_id, job.poll_generation, job.poll_seq)
+
+
 @pytest.mark.parametrize("mode,writer", [("batch", "sweep"), ("chain", "sweep"),
                                          ("chain", "reap")])
 def test_a_sweep_read_overtaken_by_a_webhook_resume_fails_nothing(
@@ -74,13 +85,7 @@ def test_a_sweep_read_overtaken_by_a_webhook_resume_fails_nothing(
         assert report.workers == ["w-A"], report.line()
         outcome = ",".join(sorted(report.decided))
     assert resumed == [True]
-    # whoever polls next reads the success
-    w.lose_messages()
-    if mode == "batch":
-        batch_poll.poll_due(w.rt, budget=60)
-    else:
-        job = w.job(job_id)
-        lifecycle.poll_step(w.rt, job_id, job.poll_generation, job.poll_seq)
+    _next_poll(w, mode, job_id)  # whoever polls next reads the success
     job = w.job(job_id)
     assert (job.status, job.error_code, w.refunds(job_id)) == ("completed", None, 0), (
         f"{writer} outcome={outcome}: a job whose task succeeded was {job.status} "
@@ -123,12 +128,7 @@ def test_a_webhook_read_overtaken_by_a_resume_fails_nothing(
     code, body = _confirm(w.rt, job, kind, event)
     assert resumed == [True] and code == 200, body
     assert w.job(job_id).status in IN_FLIGHT, body
-    w.lose_messages()
-    if mode == "batch":
-        batch_poll.poll_due(w.rt, budget=60)
-    else:
-        now = w.job(job_id)
-        lifecycle.poll_step(w.rt, job_id, now.poll_generation, now.poll_seq)
+    _next_poll(w, mode, job_id)
     job = w.job(job_id)
     assert (job.status, w.refunds(job_id)) == ("completed", 0), (job.status, body)
     assert w.completions(job_id) == 1 and w.audit() == []

@@ -394,6 +394,18 @@ def _columns(url: str, table: str = "jobs") -> dict[str, str]:
             (table,)).fetchall())
 
 
+def _sweep_raced_by_a_resume(w: World, monkeypatch: pytest.MonkeyPatch,
+                             job_id: uuid.UUID) -> Any:
+    """The sweep's read of the job's last attempt says "not found" while a webhook's resume
+    lands and the task succeeds: its exhaustion is fenced. Returns the row after, its queued
+    messages lost."""
+    w.set(job_id, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
+    w.miss_once(monkeypatch, job_id, lambda: lifecycle.resume_chain(w.rt, job_id))
+    assert reconcile_job(w.rt, job_id) == "lost"  # its exhaustion fenced
+    w.lose_messages()
+    return w.job(job_id)
+
+
 def test_0030_down_and_up_with_jobs_in_flight(pg_databases: Any, simulator: Simulator,
                                               tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -418,11 +430,7 @@ def test_0030_down_and_up_with_jobs_in_flight(pg_databases: Any, simulator: Simu
     assert _columns(url)["poll_resumes"] == "integer"
     assert (w.job(raced).poll_resumes, w.job(lost).poll_resumes) == (None, None)
     w.clock.now += THRESHOLD + timedelta(minutes=1)
-    w.set(raced, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
-    w.miss_once(monkeypatch, raced, lambda: lifecycle.resume_chain(w.rt, raced))
-    assert reconcile_job(w.rt, raced) == "lost"  # its exhaustion fenced
-    w.lose_messages()
-    job = w.job(raced)
+    job = _sweep_raced_by_a_resume(w, monkeypatch, raced)
     assert job.poll_resumes == 2  # the sweep's own resume (its lease had expired), the webhook's
     lifecycle.poll_step(w.rt, raced, job.poll_generation, job.poll_seq)
     _money(w, raced, "after 0030 down/up")
@@ -469,11 +477,7 @@ def test_a_platform_jobs_table_with_its_own_poll_resumes(
             w = World(make_sessionmaker(engine), simulator, tmp_path, poll_mode="chain")
             job_id = w.accept(KIND, Script(timeline=FOREVER))
             w.clock.now += THRESHOLD + timedelta(minutes=1)
-            w.set(job_id, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
-            w.miss_once(monkeypatch, job_id, lambda: lifecycle.resume_chain(w.rt, job_id))
-            assert reconcile_job(w.rt, job_id) == "lost"  # its exhaustion fenced
-            w.lose_messages()
-            job = w.job(job_id)
+            job = _sweep_raced_by_a_resume(w, monkeypatch, job_id)
             lifecycle.poll_step(w.rt, job_id, job.poll_generation, job.poll_seq)
             _money(w, job_id, ddl)
         assert [f.level for f in found] == ([level] if level else []), [f.line() for f in found]
