@@ -42,6 +42,7 @@ from .batch import (
     hold_claim,
     hold_claims,
     hold_claims_with_status,
+    hold_while_storing,
     make_due,
     make_due_at,
     oldest_unclaimed_due,
@@ -109,7 +110,7 @@ from .workers import (
 __all__ = [
     "PROVIDER_STATUS_MAX", "LeaseSteps", "ReaderClaim", "Rescheduled", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
     "claim_due", "claim_of", "claim_due_with_times", "claim_expired", "claim_reenqueue", "claim_settlement",
-    "count_attempt", "hold_claim", "hold_claims", "hold_claims_with_status", "in_flight", "insert_job", "insert_job_with_event", "is_settlement_due",
+    "count_attempt", "hold_claim", "hold_claims", "hold_claims_with_status", "hold_while_storing", "in_flight", "insert_job", "insert_job_with_event", "is_settlement_due",
     "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",
     "completion_binds", "completion_cas", "completion_inserts",
     "make_due", "make_due_at", "oldest_unclaimed_due", "mark_completed", "mark_failed", "mark_platform_call",

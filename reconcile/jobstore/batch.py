@@ -173,20 +173,21 @@ def hold_claims(session: Session, rows: list[tuple[uuid.UUID, int, int]], until:
 
 
 def _hold_reads_statement() -> Any:
-    """``UPDATE jobs … FROM unnest(ids, gens, seqs, statuses) … RETURNING jobs`` as an ORM
-    statement (the rows come back as :class:`Job`); its text is fixed whatever the number of
-    rows (four array parameters), so it is built once."""
-    from sqlalchemy import Integer, Text, bindparam, cast, func
+    """``UPDATE jobs … FROM unnest(ids, gens, seqs, statuses, untils) … RETURNING jobs`` as an
+    ORM statement (the rows come back as :class:`Job`); its text is fixed whatever the number
+    of rows (five array parameters), so it is built once."""
+    from sqlalchemy import TIMESTAMP, Integer, Text, bindparam, cast, func
     from sqlalchemy.dialects.postgresql import ARRAY, UUID
 
     v = func.unnest(cast(bindparam("ids"), ARRAY(UUID(as_uuid=True))),
                     cast(bindparam("gens"), ARRAY(Integer)),
                     cast(bindparam("seqs"), ARRAY(Integer)),
-                    cast(bindparam("statuses"), ARRAY(Text))
-                    ).table_valued("id", "gen", "seq", "status").render_derived(name="v")
+                    cast(bindparam("statuses"), ARRAY(Text)),
+                    cast(bindparam("untils"), ARRAY(TIMESTAMP(timezone=True)))
+                    ).table_valued("id", "gen", "seq", "status", "until").render_derived(name="v")
     return (update(Job).where(Job.id == v.c.id, Job.status.in_(IN_FLIGHT),
                               *under_claim(v.c.gen, v.c.seq))
-            .values(poll_due_at=bindparam("until"), poll_lease_expires_at=bindparam("until"),
+            .values(poll_due_at=v.c.until, poll_lease_expires_at=v.c.until,
                     provider_status=func.coalesce(v.c.status, Job.provider_status))
             .returning(Job))
 
@@ -195,26 +196,48 @@ _HOLD_READS: list[Any] = []  # the statement, built at first use
 
 
 def hold_claims_with_status(session: Session, rows: Sequence[tuple[uuid.UUID, int, int, object]],
-                            until: datetime) -> dict[uuid.UUID, Job]:
+                            until: datetime | Sequence[datetime]) -> dict[uuid.UUID, Job]:
     """:func:`hold_claim` for many rows in one statement, ``(id, generation, seq, status)``
-    each: every claim that still holds is extended to ``until`` with the status its read saw
-    stored (:func:`~.predicates.stored_status`; None keeps the row's), and its current row is
+    each: every claim that still holds is extended to ``until`` (one time for all, or one per
+    row, in the order of ``rows``) with the status its read saw stored
+    (:func:`~.predicates.stored_status`; None keeps the row's), and its current row is
     returned by id; a claim taken over (or a job finished) is absent. Each row is its own
     compare-and-set: one row fenced never keeps another from being held. One statement on
     PostgreSQL; one CAS each on SQLite."""
     if not rows:
         return {}
+    untils = [until] * len(rows) if isinstance(until, datetime) else list(until)
+    if len(untils) != len(rows):
+        raise ValueError(f"{len(rows)} rows, {len(untils)} times to hold them until")
     if session.get_bind().dialect.name != "postgresql":
-        held = ((job_id, hold_claim(session, job_id, generation, seq, until, status=status))
-                for job_id, generation, seq, status in rows)
+        held = ((job_id, hold_claim(session, job_id, generation, seq, each, status=status))
+                for (job_id, generation, seq, status), each in zip(rows, untils, strict=True))
         return {job_id: job for job_id, job in held if job is not None}
     if not _HOLD_READS:
         _HOLD_READS.append(_hold_reads_statement())
     found = session.execute(_HOLD_READS[0], {
         "ids": [r[0] for r in rows], "gens": [r[1] for r in rows], "seqs": [r[2] for r in rows],
-        "statuses": [stored_status(r[3]) for r in rows], "until": until},
+        "statuses": [stored_status(r[3]) for r in rows], "untils": untils},
         execution_options={"synchronize_session": False, "populate_existing": True})
     return {job.id: job for job in found.scalars().all()}
+
+
+def hold_while_storing(session: Session, job_id: uuid.UUID, generation: int, seq: int,
+                       until: datetime) -> bool:
+    """A poller that read "succeeded" keeps the row held while it stores the outputs: under its
+    turn or claim, the row's hold moves to ``until`` — the turn's lease on a chain row
+    (``poll_due_at`` NULL, which stays NULL), the claim's due time and lease on a batch row —
+    so no reader without a turn of its own takes it for gone (:func:`unheld`) and no sweep
+    resumes it meanwhile. False: the turn or claim was taken over, or the job finished (the
+    completion's compare-and-set decides the rest)."""
+    from sqlalchemy import case, null
+
+    done = session.execute(
+        update(Job).where(*_claimed(job_id, generation, seq))
+        .values(poll_lease_expires_at=until,
+                poll_due_at=case((Job.poll_due_at.is_(None), null()), else_=until)),
+        execution_options={"synchronize_session": False})
+    return bool(rowcount(done))
 
 
 _RESCHEDULE = text("""

@@ -31,6 +31,7 @@ from .poll import (
     read_status,
     reader_claim as reader_claim,
     resume_chain,
+    storing_hold as storing_hold,
 )
 from .settling import fail_job, settle
 from .submit import Submitted, submit_job

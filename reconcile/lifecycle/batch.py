@@ -294,13 +294,27 @@ def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]]) -> dict[uuid.UUID, J
     rows = [(c.job.id, c.generation, c.seq,
              result.raw_status if isinstance(result, PollResult) else None)
             for c, result in others]
+    now = rt.now()
+    untils = [now + _hold_for(rt, result) for _, result in others]
     try:
         with rt.sessions.begin() as session:
-            return jobstore.hold_claims_with_status(session, rows, rt.now() + claim_lease(rt))
+            return jobstore.hold_claims_with_status(session, rows, untils)
     except Exception:
         log.warning("batch_hold_failed rows=%d: each row holds its own claim", len(rows),
                     exc_info=True)
         return None
+
+
+def _hold_for(rt: Runtime, result: Any) -> timedelta:
+    """How far ahead the round's grouped hold holds a row: one claim lease, or for a success
+    whose outputs are to be stored, what storing them needs (``lifecycle.storing_hold``), so
+    the completion needs no hold of its own (``lifecycle.observe`` holds it again only when
+    it waited in the round's queue longer than the slack)."""
+    lease = claim_lease(rt)
+    if isinstance(result, PollResult) and result.status is PollStatus.SUCCEEDED \
+            and 0 < len(result.outputs) <= rt.settings.max_outputs_per_job:
+        return max(lease, lifecycle.storing_hold(rt.settings, len(result.outputs)))
+    return lease
 
 
 def _alone(rt: Runtime, c: Claim, result: Any, held: Held) -> tuple[str, BatchReport]:

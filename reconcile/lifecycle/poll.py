@@ -27,6 +27,7 @@ from ..jobstore import horizon
 from ..kinds import Kind, all_kinds
 from ..providers.base import PollResult, PollStatus
 from ..runtime import Runtime
+from ..settings import Settings
 from ..states import (
     ATTEMPT_SPACING,
     IN_FLIGHT,
@@ -79,6 +80,37 @@ def poll_step_deadline(settings: Any) -> timedelta:
     read timeout) plus the capped backoff between attempts (``states.POLL_READ_*``)."""
     per_request = timedelta(seconds=settings.connect_timeout + settings.read_timeout)
     return per_request * POLL_READ_ATTEMPTS + POLL_READ_BACKOFF_MAX * (POLL_READ_ATTEMPTS - 1)
+
+
+def storing_hold(settings: Settings, outputs: int) -> timedelta:
+    """How long a poller that read "succeeded" keeps the row held to store ``outputs`` outputs:
+    each one's fetch (``media_timeout``: the whole exchange) and its upload (assumed no longer)
+    plus the poll slack, scaled like every duration. A turn's lease or a batch claim is sized
+    for a status read, not for this; a poller whose storing outlasted it looked gone, and a
+    reader's stale read then failed the job whose task had succeeded. A poller that dies while
+    storing is noticed at once by its heartbeat (``claimed_by``); with no heartbeat, its row
+    waits out this hold."""
+    per_output = timedelta(seconds=settings.media_timeout) * 2
+    return settings.scaled(per_output * outputs + POLL_LEASE_SLACK)
+
+
+def _hold_while_storing(rt: Runtime, job: Job, holder: tuple[int, int], outputs: int) -> None:
+    """Before a poller stores the outputs of a success it read under its turn or claim
+    ``holder``: the row's hold is moved to ``now + storing_hold`` unless it already ends later
+    than ``now + storing_hold − slack`` (a batch round's grouped hold gave its completions
+    that much; one that waited less than the slack in the round's queue needs no statement).
+    A turn or claim taken over meanwhile is not held: the completion's compare-and-set
+    decides, as for any verdict."""
+    now = rt.now()
+    need = storing_hold(rt.settings, outputs)
+    held = job.poll_due_at if job.poll_due_at is not None else job.poll_lease_expires_at
+    if held is not None and held >= now + need - rt.settings.scaled(POLL_LEASE_SLACK):
+        return
+    with rt.sessions.begin() as session:
+        if jobstore.hold_while_storing(session, job.id, *holder, now + need):
+            job.poll_lease_expires_at = now + need
+            if job.poll_due_at is not None:
+                job.poll_due_at = now + need
 
 
 def poll_countdown(rt: Runtime, kind: Kind, job: Job, now: datetime) -> float:
@@ -250,8 +282,11 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
     provider gave (succeeded, failed) is written whoever reads it: the status CAS decides.
     """
     fence = () if claim is None else jobstore.under_claim(*claim)
+    # a poller's own turn or claim (a reader's claim has four parts): it holds the row while it
+    # stores a success
+    holder = (claim[0], claim[1]) if claim is not None and len(claim) == 2 else None
     try:
-        return _observe(rt, job, kind, via=via, result=result, fence=fence)
+        return _observe(rt, job, kind, via=via, result=result, fence=fence, holder=holder)
     except Exception as exc:
         return _raised(rt, job, kind, exc, via=via, fence=fence)
 
@@ -281,7 +316,8 @@ def _raised(rt: Runtime, job: Job, kind: Kind, exc: Exception, *, via: str,
 
 
 def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
-             result: PollResult | ProviderError | None, fence: tuple[Any, ...] = ()) -> str:
+             result: PollResult | ProviderError | None, fence: tuple[Any, ...] = (),
+             holder: tuple[int, int] | None = None) -> str:
     if result is None:
         result = read_status(rt, job, kind)
     if isinstance(result, ProviderError):
@@ -299,6 +335,8 @@ def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
                           f"The provider returned more than {limit} outputs.",
                           {**_poll_detail(result, via), "outputs": len(result.outputs)})
             return "failed" if ok else "lost"
+        if holder is not None:
+            _hold_while_storing(rt, job, holder, len(result.outputs))
         try:
             ok = finalize_job_with_media(rt, job.id, result, source=via, job=job)
         except MediaExpired as exc:

@@ -8,10 +8,16 @@ last one exhausts whoever holds the row: ``lifecycle.reader_claim``):
 ``test_a_task_that_never_finishes_is_failed_by_its_horizon[batch-crashloop]``,
 ``test_a_crash_looping_chain_with_heartbeats_does_not_outlive_the_horizon``.
 
-Strict xfails, older than c1aa16f (they fail on 316515c too): a poller storing a success is
-taken for gone — its heartbeat lapsed while it was alive (batch: the reaper's release makes the
-row due at once), or its finalize outlasted its lease — and a turnless reader's stale read fails
-the job. Closing them needs the poller to renew its hold while it stores the outputs.
+A poller storing a success whose storing outlasted its turn's lease or its claim was taken for
+gone and a turnless reader's stale read failed the job (older than c1aa16f; strict xfails until
+the poller held the row while storing: ``lifecycle.storing_hold``):
+``test_chain_a_finalize_longer_than_the_poll_lease_is_not_failed_by_the_sweep``,
+``test_batch_a_finalize_longer_than_the_claim_lease_is_not_failed_by_the_sweep``.
+
+Strict xfails, older than c1aa16f (they fail on 316515c too): a live poller storing a success
+whose heartbeat lapsed is taken for gone (batch: the reaper's release makes the row due at
+once) and a turnless reader's stale read fails the job. A lapsed heartbeat is the proof of
+death the reaper acts on; closing these needs it trusted less.
 """
 
 from __future__ import annotations
@@ -38,10 +44,9 @@ from tests.integration._sweep_helpers import FOREVER, World
 
 KIND = "replicate-prediction"
 SLOW_HOLDER = pytest.mark.xfail(strict=True, reason=(
-    "known, older than c1aa16f: a poller still storing the success it read looks gone (its "
-    "heartbeat lapsed, or its finalize outlasted its lease), so the row looks unheld and a "
-    "turnless reader's stale read fails the job; needs the poller to renew its hold while it "
-    "stores the outputs"))
+    "known, older than c1aa16f: a live poller still storing the success it read looks gone "
+    "when its heartbeat lapsed (the reaper ends its claim), so the row looks unheld and a "
+    "turnless reader's stale read fails the job; needs the heartbeat trusted less"))
 THRESHOLD = timedelta(minutes=20)
 
 
@@ -148,7 +153,6 @@ def test_batch_a_sweep_tick_after_the_reaper_released_a_slow_pollers_claim_fails
     _money(w, job_id, f"poller={outcome} tick={seen[0]}")
 
 
-@SLOW_HOLDER
 @pytest.mark.parametrize("kind", [KIND, "kie-lip-sync"])
 def test_chain_a_finalize_longer_than_the_poll_lease_is_not_failed_by_the_sweep(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
@@ -174,19 +178,19 @@ def test_chain_a_finalize_longer_than_the_poll_lease_is_not_failed_by_the_sweep(
     _money(w, job_id, f"poller={outcome} tick={seen[0]}")
 
 
-@SLOW_HOLDER
 def test_batch_a_finalize_longer_than_the_claim_lease_is_not_failed_by_the_sweep(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Batch mode, a live poller (no heartbeat row: nothing lapses). Its round holds the claim
+    """Batch mode, a live poller (no heartbeat row: nothing lapses). Its round held the claim
     once, one claim lease ahead (``claim_lease``: 4 reads' deadlines + backoff + 15 s = 245 s),
     before the per-job outcomes; a completion whose outputs take longer to store (three
-    outputs at ``media_timeout`` = 120 s each, or a job queued behind other completions of the
-    round) is past its claim while it stores them: the row is due, ``unheld`` is true, and a
-    sweep tick then exhausts it on a stale "not found"."""
+    outputs, each fetch up to ``media_timeout`` = 120 s) was past its claim while it stored
+    them: the row was due, ``unheld`` true, and a sweep tick exhausted it on a stale "not
+    found". The round's hold now gives a success what storing its outputs needs
+    (``lifecycle.storing_hold``: 3 × 240 s + 15 s)."""
     w = World(db, simulator, tmp_path, poll_mode="batch", poll_batch_threads=1,
               poll_batch_finalize_threads=1)
-    job_id = w.accept(KIND, Script(timeline=FOREVER))
+    job_id = w.accept(KIND, Script(timeline=FOREVER, outputs=3))
     w.clock.now += THRESHOLD + timedelta(minutes=1)
     stale = _succeeded_on_its_last_attempt(w, monkeypatch, job_id)
 
@@ -195,6 +199,78 @@ def test_batch_a_finalize_longer_than_the_claim_lease_is_not_failed_by_the_sweep
     outcome = batch_poll.poll_due(w.rt, budget=60).line()
     assert len(seen) == 1, outcome
     _money(w, job_id, f"poller={outcome} tick={seen[0]}")
+
+
+def test_batch_a_completion_queued_behind_another_holds_its_row_again(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch mode, one finalize thread, two completions read in one round, both on their last
+    attempt. The first one's storing takes 200 s; the round's grouped hold gave the second
+    255 s (one output), of which 55 s are left when its turn comes: it holds its row again
+    (``jobstore.hold_while_storing``), so a sweep tick 100 s into its own storing (300 s after
+    the round's hold) finds it held and fails nothing. Without that, the row was due again
+    and the stale read exhausted it."""
+    w = World(db, simulator, tmp_path, poll_mode="batch", poll_batch_threads=2,
+              poll_batch_finalize_threads=1)
+    first, second = (w.accept(KIND, Script(timeline=FOREVER)) for _ in range(2))
+    w.clock.now += THRESHOLD + timedelta(minutes=1)
+    stale = _succeeded_on_its_last_attempt(w, monkeypatch, second)
+    w.set(first, reconcile_attempts=MAX_ATTEMPTS - 1, reconcile_last_attempt_at=None)
+    w.sim.set_state(w.task_id(first), "succeeded")
+    import reconcile.lifecycle.poll as poll_mod
+
+    real = poll_mod.finalize_job_with_media
+    seen: list[str] = []
+
+    def finalize(rt: Any, jid: uuid.UUID, result: Any, **kw: Any) -> bool:
+        if jid == first:
+            w.clock.now += timedelta(seconds=200)
+        elif jid == second and not seen:
+            seen.append(_tick_meanwhile(w, stale, timedelta(seconds=100))())
+        return real(rt, jid, result, **kw)
+
+    monkeypatch.setattr(poll_mod, "finalize_job_with_media", finalize)
+    held: list[uuid.UUID] = []
+    real_hold = jobstore.hold_while_storing
+
+    def hold(session: Any, job_id: uuid.UUID, *args: Any) -> bool:
+        held.append(job_id)
+        return real_hold(session, job_id, *args)
+
+    monkeypatch.setattr(jobstore, "hold_while_storing", hold)
+    outcome = batch_poll.poll_due(w.rt, budget=60)
+    assert outcome.outcomes == {"completed": 2}, outcome.line()
+    assert held == [second], "the first completion's grouped hold sufficed; the second waited"
+    _money(w, second, f"poller={outcome.line()} tick={seen}")
+    _money(w, first, outcome.line())
+
+
+@pytest.mark.parametrize("mode", ["chain", "batch"])
+def test_a_pollers_storing_hold_is_refused_once_its_claim_is_taken_over(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, mode: str) -> None:
+    """``hold_while_storing`` writes only under the poller's own turn or claim: another
+    poller's turn or claim in between refuses it, and that holder keeps its own lease and due
+    time. On a chain row ``poll_due_at`` stays NULL (a due time would hand the row to
+    the batch poller)."""
+    w = World(db, simulator, tmp_path, poll_mode=mode)
+    job_id = w.accept(KIND, Script(timeline=FOREVER))
+    job = w.job(job_id)
+    until = w.clock.now + timedelta(minutes=10)
+    with w.db.begin() as s:
+        assert jobstore.hold_while_storing(s, job_id, job.poll_generation, job.poll_seq, until)
+    after = w.job(job_id)
+    assert after.poll_lease_expires_at == until
+    assert after.poll_due_at == (None if mode == "chain" else until)
+    later = w.clock.now + timedelta(seconds=30)  # another poller's turn or claim since
+    w.set(job_id, poll_seq=job.poll_seq + 1, poll_lease_expires_at=later,
+          poll_due_at=None if mode == "chain" else later)
+    resumed = w.job(job_id)
+    with w.db.begin() as s:
+        assert not jobstore.hold_while_storing(s, job_id, job.poll_generation, job.poll_seq,
+                                               until + timedelta(minutes=10))
+    again = w.job(job_id)
+    assert (again.poll_lease_expires_at, again.poll_due_at) == (
+        resumed.poll_lease_expires_at, resumed.poll_due_at)
 
 
 # ------------------------------------------------------------------ 1. liveness

@@ -34,10 +34,11 @@ from tests.integration.harness import balance, fund
 CREDITS = 40
 RUNNING_POLLS = 3
 # outside the polls: submit 2 (the job and its event: one statement; the ledger's reserve
-# call), create 2 (claim; the id save and its event: one statement), finalize 1 (the
-# completion's CAS, the ledger's commit call, the assets and the event: one statement,
+# call), create 2 (claim; the id save and its event: one statement), finalize 2 (the chain's
+# hold while it stores the outputs — its turn's lease is sized for a read, not for the media —
+# and the completion's CAS, the ledger's commit call, the assets and the event: one statement,
 # reconcile.lifecycle.completion)
-STATEMENTS_OUTSIDE_POLLS_MAX = 5
+STATEMENTS_OUTSIDE_POLLS_MAX = 6
 # the ledger's statements: its tables, and its functions (reconcile_ledger_reserve, …)
 LEDGER_TABLES = ("usage_logs", "reconcile_credit_", "reconcile_ledger_")
 
@@ -114,8 +115,8 @@ def _job(w: World, job_id: uuid.UUID) -> Job:
 
 @pytest.mark.parametrize("amount", [None, 25], ids=["all_reserved", "pricing_hook"])
 def test_happy_path_round_trips_without_a_publisher(world: World, amount: int | None) -> None:
-    """Four transactions outside the polls (submit, claim, save id, finalize), one transaction
-    and one statement per in-flight poll; the outbox rows are written published and never read
+    """Five transactions outside the polls (submit, claim, save id, the hold while storing,
+    finalize), one transaction and one statement per in-flight poll; the outbox rows are written published and never read
     or updated after the commit."""
     if amount is not None:
         world.rt.pricing_hook = lambda job, result: amount
@@ -128,16 +129,17 @@ def test_happy_path_round_trips_without_a_publisher(world: World, amount: int | 
     for name in running:
         assert (c.of(name)["transactions"], c.of(name)["statements"]) == (1, 1), name
         assert c.texts(name)[0].startswith("UPDATE jobs SET poll_seq")  # the turn is the load
-    assert c.of(final)["transactions"] == 2  # the turn, then finalize
+    assert c.of(final)["transactions"] == 3  # the turn, the hold while storing, finalize
+    assert c.texts(final)[1].startswith("UPDATE jobs SET poll_lease_expires_at"), c.texts(final)
     outside_txns = (c.of("submit")["transactions"] + c.of("create")["transactions"]
                     + c.of(final)["transactions"] - 1)
-    assert outside_txns == 4
+    assert outside_txns == 5
 
     outside = (c.of("submit")["statements"] + c.of("create")["statements"]
                + c.of(final)["statements"] - 1)
     assert outside == STATEMENTS_OUTSIDE_POLLS_MAX
-    assert c.of(final)["statements"] == 2  # the turn, then the completion: ONE statement
-    completion = c.texts(final)[1]
+    assert c.of(final)["statements"] == 3  # the turn, the hold, the completion: ONE statement
+    completion = c.texts(final)[2]
     assert completion.startswith("WITH j AS"), completion
     for part in ("FOR UPDATE", "JOIN LATERAL reconcile_ledger_commit(", "UPDATE jobs SET",
                  "INSERT INTO reconcile_assets", "INSERT INTO reconcile_job_events"):
@@ -187,7 +189,7 @@ def test_with_an_event_hook_each_step_publishes_after_commit_in_one_update(world
     *running, final = polls
 
     assert seen == [("queued", True, True), ("running", True, True), ("completed", True, True)]
-    for step, txns in (("submit", 2), ("create", 3), (final, 3)):
+    for step, txns in (("submit", 2), ("create", 3), (final, 4)):
         marks = [t for t in c.texts(step) if t.startswith("UPDATE reconcile_job_events")]
         reads = [t for t in c.texts(step) if t.startswith("SELECT reconcile_job_events")]
         assert (len(marks), reads) == (1, []), (step, c.texts(step))
