@@ -147,8 +147,11 @@ class Settings(BaseSettings):
     media_public_base_url: str | None = None
     media_allowed_hosts: list[str] = Field(default_factory=list)
     media_max_bytes: int = 512 * 1024 * 1024
-    media_timeout: float = 120.0  # the whole exchange of one output fetch, redirects included
-    max_outputs_per_job: int = 64  # more fails the job UPSTREAM_OUTPUT_LIMIT (refunded)
+    # the whole exchange of one output fetch, redirects included (at most a day: a success's
+    # storing mark, lifecycle.storing_hold, is this per output, times max_outputs_per_job)
+    media_timeout: float = Field(default=120.0, gt=0, le=86_400)
+    # more fails the job UPSTREAM_OUTPUT_LIMIT (refunded)
+    max_outputs_per_job: int = Field(default=64, ge=1, le=10_000)
     webhook_max_body_bytes: int = 1024 * 1024  # refused with 413 before parsing
     max_input_bytes: int = 1024 * 1024  # a job's input, as compact JSON
     max_job_type_length: int = 200

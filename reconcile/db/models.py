@@ -140,6 +140,10 @@ class Job(Base):
     # adds one, NULL: none since then): the mark of a resume that keeps a turnless generation,
     # which a reader holding no turn of its own (the sweep) fences on (jobstore.claim_of)
     poll_resumes: Mapped[int | None] = mapped_column(Integer)
+    # until when a success read of the task may still be having its outputs stored (migration
+    # 0031; lifecycle.storing_hold, NULL: no mark): no read that is no verdict fails the job at
+    # its exhaustion horizon before then (lifecycle.exhaust)
+    storing_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
         # in-flight rows by call start (migration 0019; 0022 dropped the one-column

@@ -8,7 +8,7 @@ generation: a webhook, the sweep) fences it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -136,13 +136,17 @@ def _claimed(job_id: uuid.UUID, generation: int, seq: int) -> tuple[Any, ...]:
 
 
 def hold_claim(session: Session, job_id: uuid.UUID, generation: int, seq: int,
-               until: datetime, *, status: object = None) -> Job | None:
+               until: datetime, *, status: object = None, storing: bool = False) -> Job | None:
     """The claim still holds (same generation and seq, in flight): extend it to ``until`` and
     return the current row; None: it was taken over (or the job finished) — the result is
     refused. ``status``: the provider's status the claim's read saw, stored with it
-    (:func:`~.predicates.stored_status`; None keeps the row's)."""
+    (:func:`~.predicates.stored_status`; None keeps the row's). ``storing``: the hold of a
+    success whose outputs are about to be stored: ``until`` is also its storing mark
+    (:func:`hold_while_storing`)."""
     stored = stored_status(status)
-    keep = {} if stored is None else {"provider_status": stored}
+    keep: dict[str, Any] = {} if stored is None else {"provider_status": stored}
+    if storing:
+        keep["storing_until"] = _later(Job.storing_until, until)
     return _cas(session, *_claimed(job_id, generation, seq), poll_due_at=until,
                 poll_lease_expires_at=until, **keep)
 
@@ -175,20 +179,24 @@ def hold_claims(session: Session, rows: list[tuple[uuid.UUID, int, int]], until:
 def _hold_reads_statement() -> Any:
     """``UPDATE jobs … FROM unnest(ids, gens, seqs, statuses, untils) … RETURNING jobs`` as an
     ORM statement (the rows come back as :class:`Job`); its text is fixed whatever the number
-    of rows (five array parameters), so it is built once."""
-    from sqlalchemy import TIMESTAMP, Integer, Text, bindparam, cast, func
+    of rows (six array parameters), so it is built once."""
+    from sqlalchemy import TIMESTAMP, Boolean, Integer, Text, bindparam, case, cast, func
     from sqlalchemy.dialects.postgresql import ARRAY, UUID
 
     v = func.unnest(cast(bindparam("ids"), ARRAY(UUID(as_uuid=True))),
                     cast(bindparam("gens"), ARRAY(Integer)),
                     cast(bindparam("seqs"), ARRAY(Integer)),
                     cast(bindparam("statuses"), ARRAY(Text)),
-                    cast(bindparam("untils"), ARRAY(TIMESTAMP(timezone=True)))
-                    ).table_valued("id", "gen", "seq", "status", "until").render_derived(name="v")
+                    cast(bindparam("untils"), ARRAY(TIMESTAMP(timezone=True))),
+                    cast(bindparam("storing"), ARRAY(Boolean))
+                    ).table_valued("id", "gen", "seq", "status", "until", "storing"
+                                   ).render_derived(name="v")
     return (update(Job).where(Job.id == v.c.id, Job.status.in_(IN_FLIGHT),
                               *under_claim(v.c.gen, v.c.seq))
             .values(poll_due_at=v.c.until, poll_lease_expires_at=v.c.until,
-                    provider_status=func.coalesce(v.c.status, Job.provider_status))
+                    provider_status=func.coalesce(v.c.status, Job.provider_status),
+                    storing_until=case((v.c.storing, _later(Job.storing_until, v.c.until)),
+                                       else_=Job.storing_until))
             .returning(Job))
 
 
@@ -196,48 +204,90 @@ _HOLD_READS: list[Any] = []  # the statement, built at first use
 
 
 def hold_claims_with_status(session: Session, rows: Sequence[tuple[uuid.UUID, int, int, object]],
-                            until: datetime | Sequence[datetime]) -> dict[uuid.UUID, Job]:
+                            until: datetime | Sequence[datetime], *,
+                            storing: Collection[uuid.UUID] = ()) -> dict[uuid.UUID, Job]:
     """:func:`hold_claim` for many rows in one statement, ``(id, generation, seq, status)``
     each: every claim that still holds is extended to ``until`` (one time for all, or one per
     row, in the order of ``rows``) with the status its read saw stored
     (:func:`~.predicates.stored_status`; None keeps the row's), and its current row is
-    returned by id; a claim taken over (or a job finished) is absent. Each row is its own
-    compare-and-set: one row fenced never keeps another from being held. One statement on
-    PostgreSQL; one CAS each on SQLite."""
+    returned by id; a claim taken over (or a job finished) is absent. ``storing``: the ids
+    whose hold is that of a success about to be stored: their time is also their storing mark
+    (:func:`hold_while_storing`). Each row is its own compare-and-set: one row fenced
+    never keeps another from being held. One statement on PostgreSQL; one CAS each on
+    SQLite."""
     if not rows:
         return {}
     untils = [until] * len(rows) if isinstance(until, datetime) else list(until)
     if len(untils) != len(rows):
         raise ValueError(f"{len(rows)} rows, {len(untils)} times to hold them until")
     if session.get_bind().dialect.name != "postgresql":
-        held = ((job_id, hold_claim(session, job_id, generation, seq, each, status=status))
+        held = ((job_id, hold_claim(session, job_id, generation, seq, each, status=status,
+                                    storing=job_id in storing))
                 for (job_id, generation, seq, status), each in zip(rows, untils, strict=True))
         return {job_id: job for job_id, job in held if job is not None}
     if not _HOLD_READS:
         _HOLD_READS.append(_hold_reads_statement())
     found = session.execute(_HOLD_READS[0], {
         "ids": [r[0] for r in rows], "gens": [r[1] for r in rows], "seqs": [r[2] for r in rows],
-        "statuses": [stored_status(r[3]) for r in rows], "untils": untils},
+        "statuses": [stored_status(r[3]) for r in rows], "untils": untils,
+        "storing": [r[0] in storing for r in rows]},
         execution_options={"synchronize_session": False, "populate_existing": True})
     return {job.id: job for job in found.scalars().all()}
 
 
-def hold_while_storing(session: Session, job_id: uuid.UUID, generation: int, seq: int,
-                       until: datetime) -> bool:
-    """A poller that read "succeeded" keeps the row held while it stores the outputs: under its
-    turn or claim, the row's hold moves to ``until`` — the turn's lease on a chain row
-    (``poll_due_at`` NULL, which stays NULL), the claim's due time and lease on a batch row —
-    so no reader without a turn of its own takes it for gone (:func:`unheld`) and no sweep
-    resumes it meanwhile. False: the turn or claim was taken over, or the job finished (the
-    completion's compare-and-set decides the rest)."""
-    from sqlalchemy import case, null
+def hold_while_storing(session: Session, job_id: uuid.UUID, until: datetime, *,
+                       claim: tuple[int, int] | None = None) -> bool:
+    """Whoever read "succeeded" marks the row before it stores the outputs: ``storing_until``
+    moves to ``until`` (never back), so no read that is no verdict fails the job at its
+    exhaustion horizon meanwhile (:func:`not_storing`, ``lifecycle.exhaust``). ``claim``: the
+    poller's own turn or claim; while the row still carries it, its hold moves there too — the
+    turn's lease on a chain row (``poll_due_at`` NULL, which stays NULL), the claim's due time
+    and lease on a batch row — so no sweep resumes it and no poller claims it meanwhile (a
+    duplicate read and download). False: the job is no longer in flight."""
+    from sqlalchemy import case
 
+    at = _at(until)
+    values: dict[str, Any] = {"storing_until": _later(Job.storing_until, until)}
+    if claim is not None:
+        mine = and_(*under_claim(*claim))
+        values["poll_lease_expires_at"] = case((mine, at), else_=Job.poll_lease_expires_at)
+        values["poll_due_at"] = case((and_(mine, Job.poll_due_at.is_not(None)), at),
+                                     else_=Job.poll_due_at)
     done = session.execute(
-        update(Job).where(*_claimed(job_id, generation, seq))
-        .values(poll_lease_expires_at=until,
-                poll_due_at=case((Job.poll_due_at.is_(None), null()), else_=until)),
+        update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT)).values(values),
         execution_options={"synchronize_session": False})
     return bool(rowcount(done))
+
+
+def end_storing(session: Session, job_id: uuid.UUID, mark: datetime) -> bool:
+    """A storing that failed ends its own mark: ``storing_until`` cleared only while it is
+    still ``mark`` (a later mark, another reader's, stays)."""
+    done = session.execute(
+        update(Job).where(Job.id == job_id, Job.storing_until == _at(mark))
+        .values(storing_until=None), execution_options={"synchronize_session": False})
+    return bool(rowcount(done))
+
+
+def not_storing(now: datetime) -> Any:
+    """Nobody marked the row as storing a success at ``now`` (:func:`hold_while_storing`): the
+    condition of a failure at the exhaustion horizon."""
+    return or_(Job.storing_until.is_(None), Job.storing_until <= _at(now))
+
+
+def _at(value: datetime) -> Any:
+    """``value`` bound as the job's timestamp columns are (UTC, on a naive column as on
+    timestamptz, on SQLite as on PostgreSQL): a bare bind in a CASE gets no column type."""
+    from sqlalchemy import literal
+
+    return literal(value, type_=Job.storing_until.type)
+
+
+def _later(column: Any, value: Any) -> Any:
+    """The later of a nullable timestamp ``column`` and ``value`` (a time or an expression)."""
+    from sqlalchemy import case
+
+    at = _at(value) if isinstance(value, datetime) else value
+    return case((column.is_(None), at), (column > at, column), else_=at)
 
 
 _RESCHEDULE = text("""

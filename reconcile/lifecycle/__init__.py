@@ -23,6 +23,7 @@ from .poll import (
     _unfinished as _unfinished,
     exhaust as exhaust,
     observe,
+    outputs_to_store as outputs_to_store,
     past_threshold as past_threshold,
     poll_countdown as poll_countdown,
     poll_lease as poll_lease,

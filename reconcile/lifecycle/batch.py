@@ -284,7 +284,9 @@ Held = Job | None | Literal[_Hold.EACH]
 
 def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]]) -> dict[uuid.UUID, Job] | None:
     """Before the round's per-job outcomes: ONE statement confirms and extends each of their
-    claims and stores the status each read saw (:func:`reconcile.jobstore.hold_claims_with_status`,
+    claims (a success whose outputs are to be stored: until its storing may have ended, with
+    its storing mark: :func:`_holds` — so its completion needs no statement of its own) and
+    stores the status each read saw (:func:`reconcile.jobstore.hold_claims_with_status`,
     every row its own compare-and-set). Returns the rows held by id (a claim taken over is
     absent: fenced). None when that statement failed: each job then holds its own claim, so a
     database error on one row stays that row's (a group that did commit is held again under
@@ -294,27 +296,42 @@ def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]]) -> dict[uuid.UUID, J
     rows = [(c.job.id, c.generation, c.seq,
              result.raw_status if isinstance(result, PollResult) else None)
             for c, result in others]
-    now = rt.now()
-    untils = [now + _hold_for(rt, result) for _, result in others]
     try:
+        untils, storing = _holds(rt, others)
         with rt.sessions.begin() as session:
-            return jobstore.hold_claims_with_status(session, rows, untils)
+            return jobstore.hold_claims_with_status(session, rows, untils, storing=storing)
     except Exception:
         log.warning("batch_hold_failed rows=%d: each row holds its own claim", len(rows),
                     exc_info=True)
         return None
 
 
-def _hold_for(rt: Runtime, result: Any) -> timedelta:
-    """How far ahead the round's grouped hold holds a row: one claim lease, or for a success
-    whose outputs are to be stored, what storing them needs (``lifecycle.storing_hold``), so
-    the completion needs no hold of its own (``lifecycle.observe`` holds it again only when
-    it waited in the round's queue longer than the slack)."""
+def _holds(rt: Runtime, others: list[tuple[Claim, Any]]
+           ) -> tuple[list[datetime], set[uuid.UUID]]:
+    """Each outcome's hold in the round's grouped hold, in order, and the ids whose hold is a
+    storing mark. A row holds one claim lease; a success to be stored holds until its storing
+    may have ended: the round's outcomes run ``POLL_BATCH_FINALIZE_THREADS`` at a time in this
+    order, so the i-th starts at the latest once the threads have worked off everything before
+    it (the sum of their bounds ÷ the threads: each thread was busy until then), and takes at
+    most its own ``storing_hold``. An outcome that stores nothing is bounded by the slack."""
+    now = rt.now()
     lease = claim_lease(rt)
-    if isinstance(result, PollResult) and result.status is PollStatus.SUCCEEDED \
-            and 0 < len(result.outputs) <= rt.settings.max_outputs_per_job:
-        return max(lease, lifecycle.storing_hold(rt.settings, len(result.outputs)))
-    return lease
+    threads = max(1, min(rt.settings.poll_batch_finalize_threads, len(others)))
+    slack = rt.settings.scaled(POLL_LEASE_SLACK)
+    untils: list[datetime] = []
+    storing: set[uuid.UUID] = set()
+    ahead = timedelta(0)
+    for c, result in others:
+        outputs = lifecycle.outputs_to_store(rt.settings, result)
+        if outputs:
+            own = lifecycle.storing_hold(rt.settings, outputs)
+            untils.append(now + max(lease, ahead / threads + own))
+            storing.add(c.job.id)
+        else:
+            own = slack
+            untils.append(now + lease)
+        ahead += own
+    return untils, storing
 
 
 def _alone(rt: Runtime, c: Claim, result: Any, held: Held) -> tuple[str, BatchReport]:

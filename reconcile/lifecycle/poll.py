@@ -83,34 +83,63 @@ def poll_step_deadline(settings: Any) -> timedelta:
 
 
 def storing_hold(settings: Settings, outputs: int) -> timedelta:
-    """How long a poller that read "succeeded" keeps the row held to store ``outputs`` outputs:
-    each one's fetch (``media_timeout``: the whole exchange) and its upload (assumed no longer)
-    plus the poll slack, scaled like every duration. A turn's lease or a batch claim is sized
-    for a status read, not for this; a poller whose storing outlasted it looked gone, and a
-    reader's stale read then failed the job whose task had succeeded. A poller that dies while
-    storing is noticed at once by its heartbeat (``claimed_by``); with no heartbeat, its row
-    waits out this hold."""
+    """How long storing ``outputs`` outputs of a success may take: each one's fetch
+    (``media_timeout``: the whole exchange) and its upload (assumed no longer), plus the poll
+    slack; scaled like every duration (as :func:`~reconcile.lifecycle.batch.claim_lease_of`
+    scales a status read's deadlines). Whoever read "succeeded" marks the row for this long
+    before it stores them (:func:`_mark_storing`): until then no read that is no verdict fails
+    the job at its exhaustion horizon (:func:`exhaust`). A turn's lease or a batch claim is
+    sized for a status read, not for this: a storing that outlasted it looked like nobody's, and
+    a stale "not found" read meanwhile failed and refunded the job whose task had succeeded."""
     per_output = timedelta(seconds=settings.media_timeout) * 2
     return settings.scaled(per_output * outputs + POLL_LEASE_SLACK)
 
 
-def _hold_while_storing(rt: Runtime, job: Job, holder: tuple[int, int], outputs: int) -> None:
-    """Before a poller stores the outputs of a success it read under its turn or claim
-    ``holder``: the row's hold is moved to ``now + storing_hold`` unless it already ends later
-    than ``now + storing_hold − slack`` (a batch round's grouped hold gave its completions
-    that much; one that waited less than the slack in the round's queue needs no statement).
-    A turn or claim taken over meanwhile is not held: the completion's compare-and-set
-    decides, as for any verdict."""
+def outputs_to_store(settings: Settings, result: object) -> int:
+    """The outputs a read's success will have stored (0: none — not a success, no outputs, or
+    more than ``max_outputs_per_job``: those fail, :func:`observe`)."""
+    if isinstance(result, PollResult) and result.status is PollStatus.SUCCEEDED \
+            and 0 < len(result.outputs) <= settings.max_outputs_per_job:
+        return len(result.outputs)
+    return 0
+
+
+def _mark_storing(rt: Runtime, job: Job, holder: tuple[int, int] | None,
+                  outputs: int) -> datetime | None:
+    """Before the outputs of a success are stored: the row's storing mark moves to ``now +
+    storing_hold`` and, for a poller (``holder``: its own turn or claim), its hold with it
+    (:func:`jobstore.hold_while_storing`). No statement when the row carries such a mark
+    already, ending no earlier than ``now + storing_hold − slack`` (a batch round's grouped
+    hold gave its completions one; a completion that waited less than the slack in the round's
+    queue needs no other). Returns the mark (None: the job is no longer in flight)."""
     now = rt.now()
     need = storing_hold(rt.settings, outputs)
-    held = job.poll_due_at if job.poll_due_at is not None else job.poll_lease_expires_at
-    if held is not None and held >= now + need - rt.settings.scaled(POLL_LEASE_SLACK):
-        return
+    marked = job.storing_until
+    if marked is not None and marked >= now + need - rt.settings.scaled(POLL_LEASE_SLACK):
+        return marked
+    until = now + need
     with rt.sessions.begin() as session:
-        if jobstore.hold_while_storing(session, job.id, *holder, now + need):
-            job.poll_lease_expires_at = now + need
-            if job.poll_due_at is not None:
-                job.poll_due_at = now + need
+        if not jobstore.hold_while_storing(session, job.id, until, claim=holder):
+            return None
+    job.storing_until = until
+    return until
+
+
+def _store(rt: Runtime, job: Job, result: PollResult, via: str,
+           holder: tuple[int, int] | None) -> bool:
+    """Mark the row (:func:`_mark_storing`), then store the outputs and complete the job
+    (:func:`finalize_job_with_media`). A storing that raised ends its own mark (an unchanged
+    one: a later mark of another reader stays), so a read that is no verdict may then exhaust
+    the job as before."""
+    mark = _mark_storing(rt, job, holder, outputs_to_store(rt.settings, result))
+    try:
+        return finalize_job_with_media(rt, job.id, result, source=via, job=job)
+    except Exception:
+        if mark is not None:
+            with rt.sessions.begin() as session:
+                jobstore.end_storing(session, job.id, mark)
+            job.storing_until = None
+        raise
 
 
 def poll_countdown(rt: Runtime, kind: Kind, job: Job, now: datetime) -> float:
@@ -335,10 +364,8 @@ def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
                           f"The provider returned more than {limit} outputs.",
                           {**_poll_detail(result, via), "outputs": len(result.outputs)})
             return "failed" if ok else "lost"
-        if holder is not None:
-            _hold_while_storing(rt, job, holder, len(result.outputs))
         try:
-            ok = finalize_job_with_media(rt, job.id, result, source=via, job=job)
+            ok = _store(rt, job, result, via, holder)
         except MediaExpired as exc:
             return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_MEDIA_EXPIRED, exc.message,
                                fence=fence)
@@ -440,7 +467,9 @@ def _note_error(rt: Runtime, job: Job, last_error: str, verdict: bool,
 
 def exhaust(rt: Runtime, job: Job, *, where: tuple[Any, ...] = ()) -> str:
     """Attempts exhausted: fail with the last error's code (or UPSTREAM_TIMEOUT) + anomaly
-    (``where``: further conditions of the failure's CAS, a poller's claim)."""
+    (``where``: further conditions of the failure's CAS, a poller's claim). Refused while the
+    row carries a storing mark (:func:`storing_hold`): someone read "succeeded" and may still
+    be storing the outputs; a later read exhausts the job once the mark has ended."""
     last = job.reconcile_last_error or ""
     found = jobstore.last_error_code(job)  # the column (legacy rows: their text's prefix)
     code = found if found is not None and (jobstore.is_verdict(found) or found == ErrorCode.INTERNAL) \
@@ -449,5 +478,7 @@ def exhaust(rt: Runtime, job: Job, *, where: tuple[Any, ...] = ()) -> str:
                else last.split(": ", 1)[-1])
     ok = fail_job(rt, job.id, code, message,
                   {"attempts": job.reconcile_attempts, "last_error": last or None},
-                  anomaly="reconcile_exhausted", where=where)
+                  anomaly="reconcile_exhausted",
+                  # never while a success read by anyone may still be being stored
+                  where=(*where, jobstore.not_storing(rt.now())))
     return "failed" if ok else "lost"

@@ -8,16 +8,15 @@ last one exhausts whoever holds the row: ``lifecycle.reader_claim``):
 ``test_a_task_that_never_finishes_is_failed_by_its_horizon[batch-crashloop]``,
 ``test_a_crash_looping_chain_with_heartbeats_does_not_outlive_the_horizon``.
 
-A poller storing a success whose storing outlasted its turn's lease or its claim was taken for
-gone and a turnless reader's stale read failed the job (older than c1aa16f; strict xfails until
-the poller held the row while storing: ``lifecycle.storing_hold``):
+Older than c1aa16f (they fail on 316515c too), strict xfails until a poller held the row while
+storing its outputs (``lifecycle.storing_hold``, ``jobstore.hold_while_storing``): a poller
+storing a success was taken for gone — its storing outlasted its turn's lease or its claim,
+or its heartbeat lapsed while it was alive (the reaper ended its claim) — and a turnless
+reader's stale read failed the job:
 ``test_chain_a_finalize_longer_than_the_poll_lease_is_not_failed_by_the_sweep``,
-``test_batch_a_finalize_longer_than_the_claim_lease_is_not_failed_by_the_sweep``.
-
-Strict xfails, older than c1aa16f (they fail on 316515c too): a live poller storing a success
-whose heartbeat lapsed is taken for gone (batch: the reaper's release makes the row due at
-once) and a turnless reader's stale read fails the job. A lapsed heartbeat is the proof of
-death the reaper acts on; closing these needs it trusted less.
+``test_batch_a_finalize_longer_than_the_claim_lease_is_not_failed_by_the_sweep``,
+``test_batch_a_sweep_tick_after_the_reaper_released_a_slow_pollers_claim_fails_nothing[lapsed]``,
+``test_batch_mode_the_reapers_own_resume_of_a_chain_row_fails_nothing``.
 """
 
 from __future__ import annotations
@@ -43,10 +42,6 @@ from reconcile.testing.simulator import Script, Simulator
 from tests.integration._sweep_helpers import FOREVER, World
 
 KIND = "replicate-prediction"
-SLOW_HOLDER = pytest.mark.xfail(strict=True, reason=(
-    "known, older than c1aa16f: a live poller still storing the success it read looks gone "
-    "when its heartbeat lapsed (the reaper ends its claim), so the row looks unheld and a "
-    "turnless reader's stale read fails the job; needs the heartbeat trusted less"))
 THRESHOLD = timedelta(minutes=20)
 
 
@@ -124,7 +119,7 @@ def _tick_meanwhile(w: World, stale: list[str], later: timedelta) -> Any:
     return tick
 
 
-@pytest.mark.parametrize("beat", [pytest.param("lapsed", marks=SLOW_HOLDER), "alive"])
+@pytest.mark.parametrize("beat", ["lapsed", "alive"])
 def test_batch_a_sweep_tick_after_the_reaper_released_a_slow_pollers_claim_fails_nothing(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, beat: str) -> None:
@@ -205,11 +200,12 @@ def test_batch_a_completion_queued_behind_another_holds_its_row_again(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Batch mode, one finalize thread, two completions read in one round, both on their last
-    attempt. The first one's storing takes 200 s; the round's grouped hold gave the second
-    255 s (one output), of which 55 s are left when its turn comes: it holds its row again
-    (``jobstore.hold_while_storing``), so a sweep tick 100 s into its own storing (300 s after
-    the round's hold) finds it held and fails nothing. Without that, the row was due again
-    and the stale read exhausted it."""
+    attempt. The first one's storing takes 200 s; a sweep tick 100 s into the second's own
+    storing (300 s after the round's hold) reads stale. The round's grouped hold marked the
+    second until its storing may have ended behind the first (255 s + 255 s), so it needs no
+    statement of its own and the tick fails nothing. With one claim lease for each (before
+    52e6f18), or 255 s from the round's hold, the row was due again and the stale read
+    exhausted it."""
     w = World(db, simulator, tmp_path, poll_mode="batch", poll_batch_threads=2,
               poll_batch_finalize_threads=1)
     first, second = (w.accept(KIND, Script(timeline=FOREVER)) for _ in range(2))
@@ -240,37 +236,112 @@ def test_batch_a_completion_queued_behind_another_holds_its_row_again(
     monkeypatch.setattr(jobstore, "hold_while_storing", hold)
     outcome = batch_poll.poll_due(w.rt, budget=60)
     assert outcome.outcomes == {"completed": 2}, outcome.line()
-    assert held == [second], "the first completion's grouped hold sufficed; the second waited"
+    assert held == [], "the grouped hold covered both storings, the wait included"
+    assert w.job(second).storing_until is not None
     _money(w, second, f"poller={outcome.line()} tick={seen}")
     _money(w, first, outcome.line())
 
 
 @pytest.mark.parametrize("mode", ["chain", "batch"])
-def test_a_pollers_storing_hold_is_refused_once_its_claim_is_taken_over(
+def test_a_storing_mark_moves_a_pollers_hold_only_under_its_claim(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, mode: str) -> None:
-    """``hold_while_storing`` writes only under the poller's own turn or claim: another
-    poller's turn or claim in between refuses it, and that holder keeps its own lease and due
-    time. On a chain row ``poll_due_at`` stays NULL (a due time would hand the row to
-    the batch poller)."""
+    """``hold_while_storing`` always marks the row (``storing_until``, never moved back), but
+    moves the poller's hold (the lease; on a batch row the due time too) only under its own
+    turn or claim: once another poller's turn or claim took the row, that holder keeps its
+    own lease and due time. On a chain row ``poll_due_at`` stays NULL (a due time would hand
+    the row to the batch poller). A job no longer in flight is not marked."""
     w = World(db, simulator, tmp_path, poll_mode=mode)
     job_id = w.accept(KIND, Script(timeline=FOREVER))
     job = w.job(job_id)
+    claim = (job.poll_generation, job.poll_seq)
     until = w.clock.now + timedelta(minutes=10)
     with w.db.begin() as s:
-        assert jobstore.hold_while_storing(s, job_id, job.poll_generation, job.poll_seq, until)
+        assert jobstore.hold_while_storing(s, job_id, until, claim=claim)
     after = w.job(job_id)
-    assert after.poll_lease_expires_at == until
+    assert (after.poll_lease_expires_at, after.storing_until) == (until, until)
     assert after.poll_due_at == (None if mode == "chain" else until)
     later = w.clock.now + timedelta(seconds=30)  # another poller's turn or claim since
     w.set(job_id, poll_seq=job.poll_seq + 1, poll_lease_expires_at=later,
           poll_due_at=None if mode == "chain" else later)
-    resumed = w.job(job_id)
     with w.db.begin() as s:
-        assert not jobstore.hold_while_storing(s, job_id, job.poll_generation, job.poll_seq,
-                                               until + timedelta(minutes=10))
+        assert jobstore.hold_while_storing(s, job_id, until + timedelta(minutes=10), claim=claim)
+        assert jobstore.hold_while_storing(s, job_id, until)  # earlier: the mark stays
     again = w.job(job_id)
-    assert (again.poll_lease_expires_at, again.poll_due_at) == (
-        resumed.poll_lease_expires_at, resumed.poll_due_at)
+    assert (again.poll_lease_expires_at, again.poll_due_at, again.storing_until) == (
+        later, None if mode == "chain" else later, until + timedelta(minutes=10))
+    with w.db.begin() as s:  # a failed storing ends only its own mark
+        assert not jobstore.end_storing(s, job_id, until)
+        assert jobstore.end_storing(s, job_id, until + timedelta(minutes=10))
+    assert w.job(job_id).storing_until is None
+    w.set(job_id, status="completed")
+    with w.db.begin() as s:
+        assert not jobstore.hold_while_storing(s, job_id, until)
+
+
+@pytest.mark.parametrize("mode", ["chain", "batch"])
+def test_a_worker_that_dies_while_storing_is_taken_over_at_once_and_fails_nothing(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Worker w-A (heartbeats on) reads "succeeded" on the job's last attempt and dies while
+    storing the outputs. The storing mark does not slow recovery: 10 s later its heartbeat has
+    lapsed, the reaper ends its hold (chain: resumed; batch: released, due now) and the next
+    poller runs at once. That poller's read is stale ("not found") on an exhausted job: under
+    the mark it fails nothing. Its next read, past the mark, completes the job once."""
+    import reconcile.lifecycle.poll as poll_mod
+    from reconcile.sweep.liveness import reap
+
+    w = World(db, simulator, tmp_path, poll_mode=mode, poll_batch_threads=1,
+              poll_batch_finalize_threads=1)
+    job_id = w.accept(KIND, Script(timeline=FOREVER))
+    w.clock.now += THRESHOLD + timedelta(minutes=1)
+    stale = _succeeded_on_its_last_attempt(w, monkeypatch, job_id)
+    with w.db.begin() as s:
+        jobstore.register_worker(s, "w-A", "host", 1, w.clock.now, timedelta(seconds=6))
+    w.rt.worker_id = "w-A"
+    real = poll_mod.finalize_job_with_media
+
+    def dies(*a: Any, **kw: Any) -> bool:
+        raise _Died("storing")
+
+    monkeypatch.setattr(poll_mod, "finalize_job_with_media", dies)
+    with pytest.raises(_Died):
+        if mode == "chain":
+            assert lifecycle.resume_chain(w.rt, job_id)
+            _, generation, seq = w.q.polls.popleft()
+            lifecycle.poll_step(w.rt, job_id, generation, seq)
+        else:
+            w.set(job_id, poll_due_at=w.clock.now)
+            batch_poll.poll_due(w.rt, budget=60)
+    w.rt.worker_id = None
+    monkeypatch.setattr(poll_mod, "finalize_job_with_media", real)
+    mark = w.clock.now + lifecycle.storing_hold(w.rt.settings, 1)
+    assert w.job(job_id).storing_until == mark
+
+    def poll_now() -> str:
+        if mode == "chain":
+            outcomes = []
+            while w.q.polls:
+                _, generation, seq = w.q.polls.popleft()
+                outcomes.append(lifecycle.poll_step(w.rt, job_id, generation, seq))
+            return ",".join(outcomes)
+        return batch_poll.poll_due(w.rt, budget=60).line()
+
+    w.clock.now += timedelta(seconds=10)  # w-A's heartbeat lapsed
+    stale.append("on")  # every read now is stale, the reaper's own included
+    report = reap(w.rt)
+    assert report.workers == ["w-A"], report.line()
+    first = f"{report.line()} {poll_now()}"  # at once, on an exhausted job: nothing fails
+    stale.clear()
+    job = w.job(job_id)
+    assert (job.status, w.refunds(job_id)) == ("processing", 0), first
+    assert job.reconcile_attempts >= MAX_ATTEMPTS, first
+    w.clock.now = mark + timedelta(seconds=1)
+    if mode == "chain":
+        w.tick()  # the chain's next turn was sent; the sweep resumes whatever is left
+    else:
+        w.set(job_id, poll_due_at=w.clock.now)
+    second = poll_now()
+    _money(w, job_id, f"{mode}: {first} / {second}")
 
 
 # ------------------------------------------------------------------ 1. liveness
@@ -594,7 +665,6 @@ def test_exhaustion_settles_by_the_failure_share_once(
     assert w.anomalies(job_id, "reconcile_exhausted") == ["reconcile_exhausted"], path
 
 
-@SLOW_HOLDER
 @pytest.mark.parametrize("reader", ["reap", "tick"])
 def test_batch_mode_the_reapers_own_resume_of_a_chain_row_fails_nothing(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,

@@ -413,7 +413,7 @@ def test_xb_a_row_whose_write_raises_does_not_stop_the_rest_of_the_batch(
     lost = OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
     grouped: list[int] = []
 
-    def hold_all(session: Session, rows: Any, until: Any) -> Any:
+    def hold_all(session: Session, rows: Any, until: Any, **kw: Any) -> Any:
         grouped.append(len(rows))
         raise lost
 

@@ -348,7 +348,9 @@ def test_batch_mode_round_trips(db: sessionmaker[Session], pg_engine: Engine,
                 assert report.outcomes == {"completed": BATCH_JOBS}, report.line()
                 assert got == (3 + BATCH_JOBS, 2 + BATCH_JOBS), (got, c.texts("round3"))
                 texts = c.texts("round3")
-                assert "FROM unnest(" in texts[2] and "coalesce(v.status" in texts[2], texts[2]
+                # the grouped hold: each completion's storing hold (claimed_by cleared) in it
+                assert texts[2].startswith("UPDATE jobs SET poll_lease_expires_at=v.until") \
+                    and "v.storing" in texts[2] and "coalesce(v.status" in texts[2], texts[2]
                 assert [t.startswith("WITH j AS") for t in texts[3:]] == [True] * BATCH_JOBS
     with db() as s:
         assert set(s.scalars(select(Job.status).where(Job.id.in_(ids)))) == {"completed"}
