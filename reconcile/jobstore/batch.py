@@ -235,36 +235,60 @@ def hold_claims_with_status(session: Session, rows: Sequence[tuple[uuid.UUID, in
     return {job.id: job for job in found.scalars().all()}
 
 
+# a storer's mark (:func:`hold_while_storing`): the time it set, None when the row carried a later
+# mark already (its end then changes nothing), and the mark it covered (restored at its end)
+StoringMark = tuple[datetime | None, datetime | None]
+# the tolerance of a mark's end: a platform's column may keep less than microseconds
+# (timestamp(3), timestamptz(0) round to the nearest millisecond or second)
+MARK_PRECISION = timedelta(seconds=1)
+
+
 def hold_while_storing(session: Session, job_id: uuid.UUID, until: datetime, *,
-                       claim: tuple[int, int] | None = None) -> bool:
+                       claim: tuple[int, int] | None = None) -> StoringMark | None:
     """Whoever read "succeeded" marks the row before it stores the outputs: ``storing_until``
     moves to ``until`` (never back), so no read that is no verdict fails the job at its
-    exhaustion horizon meanwhile (:func:`not_storing`, ``lifecycle.exhaust``). ``claim``: the
-    poller's own turn or claim; while the row still carries it, its hold moves there too — the
-    turn's lease on a chain row (``poll_due_at`` NULL, which stays NULL), the claim's due time
-    and lease on a batch row — so no sweep resumes it and no poller claims it meanwhile (a
-    duplicate read and download). False: the job is no longer in flight."""
+    exhaustion horizon meanwhile (:func:`not_storing`, ``lifecycle.exhaust``). The row is
+    locked first and its mark read: what this mark covers, which :func:`end_storing` puts
+    back (another storer's mark under it survives this one's failure). ``claim``: the poller's
+    own turn or claim; while the row still carries it, its hold moves there too — the turn's
+    lease on a chain row (``poll_due_at`` NULL, which stays NULL), the claim's due time and
+    lease on a batch row — so no sweep resumes it and no poller claims it meanwhile (a
+    duplicate read and download). None: the job is no longer in flight."""
     from sqlalchemy import case
 
+    found = session.execute(select(Job.storing_until).where(Job.id == job_id,
+                                                             Job.status.in_(IN_FLIGHT))
+                            .with_for_update()).first()
+    if found is None:
+        return None
+    before = found[0]
+    raised = before is None or before < until
     at = _at(until)
-    values: dict[str, Any] = {"storing_until": _later(Job.storing_until, until)}
+    values: dict[str, Any] = {"storing_until": at} if raised else {}
     if claim is not None:
         mine = and_(*under_claim(*claim))
         values["poll_lease_expires_at"] = case((mine, at), else_=Job.poll_lease_expires_at)
         values["poll_due_at"] = case((and_(mine, Job.poll_due_at.is_not(None)), at),
                                      else_=Job.poll_due_at)
+    if values:
+        session.execute(update(Job).where(Job.id == job_id).values(values),
+                        execution_options={"synchronize_session": False})
+    return (until if raised else None), before
+
+
+def end_storing(session: Session, job_id: uuid.UUID, mark: StoringMark) -> bool:
+    """A storing that failed ends its own mark: ``storing_until`` goes back to the mark it
+    covered, only while it is still this one (a later mark, another storer's, stays; a mark
+    that raised nothing ends nothing)."""
+    mine, before = mark
+    if mine is None:
+        return False
     done = session.execute(
-        update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT)).values(values),
+        update(Job).where(Job.id == job_id,
+                          Job.storing_until.between(_at(mine - MARK_PRECISION),
+                                                    _at(mine + MARK_PRECISION)))
+        .values(storing_until=None if before is None else _at(before)),
         execution_options={"synchronize_session": False})
-    return bool(rowcount(done))
-
-
-def end_storing(session: Session, job_id: uuid.UUID, mark: datetime) -> bool:
-    """A storing that failed ends its own mark: ``storing_until`` cleared only while it is
-    still ``mark`` (a later mark, another reader's, stays)."""
-    done = session.execute(
-        update(Job).where(Job.id == job_id, Job.storing_until == _at(mark))
-        .values(storing_until=None), execution_options={"synchronize_session": False})
     return bool(rowcount(done))
 
 

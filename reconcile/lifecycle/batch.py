@@ -55,7 +55,7 @@ from ..providers.base import PollResult, PollStatus
 from ..runtime import Runtime
 from ..settings import Settings
 from ..states import POLL_LEASE_SLACK
-from .batch_reads import finalize_pool, read_all
+from .batch_reads import finalize_pool, read_all, release_finalize, reserve_finalize
 from .create import _async_kinds
 from .poll import (  # batch mode's due times: the chain and the create use them too
     first_due as first_due,
@@ -229,20 +229,29 @@ def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchRe
         _reschedule_running(rt, running, report)
     if not others:
         return
-    holds = _hold_all(rt, others)
-    items = [(c, result, _HOLD_EACH if holds is None else holds.get(c.job.id))
-             for c, result in others]
-    threads = min(rt.settings.poll_batch_finalize_threads, len(others))
-    if threads <= 1:
-        for c, result, held in items:
-            report.add(_isolated(rt, c, result, report, held))
-        return
-    # concurrently: each job in its own thread with its own report, merged here
-    pool = finalize_pool(rt.settings.poll_batch_finalize_threads)
-    for outcome, part in pool.map(lambda item: _alone(rt, *item), items):
-        report.add(outcome)
-        report.observed += part.observed
-        report.fenced += part.fenced
+    pooled = min(rt.settings.poll_batch_finalize_threads, len(others)) > 1
+    bounds = [_bound(rt, result) for _, result in others]
+    # on the process's finalize pool, the round queues behind what other rounds (a threads
+    # worker runs several) queued before it: reserved first, so each round's holds count it
+    queued = reserve_finalize(sum(bounds, timedelta(0))) if pooled else timedelta(0)
+    try:
+        holds = _hold_all(rt, others, bounds, queued,
+                          rt.settings.poll_batch_finalize_threads if pooled else 1)
+        items = [(c, result, _HOLD_EACH if holds is None else holds.get(c.job.id))
+                 for c, result in others]
+        if not pooled:
+            for c, result, held in items:
+                report.add(_isolated(rt, c, result, report, held))
+            return
+        # concurrently: each job in its own thread with its own report, merged here
+        pool = finalize_pool(rt.settings.poll_batch_finalize_threads)
+        for outcome, part in pool.map(lambda item: _alone(rt, *item), items):
+            report.add(outcome)
+            report.observed += part.observed
+            report.fenced += part.fenced
+    finally:
+        if pooled:
+            release_finalize(sum(bounds, timedelta(0)))
 
 
 def _reschedule_running(rt: Runtime, running: list[jobstore.Rescheduled],
@@ -282,7 +291,8 @@ _HOLD_EACH = _Hold.EACH
 Held = Job | None | Literal[_Hold.EACH]
 
 
-def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]]) -> dict[uuid.UUID, Job] | None:
+def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]], bounds: list[timedelta],
+              queued: timedelta, threads: int) -> dict[uuid.UUID, Job] | None:
     """Before the round's per-job outcomes: ONE statement confirms and extends each of their
     claims (a success whose outputs are to be stored: until its storing may have ended, with
     its storing mark: :func:`_holds` — so its completion needs no statement of its own) and
@@ -297,7 +307,7 @@ def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]]) -> dict[uuid.UUID, J
              result.raw_status if isinstance(result, PollResult) else None)
             for c, result in others]
     try:
-        untils, storing = _holds(rt, others)
+        untils, storing = _holds(rt, others, bounds, queued, threads)
         with rt.sessions.begin() as session:
             return jobstore.hold_claims_with_status(session, rows, untils, storing=storing)
     except Exception:
@@ -306,29 +316,33 @@ def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]]) -> dict[uuid.UUID, J
         return None
 
 
-def _holds(rt: Runtime, others: list[tuple[Claim, Any]]
-           ) -> tuple[list[datetime], set[uuid.UUID]]:
+def _bound(rt: Runtime, result: Any) -> timedelta:
+    """How long one outcome of a round may take on the finalize pool: a success to be stored,
+    its ``storing_hold``; any other outcome (database work only), the slack."""
+    outputs = lifecycle.outputs_to_store(rt.settings, result)
+    return lifecycle.storing_hold(rt.settings, outputs) if outputs \
+        else rt.settings.scaled(POLL_LEASE_SLACK)
+
+
+def _holds(rt: Runtime, others: list[tuple[Claim, Any]], bounds: list[timedelta],
+           queued: timedelta, threads: int) -> tuple[list[datetime], set[uuid.UUID]]:
     """Each outcome's hold in the round's grouped hold, in order, and the ids whose hold is a
     storing mark. A row holds one claim lease; a success to be stored holds until its storing
-    may have ended: the round's outcomes run ``POLL_BATCH_FINALIZE_THREADS`` at a time in this
-    order, so the i-th starts at the latest once the threads have worked off everything before
-    it (the sum of their bounds ÷ the threads: each thread was busy until then), and takes at
-    most its own ``storing_hold``. An outcome that stores nothing is bounded by the slack."""
+    may have ended: the outcomes run on ``threads`` threads (the process's finalize pool, or
+    this one) in this order, behind ``queued`` (what other rounds queued there first), so the i-th
+    starts at the latest once the threads have worked off everything before it (the sum of
+    its bounds ÷ the threads: each thread was busy until then), and takes at most its own
+    bound (:func:`_bound`)."""
     now = rt.now()
     lease = claim_lease(rt)
-    threads = max(1, min(rt.settings.poll_batch_finalize_threads, len(others)))
-    slack = rt.settings.scaled(POLL_LEASE_SLACK)
     untils: list[datetime] = []
     storing: set[uuid.UUID] = set()
-    ahead = timedelta(0)
-    for c, result in others:
-        outputs = lifecycle.outputs_to_store(rt.settings, result)
-        if outputs:
-            own = lifecycle.storing_hold(rt.settings, outputs)
+    ahead = queued
+    for (c, result), own in zip(others, bounds, strict=True):
+        if lifecycle.outputs_to_store(rt.settings, result):
             untils.append(now + max(lease, ahead / threads + own))
             storing.add(c.job.id)
         else:
-            own = slack
             untils.append(now + lease)
         ahead += own
     return untils, storing
@@ -354,6 +368,7 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
     under the claim. ``held``: the row as the round's hold returned it (None: that hold found
     the claim taken over); by default the job holds its own claim first."""
     assert c.kind is not None
+    grouped = held is not _HOLD_EACH
     if held is _HOLD_EACH:
         status = result.raw_status if isinstance(result, PollResult) else None
         with rt.sessions.begin() as session:  # the claim holds: the read's status stored with it
@@ -365,7 +380,12 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
     report.observed += 1
     claim = (c.generation, c.seq)
     if isinstance(result, PollResult | ProviderError):
-        outcome = lifecycle.observe(rt, held, c.kind, via="poll", result=result, claim=claim)
+        # the storing mark the round's grouped hold set (:func:`_holds`), over the one the
+        # claim found: the success's own, which its storing ends if it fails
+        marked = (_raised_mark(held.storing_until, c.job.storing_until), c.job.storing_until) \
+            if grouped and lifecycle.outputs_to_store(rt.settings, result) else None
+        outcome = lifecycle.observe(rt, held, c.kind, via="poll", result=result, claim=claim,
+                                    marked=marked)
     else:  # the read raised something else: no verdict, an attempt as observe counts one
         log.error("batch_read_raised job_id=%s", c.job.id, exc_info=result)
         outcome = lifecycle._unfinished(
@@ -381,6 +401,11 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
                 report.fenced += 1
                 return "fenced"  # taken over: what it read counted for nothing
     return outcome
+
+
+def _raised_mark(after: datetime | None, before: datetime | None) -> datetime | None:
+    """The mark a hold set, when it raised the row's (None: the row's was later already)."""
+    return after if after is not None and (before is None or after > before) else None
 
 
 # ----------------------------------------------------------------------------- hooks

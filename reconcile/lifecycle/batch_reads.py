@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 from .. import lifecycle
@@ -40,6 +41,27 @@ def finalize_pool(threads: int) -> ThreadPoolExecutor:
     """This process's finalize pool (the per-job outcomes of a round; database work and media:
     kept apart from the read pool, whose threads do HTTP only)."""
     return _pool(threads, "reconcile-finalize")
+
+
+# what this process's finalize pool has queued, as the sum of each outcome's bound (seconds of
+# storing at most): a round reserves its own before its grouped hold, so that hold counts what
+# other rounds queued first (lifecycle.batch._holds), and releases it when its outcomes are done
+_QUEUED: dict[int, timedelta] = {}
+
+
+def reserve_finalize(bound: timedelta) -> timedelta:
+    """Add ``bound`` to what this process's finalize pool has queued; returns what was queued
+    before it."""
+    with _POOL_LOCK:
+        before = _QUEUED.get(os.getpid(), timedelta(0))
+        _QUEUED[os.getpid()] = before + bound
+        return before
+
+
+def release_finalize(bound: timedelta) -> None:
+    """What :func:`reserve_finalize` added, once the round's outcomes are done."""
+    with _POOL_LOCK:
+        _QUEUED[os.getpid()] = max(timedelta(0), _QUEUED.get(os.getpid(), timedelta(0)) - bound)
 
 
 def _read(rt: Runtime, c: Any) -> PollResult | ProviderError | BaseException:

@@ -104,41 +104,40 @@ def outputs_to_store(settings: Settings, result: object) -> int:
     return 0
 
 
-def _mark_storing(rt: Runtime, job: Job, holder: tuple[int, int] | None,
-                  outputs: int) -> datetime | None:
+def _mark_storing(rt: Runtime, job: Job, holder: tuple[int, int] | None, outputs: int,
+                  marked: jobstore.StoringMark | None) -> jobstore.StoringMark | None:
     """Before the outputs of a success are stored: the row's storing mark moves to ``now +
     storing_hold`` and, for a poller (``holder``: its own turn or claim), its hold with it
-    (:func:`jobstore.hold_while_storing`). No statement when the row carries such a mark
-    already, ending no earlier than ``now + storing_hold − slack`` (a batch round's grouped
-    hold gave its completions one; a completion that waited less than the slack in the round's
-    queue needs no other). Returns the mark (None: the job is no longer in flight)."""
+    (:func:`jobstore.hold_while_storing`). ``marked``: the mark a batch round's grouped hold
+    set already for this success; kept (no statement) while it ends no earlier than ``now +
+    storing_hold − slack`` (a completion that waited less than the slack in the round's queue).
+    Returns the mark, which the storing ends if it fails (None: the job is no longer in
+    flight)."""
     now = rt.now()
     need = storing_hold(rt.settings, outputs)
-    marked = job.storing_until
-    if marked is not None and marked >= now + need - rt.settings.scaled(POLL_LEASE_SLACK):
+    if marked is not None and job.storing_until is not None \
+            and job.storing_until >= now + need - rt.settings.scaled(POLL_LEASE_SLACK):
         return marked
-    until = now + need
     with rt.sessions.begin() as session:
-        if not jobstore.hold_while_storing(session, job.id, until, claim=holder):
-            return None
-    job.storing_until = until
-    return until
+        mark = jobstore.hold_while_storing(session, job.id, now + need, claim=holder)
+    if mark is not None and mark[0] is not None:
+        job.storing_until = mark[0]
+    return mark
 
 
 def _store(rt: Runtime, job: Job, result: PollResult, via: str,
-           holder: tuple[int, int] | None) -> bool:
+           holder: tuple[int, int] | None, marked: jobstore.StoringMark | None) -> bool:
     """Mark the row (:func:`_mark_storing`), then store the outputs and complete the job
-    (:func:`finalize_job_with_media`). A storing that raised ends its own mark (an unchanged
-    one: a later mark of another reader stays), so a read that is no verdict may then exhaust
-    the job as before."""
-    mark = _mark_storing(rt, job, holder, outputs_to_store(rt.settings, result))
+    (:func:`finalize_job_with_media`). A storing that raised ends its own mark: the row's goes
+    back to the one it covered (another storer's under it stays, and so does a later one), so
+    a read that is no verdict may then exhaust the job as before."""
+    mark = _mark_storing(rt, job, holder, outputs_to_store(rt.settings, result), marked)
     try:
         return finalize_job_with_media(rt, job.id, result, source=via, job=job)
     except Exception:
         if mark is not None:
             with rt.sessions.begin() as session:
                 jobstore.end_storing(session, job.id, mark)
-            job.storing_until = None
         raise
 
 
@@ -291,7 +290,8 @@ def read_status(rt: Runtime, job: Job, kind: Kind) -> PollResult | ProviderError
 
 def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
             result: PollResult | ProviderError | None = None,
-            claim: tuple[int, int] | jobstore.ReaderClaim | None = None) -> str:
+            claim: tuple[int, int] | jobstore.ReaderClaim | None = None,
+            marked: jobstore.StoringMark | None = None) -> str:
     """Read the task once (unless ``result`` is given) and act on it through the CAS paths.
 
     Returns ``completed``, ``failed``, ``in_flight``, ``lost`` (someone else finished it) or
@@ -309,13 +309,17 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
     an unknown status, an error), made under a claim taken over since, never spends the new
     poller's attempts nor fails a job whose task may have finished meanwhile. A verdict the
     provider gave (succeeded, failed) is written whoever reads it: the status CAS decides.
+
+    ``marked``: the storing mark a batch round's grouped hold set for this read's success
+    (``jobstore.StoringMark``); otherwise a success marks the row itself before its storing.
     """
     fence = () if claim is None else jobstore.under_claim(*claim)
     # a poller's own turn or claim (a reader's claim has four parts): it holds the row while it
     # stores a success
     holder = (claim[0], claim[1]) if claim is not None and len(claim) == 2 else None
     try:
-        return _observe(rt, job, kind, via=via, result=result, fence=fence, holder=holder)
+        return _observe(rt, job, kind, via=via, result=result, fence=fence, holder=holder,
+                        marked=marked)
     except Exception as exc:
         return _raised(rt, job, kind, exc, via=via, fence=fence)
 
@@ -346,7 +350,8 @@ def _raised(rt: Runtime, job: Job, kind: Kind, exc: Exception, *, via: str,
 
 def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
              result: PollResult | ProviderError | None, fence: tuple[Any, ...] = (),
-             holder: tuple[int, int] | None = None) -> str:
+             holder: tuple[int, int] | None = None,
+             marked: jobstore.StoringMark | None = None) -> str:
     if result is None:
         result = read_status(rt, job, kind)
     if isinstance(result, ProviderError):
@@ -365,7 +370,7 @@ def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
                           {**_poll_detail(result, via), "outputs": len(result.outputs)})
             return "failed" if ok else "lost"
         try:
-            ok = _store(rt, job, result, via, holder)
+            ok = _store(rt, job, result, via, holder, marked)
         except MediaExpired as exc:
             return _unfinished(rt, job, kind, ErrorCode.UPSTREAM_MEDIA_EXPIRED, exc.message,
                                fence=fence)

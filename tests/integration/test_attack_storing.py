@@ -122,9 +122,9 @@ def _hold_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[uuid.UUID, dateti
 
     def hold(session: Any, job_id: uuid.UUID, until: datetime, *,
              claim: tuple[int, int] | None = None) -> bool:
-        won = real(session, job_id, until, claim=claim)
-        calls.append((job_id, until, won))
-        return won
+        mark = real(session, job_id, until, claim=claim)
+        calls.append((job_id, until, mark is not None))
+        return mark
 
     monkeypatch.setattr(jobstore, "hold_while_storing", hold)
     return calls

@@ -245,11 +245,13 @@ def test_batch_a_completion_queued_behind_another_holds_its_row_again(
 @pytest.mark.parametrize("mode", ["chain", "batch"])
 def test_a_storing_mark_moves_a_pollers_hold_only_under_its_claim(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, mode: str) -> None:
-    """``hold_while_storing`` always marks the row (``storing_until``, never moved back), but
-    moves the poller's hold (the lease; on a batch row the due time too) only under its own
-    turn or claim: once another poller's turn or claim took the row, that holder keeps its
-    own lease and due time. On a chain row ``poll_due_at`` stays NULL (a due time would hand
-    the row to the batch poller). A job no longer in flight is not marked."""
+    """``hold_while_storing`` always marks the row (``storing_until``, never moved back) and
+    says what its mark covered, but moves the poller's hold (the lease; on a batch row the due
+    time too) only under its own turn or claim: once another poller's turn or claim took the
+    row, that holder keeps its own lease and due time. On a chain row ``poll_due_at`` stays
+    NULL (a due time would hand the row to the batch poller). ``end_storing`` puts back what
+    the mark covered, only while the row carries that mark. A job no longer in flight is not
+    marked."""
     w = World(db, simulator, tmp_path, poll_mode=mode)
     job_id = w.accept(KIND, Script(timeline=FOREVER))
     job = w.job(job_id)
@@ -264,14 +266,21 @@ def test_a_storing_mark_moves_a_pollers_hold_only_under_its_claim(
     w.set(job_id, poll_seq=job.poll_seq + 1, poll_lease_expires_at=later,
           poll_due_at=None if mode == "chain" else later)
     with w.db.begin() as s:
-        assert jobstore.hold_while_storing(s, job_id, until + timedelta(minutes=10), claim=claim)
-        assert jobstore.hold_while_storing(s, job_id, until)  # earlier: the mark stays
+        second = jobstore.hold_while_storing(s, job_id, until + timedelta(minutes=10),
+                                             claim=claim)
+        assert second == (until + timedelta(minutes=10), until)  # it covers the first mark
+        third = jobstore.hold_while_storing(s, job_id, until)  # earlier: the mark stays
+        assert third == (None, until + timedelta(minutes=10))
     again = w.job(job_id)
     assert (again.poll_lease_expires_at, again.poll_due_at, again.storing_until) == (
         later, None if mode == "chain" else later, until + timedelta(minutes=10))
-    with w.db.begin() as s:  # a failed storing ends only its own mark
-        assert not jobstore.end_storing(s, job_id, until)
-        assert jobstore.end_storing(s, job_id, until + timedelta(minutes=10))
+    with w.db.begin() as s:  # a failed storing ends only its own mark, back to what it covered
+        assert not jobstore.end_storing(s, job_id, third)
+        assert not jobstore.end_storing(s, job_id, (until, None))  # not the row's mark now
+        assert jobstore.end_storing(s, job_id, second)
+    assert w.job(job_id).storing_until == until
+    with w.db.begin() as s:
+        assert jobstore.end_storing(s, job_id, (until, None))
     assert w.job(job_id).storing_until is None
     w.set(job_id, status="completed")
     with w.db.begin() as s:

@@ -34,11 +34,11 @@ from tests.integration.harness import balance, fund
 CREDITS = 40
 RUNNING_POLLS = 3
 # outside the polls: submit 2 (the job and its event: one statement; the ledger's reserve
-# call), create 2 (claim; the id save and its event: one statement), finalize 2 (the chain's
-# hold while it stores the outputs — its turn's lease is sized for a read, not for the media —
-# and the completion's CAS, the ledger's commit call, the assets and the event: one statement,
-# reconcile.lifecycle.completion)
-STATEMENTS_OUTSIDE_POLLS_MAX = 6
+# call), create 2 (claim; the id save and its event: one statement), finalize 3 (the storing
+# mark: the row locked and its mark read, then the mark and the turn's lease written — the mark
+# remembers what it covered, which a failed storing puts back —; and the completion's CAS, the
+# ledger's commit call, the assets and the event: one statement, reconcile.lifecycle.completion)
+STATEMENTS_OUTSIDE_POLLS_MAX = 7
 # the ledger's statements: its tables, and its functions (reconcile_ledger_reserve, …)
 LEDGER_TABLES = ("usage_logs", "reconcile_credit_", "reconcile_ledger_")
 
@@ -115,7 +115,7 @@ def _job(w: World, job_id: uuid.UUID) -> Job:
 
 @pytest.mark.parametrize("amount", [None, 25], ids=["all_reserved", "pricing_hook"])
 def test_happy_path_round_trips_without_a_publisher(world: World, amount: int | None) -> None:
-    """Five transactions outside the polls (submit, claim, save id, the hold while storing,
+    """Five transactions outside the polls (submit, claim, save id, the storing mark,
     finalize), one transaction and one statement per in-flight poll; the outbox rows are written published and never read
     or updated after the commit."""
     if amount is not None:
@@ -129,8 +129,11 @@ def test_happy_path_round_trips_without_a_publisher(world: World, amount: int | 
     for name in running:
         assert (c.of(name)["transactions"], c.of(name)["statements"]) == (1, 1), name
         assert c.texts(name)[0].startswith("UPDATE jobs SET poll_seq")  # the turn is the load
-    assert c.of(final)["transactions"] == 3  # the turn, the hold while storing, finalize
-    assert c.texts(final)[1].startswith("UPDATE jobs SET poll_lease_expires_at"), c.texts(final)
+    assert c.of(final)["transactions"] == 3  # the turn, the storing mark, finalize
+    assert c.texts(final)[1].startswith("SELECT jobs.storing_until"), c.texts(final)
+    assert "FOR UPDATE" in c.texts(final)[1], c.texts(final)
+    assert c.texts(final)[2].startswith("UPDATE jobs SET poll_lease_expires_at") \
+        and "storing_until=" in c.texts(final)[2], c.texts(final)
     outside_txns = (c.of("submit")["transactions"] + c.of("create")["transactions"]
                     + c.of(final)["transactions"] - 1)
     assert outside_txns == 5
@@ -138,8 +141,8 @@ def test_happy_path_round_trips_without_a_publisher(world: World, amount: int | 
     outside = (c.of("submit")["statements"] + c.of("create")["statements"]
                + c.of(final)["statements"] - 1)
     assert outside == STATEMENTS_OUTSIDE_POLLS_MAX
-    assert c.of(final)["statements"] == 3  # the turn, the hold, the completion: ONE statement
-    completion = c.texts(final)[2]
+    assert c.of(final)["statements"] == 4  # the turn, the mark (2), the completion: ONE
+    completion = c.texts(final)[3]
     assert completion.startswith("WITH j AS"), completion
     for part in ("FOR UPDATE", "JOIN LATERAL reconcile_ledger_commit(", "UPDATE jobs SET",
                  "INSERT INTO reconcile_assets", "INSERT INTO reconcile_job_events"):

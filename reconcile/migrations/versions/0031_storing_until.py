@@ -1,7 +1,7 @@
 """Until when a success's outputs may still be being stored: ``jobs.storing_until``.
 
-Whoever reads "succeeded" — a poller under its turn or claim, the sweep, a webhook's confirming
-read — marks the row before it fetches and uploads the outputs, for as long as that may take
+Whoever reads "succeeded" — a poller under its turn or claim, the sweep, the heartbeat reaper —
+marks the row before it fetches and uploads the outputs, for as long as that may take
 (``lifecycle.storing_hold``). While the mark lasts, no read that is no verdict fails the job at
 its exhaustion horizon (``lifecycle.exhaust``): a stale "not found" read by another poller or
 reader meanwhile would otherwise fail and refund a job whose task succeeded, and the storer's
