@@ -72,7 +72,8 @@ from reconcile.providers import PollResult, PollStatus
 from reconcile.states import ATTEMPT_SPACING, MAX_ATTEMPTS
 from reconcile.testing.platform_schema import create_platform_tables
 from reconcile.testing.simulator import Script, Simulator
-from tests.conftest import TABLES, PgDatabases
+from tests.conftest import PgDatabases
+from tests.integration._platform_db import clean_sessions, platform_database
 from tests.integration._sweep_helpers import FOREVER, World
 from tests.integration.test_attack_storing import naive_zoned as naive_zoned, ndb as ndb
 from tests.integration.test_attack_unheld import _given_back, _money
@@ -534,22 +535,16 @@ def odd_mark(request: pytest.FixtureRequest, pg_databases: PgDatabases) -> Itera
     a reduced precision (``timestamp(3)``: Prisma's ``DateTime``; ``timestamptz(0)``), or NOT
     NULL with a default (the contract lists the column among those the library never writes
     NULL)."""
-    url = pg_databases.create("rtprec")
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"),
-                         autocommit=True) as conn:
-        create_platform_tables(conn, naive=request.param.endswith("without time zone"))
-        conn.execute(f"ALTER TABLE jobs ADD COLUMN storing_until {request.param}")
-    upgrade(url)
-    engine = make_engine(url)
+    _, engine = platform_database(
+        pg_databases, "rtprec", naive=request.param.endswith("without time zone"),
+        before_upgrade=(f"ALTER TABLE jobs ADD COLUMN storing_until {request.param}",))
     yield engine
     engine.dispose()
 
 
 @pytest.fixture
 def odb(odd_mark: Engine) -> sessionmaker[Session]:
-    with odd_mark.begin() as conn:
-        conn.execute(text("TRUNCATE " + ", ".join(TABLES)))
-    return make_sessionmaker(odd_mark)
+    return clean_sessions(odd_mark)
 
 
 @pytest.mark.parametrize("mode", ["chain", "batch"])

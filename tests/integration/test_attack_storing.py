@@ -39,23 +39,19 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import quote
 
-import psycopg
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle, operator
-from reconcile.db.migrate import upgrade
-from reconcile.db.session import make_engine, make_sessionmaker
 from reconcile.errors import ErrorCode, MediaExpired, MediaFetchFailed, MediaTooLarge
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.providers import PollResult, PollStatus
 from reconcile.states import MAX_ATTEMPTS
-from reconcile.testing.platform_schema import create_platform_tables, set_database_timezone
 from reconcile.testing.simulator import Script, Simulator
-from tests.conftest import PG_ADMIN_URL, TABLES, PgDatabases
+from tests.conftest import PgDatabases
+from tests.integration._platform_db import clean_sessions, platform_database
 from tests.integration._sweep_helpers import FOREVER, World
 from tests.integration.test_attack_unheld import (
     _die_at,
@@ -860,36 +856,20 @@ def test_chain_mode_a_row_left_due_by_batch_mode_is_held_by_its_due_time_too(
 SHAPES = [("America/New_York", "session"), ("Asia/Tokyo", "database")]
 
 
-def _plain(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")
-
-
 @pytest.fixture(scope="module", params=SHAPES, ids=[f"{z.split('/')[1]}-{lv}" for z, lv in SHAPES])
-def naive_zoned(request: pytest.FixtureRequest,
-                pg_databases: PgDatabases) -> Iterator[Engine]:
+def naive_zoned(request: pytest.FixtureRequest, pg_databases: PgDatabases) -> Iterator[Engine]:
     """A platform database with ``timestamp without time zone`` columns in a non-UTC zone (the
     database's default, or the URL's session zone): ``tests/integration/test_naive_timestamps``'s
     shape."""
     zone, level = request.param
-    url = pg_databases.create("rtstore")
-    with psycopg.connect(_plain(url), autocommit=True) as conn:
-        create_platform_tables(conn, naive=True)
-    if level == "database":
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-            set_database_timezone(admin, url.rsplit("/", 1)[1], zone)
-    else:
-        url += "?options=" + quote(f"-c TimeZone={zone}")
-    upgrade(url)
-    engine = make_engine(url)
+    _, engine = platform_database(pg_databases, "rtstore", naive=True, zone=zone, level=level)
     yield engine
     engine.dispose()
 
 
 @pytest.fixture
 def ndb(naive_zoned: Engine) -> sessionmaker[Session]:
-    with naive_zoned.begin() as conn:
-        conn.execute(text("TRUNCATE " + ", ".join(TABLES)))
-    return make_sessionmaker(naive_zoned)
+    return clean_sessions(naive_zoned)
 
 
 @pytest.mark.parametrize("mode", ["batch", "chain"])

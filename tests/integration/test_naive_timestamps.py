@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -26,17 +25,15 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import lifecycle
-from reconcile.db.migrate import upgrade
 from reconcile.db.models import Job, UsageLog
-from reconcile.db.session import make_engine, make_sessionmaker
+from reconcile.db.session import make_engine
 from reconcile.testing.platform_schema import (
-    create_platform_tables,
     platform_ddl,
-    set_database_timezone,
 )
 from reconcile.testing.simulator import Script, Simulator
-from tests.conftest import PG_ADMIN_URL, TABLES, PgDatabases
+from tests.conftest import PgDatabases
 from tests.integration import harness
+from tests.integration._platform_db import clean_sessions, plain, platform_database
 from tests.integration._sweep_helpers import INSTANT, World, assert_refunded
 
 ZONES = ("America/New_York", "Asia/Tokyo")
@@ -44,15 +41,11 @@ SHAPES = [(zone, naive, level) for zone in ZONES for naive in (True, False)
           for level in ("database", "session")]
 
 
-def _plain(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")
-
-
 def _platform_conn(zoned: dict[str, Any]) -> psycopg.Connection[Any]:
     """A plain connection as the platform opens one: in the zone under test (the database's
     default, or the session zone its connection string asks for)."""
     extra = {"options": f"-c TimeZone={zoned['zone']}"} if zoned["level"] == "session" else {}
-    return psycopg.connect(_plain(zoned["url"].split("?")[0]), autocommit=True, **extra)
+    return psycopg.connect(plain(zoned["url"].split("?")[0]), autocommit=True, **extra)
 
 
 @pytest.fixture(scope="module", params=SHAPES,
@@ -60,16 +53,7 @@ def _platform_conn(zoned: dict[str, Any]) -> psycopg.Connection[Any]:
 def zoned(request: pytest.FixtureRequest, pg_databases: PgDatabases) -> Iterator[dict[str, Any]]:
     """A migrated platform-shaped database in a non-UTC zone: (url, engine, naive)."""
     zone, naive, level = request.param
-    url = pg_databases.create("rtzone")
-    with psycopg.connect(_plain(url), autocommit=True) as conn:
-        create_platform_tables(conn, naive=naive)
-    if level == "database":
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-            set_database_timezone(admin, url.rsplit("/", 1)[1], zone)
-    else:
-        url += "?options=" + quote(f"-c TimeZone={zone}")
-    upgrade(url)
-    engine = make_engine(url)
+    url, engine = platform_database(pg_databases, "rtzone", naive=naive, zone=zone, level=level)
     yield {"url": url, "engine": engine, "naive": naive, "zone": zone, "level": level}
     engine.dispose()
 
@@ -77,9 +61,7 @@ def zoned(request: pytest.FixtureRequest, pg_databases: PgDatabases) -> Iterator
 @pytest.fixture
 def zdb(zoned: dict[str, Any]) -> sessionmaker[Session]:
     engine: Engine = zoned["engine"]
-    with engine.begin() as conn:
-        conn.execute(text("TRUNCATE " + ", ".join(TABLES)))
-    return make_sessionmaker(engine)
+    return clean_sessions(engine)
 
 
 @pytest.fixture(params=["batch", "chain"])
