@@ -89,7 +89,8 @@ ALWAYS_SET = frozenset({"jobs.input_data", "usage_logs.job_id", "usage_logs.meta
 # the library knows it): NOT NULL there breaks a write, default or not.
 FILLED_BY_DEFAULT = frozenset({
     "jobs.output_data", "jobs.provider", "jobs.started_at", "jobs.completed_at",
-    "jobs.should_watermark", "jobs.is_public", "jobs.poll_resumes"})
+    "jobs.should_watermark", "jobs.is_public", "jobs.poll_resumes", "jobs.storing_until",
+    "jobs.storing_count"})
 LIBRARY_TABLES = tuple(sorted(name for name in Base.metadata.tables if name not in PLATFORM_TABLES))
 UUID_ONLY = "the library's ids are uuids; an integer or text id is not supported yet"
 # the fix of a library column or table that is gone while its migrations are at head

@@ -144,6 +144,9 @@ class Job(Base):
     # 0031; lifecycle.storing_hold, NULL: no mark): no read that is no verdict fails the job at
     # its exhaustion horizon before then (lifecycle.exhaust)
     storing_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # how many storers may still be storing under that mark (migration 0032; NULL: none): one
+    # storer's failed storing takes its own back, the failure at the horizon waits for none
+    storing_count: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         # in-flight rows by call start (migration 0019; 0022 dropped the one-column

@@ -34,10 +34,8 @@ through this facade, and never writing ``jobs`` themselves — the single-writer
 from __future__ import annotations
 
 from .batch import (
-    MARK_PRECISION,
     ReaderClaim,
     Rescheduled,
-    StoringMark,
     claim_due,
     claim_due_with_times,
     claim_of,
@@ -112,7 +110,7 @@ from .workers import (
 )
 
 __all__ = [
-    "MARK_PRECISION", "PROVIDER_STATUS_MAX", "LeaseSteps", "ReaderClaim", "Rescheduled", "StoringMark", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
+    "PROVIDER_STATUS_MAX", "LeaseSteps", "ReaderClaim", "Rescheduled", "adopt_task_id", "cancelled_over_failure", "claim_attempt", "claim_create",
     "claim_due", "claim_of", "claim_due_with_times", "claim_expired", "claim_reenqueue", "claim_settlement",
     "count_attempt", "hold_claim", "hold_claims", "hold_claims_with_status", "end_storing", "hold_while_storing", "not_storing", "in_flight", "insert_job", "insert_job_with_event", "is_settlement_due",
     "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",

@@ -136,17 +136,19 @@ def _claimed(job_id: uuid.UUID, generation: int, seq: int) -> tuple[Any, ...]:
 
 
 def hold_claim(session: Session, job_id: uuid.UUID, generation: int, seq: int,
-               until: datetime, *, status: object = None, storing: bool = False) -> Job | None:
+               until: datetime, *, status: object = None,
+               storing: datetime | None = None) -> Job | None:
     """The claim still holds (same generation and seq, in flight): extend it to ``until`` and
     return the current row; None: it was taken over (or the job finished) — the result is
     refused. ``status``: the provider's status the claim's read saw, stored with it
     (:func:`~.predicates.stored_status`; None keeps the row's). ``storing``: the hold of a
-    success whose outputs are about to be stored: ``until`` is also its storing mark
-    (:func:`hold_while_storing`)."""
+    success whose outputs are about to be stored, at that time: ``until`` is also its storing
+    mark, and the storer is counted (:func:`hold_while_storing`)."""
     stored = stored_status(status)
     keep: dict[str, Any] = {} if stored is None else {"provider_status": stored}
-    if storing:
-        keep["storing_until"] = _later(Job.storing_until, until)
+    if storing is not None:  # a success about to be stored: marked, and counted at ``storing``
+        keep["storing_until"] = _later(Job.storing_until, _at(until))
+        keep["storing_count"] = _one_more(storing)
     return _cas(session, *_claimed(job_id, generation, seq), poll_due_at=until,
                 poll_lease_expires_at=until, **keep)
 
@@ -196,7 +198,9 @@ def _hold_reads_statement() -> Any:
             .values(poll_due_at=v.c.until, poll_lease_expires_at=v.c.until,
                     provider_status=func.coalesce(v.c.status, Job.provider_status),
                     storing_until=case((v.c.storing, _later(Job.storing_until, v.c.until)),
-                                       else_=Job.storing_until))
+                                       else_=Job.storing_until),
+                    storing_count=case((v.c.storing, _one_more(bindparam("now"))),
+                                       else_=Job.storing_count))
             .returning(Job))
 
 
@@ -205,14 +209,15 @@ _HOLD_READS: list[Any] = []  # the statement, built at first use
 
 def hold_claims_with_status(session: Session, rows: Sequence[tuple[uuid.UUID, int, int, object]],
                             until: datetime | Sequence[datetime], *,
-                            storing: Collection[uuid.UUID] = ()) -> dict[uuid.UUID, Job]:
+                            storing: Collection[uuid.UUID] = (),
+                            now: datetime | None = None) -> dict[uuid.UUID, Job]:
     """:func:`hold_claim` for many rows in one statement, ``(id, generation, seq, status)``
     each: every claim that still holds is extended to ``until`` (one time for all, or one per
     row, in the order of ``rows``) with the status its read saw stored
     (:func:`~.predicates.stored_status`; None keeps the row's), and its current row is
     returned by id; a claim taken over (or a job finished) is absent. ``storing``: the ids
-    whose hold is that of a success about to be stored: their time is also their storing mark
-    (:func:`hold_while_storing`). Each row is its own compare-and-set: one row fenced
+    whose hold is that of a success about to be stored: their time is also their storing mark,
+    and each is counted as a storer at ``now`` (:func:`hold_while_storing`). Each row is its own compare-and-set: one row fenced
     never keeps another from being held. One statement on PostgreSQL; one CAS each on
     SQLite."""
     if not rows:
@@ -220,9 +225,11 @@ def hold_claims_with_status(session: Session, rows: Sequence[tuple[uuid.UUID, in
     untils = [until] * len(rows) if isinstance(until, datetime) else list(until)
     if len(untils) != len(rows):
         raise ValueError(f"{len(rows)} rows, {len(untils)} times to hold them until")
+    if storing and now is None:
+        raise ValueError("counting storers needs now")
     if session.get_bind().dialect.name != "postgresql":
         held = ((job_id, hold_claim(session, job_id, generation, seq, each, status=status,
-                                    storing=job_id in storing))
+                                    storing=now if job_id in storing else None))
                 for (job_id, generation, seq, status), each in zip(rows, untils, strict=True))
         return {job_id: job for job_id, job in held if job is not None}
     if not _HOLD_READS:
@@ -230,72 +237,78 @@ def hold_claims_with_status(session: Session, rows: Sequence[tuple[uuid.UUID, in
     found = session.execute(_HOLD_READS[0], {
         "ids": [r[0] for r in rows], "gens": [r[1] for r in rows], "seqs": [r[2] for r in rows],
         "statuses": [stored_status(r[3]) for r in rows], "untils": untils,
-        "storing": [r[0] in storing for r in rows]},
+        "storing": [r[0] in storing for r in rows], "now": now},
         execution_options={"synchronize_session": False, "populate_existing": True})
     return {job.id: job for job in found.scalars().all()}
 
 
-# a storer's mark (:func:`hold_while_storing`): the time it set, None when the row carried a later
-# mark already (its end then changes nothing), and the mark it covered (restored at its end)
-StoringMark = tuple[datetime | None, datetime | None]
-# the tolerance of a mark's end: a platform's column may keep less than microseconds
-# (timestamp(3), timestamptz(0) round to the nearest millisecond or second)
-MARK_PRECISION = timedelta(seconds=1)
-
-
 def hold_while_storing(session: Session, job_id: uuid.UUID, until: datetime, *,
-                       claim: tuple[int, int] | None = None) -> StoringMark | None:
-    """Whoever read "succeeded" marks the row before it stores the outputs: ``storing_until``
-    moves to ``until`` (never back), so no read that is no verdict fails the job at its
-    exhaustion horizon meanwhile (:func:`not_storing`, ``lifecycle.exhaust``). The row is
-    locked first and its mark read: what this mark covers, which :func:`end_storing` puts
-    back (another storer's mark under it survives this one's failure). ``claim``: the poller's
-    own turn or claim; while the row still carries it, its hold moves there too — the turn's
-    lease on a chain row (``poll_due_at`` NULL, which stays NULL), the claim's due time and
-    lease on a batch row — so no sweep resumes it and no poller claims it meanwhile (a
-    duplicate read and download). None: the job is no longer in flight."""
+                       claim: tuple[int, int] | None = None, now: datetime,
+                       counted: bool = False) -> bool:
+    """Whoever read "succeeded" marks the row before it stores the outputs, so no read that is
+    no verdict fails the job at its exhaustion horizon meanwhile (:func:`not_storing`,
+    ``lifecycle.exhaust``): ``storing_until`` moves to ``until`` (never back) and the storer is
+    counted (``storing_count``; the first after the mark ended at ``now`` starts again at one).
+    A storing that fails takes its count back (:func:`end_storing`). ``counted``: the storer is
+    counted already (a batch round's grouped hold): only the mark moves. ``claim``: the
+    poller's own turn or claim; while the row still carries it, its hold moves to ``until``
+    too — the turn's lease on a chain row (``poll_due_at`` NULL, which stays NULL), the claim's
+    due time and lease on a batch row — so no sweep resumes it and no poller claims it
+    meanwhile (a duplicate read and download). False: the job is no longer in flight."""
     from sqlalchemy import case
 
-    found = session.execute(select(Job.storing_until).where(Job.id == job_id,
-                                                             Job.status.in_(IN_FLIGHT))
-                            .with_for_update()).first()
-    if found is None:
-        return None
-    before = found[0]
-    raised = before is None or before < until
     at = _at(until)
-    values: dict[str, Any] = {"storing_until": at} if raised else {}
+    values: dict[str, Any] = {"storing_until": _later(Job.storing_until, at)}
+    if not counted:
+        values["storing_count"] = _one_more(now)
     if claim is not None:
         mine = and_(*under_claim(*claim))
         values["poll_lease_expires_at"] = case((mine, at), else_=Job.poll_lease_expires_at)
         values["poll_due_at"] = case((and_(mine, Job.poll_due_at.is_not(None)), at),
                                      else_=Job.poll_due_at)
-    if values:
-        session.execute(update(Job).where(Job.id == job_id).values(values),
-                        execution_options={"synchronize_session": False})
-    return (until if raised else None), before
-
-
-def end_storing(session: Session, job_id: uuid.UUID, mark: StoringMark) -> bool:
-    """A storing that failed ends its own mark: ``storing_until`` goes back to the mark it
-    covered, only while it is still this one (a later mark, another storer's, stays; a mark
-    that raised nothing ends nothing)."""
-    mine, before = mark
-    if mine is None:
-        return False
     done = session.execute(
-        update(Job).where(Job.id == job_id,
-                          Job.storing_until.between(_at(mine - MARK_PRECISION),
-                                                    _at(mine + MARK_PRECISION)))
-        .values(storing_until=None if before is None else _at(before)),
+        update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT)).values(values),
+        execution_options={"synchronize_session": False})
+    return bool(rowcount(done))
+
+
+def end_storing(session: Session, job_id: uuid.UUID) -> bool:
+    """A storing that failed takes its count back (never below none): the failure at the
+    horizon may then go ahead once no other storer is counted."""
+    from sqlalchemy import case, func
+
+    done = session.execute(
+        update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
+        .values(storing_count=case((func.coalesce(Job.storing_count, 0) > 0,
+                                    Job.storing_count - 1), else_=0)),
         execution_options={"synchronize_session": False})
     return bool(rowcount(done))
 
 
 def not_storing(now: datetime) -> Any:
-    """Nobody marked the row as storing a success at ``now`` (:func:`hold_while_storing`): the
-    condition of a failure at the exhaustion horizon."""
-    return or_(Job.storing_until.is_(None), Job.storing_until <= _at(now))
+    """Nobody may still be storing a success of the row at ``now``: no mark, a mark ended, or
+    no storer counted (:func:`hold_while_storing`). The condition of a failure at the
+    exhaustion horizon."""
+    from sqlalchemy import func
+
+    return or_(Job.storing_until.is_(None), Job.storing_until <= _at(now),
+               func.coalesce(Job.storing_count, 0) <= 0)
+
+
+def _one_more(now: Any) -> Any:
+    """The storer count with one more: one when the mark had ended at ``now``."""
+    from sqlalchemy import case, func
+
+    at = _at(now) if isinstance(now, datetime) else now
+    return case((or_(Job.storing_until.is_(None), Job.storing_until <= at), 1),
+                else_=func.coalesce(Job.storing_count, 0) + 1)
+
+
+def _later(column: Any, value: Any) -> Any:
+    """The later of a nullable timestamp ``column`` and ``value`` (an expression)."""
+    from sqlalchemy import case
+
+    return case((column.is_(None), value), (column > value, column), else_=value)
 
 
 def _at(value: datetime) -> Any:
@@ -304,14 +317,6 @@ def _at(value: datetime) -> Any:
     from sqlalchemy import literal
 
     return literal(value, type_=Job.storing_until.type)
-
-
-def _later(column: Any, value: Any) -> Any:
-    """The later of a nullable timestamp ``column`` and ``value`` (a time or an expression)."""
-    from sqlalchemy import case
-
-    at = _at(value) if isinstance(value, datetime) else value
-    return case((column.is_(None), at), (column > at, column), else_=at)
 
 
 _RESCHEDULE = text("""

@@ -309,7 +309,8 @@ def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]], bounds: list[timedel
     try:
         untils, storing = _holds(rt, others, bounds, queued, threads)
         with rt.sessions.begin() as session:
-            return jobstore.hold_claims_with_status(session, rows, untils, storing=storing)
+            return jobstore.hold_claims_with_status(session, rows, untils, storing=storing,
+                                                    now=rt.now())
     except Exception:
         log.warning("batch_hold_failed rows=%d: each row holds its own claim", len(rows),
                     exc_info=True)
@@ -380,9 +381,9 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
     report.observed += 1
     claim = (c.generation, c.seq)
     if isinstance(result, PollResult | ProviderError):
-        # the storing mark the round's grouped hold set (:func:`_holds`), over the one the
-        # claim found: the success's own, which its storing ends if it fails
-        marked = (_raised_mark(held.storing_until, c.job.storing_until), c.job.storing_until) \
+        # the storing mark the round's grouped hold set for a success (:func:`_holds`), which
+        # counted it as a storer
+        marked = held.storing_until \
             if grouped and lifecycle.outputs_to_store(rt.settings, result) else None
         outcome = lifecycle.observe(rt, held, c.kind, via="poll", result=result, claim=claim,
                                     marked=marked)
@@ -401,11 +402,6 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
                 report.fenced += 1
                 return "fenced"  # taken over: what it read counted for nothing
     return outcome
-
-
-def _raised_mark(after: datetime | None, before: datetime | None) -> datetime | None:
-    """The mark a hold set, when it raised the row's (None: the row's was later already)."""
-    return after if after is not None and (before is None or after > before) else None
 
 
 # ----------------------------------------------------------------------------- hooks

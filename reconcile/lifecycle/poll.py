@@ -105,39 +105,36 @@ def outputs_to_store(settings: Settings, result: object) -> int:
 
 
 def _mark_storing(rt: Runtime, job: Job, holder: tuple[int, int] | None, outputs: int,
-                  marked: jobstore.StoringMark | None) -> jobstore.StoringMark | None:
+                  marked: datetime | None) -> bool:
     """Before the outputs of a success are stored: the row's storing mark moves to ``now +
-    storing_hold`` and, for a poller (``holder``: its own turn or claim), its hold with it
-    (:func:`jobstore.hold_while_storing`). ``marked``: the mark a batch round's grouped hold
-    set already for this success; kept (no statement) while it ends no earlier than ``now +
-    storing_hold − slack`` (a completion that waited less than the slack in the round's queue).
-    Returns the mark, which the storing ends if it fails (None: the job is no longer in
-    flight)."""
+    storing_hold`` and the storer is counted (:func:`jobstore.hold_while_storing`); a poller
+    (``holder``: its own turn or claim) moves its hold there too. ``marked``: the mark a batch
+    round's grouped hold set for this success, which counted it; kept (no statement) while it
+    ends no earlier than ``now + storing_hold − slack`` (a completion that waited less than the
+    slack in the round's queue), else only moved. Returns whether the storer is counted (its
+    failed storing takes the count back)."""
     now = rt.now()
     need = storing_hold(rt.settings, outputs)
-    if marked is not None and job.storing_until is not None \
-            and job.storing_until >= now + need - rt.settings.scaled(POLL_LEASE_SLACK):
-        return marked
+    if marked is not None and marked >= now + need - rt.settings.scaled(POLL_LEASE_SLACK):
+        return True
     with rt.sessions.begin() as session:
-        mark = jobstore.hold_while_storing(session, job.id, now + need, claim=holder)
-    if mark is not None and mark[0] is not None:
-        job.storing_until = mark[0]
-    return mark
+        counted = jobstore.hold_while_storing(session, job.id, now + need, claim=holder,
+                                              now=now, counted=marked is not None)
+    return counted or marked is not None
 
 
 def _store(rt: Runtime, job: Job, result: PollResult, via: str,
-           holder: tuple[int, int] | None, marked: jobstore.StoringMark | None) -> bool:
-    """Mark the row (:func:`_mark_storing`), then store the outputs and complete the job
-    (:func:`finalize_job_with_media`). A storing that raised ends its own mark: the row's goes
-    back to the one it covered (another storer's under it stays, and so does a later one), so
-    a read that is no verdict may then exhaust the job as before."""
-    mark = _mark_storing(rt, job, holder, outputs_to_store(rt.settings, result), marked)
+           holder: tuple[int, int] | None, marked: datetime | None) -> bool:
+    """Mark the row and count the storer (:func:`_mark_storing`), then store the outputs and
+    complete the job (:func:`finalize_job_with_media`). A storing that raised takes its count
+    back, so the failure at the horizon may go ahead once no other storer is counted."""
+    counted = _mark_storing(rt, job, holder, outputs_to_store(rt.settings, result), marked)
     try:
         return finalize_job_with_media(rt, job.id, result, source=via, job=job)
     except Exception:
-        if mark is not None:
+        if counted:
             with rt.sessions.begin() as session:
-                jobstore.end_storing(session, job.id, mark)
+                jobstore.end_storing(session, job.id)
         raise
 
 
@@ -291,7 +288,7 @@ def read_status(rt: Runtime, job: Job, kind: Kind) -> PollResult | ProviderError
 def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
             result: PollResult | ProviderError | None = None,
             claim: tuple[int, int] | jobstore.ReaderClaim | None = None,
-            marked: jobstore.StoringMark | None = None) -> str:
+            marked: datetime | None = None) -> str:
     """Read the task once (unless ``result`` is given) and act on it through the CAS paths.
 
     Returns ``completed``, ``failed``, ``in_flight``, ``lost`` (someone else finished it) or
@@ -310,8 +307,8 @@ def observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
     poller's attempts nor fails a job whose task may have finished meanwhile. A verdict the
     provider gave (succeeded, failed) is written whoever reads it: the status CAS decides.
 
-    ``marked``: the storing mark a batch round's grouped hold set for this read's success
-    (``jobstore.StoringMark``); otherwise a success marks the row itself before its storing.
+    ``marked``: the storing mark a batch round's grouped hold set for this read's success (the
+    storer counted with it); otherwise a success marks the row itself before its storing.
     """
     fence = () if claim is None else jobstore.under_claim(*claim)
     # a poller's own turn or claim (a reader's claim has four parts): it holds the row while it
@@ -351,7 +348,7 @@ def _raised(rt: Runtime, job: Job, kind: Kind, exc: Exception, *, via: str,
 def _observe(rt: Runtime, job: Job, kind: Kind, *, via: str,
              result: PollResult | ProviderError | None, fence: tuple[Any, ...] = (),
              holder: tuple[int, int] | None = None,
-             marked: jobstore.StoringMark | None = None) -> str:
+             marked: datetime | None = None) -> str:
     if result is None:
         result = read_status(rt, job, kind)
     if isinstance(result, ProviderError):
@@ -473,8 +470,9 @@ def _note_error(rt: Runtime, job: Job, last_error: str, verdict: bool,
 def exhaust(rt: Runtime, job: Job, *, where: tuple[Any, ...] = ()) -> str:
     """Attempts exhausted: fail with the last error's code (or UPSTREAM_TIMEOUT) + anomaly
     (``where``: further conditions of the failure's CAS, a poller's claim). Refused while the
-    row carries a storing mark (:func:`storing_hold`): someone read "succeeded" and may still
-    be storing the outputs; a later read exhausts the job once the mark has ended."""
+    row's storing mark lasts with a storer counted (:func:`storing_hold`): someone read
+    "succeeded" and may still be storing the outputs; a later read exhausts the job once the
+    mark has ended or its storers' storings failed."""
     last = job.reconcile_last_error or ""
     found = jobstore.last_error_code(job)  # the column (legacy rows: their text's prefix)
     code = found if found is not None and (jobstore.is_verdict(found) or found == ErrorCode.INTERNAL) \

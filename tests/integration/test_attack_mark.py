@@ -51,7 +51,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import timedelta
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
@@ -667,11 +667,11 @@ def test_a_storing_whose_mark_is_not_ended_once_still_exhausts_by_the_horizon(
 
         real_end = jobstore.end_storing
 
-        def end(session: Any, jid: uuid.UUID, mark: datetime) -> bool:
+        def end(session: Any, jid: uuid.UUID) -> bool:
             if not faults:
-                faults.append(f"end_storing({mark}) raised")
+                faults.append("end_storing raised")
                 raise OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
-            return real_end(session, jid, mark)
+            return real_end(session, jid)
 
         monkeypatch.setattr(jobstore, "end_storing", end)
     else:
@@ -799,8 +799,8 @@ def test_a_failed_storing_ends_the_mark_it_wrote_pg_and_sqlite(
         monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """Held. PostgreSQL and SQLite, a clock with microseconds: the chain's mark (a bound
     Python time, no RETURNING) and the batch round's grouped mark (the row RETURNING gave it)
-    are each ended by the job's own failed storing — ``storing_until`` NULL afterwards, the job
-    in flight with its next read scheduled."""
+    are each ended by the job's own failed storing — its storer no longer counted afterwards,
+    the job in flight with its next read scheduled."""
     w = _world(pg_and_sqlite, simulator, tmp_path, mode)
     w.clock.now = w.clock.now.replace(microsecond=654_321)
     job_id = w.accept(KIND, Script(timeline=FOREVER))
@@ -808,9 +808,9 @@ def test_a_failed_storing_ends_the_mark_it_wrote_pg_and_sqlite(
     marks: list[Any] = []
     real_end = jobstore.end_storing
 
-    def end(session: Any, jid: uuid.UUID, mark: datetime) -> bool:
-        ended = real_end(session, jid, mark)
-        marks.append((mark, ended))
+    def end(session: Any, jid: uuid.UUID) -> bool:
+        ended = real_end(session, jid)
+        marks.append((jid, ended))
         return ended
 
     monkeypatch.setattr(jobstore, "end_storing", end)
@@ -818,7 +818,9 @@ def test_a_failed_storing_ends_the_mark_it_wrote_pg_and_sqlite(
     outcome = _poll_once(w, mode, job_id)
     job = w.job(job_id)
     assert job.status == "processing", outcome
-    assert [ended for _, ended in marks] == [True] and job.storing_until is None, (marks, job.storing_until)
+    # the mark stays, its one storer is no longer counted: nothing holds the job's horizon
+    assert [ended for _, ended in marks] == [True] and job.storing_count == 0, (
+        marks, job.storing_until, job.storing_count)
 
 
 @pytest.mark.parametrize("mode", ["chain", "batch"])
@@ -827,7 +829,7 @@ def test_a_failed_storing_ends_its_mark_on_naive_columns_in_a_non_utc_zone(
         monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """Held. A platform's ``timestamp without time zone`` columns, the server (or the URL) in
     New York / Tokyo: the grouped hold's ``timestamptz[]`` mark and the chain's bound mark are
-    the instants, and the job's own failed storing ends them (the exact-value CAS matches)."""
+    the instants, and the job's own failed storing takes its count back."""
     w = _world(ndb, simulator, tmp_path, mode, poll_batch_threads=2)
     w.clock.now = w.clock.now.replace(microsecond=987_654)
     job_id = w.accept(KIND, Script(timeline=FOREVER, outputs=3))
@@ -849,7 +851,7 @@ def test_a_failed_storing_ends_its_mark_on_naive_columns_in_a_non_utc_zone(
     want = now + lifecycle.storing_hold(w.rt.settings, 3)
     assert seen and float(seen[0]) == pytest.approx(want.timestamp(), abs=0.001), (seen, want)
     job = w.job(job_id)
-    assert job.status == "processing" and job.storing_until is None, (outcome, job.storing_until)
+    assert job.status == "processing" and job.storing_count == 0, (outcome, job.storing_count)
 
 
 # ------------------------------------------------------------------------- the migration

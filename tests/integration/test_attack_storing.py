@@ -116,11 +116,10 @@ def _hold_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[uuid.UUID, dateti
     calls: list[tuple[uuid.UUID, datetime, bool]] = []
     real = jobstore.hold_while_storing
 
-    def hold(session: Any, job_id: uuid.UUID, until: datetime, *,
-             claim: tuple[int, int] | None = None) -> bool:
-        mark = real(session, job_id, until, claim=claim)
-        calls.append((job_id, until, mark is not None))
-        return mark
+    def hold(session: Any, job_id: uuid.UUID, until: datetime, **kw: Any) -> bool:
+        won = real(session, job_id, until, **kw)
+        calls.append((job_id, until, won))
+        return won
 
     monkeypatch.setattr(jobstore, "hold_while_storing", hold)
     return calls
@@ -330,7 +329,7 @@ def test_hold_while_storing_keeps_the_instant_of_an_aware_time_on_sqlite(
     job = w.job(job_id)
     until = (w.clock.now + timedelta(minutes=10)).astimezone(timezone(timedelta(hours=-5)))
     with w.db.begin() as s:
-        assert jobstore.hold_while_storing(s, job_id, until,
+        assert jobstore.hold_while_storing(s, job_id, until, now=w.clock.now,
                                            claim=(job.poll_generation, job.poll_seq))
     after = w.job(job_id)
     assert after.poll_lease_expires_at == until and after.storing_until == until

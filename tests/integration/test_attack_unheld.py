@@ -33,7 +33,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import jobstore, lifecycle
-from reconcile.db.models import JobEvent
+from reconcile.db.models import Job, JobEvent
 from reconcile.jobstore import horizon
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.providers import PollResult, PollStatus
@@ -245,8 +245,8 @@ def test_batch_a_completion_queued_behind_another_holds_its_row_again(
 @pytest.mark.parametrize("mode", ["chain", "batch"])
 def test_a_storing_mark_moves_a_pollers_hold_only_under_its_claim(
         db: sessionmaker[Session], simulator: Simulator, tmp_path: Path, mode: str) -> None:
-    """``hold_while_storing`` always marks the row (``storing_until``, never moved back) and
-    says what its mark covered, but moves the poller's hold (the lease; on a batch row the due
+    """``hold_while_storing`` always marks the row (``storing_until``, never moved back), but
+    moves the poller's hold (the lease; on a batch row the due
     time too) only under its own turn or claim: once another poller's turn or claim took the
     row, that holder keeps its own lease and due time. On a chain row ``poll_due_at`` stays
     NULL (a due time would hand the row to the batch poller). ``end_storing`` puts back what
@@ -256,35 +256,47 @@ def test_a_storing_mark_moves_a_pollers_hold_only_under_its_claim(
     job_id = w.accept(KIND, Script(timeline=FOREVER))
     job = w.job(job_id)
     claim = (job.poll_generation, job.poll_seq)
-    until = w.clock.now + timedelta(minutes=10)
+    now = w.clock.now
+    until = now + timedelta(minutes=10)
     with w.db.begin() as s:
-        assert jobstore.hold_while_storing(s, job_id, until, claim=claim)
+        assert jobstore.hold_while_storing(s, job_id, until, claim=claim, now=now)
     after = w.job(job_id)
-    assert (after.poll_lease_expires_at, after.storing_until) == (until, until)
+    assert (after.poll_lease_expires_at, after.storing_until, after.storing_count) == (
+        until, until, 1)
     assert after.poll_due_at == (None if mode == "chain" else until)
-    later = w.clock.now + timedelta(seconds=30)  # another poller's turn or claim since
+    later = now + timedelta(seconds=30)  # another poller's turn or claim since
     w.set(job_id, poll_seq=job.poll_seq + 1, poll_lease_expires_at=later,
           poll_due_at=None if mode == "chain" else later)
-    with w.db.begin() as s:
-        second = jobstore.hold_while_storing(s, job_id, until + timedelta(minutes=10),
-                                             claim=claim)
-        assert second == (until + timedelta(minutes=10), until)  # it covers the first mark
-        third = jobstore.hold_while_storing(s, job_id, until)  # earlier: the mark stays
-        assert third == (None, until + timedelta(minutes=10))
+    with w.db.begin() as s:  # two more storers; the second's mark is earlier: the row keeps
+        assert jobstore.hold_while_storing(s, job_id, until + timedelta(minutes=10),
+                                           claim=claim, now=now)
+        assert jobstore.hold_while_storing(s, job_id, until, now=now)
     again = w.job(job_id)
-    assert (again.poll_lease_expires_at, again.poll_due_at, again.storing_until) == (
-        later, None if mode == "chain" else later, until + timedelta(minutes=10))
-    with w.db.begin() as s:  # a failed storing ends only its own mark, back to what it covered
-        assert not jobstore.end_storing(s, job_id, third)
-        assert not jobstore.end_storing(s, job_id, (until, None))  # not the row's mark now
-        assert jobstore.end_storing(s, job_id, second)
-    assert w.job(job_id).storing_until == until
+    assert (again.poll_lease_expires_at, again.poll_due_at, again.storing_until,
+            again.storing_count) == (later, None if mode == "chain" else later,
+                                     until + timedelta(minutes=10), 3)
+
+    def free(at: Any) -> bool:
+        with w.db() as s:
+            return s.execute(select(func.count()).select_from(Job).where(
+                Job.id == job_id, jobstore.not_storing(at))).scalar_one() == 1
+
+    # the failure at the horizon waits while one storer is counted under a live mark
+    for left in (2, 1):
+        with w.db.begin() as s:
+            assert jobstore.end_storing(s, job_id)
+        assert (w.job(job_id).storing_count, free(now)) == (left, False)
     with w.db.begin() as s:
-        assert jobstore.end_storing(s, job_id, (until, None))
-    assert w.job(job_id).storing_until is None
+        assert jobstore.end_storing(s, job_id) and jobstore.end_storing(s, job_id)
+    assert (w.job(job_id).storing_count, free(now)) == (0, True)  # never below none
+    assert free(until + timedelta(minutes=10))  # an ended mark holds nothing
+    with w.db.begin() as s:  # the first storer after the mark ended counts one again
+        assert jobstore.hold_while_storing(s, job_id, until + timedelta(minutes=30),
+                                           now=until + timedelta(minutes=20))
+    assert w.job(job_id).storing_count == 1
     w.set(job_id, status="completed")
     with w.db.begin() as s:
-        assert not jobstore.hold_while_storing(s, job_id, until)
+        assert not jobstore.hold_while_storing(s, job_id, until, now=now)
 
 
 @pytest.mark.parametrize("mode", ["chain", "batch"])

@@ -34,11 +34,10 @@ from tests.integration.harness import balance, fund
 CREDITS = 40
 RUNNING_POLLS = 3
 # outside the polls: submit 2 (the job and its event: one statement; the ledger's reserve
-# call), create 2 (claim; the id save and its event: one statement), finalize 3 (the storing
-# mark: the row locked and its mark read, then the mark and the turn's lease written — the mark
-# remembers what it covered, which a failed storing puts back —; and the completion's CAS, the
-# ledger's commit call, the assets and the event: one statement, reconcile.lifecycle.completion)
-STATEMENTS_OUTSIDE_POLLS_MAX = 7
+# call), create 2 (claim; the id save and its event: one statement), finalize 2 (the storing
+# mark with the turn's lease, one statement; and the completion's CAS, the ledger's commit
+# call, the assets and the event: one statement, reconcile.lifecycle.completion)
+STATEMENTS_OUTSIDE_POLLS_MAX = 6
 # the ledger's statements: its tables, and its functions (reconcile_ledger_reserve, …)
 LEDGER_TABLES = ("usage_logs", "reconcile_credit_", "reconcile_ledger_")
 
@@ -130,10 +129,8 @@ def test_happy_path_round_trips_without_a_publisher(world: World, amount: int | 
         assert (c.of(name)["transactions"], c.of(name)["statements"]) == (1, 1), name
         assert c.texts(name)[0].startswith("UPDATE jobs SET poll_seq")  # the turn is the load
     assert c.of(final)["transactions"] == 3  # the turn, the storing mark, finalize
-    assert c.texts(final)[1].startswith("SELECT jobs.storing_until"), c.texts(final)
-    assert "FOR UPDATE" in c.texts(final)[1], c.texts(final)
-    assert c.texts(final)[2].startswith("UPDATE jobs SET poll_lease_expires_at") \
-        and "storing_until=" in c.texts(final)[2], c.texts(final)
+    assert c.texts(final)[1].startswith("UPDATE jobs SET poll_lease_expires_at") \
+        and "storing_count=" in c.texts(final)[1], c.texts(final)
     outside_txns = (c.of("submit")["transactions"] + c.of("create")["transactions"]
                     + c.of(final)["transactions"] - 1)
     assert outside_txns == 5
@@ -141,8 +138,8 @@ def test_happy_path_round_trips_without_a_publisher(world: World, amount: int | 
     outside = (c.of("submit")["statements"] + c.of("create")["statements"]
                + c.of(final)["statements"] - 1)
     assert outside == STATEMENTS_OUTSIDE_POLLS_MAX
-    assert c.of(final)["statements"] == 4  # the turn, the mark (2), the completion: ONE
-    completion = c.texts(final)[3]
+    assert c.of(final)["statements"] == 3  # the turn, the mark, the completion: ONE statement
+    completion = c.texts(final)[2]
     assert completion.startswith("WITH j AS"), completion
     for part in ("FOR UPDATE", "JOIN LATERAL reconcile_ledger_commit(", "UPDATE jobs SET",
                  "INSERT INTO reconcile_assets", "INSERT INTO reconcile_job_events"):

@@ -123,7 +123,7 @@ def test_db_check_on_the_django_platform_prints_each_mismatch_and_exits_1(
     assert {f["where"] for f in report["findings"] if f["level"] == "breaks"} == {
         *(f"jobs.{c}" for c in SEVEN), "usage_logs.created_at", "reconcile_operator_actions",
         "reconcile_workers", "reconcile_sweep_ticks", "jobs.claimed_by", "jobs.provider_status",
-        "jobs.poll_resumes", "jobs.storing_until",
+        "jobs.poll_resumes", "jobs.storing_until", "jobs.storing_count",
         "reconcile_ledger_reserve()", "reconcile_ledger_commit()", "reconcile_ledger_refund()"}
     # every process building a runtime refuses, naming the columns, before any request
     with pytest.raises(SchemaMismatch, match="jobs.progress: missing"):
