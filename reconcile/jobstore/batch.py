@@ -147,7 +147,7 @@ def hold_claim(session: Session, job_id: uuid.UUID, generation: int, seq: int,
     stored = stored_status(status)
     keep: dict[str, Any] = {} if stored is None else {"provider_status": stored}
     if storing is not None:  # a success about to be stored: marked, and counted at ``storing``
-        keep["storing_until"] = _later(Job.storing_until, _at(until))
+        keep["storing_until"] = _new_mark(storing, _at(until))
         keep["storing_count"] = _one_more(storing)
     return _cas(session, *_claimed(job_id, generation, seq), poll_due_at=until,
                 poll_lease_expires_at=until, **keep)
@@ -197,7 +197,7 @@ def _hold_reads_statement() -> Any:
                               *under_claim(v.c.gen, v.c.seq))
             .values(poll_due_at=v.c.until, poll_lease_expires_at=v.c.until,
                     provider_status=func.coalesce(v.c.status, Job.provider_status),
-                    storing_until=case((v.c.storing, _later(Job.storing_until, v.c.until)),
+                    storing_until=case((v.c.storing, _new_mark(bindparam("now"), v.c.until)),
                                        else_=Job.storing_until),
                     storing_count=case((v.c.storing, _one_more(bindparam("now"))),
                                        else_=Job.storing_count))
@@ -247,10 +247,11 @@ def hold_while_storing(session: Session, job_id: uuid.UUID, until: datetime, *,
                        counted: bool = False) -> bool:
     """Whoever read "succeeded" marks the row before it stores the outputs, so no read that is
     no verdict fails the job at its exhaustion horizon meanwhile (:func:`not_storing`,
-    ``lifecycle.exhaust``): ``storing_until`` moves to ``until`` (never back) and the storer is
-    counted (``storing_count``; the first after the mark ended at ``now`` starts again at one).
-    A storing that fails takes its count back (:func:`end_storing`). ``counted``: the storer is
-    counted already (a batch round's grouped hold): only the mark moves. ``claim``: the
+    ``lifecycle.exhaust``): the storer is counted (``storing_count``; the first after the mark
+    ended at ``now`` starts again at one) under the mark that lasts, or a new one to ``until``
+    where none lasts. A storing that fails takes its count back (:func:`end_storing`).
+    ``counted``: the storer is counted already (a batch round's grouped hold): its mark only
+    moves later, to ``until``. ``claim``: the
     poller's own turn or claim; while the row still carries it, its hold moves to ``until``
     too — the turn's lease on a chain row (``poll_due_at`` NULL, which stays NULL), the claim's
     due time and lease on a batch row — so no sweep resumes it and no poller claims it
@@ -258,7 +259,11 @@ def hold_while_storing(session: Session, job_id: uuid.UUID, until: datetime, *,
     from sqlalchemy import case
 
     at = _at(until)
-    values: dict[str, Any] = {"storing_until": _later(Job.storing_until, at)}
+    # a storer counted already moves its own mark later; a new one starts a mark only where
+    # none lasts (an ended one included): a mark is never stretched over another storer's, so
+    # a storer that died (its count never taken back) is forgotten when the mark it joined ends
+    values: dict[str, Any] = {"storing_until": _later(Job.storing_until, at) if counted
+                              else _new_mark(now, at)}
     if not counted:
         values["storing_count"] = _one_more(now)
     if claim is not None:
@@ -302,6 +307,15 @@ def _one_more(now: Any) -> Any:
     at = _at(now) if isinstance(now, datetime) else now
     return case((or_(Job.storing_until.is_(None), Job.storing_until <= at), 1),
                 else_=func.coalesce(Job.storing_count, 0) + 1)
+
+
+def _new_mark(now: Any, until: Any) -> Any:
+    """A new storer's mark: ``until`` where no mark lasts at ``now``, else the lasting one."""
+    from sqlalchemy import case
+
+    at = _at(now) if isinstance(now, datetime) else now
+    return case((or_(Job.storing_until.is_(None), Job.storing_until <= at), until),
+                else_=Job.storing_until)
 
 
 def _later(column: Any, value: Any) -> Any:

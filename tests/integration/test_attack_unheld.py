@@ -267,10 +267,13 @@ def test_a_storing_mark_moves_a_pollers_hold_only_under_its_claim(
     later = now + timedelta(seconds=30)  # another poller's turn or claim since
     w.set(job_id, poll_seq=job.poll_seq + 1, poll_lease_expires_at=later,
           poll_due_at=None if mode == "chain" else later)
-    with w.db.begin() as s:  # two more storers; the second's mark is earlier: the row keeps
+    with w.db.begin() as s:  # two more storers join the lasting mark without stretching it
         assert jobstore.hold_while_storing(s, job_id, until + timedelta(minutes=10),
                                            claim=claim, now=now)
         assert jobstore.hold_while_storing(s, job_id, until, now=now)
+        # a storer counted already (a round's grouped hold) moves its own mark later
+        assert jobstore.hold_while_storing(s, job_id, until + timedelta(minutes=10), now=now,
+                                           counted=True)
     again = w.job(job_id)
     assert (again.poll_lease_expires_at, again.poll_due_at, again.storing_until,
             again.storing_count) == (later, None if mode == "chain" else later,
