@@ -31,11 +31,7 @@ from tests.integration.test_attack_mark import (
     _poll_once,
     _world,
 )
-
-
-def _hold(w: Any, job_id: uuid.UUID, until: Any, now: Any, counted: bool = False) -> Any:
-    with w.db.begin() as s:
-        return jobstore.hold_while_storing(s, job_id, until, now=now, counted=counted)
+from tests.integration.test_attack_restore import _hold
 
 
 def _end(w: Any, job_id: uuid.UUID) -> bool:

@@ -76,7 +76,7 @@ from tests.conftest import PgDatabases
 from tests.integration._platform_db import clean_sessions, platform_database
 from tests.integration._sweep_helpers import FOREVER, World
 from tests.integration.test_attack_storing import naive_zoned as naive_zoned, ndb as ndb
-from tests.integration.test_attack_unheld import _given_back, _money
+from tests.integration.test_attack_unheld import _given_back, _money, _stale_reads
 
 KIND = "replicate-prediction"
 THRESHOLD = timedelta(minutes=20)  # replicate's stale threshold
@@ -295,16 +295,7 @@ def test_batch_a_grouped_mark_ended_by_the_sweep_is_not_trusted_by_the_rounds_st
     w.set(second, poll_due_at=w.clock.now - timedelta(seconds=1))
     failing = _failing_fetch(monkeypatch)
     stale: list[str] = []
-    task = w.task_id(second)
-    client = w.rt.client(w.rt.kind(KIND))
-    real_poll = client.poll
-
-    def poll(task_id: str, model: str | None = None) -> PollResult:
-        if task_id == task and stale:
-            return PollResult(PollStatus.NOT_FOUND)
-        return real_poll(task_id, model=model)
-
-    monkeypatch.setattr(client, "poll", poll)
+    _stale_reads(w, monkeypatch, second, stale)
     import reconcile.lifecycle.poll as poll_mod
 
     real = poll_mod.finalize_job_with_media
@@ -373,16 +364,7 @@ def test_batch_two_rounds_in_one_process_hold_the_later_rounds_success_while_it_
         w.set(jid, poll_due_at=w.clock.now + timedelta(hours=1))
     w.set(b_ids[1], reconcile_last_attempt_at=later)
     stale: list[str] = []
-    task = w.task_id(b_ids[0])
-    client = w.rt.client(w.rt.kind(KIND))
-    real_poll = client.poll
-
-    def poll(task_id: str, model: str | None = None) -> PollResult:
-        if task_id == task and stale:
-            return PollResult(PollStatus.NOT_FOUND)
-        return real_poll(task_id, model=model)
-
-    monkeypatch.setattr(client, "poll", poll)
+    _stale_reads(w, monkeypatch, b_ids[0], stale)
     import reconcile.lifecycle.poll as poll_mod
 
     real = poll_mod.finalize_job_with_media

@@ -40,10 +40,11 @@ from tests.integration.test_attack_mark import (
 )
 
 
-def _hold(w: Any, job_id: uuid.UUID, until: Any, now: Any = None) -> Any:
-    """A storer marks the row (counted) at ``now`` (default: the clock's)."""
+def _hold(w: Any, job_id: uuid.UUID, until: Any, now: Any = None, counted: bool = False) -> Any:
+    """A storer marks the row at ``now`` (default: the clock's); ``counted``: counted already."""
     with w.db.begin() as s:
-        return jobstore.hold_while_storing(s, job_id, until, now=now or w.clock.now)
+        return jobstore.hold_while_storing(s, job_id, until, now=now or w.clock.now,
+                                           counted=counted)
 
 
 def _end(w: Any, job_id: uuid.UUID, mark: Any = None) -> bool:
