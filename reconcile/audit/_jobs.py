@@ -334,7 +334,7 @@ def _in_flight(a: _Audit) -> None:
         select(J.c.id, J.c.user_id, J.c.status, J.c.submission_state, J.c.provider_kind,
                J.c.provider_call_started_at, J.c.started_at, J.c.created_at,
                J.c.reconcile_attempts, J.c.reconcile_last_attempt_at, J.c.poll_lease_expires_at,
-               J.c.claim_expires_at, J.c.storing_until)
+               J.c.claim_expires_at, J.c.storing_until, J.c.storing_count)
         .where(J.c.status.in_(IN_FLIGHT),
                select(T.c.id).where(T.c.id == usage_id, T.c.job_id == J.c.id).exists()),
         J.c.user_id)
@@ -353,11 +353,6 @@ def _past_horizon(a: _Audit, row: Any) -> str | None:
         return None
     scaled = a.settings.scaled
     slack = a.grace + scaled(timedelta(seconds=a.settings.sweep_interval))
-    # a success read of its task may still be being stored: no failure at the horizon before
-    # the storing mark ends (lifecycle.exhaust), so the horizon moves with it
-    marked = row.storing_until
-    if marked is not None and marked > deadline:
-        deadline = marked
     if a.now <= deadline + slack:
         return None
     return (f"{row.provider_kind} job {row.status} ({row.submission_state}), attempts "

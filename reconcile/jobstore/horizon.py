@@ -85,8 +85,10 @@ def exhaustion_deadline(settings: Any, job: Any) -> datetime | None:
     start; a sync kind has no attempts after it, only its call's claim (:func:`call_deadline`);
     an async kind then has one attempt per spacing until ``MAX_ATTEMPTS`` — counted from its
     last attempt, or its new poll lease when attempts started over (adopted, resumed), when that
-    is later. Attempts beyond the maximum move it back, not forward. None: no such bound (an
-    unknown kind; ``uncertain``, which waits for evidence or an operator)."""
+    is later. Attempts beyond the maximum move it back, not forward. A success still being
+    stored (its storing mark, with a storer counted) moves it to the mark's end when later.
+    None: no such bound (an unknown kind; ``uncertain``, which waits for evidence or an
+    operator)."""
     kind = get_kind(job.provider_kind)
     if kind is None or job.submission_state == Submission.UNCERTAIN:
         return None
@@ -99,7 +101,13 @@ def exhaustion_deadline(settings: Any, job: Any) -> datetime | None:
     if last is not None:
         base = max(base, last)
     spacing: timedelta = settings.scaled(ATTEMPT_SPACING)
-    return base + spacing * (MAX_ATTEMPTS - (job.reconcile_attempts or 0))
+    deadline: datetime = base + spacing * (MAX_ATTEMPTS - (job.reconcile_attempts or 0))
+    # a success read of the task may still be being stored (a counted storer under a lasting
+    # mark): no failure at the horizon before its mark ends (lifecycle.exhaust)
+    marked = job.storing_until
+    if marked is not None and (job.storing_count or 0) > 0 and marked > deadline:
+        return marked  # type: ignore[no-any-return]
+    return deadline
 
 
 def _start_sql() -> Any:

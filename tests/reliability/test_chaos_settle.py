@@ -48,7 +48,7 @@ def _job(kind: str, status: str, started: datetime | None, created: datetime) ->
     return SimpleNamespace(provider_kind=kind, status=status, provider_call_started_at=started,
                            started_at=None, created_at=created, submission_state="accepted",
                            reconcile_attempts=0, reconcile_last_attempt_at=None,
-                           poll_lease_expires_at=None)
+                           poll_lease_expires_at=None, storing_until=None, storing_count=None)
 
 
 def test_the_horizon_is_the_kinds_threshold_then_every_attempt_scaled() -> None:
@@ -135,7 +135,8 @@ def test_a_job_whose_attempts_started_over_is_waited_for_until_the_librarys_own_
         id=uuid.uuid4(), user_id=uuid.uuid4(), provider_kind="kie-veo", status="processing",
         submission_state="accepted", provider_call_started_at=started, started_at=started,
         created_at=started, reconcile_attempts=0, reconcile_last_attempt_at=None,
-        poll_lease_expires_at=adopted + timedelta(seconds=30))
+        poll_lease_expires_at=adopted + timedelta(seconds=30), storing_until=None,
+        storing_count=None)
     horizon = chaos_run._horizon(rt, job)
 
     def library_says_late(at: datetime) -> bool:
@@ -160,7 +161,7 @@ def test_a_job_attempted_on_schedule_keeps_the_horizon_from_its_provider_call() 
         provider_kind="kie-veo", status="processing", provider_call_started_at=started,
         started_at=started, created_at=started, submission_state="accepted", reconcile_attempts=5,
         reconcile_last_attempt_at=started + scaled(veo.stale_threshold + ATTEMPT_SPACING * 4),
-        poll_lease_expires_at=None)
+        poll_lease_expires_at=None, storing_until=None, storing_count=None)
     assert chaos_run._horizon(rt, job) == started + scaled(
         veo.stale_threshold + ATTEMPT_SPACING * (MAX_ATTEMPTS + 1))
 

@@ -23,7 +23,7 @@ def _row(**values: Any) -> Any:
                 provider_kind="anthropic-sync", provider_task_id=None,
                 provider_call_started_at=T, started_at=T, created_at=T, claim_expires_at=None,
                 reconcile_attempts=0, reconcile_last_attempt_at=None, poll_lease_expires_at=None,
-                poll_due_at=None, job_type="writer")
+                poll_due_at=None, job_type="writer", storing_until=None, storing_count=None)
     base.update(values)
     return SimpleNamespace(**base)
 
@@ -73,3 +73,25 @@ def test_a_fresh_async_jobs_deadline_is_its_kind_horizon_and_the_legacy_age_the_
         assert horizon.exhaustion_deadline(settings, row) == \
             T + settings.scaled(horizon.kind_horizon(kind))
     assert default_legacy_age() == max(horizon.kind_horizon(k) for k in all_kinds())
+
+
+def test_a_success_still_being_stored_moves_the_deadline_to_its_mark_and_the_audit_with_it() -> None:
+    """A counted storer under a mark later than the deadline: no failure at the horizon before
+    the mark ends (``lifecycle.exhaust``), so the deadline is the mark's end and the audit does
+    not report the job before it. A mark whose storers all failed (count 0), or an earlier one,
+    moves nothing."""
+    settings = Settings()
+    row = _row(provider_kind="replicate-prediction", submission_state="accepted",
+               status="processing", provider_task_id="t")
+    plain = horizon.exhaustion_deadline(settings, row)
+    assert plain is not None
+    later = plain + timedelta(minutes=7)
+    marked = _row(**{**vars(row), "storing_until": later, "storing_count": 2})
+    assert horizon.exhaustion_deadline(settings, marked) == later
+    for moves_nothing in ({"storing_until": later, "storing_count": 0},
+                          {"storing_until": plain - timedelta(minutes=1), "storing_count": 1}):
+        assert horizon.exhaustion_deadline(settings, _row(**{**vars(row), **moves_nothing})) == plain
+    grace = timedelta(minutes=10) - timedelta(seconds=settings.sweep_interval)
+    for at, reported in ((plain + timedelta(minutes=11), False), (later + timedelta(minutes=11), True)):
+        a = SimpleNamespace(settings=settings, grace=grace, now=at)
+        assert (_past_horizon(a, marked) is not None) is reported, at
