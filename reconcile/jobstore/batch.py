@@ -217,9 +217,9 @@ def hold_claims_with_status(session: Session, rows: Sequence[tuple[uuid.UUID, in
     (:func:`~.predicates.stored_status`; None keeps the row's), and its current row is
     returned by id; a claim taken over (or a job finished) is absent. ``storing``: the ids
     whose hold is that of a success about to be stored: their time is also their storing mark,
-    and each is counted as a storer at ``now`` (:func:`hold_while_storing`). Each row is its own compare-and-set: one row fenced
-    never keeps another from being held. One statement on PostgreSQL; one CAS each on
-    SQLite."""
+    and each is counted as a storer at ``now`` (:func:`hold_while_storing`). Each row is its
+    own compare-and-set: one row fenced never keeps another from being held. One statement on
+    PostgreSQL; one CAS each on SQLite."""
     if not rows:
         return {}
     untils = [until] * len(rows) if isinstance(until, datetime) else list(until)
@@ -251,9 +251,8 @@ def hold_while_storing(session: Session, job_id: uuid.UUID, until: datetime, *,
     ended at ``now`` starts again at one) under the mark that lasts, or a new one to ``until``
     where none lasts. A storing that fails takes its count back (:func:`end_storing`).
     ``counted``: the storer is counted already (a batch round's grouped hold): its mark only
-    moves later, to ``until``. ``claim``: the
-    poller's own turn or claim; while the row still carries it, its hold moves to ``until``
-    too — the turn's lease on a chain row (``poll_due_at`` NULL, which stays NULL), the claim's
+    moves later, to ``until``. ``claim``: the poller's own turn or claim; while the row still
+    carries it, its hold moves to ``until`` too — the turn's lease on a chain row (``poll_due_at`` NULL, which stays NULL), the claim's
     due time and lease on a batch row — so no sweep resumes it and no poller claims it
     meanwhile (a duplicate read and download). False: the job is no longer in flight."""
     from sqlalchemy import case
@@ -296,26 +295,27 @@ def not_storing(now: datetime) -> Any:
     exhaustion horizon."""
     from sqlalchemy import func
 
-    return or_(Job.storing_until.is_(None), Job.storing_until <= _at(now),
-               func.coalesce(Job.storing_count, 0) <= 0)
+    return or_(_mark_ended(now), func.coalesce(Job.storing_count, 0) <= 0)
+
+
+def _mark_ended(now: Any) -> Any:
+    """No storing mark lasts at ``now`` (a time, or a bound expression): none, or an ended one."""
+    at = _at(now) if isinstance(now, datetime) else now
+    return or_(Job.storing_until.is_(None), Job.storing_until <= at)
 
 
 def _one_more(now: Any) -> Any:
     """The storer count with one more: one when the mark had ended at ``now``."""
     from sqlalchemy import case, func
 
-    at = _at(now) if isinstance(now, datetime) else now
-    return case((or_(Job.storing_until.is_(None), Job.storing_until <= at), 1),
-                else_=func.coalesce(Job.storing_count, 0) + 1)
+    return case((_mark_ended(now), 1), else_=func.coalesce(Job.storing_count, 0) + 1)
 
 
 def _new_mark(now: Any, until: Any) -> Any:
     """A new storer's mark: ``until`` where no mark lasts at ``now``, else the lasting one."""
     from sqlalchemy import case
 
-    at = _at(now) if isinstance(now, datetime) else now
-    return case((or_(Job.storing_until.is_(None), Job.storing_until <= at), until),
-                else_=Job.storing_until)
+    return case((_mark_ended(now), until), else_=Job.storing_until)
 
 
 def _later(column: Any, value: Any) -> Any:

@@ -230,12 +230,14 @@ def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchRe
     if not others:
         return
     pooled = min(rt.settings.poll_batch_finalize_threads, len(others)) > 1
-    bounds = [_bound(rt, result) for _, result in others]
+    outputs = [lifecycle.outputs_to_store(rt.settings, result) for _, result in others]
+    bounds = [_bound(rt, n) for n in outputs]
+    total = sum(bounds, timedelta(0))
     # on the process's finalize pool, the round queues behind what other rounds (a threads
     # worker runs several) queued before it: reserved first, so each round's holds count it
-    queued = reserve_finalize(sum(bounds, timedelta(0))) if pooled else timedelta(0)
+    queued = reserve_finalize(total) if pooled else timedelta(0)
     try:
-        holds = _hold_all(rt, others, bounds, queued,
+        holds = _hold_all(rt, others, outputs, bounds, queued,
                           rt.settings.poll_batch_finalize_threads if pooled else 1)
         items = [(c, result, _HOLD_EACH if holds is None else holds.get(c.job.id))
                  for c, result in others]
@@ -251,7 +253,7 @@ def _write(rt: Runtime, claims: list[Claim], results: list[Any], report: BatchRe
             report.fenced += part.fenced
     finally:
         if pooled:
-            release_finalize(sum(bounds, timedelta(0)))
+            release_finalize(total)
 
 
 def _reschedule_running(rt: Runtime, running: list[jobstore.Rescheduled],
@@ -291,8 +293,9 @@ _HOLD_EACH = _Hold.EACH
 Held = Job | None | Literal[_Hold.EACH]
 
 
-def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]], bounds: list[timedelta],
-              queued: timedelta, threads: int) -> dict[uuid.UUID, Job] | None:
+def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]], outputs: list[int],
+              bounds: list[timedelta], queued: timedelta,
+              threads: int) -> dict[uuid.UUID, Job] | None:
     """Before the round's per-job outcomes: ONE statement confirms and extends each of their
     claims (a success whose outputs are to be stored: until its storing may have ended, with
     its storing mark: :func:`_holds` — so its completion needs no statement of its own) and
@@ -307,26 +310,28 @@ def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]], bounds: list[timedel
              result.raw_status if isinstance(result, PollResult) else None)
             for c, result in others]
     try:
-        untils, storing = _holds(rt, others, bounds, queued, threads)
+        now = rt.now()
+        untils, storing = _holds(rt, now, others, outputs, bounds, queued, threads)
         with rt.sessions.begin() as session:
             return jobstore.hold_claims_with_status(session, rows, untils, storing=storing,
-                                                    now=rt.now())
+                                                    now=now)
     except Exception:
         log.warning("batch_hold_failed rows=%d: each row holds its own claim", len(rows),
                     exc_info=True)
         return None
 
 
-def _bound(rt: Runtime, result: Any) -> timedelta:
-    """How long one outcome of a round may take on the finalize pool: a success to be stored,
-    its ``storing_hold``; any other outcome (database work only), the slack."""
-    outputs = lifecycle.outputs_to_store(rt.settings, result)
+def _bound(rt: Runtime, outputs: int) -> timedelta:
+    """How long one outcome of a round may take on the finalize pool: a success with
+    ``outputs`` to store (``lifecycle.outputs_to_store``), its ``storing_hold``; any other
+    outcome (database work only), the slack."""
     return lifecycle.storing_hold(rt.settings, outputs) if outputs \
         else rt.settings.scaled(POLL_LEASE_SLACK)
 
 
-def _holds(rt: Runtime, others: list[tuple[Claim, Any]], bounds: list[timedelta],
-           queued: timedelta, threads: int) -> tuple[list[datetime], set[uuid.UUID]]:
+def _holds(rt: Runtime, now: datetime, others: list[tuple[Claim, Any]], outputs: list[int],
+           bounds: list[timedelta], queued: timedelta,
+           threads: int) -> tuple[list[datetime], set[uuid.UUID]]:
     """Each outcome's hold in the round's grouped hold, in order, and the ids whose hold is a
     storing mark. A row holds one claim lease; a success to be stored holds until its storing
     may have ended: the outcomes run on ``threads`` threads (the process's finalize pool, or
@@ -334,13 +339,12 @@ def _holds(rt: Runtime, others: list[tuple[Claim, Any]], bounds: list[timedelta]
     starts at the latest once the threads have worked off everything before it (the sum of
     its bounds ÷ the threads: each thread was busy until then), and takes at most its own
     bound (:func:`_bound`)."""
-    now = rt.now()
     lease = claim_lease(rt)
     untils: list[datetime] = []
     storing: set[uuid.UUID] = set()
     ahead = queued
-    for (c, result), own in zip(others, bounds, strict=True):
-        if lifecycle.outputs_to_store(rt.settings, result):
+    for (c, _), stored, own in zip(others, outputs, bounds, strict=True):
+        if stored:
             untils.append(now + max(lease, ahead / threads + own))
             storing.add(c.job.id)
         else:
