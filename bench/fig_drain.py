@@ -6,8 +6,8 @@ as a chain).
 Each job is ``accepted``/``processing`` with kind ``kie-standard``, 15 minutes past its
 provider call (threshold 10 min), its poll lease expired (the chain is dead) and its upstream
 task already ``succeeded`` in the simulator, which answers at once. One ``reconcile.sweep`` task
-is sent; the tick handles rows inline for its time budget (``sweep_time_budget``, 20 s) and fans
-the rest out as ``reconcile.reconcile_job`` tasks, which the worker's two processes drain. Each
+is sent; the tick handles rows inline for its time budget (``sweep_time_budget``, 5 s) and fans
+the rest out in chunks (``reconcile.reconcile_jobs``), which the worker's two processes drain. Each
 reconciliation is the full path: one status read, one media fetch, storage write, the completion
 transaction (commit of the reservation, asset row, event). The clock runs from the moment the
 sweep task is sent until the last job is ``completed``.
@@ -120,7 +120,8 @@ def run(n: int = 10_000, quick: bool = False, timeout: float = BUDGET_S,
             "curve": _thin(curve, 60),
             "sweep_lines": [ln.split("] ", 1)[-1] for ln in log_text.splitlines()
                             if "[reconcile] scanned=" in ln][-3:],
-            "fanned_out": log_text.count("reconcile.reconcile_job[") // 2,
+            "fanned_out_messages": sum(1 for ln in log_text.splitlines()
+                                       if "reconcile.reconcile_jobs[" in ln and "received" in ln),
             "upstream_reads": _reads(sim),
         })
     # the steady rate once the tick fanned out (after the inline budget): the slope of the curve

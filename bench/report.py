@@ -410,12 +410,13 @@ def _fig2(r: dict[str, Any]) -> str:
         s.append(f"**Extrapolated** (not measured) to 10,000 jobs at the measured rate: "
                  f"≈ {r['extrapolated_10000_seconds']} s; the seed's cron: 60,000 s (16.7 h). "
                  "The extrapolation assumes a constant rate; it is optimistic: the tick fans the "
-                 "rows beyond its 20-s inline budget out one message at a time while holding one "
-                 "of the two slots, and that part grows with N (`python -m bench.run --only fig2` "
+                 "rows beyond its inline budget (`SWEEP_TIME_BUDGET`) out in chunks while holding "
+                 "one of the two slots, and that part grows with N (`python -m bench.run --only fig2` "
                  "measures the full 10,000, the default).\n")
     tick = (r.get("sweep_lines") or [""])[0]
-    s.append(f"Tick log: `{tick}` — {r.get('fanned_out')} rows fanned out as "
-             "`reconcile.reconcile_job` tasks.\n")
+    s.append(f"Tick log: `{tick}` — the rows past the inline budget went out in "
+             f"{r.get('fanned_out_messages')} `reconcile.reconcile_jobs` messages (chunks of "
+             "`4 × SWEEP_THREADS` rows), which both worker processes carried out.\n")
     noop = r.get("machine_limit_noop")
     if noop:
         s.append(f"Machine limit for this worker shape: {noop['tasks']} no-op tasks (same "

@@ -173,12 +173,16 @@ class Settings(BaseSettings):
     observe_only_kinds: list[str] = Field(default_factory=list)
     # kinds every process must have registered (checked at start-up): the kinds your rows carry
     required_kinds: list[str] = Field(default_factory=list)
-    sweep_time_budget: float = 20.0  # seconds handled inline per tick
+    # seconds of rows a tick carries out inline, on its one process; past it the rest fans out
+    # to every worker process (a backlog is drained by all of them, not by the tick's alone:
+    # bench figure 2, 10,000 rows on 2 cores, 20 s inline 128 jobs/s, 5 s 146)
+    sweep_time_budget: float = 5.0
     # rows the sweep task carries out at once per process (status reads, media, each row's own
-    # transactions), inline and in each fanned-out chunk (reconcile.reconcile_jobs carries
-    # this many). Keep it within the engine's pool (5): each row holds a connection, and an
-    # overflow connection is closed when it is returned (bench figure 2 on 2 cores: 4 threads
-    # 89 jobs/s, 1 thread 76, 8 threads 62)
+    # transactions), inline and in each fanned-out chunk (reconcile.reconcile_jobs is sent
+    # tasks.CHUNK_ROWS_PER_THREAD times this many and carries them out this many at a time).
+    # Keep it within the engine's pool (5): each row holds a connection, and an overflow
+    # connection is closed when it is returned (bench figure 2 on 2 cores: 4 threads 89 jobs/s,
+    # 1 thread 76, 8 threads 62)
     sweep_threads: int = Field(default=4, ge=1, le=64)
 
     # The settlement policy (reconcile.settlement): the share of what a failed / a user-

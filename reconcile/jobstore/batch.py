@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import and_, or_, select, text, update
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session
 from ..db.models import Job
 from ..db.session import rowcount
 from ..states import IN_FLIGHT
-from .cas import _cas
+from .cas import _cas, _cas_prepared, _update_prepared, bound
 from .predicates import stored_status
 
 # a claimed row's still-running write: (id, generation, seq, next due, progress), optionally
@@ -255,9 +256,18 @@ def hold_while_storing(session: Session, job_id: uuid.UUID, until: datetime, *,
     carries it, its hold moves to ``until`` too — the turn's lease on a chain row (``poll_due_at`` NULL, which stays NULL), the claim's
     due time and lease on a batch row — so no sweep resumes it and no poller claims it
     meanwhile (a duplicate read and download). False: the job is no longer in flight."""
-    from sqlalchemy import case
+    params: dict[str, Any] = {"h_job_id": job_id, "h_until": until, "h_now": now}
+    if claim is not None:
+        params.update(h_generation=claim[0], h_seq=claim[1])
+    return bool(_update_prepared(session, _HOLD_SHAPES[counted, claim is not None], params))
 
-    at = _at(until)
+
+def _hold_terms(counted: bool, held: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`hold_while_storing`'s write, with bind parameters (``held``: under a claim)."""
+    from sqlalchemy import bindparam, case
+
+    at = bindparam("h_until", type_=Job.storing_until.type)  # as :func:`_at` binds
+    now = bindparam("h_now", type_=Job.storing_until.type)
     # a storer counted already moves its own mark later; a new one starts a mark only where
     # none lasts (an ended one included): a mark is never stretched over another storer's, so
     # a storer that died (its count never taken back) is forgotten when the mark it joined ends
@@ -265,15 +275,17 @@ def hold_while_storing(session: Session, job_id: uuid.UUID, until: datetime, *,
                               else _new_mark(now, at)}
     if not counted:
         values["storing_count"] = _one_more(now)
-    if claim is not None:
-        mine = and_(*under_claim(*claim))
+    if held:
+        mine = and_(*under_claim(bound("h_generation", "poll_generation"),
+                                 bound("h_seq", "poll_seq")))
         values["poll_lease_expires_at"] = case((mine, at), else_=Job.poll_lease_expires_at)
         values["poll_due_at"] = case((and_(mine, Job.poll_due_at.is_not(None)), at),
                                      else_=Job.poll_due_at)
-    done = session.execute(
-        update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT)).values(values),
-        execution_options={"synchronize_session": False})
-    return bool(rowcount(done))
+    return (Job.id == bound("h_job_id", "id"), Job.status.in_(IN_FLIGHT)), values
+
+
+_HOLD_SHAPES = {(counted, held): partial(_hold_terms, counted, held)
+                for counted in (False, True) for held in (False, True)}
 
 
 def end_storing(session: Session, job_id: uuid.UUID) -> bool:
@@ -382,10 +394,16 @@ def make_due(session: Session, job_id: uuid.UUID, now: datetime, lease: timedelt
     """Batch mode, a row with no due time (its chain died, or it predates batch mode): a new
     generation (a live chain loses its next turn), due at once. None: it is scheduled already,
     finished, or has no task id."""
-    return _cas(session, Job.id == job_id, Job.status.in_(IN_FLIGHT),
-                Job.provider_task_id.is_not(None), Job.poll_due_at.is_(None),
-                poll_generation=Job.poll_generation + 1, poll_seq=0, poll_due_at=now,
-                poll_lease_expires_at=now + lease)
+    return _cas_prepared(session, _make_due_shape,
+                         {"d_job_id": job_id, "d_due": now, "d_until": now + lease})
+
+
+def _make_due_shape() -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return ((Job.id == bound("d_job_id", "id"), Job.status.in_(IN_FLIGHT),
+             Job.provider_task_id.is_not(None), Job.poll_due_at.is_(None)),
+            dict(poll_generation=Job.poll_generation + 1, poll_seq=0,
+                 poll_due_at=bound("d_due", "poll_due_at"),
+                 poll_lease_expires_at=bound("d_until", "poll_lease_expires_at")))
 
 
 def make_due_at(session: Session, job_id: uuid.UUID, due: datetime) -> bool:

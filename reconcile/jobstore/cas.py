@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import Job, JobEvent, table_of
+from ..db.session import rowcount
 
 
 def load(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job | None:
@@ -29,6 +31,45 @@ def _cas(session: Session, *where: Any, **values: Any) -> Job | None:
     return row
 
 
+# a prepared CAS's shape: () -> (where, values), written with bind parameters
+Shape = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
+_PREPARED: dict[Shape, Any] = {}
+_PREPARED_WITH_EVENT: dict[Shape, Any] = {}
+_PREPARED_UPDATES: dict[Shape, Any] = {}
+
+
+def _cas_prepared(session: Session, shape: Shape, params: Mapping[str, Any]) -> Job | None:
+    """:func:`_cas` with its ``where`` and ``values`` from ``shape()``, written with bind
+    parameters (typed as their columns) and bound from ``params``: the statement is built
+    once per shape, not on every call (a hot path's CAS: building and keying it cost more
+    CPU than running it)."""
+    statement = _PREPARED.get(shape)
+    if statement is None:
+        where, values = shape()
+        statement = _PREPARED.setdefault(
+            shape, update(Job).where(*where).values(**values).returning(Job))
+    return session.execute(
+        statement, dict(params),
+        execution_options={"synchronize_session": False, "populate_existing": True}
+    ).scalar_one_or_none()
+
+
+def _update_prepared(session: Session, shape: Shape, params: Mapping[str, Any]) -> int:
+    """An UPDATE of ``jobs`` with ``where`` and ``values`` from ``shape()`` (as
+    :func:`_cas_prepared`, built once per shape), returning no row: the rows it wrote."""
+    statement = _PREPARED_UPDATES.get(shape)
+    if statement is None:
+        where, values = shape()
+        statement = _PREPARED_UPDATES.setdefault(shape, update(Job).where(*where).values(**values))
+    return rowcount(session.execute(statement, dict(params),
+                                    execution_options={"synchronize_session": False}))
+
+
+def bound(name: str, column: str) -> Any:
+    """A bind parameter typed as ``jobs.<column>`` (a prepared CAS's value)."""
+    return bindparam(name, type_=table_of(Job).c[column].type)
+
+
 def _cas_with_event(session: Session, event: JobEvent, *where: Any, **values: Any) -> Job | None:
     """:func:`_cas`, and when it wins the outbox ``event`` (built by ``events.new_event``, not
     in any session) for the row it wrote: on PostgreSQL one statement (the event's
@@ -40,6 +81,23 @@ def _cas_with_event(session: Session, event: JobEvent, *where: Any, **values: An
             event.job_id, event.user_id = row.id, row.user_id
             session.add(event)
         return row
+    return _run_with_event(session, event, _with_event(where, values), {})
+
+
+def _cas_with_event_prepared(session: Session, event: JobEvent, shape: Shape,
+                             params: Mapping[str, Any]) -> Job | None:
+    """:func:`_cas_with_event` on PostgreSQL with its ``where`` and ``values`` from ``shape()``
+    (written with bind parameters, bound from ``params``): the statement is built once per
+    shape, not per call (building and keying its CTEs was half of a create step's CPU)."""
+    statement = _PREPARED_WITH_EVENT.get(shape)
+    if statement is None:
+        where, values = shape()
+        statement = _PREPARED_WITH_EVENT.setdefault(shape, _with_event(where, values))
+    return _run_with_event(session, event, statement, params)
+
+
+def _with_event(where: tuple[Any, ...], values: Mapping[str, Any]) -> Any:
+    """The one statement of :func:`_cas_with_event`: the CAS, the event from its row."""
     jobs, events = table_of(Job), table_of(JobEvent)
     saved = update(jobs).where(*where).values(**values).returning(*jobs.c).cte("saved")
     chosen = select(bindparam("e_event_id", type_=events.c.event_id.type), saved.c.id,
@@ -52,10 +110,16 @@ def _cas_with_event(session: Session, event: JobEvent, *where: Any, **values: An
         chosen).returning(events.c.id).cte("written")
     event_id = select(written.c.id).scalar_subquery().label("event_row_id")
     main = select(*[c.label(c.name) for c in saved.c], event_id).add_cte(written)
+    return select(Job, event_id).from_statement(main)
+
+
+def _run_with_event(session: Session, event: JobEvent, statement: Any,
+                    params: Mapping[str, Any]) -> Job | None:
     found = session.execute(
-        select(Job, event_id).from_statement(main),
-        {"e_event_id": event.event_id, "e_type": event.type, "e_payload": event.payload,
-         "e_created_at": event.created_at, "e_published_at": event.published_at},
+        statement,
+        {**params, "e_event_id": event.event_id, "e_type": event.type,
+         "e_payload": event.payload, "e_created_at": event.created_at,
+         "e_published_at": event.published_at},
         execution_options={"synchronize_session": False, "populate_existing": True}).first()
     if found is None:
         return None

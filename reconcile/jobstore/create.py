@@ -17,7 +17,7 @@ from ..core import redact
 from ..db.models import Job, JobEvent, table_of
 from ..db.session import rowcount
 from ..states import IN_FLIGHT, Status, Submission
-from .cas import _cas, _cas_with_event
+from .cas import _cas, _cas_prepared, _cas_with_event, _cas_with_event_prepared, bound
 from .predicates import platform_row_uncalled, uncertain_expired
 
 
@@ -128,28 +128,42 @@ def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
     ``kinds``, only for a row of one of those provider kinds): the claim and the load in one.
     ``worker``: the live worker process claiming (recorded as ``claimed_by``: if its heartbeat
     lapses the claim ends then, not at its lease)."""
-    where: list[Any] = [] if kinds is None else [Job.provider_kind.in_(list(kinds))]
-    return _cas(
-        session,
-        Job.id == job_id,
-        Job.status == Status.PENDING,
-        Job.submission_state == Submission.NOT_STARTED,
-        or_(Job.create_not_before.is_(None), Job.create_not_before <= now),
-        *where,
-        submission_state=Submission.SUBMITTING,
-        claim_token=token,
-        claim_expires_at=now + lease,
-        provider_call_started_at=_coalesce(Job.provider_call_started_at, now),
-        started_at=now,
-        claimed_by=worker,
-    )
+    # "now" once per column it meets: each binds as its own column does (a platform's naive
+    # column beside the library's timestamptz one)
+    params = {"c_job_id": job_id, "c_token": token, "c_started": now, "c_not_before": now,
+              "c_call_started": now, "c_until": now + lease, "c_worker": worker}
+    if kinds is None:
+        return _cas_prepared(session, _claim_shape, params)
+    return _cas_prepared(session, _claim_kinds_shape, {**params, "c_kinds": list(kinds)})
 
 
-def _coalesce(column: Any, value: datetime) -> Any:
+def _claim_shape(*where: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`claim_create`'s CAS, with bind parameters (``where``: the kinds' condition)."""
+    return ((Job.id == bound("c_job_id", "id"),
+             Job.status == Status.PENDING,
+             Job.submission_state == Submission.NOT_STARTED,
+             or_(Job.create_not_before.is_(None),
+                 Job.create_not_before <= bound("c_not_before", "create_not_before")),
+             *where),
+            dict(submission_state=Submission.SUBMITTING,
+                 claim_token=bound("c_token", "claim_token"),
+                 claim_expires_at=bound("c_until", "claim_expires_at"),
+                 provider_call_started_at=_coalesce(
+                     Job.provider_call_started_at,
+                     bound("c_call_started", "provider_call_started_at")),
+                 started_at=bound("c_started", "started_at"),
+                 claimed_by=bound("c_worker", "claimed_by")))
+
+
+def _claim_kinds_shape() -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return _claim_shape(Job.provider_kind.in_(bindparam("c_kinds", expanding=True)))
+
+
+def _coalesce(column: Any, value: Any) -> Any:
     return func.coalesce(column, value)
 
 
-def _owner(job_id: uuid.UUID, token: str) -> tuple[Any, ...]:
+def _owner(job_id: Any, token: Any) -> tuple[Any, ...]:
     """The owner's CAS: still pending, still submitting/uncertain, same claim token."""
     return (
         Job.id == job_id,
@@ -166,9 +180,22 @@ def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, 
 
     Works after the claim lease expired (even from ``uncertain``) as long as the token matches,
     but never revives a job completed, failed or cancelled meanwhile. ``event``: the outbox row
-    written with it when it wins (one statement on PostgreSQL: :func:`.cas._cas_with_event`).
+    written with it when it wins (one statement on PostgreSQL, built once:
+    :func:`.cas._cas_with_event_prepared`).
     """
-    values: dict[str, Any] = dict(
+    if event is not None and session.get_bind().dialect.name == "postgresql":
+        return _cas_with_event_prepared(session, event, _save_shape, {
+            "s_job_id": job_id, "s_token": token, "s_task_id": task_id,
+            "s_lease_until": now + poll_lease, "s_due_at": poll_due_at})
+    where, values = _owner(job_id, token), _saved(task_id, now + poll_lease, poll_due_at)
+    if event is None:
+        return _cas(session, *where, **values)
+    return _cas_with_event(session, event, *where, **values)
+
+
+def _saved(task_id: Any, lease_until: Any, due_at: Any) -> dict[str, Any]:
+    """What :func:`save_task_id` writes (values, or bind parameters: :func:`_save_shape`)."""
+    return dict(
         provider_task_id=task_id,
         submission_state=Submission.ACCEPTED,
         status=Status.PROCESSING,
@@ -177,14 +204,19 @@ def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, 
         error_detail=None,
         poll_generation=Job.poll_generation + 1,
         poll_seq=0,
-        poll_lease_expires_at=now + poll_lease,
-        poll_due_at=poll_due_at,  # batch mode: the first read's due time (chain mode: NULL)
+        poll_lease_expires_at=lease_until,
+        poll_due_at=due_at,  # batch mode: the first read's due time (chain mode: NULL)
         reconcile_attempts=0,
         reconcile_last_attempt_at=None,
     )
-    if event is None:
-        return _cas(session, *_owner(job_id, token), **values)
-    return _cas_with_event(session, event, *_owner(job_id, token), **values)
+
+
+def _save_shape() -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`save_task_id`'s CAS with bind parameters, so its statement is built once."""
+    return (_owner(bound("s_job_id", "id"), bound("s_token", "claim_token")),
+            _saved(bound("s_task_id", "provider_task_id"),
+                   bound("s_lease_until", "poll_lease_expires_at"),
+                   bound("s_due_at", "poll_due_at")))
 
 
 def release_rate_limited(session: Session, job_id: uuid.UUID, token: str, not_before: datetime,

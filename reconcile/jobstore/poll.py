@@ -14,7 +14,7 @@ from ..core import redact
 from ..db.models import Job
 from ..db.session import rowcount
 from ..states import IN_FLIGHT
-from .cas import _cas
+from .cas import _cas, _cas_prepared, bound
 from .predicates import _last_error
 
 
@@ -49,17 +49,26 @@ def _attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timede
              *where: Any, **values: Any) -> Job | None:
     """The attempt CAS: at most one attempt per ``spacing`` per in-flight job (``where``: the
     caller's further conditions)."""
-    return _cas(
-        session,
-        Job.id == job_id,
-        Job.status.in_(IN_FLIGHT),
-        or_(Job.reconcile_last_attempt_at.is_(None),
-            Job.reconcile_last_attempt_at <= now - spacing),
-        *where,
-        reconcile_attempts=Job.reconcile_attempts + 1,
-        reconcile_last_attempt_at=now,
-        **values,
-    )
+    terms, written = _attempt_terms(job_id, now, now - spacing, *where, **values)
+    return _cas(session, *terms, **written)
+
+
+def _attempt_terms(job_id: Any, now: Any, since: Any, *where: Any,
+                   **values: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`_attempt`'s condition and values (no attempt counted after ``since``)."""
+    return ((Job.id == job_id,
+             Job.status.in_(IN_FLIGHT),
+             or_(Job.reconcile_last_attempt_at.is_(None),
+                 Job.reconcile_last_attempt_at <= since),
+             *where),
+            dict(reconcile_attempts=Job.reconcile_attempts + 1,
+                 reconcile_last_attempt_at=now,
+                 **values))
+
+
+def _claim_attempt_shape() -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return _attempt_terms(bound("a_job_id", "id"), bound("a_now", "reconcile_last_attempt_at"),
+                          bound("a_since", "reconcile_last_attempt_at"))
 
 
 def count_attempt(session: Session, job_id: uuid.UUID, now: datetime, spacing: timedelta,
@@ -77,7 +86,8 @@ def claim_attempt(session: Session, job_id: uuid.UUID, now: datetime,
                   spacing: timedelta) -> Job | None:
     """The sweep's claim of an attempt (``count_attempt``'s CAS) before it observes: the claim
     is no observation, so ``reconcile_last_error`` is kept (issue 11 hole 11)."""
-    return _attempt(session, job_id, now, spacing)
+    return _cas_prepared(session, _claim_attempt_shape,
+                         {"a_job_id": job_id, "a_now": now, "a_since": now - spacing})
 
 
 def note_error(session: Session, job_id: uuid.UUID, last_error: str, *,

@@ -428,6 +428,15 @@ def _orm_cas_with_event(session: Session, event: JobEvent, *where: Any, **values
     return row
 
 
+def _orm_save_prepared(session: Session, event: JobEvent, shape: Any, params: Any) -> Any:
+    """The two-statement path of the save, with the values themselves, not bind parameters:
+    the prepared statement's shape is never used."""
+    where = jobstore_create._owner(params["s_job_id"], params["s_token"])
+    values = jobstore_create._saved(params["s_task_id"], params["s_lease_until"],
+                                    params["s_due_at"])
+    return _orm_cas_with_event(session, event, *where, **values)
+
+
 ODD_INPUT: dict[str, Any] = {
     "prompt": "猫 🐈‍⬛ \u202e naïve \u2028 \"quoted\" \\ back", "big": 2**80, "neg": -(2**70),
     "float": 1.5e300, "tiny": 5e-324, "nested": {"a": [1, {"b": [None, True, {"c": "ü"}]}]},
@@ -467,6 +476,7 @@ def test_submit_and_save_write_the_rows_the_orm_path_wrote(
     fund(w.db, w.user, 1000)
     monkeypatch.setattr(jobstore, "insert_job_with_event", _orm_insert)
     monkeypatch.setattr(jobstore_create, "_cas_with_event", _orm_cas_with_event)
+    monkeypatch.setattr(jobstore_create, "_cas_with_event_prepared", _orm_save_prepared)
     two_statements = _one_job(w, task_id, odd)
     assert one_statement == two_statements
     row, events, extra, _published = one_statement

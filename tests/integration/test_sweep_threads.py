@@ -144,7 +144,8 @@ def test_the_celery_task_flushes_its_last_chunk_even_when_the_tick_raises(
         monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[list[uuid.UUID]] = []
     monkeypatch.setattr(tasks, "enqueue_reconcile_jobs", lambda ids: sent.append(list(ids)))
-    ids = [uuid.uuid4() for _ in range(3)]
+    size = 2 * tasks.CHUNK_ROWS_PER_THREAD  # a chunk per message: sweep_threads (2) × rows each
+    ids = [uuid.uuid4() for _ in range(size + 1)]
 
     class Boom(Exception):
         pass
@@ -161,4 +162,4 @@ def test_the_celery_task_flushes_its_last_chunk_even_when_the_tick_raises(
         "settings": type("S", (), {"sweep_threads": 2})()})())
     with pytest.raises(Boom):
         tasks.sweep.run()
-    assert sent == [ids[:2], ids[2:]]
+    assert sent == [ids[:size], ids[size:]]
