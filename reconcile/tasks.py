@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
@@ -220,15 +221,25 @@ def reconcile_job(job_id: str) -> str:
     return run(get_runtime(), uuid.UUID(job_id))
 
 
-@shared_task(name="reconcile.reconcile_jobs", ignore_result=True, acks_late=True)
-def reconcile_jobs(job_ids: list[str]) -> str:
+@shared_task(name="reconcile.reconcile_jobs", bind=True, ignore_result=True, acks_late=True)
+def reconcile_jobs(self: Any, job_ids: list[str]) -> str:
     """Apply the sweep's decision table to a chunk of jobs (the sweep fans out to this),
-    ``sweep_threads`` at a time."""
-    from .sweep import reconcile_jobs as run
+    ``sweep_threads`` at a time. The rows that would start too late to finish within the soft
+    time limit (``sweep.row_bound``) are sent again as a chunk of their own."""
+    from .sweep import tick
 
     rt = get_runtime()
-    outcomes = run(rt, [uuid.UUID(job_id) for job_id in job_ids],
-                   threads=rt.settings.sweep_threads)
+    limit = self.app.conf.task_soft_time_limit or self.app.conf.task_time_limit
+    start_by = None if not limit else \
+        time.monotonic() + float(limit) - tick.row_bound(rt).total_seconds()
+    ids = [uuid.UUID(job_id) for job_id in job_ids]
+    outcomes = tick.reconcile_jobs(rt, ids, threads=rt.settings.sweep_threads,
+                                   start_by=start_by)
+    deferred = [job_id for job_id, outcome in zip(ids, outcomes, strict=True)
+                if outcome == tick.DEFERRED]
+    if deferred:  # not claimed: should the send fail, the next tick finds them again
+        log.info("reconcile_jobs_deferred count=%d", len(deferred))
+        enqueue_reconcile_jobs(deferred)
     return ",".join(outcomes)
 
 

@@ -259,7 +259,7 @@ def hold_while_storing(session: Session, job_id: uuid.UUID, until: datetime, *,
     params: dict[str, Any] = {"h_job_id": job_id, "h_until": until, "h_now": now}
     if claim is not None:
         params.update(h_generation=claim[0], h_seq=claim[1])
-    return bool(_update_prepared(session, _HOLD_SHAPES[counted, claim is not None], params))
+    return bool(_update_prepared(session, _HOLD_SHAPES[bool(counted), claim is not None], params))
 
 
 def _hold_terms(counted: bool, held: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -64,7 +64,10 @@ class _Plan:
 
 
 def _plan(rt: Runtime, session: Session, job: Job, now: datetime, *, dry_run: bool,
-          claim: bool = True) -> _Plan:
+          claim: bool = True, alone: bool = False) -> _Plan:
+    """Decide ``job``'s row and claim its action. Each row's claim is a SAVEPOINT of the page's
+    transaction, so a bad row rolls back alone; ``alone``: the transaction holds this row only
+    (a per-job task), so an error rolls it all back and no SAVEPOINT is needed."""
     decision = decide(rt, job, now)
     plan = _Plan(job, decision, rt.kind(job.provider_kind))
     if decision.action is Action.LEAVE:
@@ -76,6 +79,8 @@ def _plan(rt: Runtime, session: Session, job: Job, now: datetime, *, dry_run: bo
                  decision.action, plan.outcome)
     elif not claim:
         plan.outcome = None  # fanned out: the per-job task claims it itself
+    elif alone:
+        _claim(rt, session, plan, now)
     else:
         with session.begin_nested():  # a bad row rolls back alone
             _claim(rt, session, plan, now)

@@ -221,11 +221,33 @@ def carry_out_all(steps: Sequence[Callable[[], str]], threads: int) -> list[str]
         return list(pool.map(lambda step: step(), steps))
 
 
-def reconcile_jobs(rt: Runtime, job_ids: Sequence[uuid.UUID], *, threads: int = 1) -> list[str]:
+# a fanned-out chunk's row not started before its time ran short (the caller sends it again)
+DEFERRED = "deferred"
+
+
+def row_bound(rt: Runtime) -> timedelta:
+    """How long one row of a fanned-out chunk may take: a status read's deadline, then storing
+    one output (:func:`reconcile.lifecycle.storing_hold`), both scaled."""
+    from ..lifecycle import storing_hold
+    from ..lifecycle.batch import claim_lease_of
+
+    return claim_lease_of(rt.settings) + storing_hold(rt.settings, 1)
+
+
+def reconcile_jobs(rt: Runtime, job_ids: Sequence[uuid.UUID], *, threads: int = 1,
+                   start_by: float | None = None,
+                   clock: Callable[[], float] = time.monotonic) -> list[str]:
     """:func:`reconcile_job` for each of ``job_ids`` (a fanned-out chunk), ``threads`` at a
-    time; the outcomes in order. A row's error is its own outcome (``error``)."""
-    def one(job_id: uuid.UUID) -> Callable[[], str]:
+    time; the outcomes in order. A row's error is its own outcome (``error``).
+
+    ``start_by`` (a ``clock`` time): a row past the first ``threads`` that would start after it
+    is not started (:data:`DEFERRED`): the first round always runs, as a chunk of one round
+    did, and a later row starts only while a row's whole bound still fits the caller's time
+    (the Celery task's soft time limit less :func:`row_bound`)."""
+    def one(n: int, job_id: uuid.UUID) -> Callable[[], str]:
         def step() -> str:
+            if start_by is not None and n >= threads and clock() >= start_by:
+                return DEFERRED
             try:
                 return reconcile_job(rt, job_id)
             except Exception:
@@ -233,7 +255,7 @@ def reconcile_jobs(rt: Runtime, job_ids: Sequence[uuid.UUID], *, threads: int = 
                 return "error"
         return step
 
-    return carry_out_all([one(job_id) for job_id in job_ids], threads)
+    return carry_out_all([one(n, job_id) for n, job_id in enumerate(job_ids)], threads)
 
 
 def reconcile_job(rt: Runtime, job_id: uuid.UUID, *, now: datetime | None = None,
@@ -250,7 +272,7 @@ def reconcile_job(rt: Runtime, job_id: uuid.UUID, *, now: datetime | None = None
             exists = session.execute(select(Job.id).where(Job.id == job_id)).first()
             outcome, plan = ("busy" if exists else "missing"), None
         else:
-            plan = _plan(rt, session, job, now, dry_run=dry_run)
+            plan = _plan(rt, session, job, now, dry_run=dry_run, alone=True)
     if plan is not None:
         outcome = _run(rt, plan, None)
     action = plan.decision.action if plan is not None else Action.LEAVE

@@ -2,8 +2,9 @@
 
 The Celery sweep task passes ``sweep_threads``: the claimed rows of one page are carried out
 that many at once (each in its own transactions), and the rows past the time budget go out
-``sweep_threads`` per ``reconcile.reconcile_jobs`` message, which carries them out at once too.
-A direct ``sweep(rt)`` stays one row after the other.
+``CHUNK_ROWS_PER_THREAD × sweep_threads`` per ``reconcile.reconcile_jobs`` message, which
+carries them out ``sweep_threads`` at a time; a row that would start too late for its task's
+time limit is sent again instead. A direct ``sweep(rt)`` stays one row after the other.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reconcile import tasks
 from reconcile.db.models import Asset, CreditTransaction, Job
 from reconcile.lifecycle import poll
-from reconcile.sweep import reconcile_jobs, sweep
+from reconcile.sweep import reconcile_jobs, sweep, tick
 from reconcile.testing.simulator import Script, Simulator
 from tests.integration._sweep_helpers import INSTANT, World
 
@@ -163,3 +165,44 @@ def test_the_celery_task_flushes_its_last_chunk_even_when_the_tick_raises(
     with pytest.raises(Boom):
         tasks.sweep.run()
     assert sent == [ids[:size], ids[size:]]
+
+
+def test_a_chunk_starts_no_row_past_its_start_by_but_always_its_first_round(
+        world: World) -> None:
+    """A chunk of 6 rows, 2 threads: with the clock past ``start_by`` from the start, the first
+    round (2 rows) still runs and the 4 others are deferred, untouched; with time left, all 6
+    complete."""
+    w = world
+    done, _ = _stale(w, 6)
+    outcomes = reconcile_jobs(w.rt, done, threads=2, start_by=0.0, clock=lambda: 1.0)
+    assert outcomes == ["completed"] * 2 + [tick.DEFERRED] * 4, outcomes
+    statuses = {job.id: job.status for job in _jobs(w.db, done)}
+    assert [statuses[j] for j in done] == ["completed"] * 2 + ["processing"] * 4
+    assert reconcile_jobs(w.rt, done[2:], threads=2, start_by=2.0,
+                          clock=lambda: 1.0) == ["completed"] * 4
+    assert w.audit() == []
+
+
+def test_the_chunk_task_sends_its_deferred_rows_again(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Celery task: a row's bound longer than the soft time limit defers every row past the
+    first round, and those go out again as one chunk (not claimed, nothing written)."""
+    w = world
+    done, _ = _stale(w, 5)
+    sent: list[list[uuid.UUID]] = []
+    monkeypatch.setattr(tasks, "enqueue_reconcile_jobs", lambda ids: sent.append(list(ids)))
+    monkeypatch.setattr(tasks, "get_runtime", lambda: w.rt)
+    monkeypatch.setattr(w.rt.settings, "sweep_threads", 2)
+    monkeypatch.setattr(tick, "row_bound", lambda rt: timedelta(days=1))
+    line = tasks.reconcile_jobs.run([str(j) for j in done])
+    assert line.split(",") == ["completed"] * 2 + [tick.DEFERRED] * 3
+    assert sent == [done[2:]]
+    sent.clear()
+    monkeypatch.setattr(tick, "row_bound", lambda rt: timedelta(seconds=0))
+    assert tasks.reconcile_jobs.run([str(j) for j in done[2:]]).split(",") == ["completed"] * 3
+    assert sent == []
+
+
+def _jobs(db: sessionmaker[Session], ids: list[uuid.UUID]) -> list[Job]:
+    with db() as s:
+        return list(s.execute(select(Job).where(Job.id.in_(ids))).scalars())
