@@ -158,12 +158,18 @@ def uncertain_with_webhook(w: World) -> tuple[uuid.UUID, str]:
 
 def outcome(driver: Any) -> Any:
     """The result page's outcome, once the form's POST has loaded it."""
+    return loaded(driver, "outcome")
+
+
+def loaded(driver: Any, element_id: str) -> Any:
+    """The element ``element_id`` of the page a click navigates to, once that page has loaded
+    (a click returns before the navigation: the old page has no such element)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(driver, 30).until(
-        expected_conditions.presence_of_element_located((By.ID, "outcome")))
+        expected_conditions.presence_of_element_located((By.ID, element_id)))
 
 
 def _records(w: World) -> list[OperatorAction]:
@@ -192,7 +198,7 @@ def test_an_operator_resolves_an_uncertain_job_from_its_webhook_and_sees_it_comp
     shot(browser, "01-needs-attention")
     link.click()
 
-    assert browser.find_element(By.ID, "status").text == "pending"
+    assert loaded(browser, "status").text == "pending"
     assert browser.find_element(By.ID, "submission").text == "uncertain"
     assert "Evidence or an operator" in browser.find_element(By.ID, "waiting").text
     shown = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#evidence td.upstream-id")]
@@ -210,7 +216,7 @@ def test_an_operator_resolves_an_uncertain_job_from_its_webhook_and_sees_it_comp
 
     assert drain(w.rt, w.q) >= 1  # the worker: the resumed poll reads the finished task
     browser.find_element(By.ID, "back").click()
-    assert browser.find_element(By.ID, "status").text == "completed"
+    assert loaded(browser, "status").text == "completed"
     assert browser.find_element(By.ID, "upstream").text == upstream
     assert browser.find_element(By.ID, "waiting").text.startswith("Waiting for: Nothing")
     record = browser.find_element(By.ID, "operator-record").text
@@ -227,7 +233,7 @@ def test_an_operator_resolves_an_uncertain_job_from_its_webhook_and_sees_it_comp
     shot(browser, "05-user-ledger")
     browser.get(f"{server.url}/audit")
     browser.find_element(By.ID, "run-full").click()
-    assert browser.find_element(By.ID, "audit-state").text == "ledger clean"
+    assert loaded(browser, "audit-state").text == "ledger clean"
     shot(browser, "06-audit")
     browser.get(f"{server.url}/health")
     assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart")) == 2

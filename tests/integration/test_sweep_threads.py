@@ -193,6 +193,8 @@ def test_the_chunk_task_sends_its_deferred_rows_again(
     monkeypatch.setattr(tasks, "enqueue_reconcile_jobs", lambda ids: sent.append(list(ids)))
     monkeypatch.setattr(tasks, "get_runtime", lambda: w.rt)
     monkeypatch.setattr(w.rt.settings, "sweep_threads", 2)
+    # the library's Celery settings (a task soft time limit): whichever app this process has
+    monkeypatch.setitem(tasks.reconcile_jobs.app.conf, "task_soft_time_limit", 540)
     monkeypatch.setattr(tick, "row_bound", lambda rt: timedelta(days=1))
     line = tasks.reconcile_jobs.run([str(j) for j in done])
     assert line.split(",") == ["completed"] * 2 + [tick.DEFERRED] * 3
@@ -206,3 +208,19 @@ def test_the_chunk_task_sends_its_deferred_rows_again(
 def _jobs(db: sessionmaker[Session], ids: list[uuid.UUID]) -> list[Job]:
     with db() as s:
         return list(s.execute(select(Job).where(Job.id.in_(ids))).scalars())
+
+
+def test_a_chunk_task_without_a_time_limit_defers_nothing(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An app with no task time limit: nothing to outlast, every row of the chunk runs."""
+    w = world
+    done, _ = _stale(w, 3)
+    sent: list[list[uuid.UUID]] = []
+    monkeypatch.setattr(tasks, "enqueue_reconcile_jobs", lambda ids: sent.append(list(ids)))
+    monkeypatch.setattr(tasks, "get_runtime", lambda: w.rt)
+    monkeypatch.setattr(w.rt.settings, "sweep_threads", 1)
+    monkeypatch.setitem(tasks.reconcile_jobs.app.conf, "task_soft_time_limit", None)
+    monkeypatch.setitem(tasks.reconcile_jobs.app.conf, "task_time_limit", None)
+    monkeypatch.setattr(tick, "row_bound", lambda rt: timedelta(days=1))
+    assert tasks.reconcile_jobs.run([str(j) for j in done]).split(",") == ["completed"] * 3
+    assert sent == []
