@@ -22,46 +22,50 @@ def load(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> Job | No
 
 def _cas(session: Session, *where: Any, **values: Any) -> Job | None:
     """UPDATE jobs SET values WHERE where RETURNING the row (None: lost)."""
-    stmt = update(Job).where(*where).values(**values).returning(Job)
+    return _written_row(session, _returning(where, values), {})
+
+
+def _written_row(session: Session, statement: Any, params: Mapping[str, Any]) -> Job | None:
     # populate_existing: the returned object carries the values just written, even when the
     # session had loaded the row before the UPDATE
-    row = session.execute(
-        stmt, execution_options={"synchronize_session": False, "populate_existing": True}
-    ).scalar_one_or_none()
-    return row
-
-
-# a prepared CAS's shape: () -> (where, values), written with bind parameters
-Shape = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
-_PREPARED: dict[Shape, Any] = {}
-_PREPARED_WITH_EVENT: dict[Shape, Any] = {}
-_PREPARED_UPDATES: dict[Shape, Any] = {}
-
-
-def _cas_prepared(session: Session, shape: Shape, params: Mapping[str, Any]) -> Job | None:
-    """:func:`_cas` with its ``where`` and ``values`` from ``shape()``, written with bind
-    parameters (typed as their columns) and bound from ``params``: the statement is built
-    once per shape, not on every call (a hot path's CAS: building and keying it cost more
-    CPU than running it)."""
-    statement = _PREPARED.get(shape)
-    if statement is None:
-        where, values = shape()
-        statement = _PREPARED.setdefault(
-            shape, update(Job).where(*where).values(**values).returning(Job))
     return session.execute(
         statement, dict(params),
         execution_options={"synchronize_session": False, "populate_existing": True}
     ).scalar_one_or_none()
 
 
-def _update_prepared(session: Session, shape: Shape, params: Mapping[str, Any]) -> int:
-    """An UPDATE of ``jobs`` with ``where`` and ``values`` from ``shape()`` (as
-    :func:`_cas_prepared`, built once per shape), returning no row: the rows it wrote."""
-    statement = _PREPARED_UPDATES.get(shape)
+# a prepared CAS's shape: () -> (where, values), written with bind parameters
+Shape = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]
+Build = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
+_PREPARED: dict[tuple[Build, Shape], Any] = {}
+
+
+def _prepared(build: Build, shape: Shape) -> Any:
+    """``build(*shape())``, built once per (build, shape): a hot path's CAS, whose building and
+    cache-keying cost more CPU than running it, is bound per call instead."""
+    statement = _PREPARED.get((build, shape))
     if statement is None:
-        where, values = shape()
-        statement = _PREPARED_UPDATES.setdefault(shape, update(Job).where(*where).values(**values))
-    return rowcount(session.execute(statement, dict(params),
+        statement = _PREPARED.setdefault((build, shape), build(*shape()))
+    return statement
+
+
+def _returning(where: tuple[Any, ...], values: Mapping[str, Any]) -> Any:
+    return update(Job).where(*where).values(**values).returning(Job)
+
+
+def _plain(where: tuple[Any, ...], values: Mapping[str, Any]) -> Any:
+    return update(Job).where(*where).values(**values)
+
+
+def _cas_prepared(session: Session, shape: Shape, params: Mapping[str, Any]) -> Job | None:
+    """:func:`_cas` with its ``where`` and ``values`` from ``shape()``, written with bind
+    parameters (typed as their columns: :func:`bound`) and bound from ``params``."""
+    return _written_row(session, _prepared(_returning, shape), params)
+
+
+def _update_prepared(session: Session, shape: Shape, params: Mapping[str, Any]) -> int:
+    """As :func:`_cas_prepared`, returning no row: the rows it wrote."""
+    return rowcount(session.execute(_prepared(_plain, shape), dict(params),
                                     execution_options={"synchronize_session": False}))
 
 
@@ -70,34 +74,25 @@ def bound(name: str, column: str) -> Any:
     return bindparam(name, type_=table_of(Job).c[column].type)
 
 
-def _cas_with_event(session: Session, event: JobEvent, *where: Any, **values: Any) -> Job | None:
-    """:func:`_cas`, and when it wins the outbox ``event`` (built by ``events.new_event``, not
-    in any session) for the row it wrote: on PostgreSQL one statement (the event's
-    ``INSERT … SELECT`` from the ``UPDATE … RETURNING``), elsewhere the CAS then the ORM's row.
-    The event's ``job_id``, ``user_id`` and ``id`` are set from what was written."""
+def _cas_with_event_prepared(session: Session, event: JobEvent, shape: Shape,
+                             params: Mapping[str, Any]) -> Job | None:
+    """:func:`_cas_prepared`, and when it wins the outbox ``event`` (built by
+    ``events.new_event``, not in any session) for the row it wrote: on PostgreSQL one
+    statement (the event's ``INSERT … SELECT`` from the ``UPDATE … RETURNING``), elsewhere the
+    CAS then the ORM's row. The event's ``job_id``, ``user_id`` and ``id`` are set from what
+    was written."""
     if session.get_bind().dialect.name != "postgresql":
-        row = _cas(session, *where, **values)
+        row = _cas_prepared(session, shape, params)
         if row is not None:
             event.job_id, event.user_id = row.id, row.user_id
             session.add(event)
         return row
-    return _run_with_event(session, event, _with_event(where, values), {})
-
-
-def _cas_with_event_prepared(session: Session, event: JobEvent, shape: Shape,
-                             params: Mapping[str, Any]) -> Job | None:
-    """:func:`_cas_with_event` on PostgreSQL with its ``where`` and ``values`` from ``shape()``
-    (written with bind parameters, bound from ``params``): the statement is built once per
-    shape, not per call (building and keying its CTEs was half of a create step's CPU)."""
-    statement = _PREPARED_WITH_EVENT.get(shape)
-    if statement is None:
-        where, values = shape()
-        statement = _PREPARED_WITH_EVENT.setdefault(shape, _with_event(where, values))
-    return _run_with_event(session, event, statement, params)
+    return _run_with_event(session, event, _prepared(_with_event, shape), params)
 
 
 def _with_event(where: tuple[Any, ...], values: Mapping[str, Any]) -> Any:
-    """The one statement of :func:`_cas_with_event`: the CAS, the event from its row."""
+    """The one statement of :func:`_cas_with_event_prepared` on PostgreSQL: the CAS, the
+    event from its row."""
     jobs, events = table_of(Job), table_of(JobEvent)
     saved = update(jobs).where(*where).values(**values).returning(*jobs.c).cte("saved")
     chosen = select(bindparam("e_event_id", type_=events.c.event_id.type), saved.c.id,

@@ -17,7 +17,7 @@ from ..core import redact
 from ..db.models import Job, JobEvent, table_of
 from ..db.session import rowcount
 from ..states import IN_FLIGHT, Status, Submission
-from .cas import _cas, _cas_prepared, _cas_with_event, _cas_with_event_prepared, bound
+from .cas import _cas, _cas_prepared, _cas_with_event_prepared, bound
 from .predicates import platform_row_uncalled, uncertain_expired
 
 
@@ -180,17 +180,14 @@ def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, 
 
     Works after the claim lease expired (even from ``uncertain``) as long as the token matches,
     but never revives a job completed, failed or cancelled meanwhile. ``event``: the outbox row
-    written with it when it wins (one statement on PostgreSQL, built once:
-    :func:`.cas._cas_with_event_prepared`).
+    written with it when it wins (one statement on PostgreSQL:
+    :func:`.cas._cas_with_event_prepared`). The statement is built once (:func:`_save_shape`).
     """
-    if event is not None and session.get_bind().dialect.name == "postgresql":
-        return _cas_with_event_prepared(session, event, _save_shape, {
-            "s_job_id": job_id, "s_token": token, "s_task_id": task_id,
-            "s_lease_until": now + poll_lease, "s_due_at": poll_due_at})
-    where, values = _owner(job_id, token), _saved(task_id, now + poll_lease, poll_due_at)
+    params = {"s_job_id": job_id, "s_token": token, "s_task_id": task_id,
+              "s_lease_until": now + poll_lease, "s_due_at": poll_due_at}
     if event is None:
-        return _cas(session, *where, **values)
-    return _cas_with_event(session, event, *where, **values)
+        return _cas_prepared(session, _save_shape, params)
+    return _cas_with_event_prepared(session, event, _save_shape, params)
 
 
 def _saved(task_id: Any, lease_until: Any, due_at: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from reconcile.db.migrate import upgrade
 from reconcile.db.models import Job, JobEvent
 from reconcile.db.session import make_engine, make_sessionmaker, rowcount
 from reconcile.jobstore import batch, create
-from reconcile.jobstore.cas import _cas, _cas_with_event
+from reconcile.jobstore.cas import _cas, _run_with_event, _with_event
 from reconcile.states import IN_FLIGHT, Status, Submission
 from tests.conftest import PgDatabases
 from tests.integration._platform_db import clean_sessions, platform_database
@@ -60,7 +60,17 @@ def old_save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: s
     values = create._saved(task_id, now + poll_lease, poll_due_at)
     if event is None:
         return _cas(session, *where, **values)
-    return _cas_with_event(session, event, *where, **values)
+    return old_cas_with_event(session, event, *where, **values)
+
+
+def old_cas_with_event(session: Session, event: JobEvent, *where: Any, **values: Any) -> Any:
+    if session.get_bind().dialect.name != "postgresql":
+        row = _cas(session, *where, **values)
+        if row is not None:
+            event.job_id, event.user_id = row.id, row.user_id
+            session.add(event)
+        return row
+    return _run_with_event(session, event, _with_event(where, values), {})
 
 
 def old_claim_attempt(session: Session, job_id: uuid.UUID, now: datetime,

@@ -1,6 +1,6 @@
 """Attack on submit's and the create id save's one statement on PostgreSQL (the job row and its
 ``queued`` event: ``jobstore.insert_job_with_event``; the id save and its ``running`` event:
-``jobstore.cas._cas_with_event``).
+``jobstore.cas._cas_with_event_prepared``).
 
 A lost id save writes no ``running`` event and publishes nothing: a wrong token, a job resolved
 meanwhile, a second create answer, and the same writers interleaved on real PostgreSQL (one
@@ -475,7 +475,6 @@ def test_submit_and_save_write_the_rows_the_orm_path_wrote(
     w.user = uuid.UUID(int=5)
     fund(w.db, w.user, 1000)
     monkeypatch.setattr(jobstore, "insert_job_with_event", _orm_insert)
-    monkeypatch.setattr(jobstore_create, "_cas_with_event", _orm_cas_with_event)
     monkeypatch.setattr(jobstore_create, "_cas_with_event_prepared", _orm_save_prepared)
     two_statements = _one_job(w, task_id, odd)
     assert one_statement == two_statements

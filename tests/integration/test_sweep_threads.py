@@ -189,13 +189,8 @@ def test_the_chunk_task_sends_its_deferred_rows_again(
     first round, and those go out again as one chunk (not claimed, nothing written)."""
     w = world
     done, _ = _stale(w, 5)
-    sent: list[list[uuid.UUID]] = []
-    monkeypatch.setattr(tasks, "enqueue_reconcile_jobs", lambda ids: sent.append(list(ids)))
-    monkeypatch.setattr(tasks, "get_runtime", lambda: w.rt)
-    monkeypatch.setattr(w.rt.settings, "sweep_threads", 2)
     # the library's Celery settings (a task soft time limit): whichever app this process has
-    monkeypatch.setitem(tasks.reconcile_jobs.app.conf, "task_soft_time_limit", 540)
-    monkeypatch.setattr(tick, "row_bound", lambda rt: timedelta(days=1))
+    sent = _chunk_task(w, monkeypatch, threads=2, soft_limit=540)
     line = tasks.reconcile_jobs.run([str(j) for j in done])
     assert line.split(",") == ["completed"] * 2 + [tick.DEFERRED] * 3
     assert sent == [done[2:]]
@@ -215,12 +210,20 @@ def test_a_chunk_task_without_a_time_limit_defers_nothing(
     """An app with no task time limit: nothing to outlast, every row of the chunk runs."""
     w = world
     done, _ = _stale(w, 3)
+    sent = _chunk_task(w, monkeypatch, threads=1, soft_limit=None)
+    monkeypatch.setitem(tasks.reconcile_jobs.app.conf, "task_time_limit", None)
+    assert tasks.reconcile_jobs.run([str(j) for j in done]).split(",") == ["completed"] * 3
+    assert sent == []
+
+
+def _chunk_task(w: World, monkeypatch: pytest.MonkeyPatch, *, threads: int,
+                soft_limit: int | None) -> list[list[uuid.UUID]]:
+    """The chunk task on ``w``'s runtime with ``threads`` and a task soft time limit, a row's
+    bound longer than any limit; returns the chunks it sends again (as they are sent)."""
     sent: list[list[uuid.UUID]] = []
     monkeypatch.setattr(tasks, "enqueue_reconcile_jobs", lambda ids: sent.append(list(ids)))
     monkeypatch.setattr(tasks, "get_runtime", lambda: w.rt)
-    monkeypatch.setattr(w.rt.settings, "sweep_threads", 1)
-    monkeypatch.setitem(tasks.reconcile_jobs.app.conf, "task_soft_time_limit", None)
-    monkeypatch.setitem(tasks.reconcile_jobs.app.conf, "task_time_limit", None)
+    monkeypatch.setattr(w.rt.settings, "sweep_threads", threads)
+    monkeypatch.setitem(tasks.reconcile_jobs.app.conf, "task_soft_time_limit", soft_limit)
     monkeypatch.setattr(tick, "row_bound", lambda rt: timedelta(days=1))
-    assert tasks.reconcile_jobs.run([str(j) for j in done]).split(",") == ["completed"] * 3
-    assert sent == []
+    return sent
