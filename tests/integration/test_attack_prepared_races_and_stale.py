@@ -5,8 +5,8 @@ before (populate_existing), on PostgreSQL and SQLite."""
 from __future__ import annotations
 
 import threading
-from collections import Counter
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
