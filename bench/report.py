@@ -644,7 +644,7 @@ def _fig5(r: dict[str, Any]) -> str:
     s = [r["method"] + "\n"]
     s.append("| kind | submit | create | per running poll | final poll (incl. finalize) | "
              "outside the polls | total | transactions (outside the polls) | "
-             "pool checkouts (pre-pings) |")
+             "pool checkouts |")
     s.append("|---|---|---|---|---|---|---|---|---|")
     for kind, k in r["kinds"].items():
         s.append(f"| {kind} | {k['submit']['statements']} | {k['create']['statements']} | "
@@ -673,8 +673,8 @@ def _fig5(r: dict[str, Any]) -> str:
         "published (no query after commit); with one, each step marks its events in one UPDATE. "
         "The rest is the ledger: `reserve`, `commit` and the `settled_amount` read-back of what "
         "the commit wrote, plus the `credits_actual` UPDATE when the pricing hook gave no amount. "
-        "Every transaction also costs BEGIN/COMMIT round trips, and every pool checkout a "
-        "`pool_pre_ping`.\n")
+        "Every transaction also costs BEGIN/COMMIT round trips, and a pool checkout after "
+        "the connection lay idle past `PING_AFTER_IDLE` a ping.\n")
     if "batch" in r:
         s.append(_fig5_batch(r["batch"]))
     return "\n".join(s)
