@@ -67,7 +67,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", lambda dbapi_conn, _record: _session_in_utc(dbapi_conn))
-        if not kwargs.get("pool_pre_ping") and ping_after_idle is not None:
+        if "pool_pre_ping" not in kwargs and ping_after_idle is not None:  # given: SQLAlchemy's
             _ping_when_idle(engine, ping_after_idle)
         event.listen(engine, "checkout",
                      lambda dbapi_conn, _record, _proxy: _session_in_utc(dbapi_conn))

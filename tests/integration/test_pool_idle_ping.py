@@ -108,3 +108,15 @@ def test_pool_pre_ping_given_keeps_sqlalchemys_ping_at_every_checkout(pg_url: st
         engine.dispose()
     assert len(pings) == 2  # every checkout of the pooled connection after the first
 
+
+
+def test_pool_pre_ping_false_given_turns_every_ping_off(pg_url: str, pings: list[int]) -> None:
+    engine = make_engine(pg_url, pool_size=1, max_overflow=0, pool_pre_ping=False,
+                         ping_after_idle=0.0)
+    try:
+        _pid(engine)
+        time.sleep(0.05)
+        _pid(engine)
+    finally:
+        engine.dispose()
+    assert pings == []
