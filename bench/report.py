@@ -673,8 +673,8 @@ def _fig5(r: dict[str, Any]) -> str:
         "published (no query after commit); with one, each step marks its events in one UPDATE. "
         "The rest is the ledger: `reserve`, `commit` and the `settled_amount` read-back of what "
         "the commit wrote, plus the `credits_actual` UPDATE when the pricing hook gave no amount. "
-        "Every transaction also costs BEGIN/COMMIT round trips, and a pool checkout after "
-        "the connection lay idle past `PING_AFTER_IDLE` a ping.\n")
+        "Every transaction also costs BEGIN/COMMIT round trips, and a pool checkout more "
+        "than `PING_AFTER_IDLE` after the connection's previous one a ping.\n")
     if "batch" in r:
         s.append(_fig5_batch(r["batch"]))
     return "\n".join(s)

@@ -12,11 +12,11 @@ Rails keeps them) in the session's zone, so only a UTC session makes every read 
 either column type, and every comparison of one with a bound instant, mean UTC.
 
 A pooled PostgreSQL connection is checked for life (an empty statement, one round trip) only
-when it comes out of the pool after lying idle longer than :data:`PING_AFTER_IDLE`
-(:func:`_ping_when_idle`), not at every checkout as ``pool_pre_ping`` does: a connection that
-dies in the pool (a server restart, an idle timeout in a pooler or a firewall) dies while it is
-idle, and a worker that runs transactions back to back would otherwise pay one extra round trip
-on each. One found dead is replaced before the caller sees it.
+when it is checked out more than :data:`PING_AFTER_IDLE` after its previous checkout
+(:func:`_ping_when_idle`), not at every checkout as ``pool_pre_ping`` does: a connection dies
+(a server restart, an idle timeout in a pooler or a firewall) while it is idle, in the pool or
+held unused, and a worker that runs transactions back to back would otherwise pay one extra
+round trip on each. One found dead is replaced before the caller sees it.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ __all__ = [
 ]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-# seconds a pooled connection may lie idle and still be handed out without a ping
+# seconds since a pooled connection's previous checkout within which it is handed out unpinged
 PING_AFTER_IDLE = 1.0
-_IDLE_SINCE = "reconcile_idle_since"
+_OUT_AT = "reconcile_checked_out_at"  # record.info: its last checkout (or connect)
 
 
 def rowcount(result: Result[Any]) -> int:
@@ -57,11 +57,11 @@ def normalise_url(url: str) -> str:
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     url = normalise_url(url)
+    ping_after_idle = kwargs.pop("ping_after_idle", PING_AFTER_IDLE)  # PostgreSQL's pool only
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs)
         _configure_sqlite(engine)
         return engine
-    ping_after_idle = kwargs.pop("ping_after_idle", PING_AFTER_IDLE)
     kwargs.setdefault("pool_size", 5)
     kwargs.setdefault("max_overflow", 5)
     engine = create_engine(url, **kwargs)
@@ -75,31 +75,35 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 
 def _ping_when_idle(engine: Engine, seconds: float) -> None:
-    """Ping a connection at checkout only when it lay idle in the pool longer than ``seconds``
-    (HikariCP skips its alive check the same way within 500 ms of a connection's last use).
+    """Ping a connection at checkout only when more than ``seconds`` passed since its previous
+    checkout (or its connect): whether it lay idle in the pool or was held unused by its last
+    caller, it may have died meanwhile. HikariCP skips its alive check the same way for a
+    connection used within the last 500 ms.
 
     The ping is the dialect's own (``pool_pre_ping``'s). A ping that fails raises
     ``DisconnectionError``, on which the pool discards the connection and checks out another
     (a new one if every pooled one is dead), as SQLAlchemy's pessimistic disconnect handling
-    does. A connection that dies while it is in use, or within ``seconds`` of its last use,
-    fails its statement as it would with ``pool_pre_ping``: the pool is invalidated and the
-    caller's transaction rolls back."""
+    does. A connection checked out again within ``seconds`` of its previous checkout is not
+    pinged: had it died since (a server restart in that second), its first statement fails,
+    the pool is invalidated and the caller's transaction rolls back, as one that died in use
+    does with ``pool_pre_ping``."""
     dialect = engine.dialect
 
-    def idle_from_now(_dbapi_conn: Any, record: Any) -> None:
-        record.info[_IDLE_SINCE] = time.monotonic()
+    def connected(_dbapi_conn: Any, record: Any) -> None:
+        record.info[_OUT_AT] = time.monotonic()
 
     def checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
-        since = record.info.get(_IDLE_SINCE)
-        if since is not None and time.monotonic() - since <= seconds:
+        now = time.monotonic()
+        last = record.info.get(_OUT_AT)
+        record.info[_OUT_AT] = now
+        if last is not None and now - last <= seconds:
             return
         try:
             dialect.do_ping(dbapi_conn)
         except dialect.loaded_dbapi.Error as err:
             raise exc.DisconnectionError(f"pooled connection failed its ping: {err}") from err
 
-    event.listen(engine, "connect", idle_from_now)  # new: alive, whatever checks it out next
-    event.listen(engine, "checkin", idle_from_now)
+    event.listen(engine, "connect", connected)  # new: alive, whatever checks it out next
     event.listen(engine, "checkout", checkout)
 
 

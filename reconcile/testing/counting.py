@@ -5,9 +5,9 @@ Count the database round trips of lifecycle steps: statements, transactions, che
 Used by ``bench/fig_statements.py`` (figure 5) and ``tests/integration/test_round_trips.py``.
 A ``before_cursor_execute`` listener counts every statement sent, bucketed by the current step
 name; the ``begin`` connection event counts transactions (a read session's autobegin counts
-too); the pool's ``checkout`` event counts connection checkouts (one after the connection lay idle
-past ``db.session.PING_AFTER_IDLE`` costs a ping round trip, which the cursor listener does not
-see)::
+too); the pool's ``checkout`` event counts connection checkouts (one more than
+``db.session.PING_AFTER_IDLE`` after the connection's previous checkout costs a ping round
+trip, which the cursor listener does not see)::
 
     counting = Counting(engine)
     with counting.step_named("submit"):
