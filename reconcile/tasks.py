@@ -10,6 +10,7 @@ import logging
 import os
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 from celery import shared_task
@@ -183,24 +184,42 @@ def poll(self: Any, job_id: str, generation: int, seq: int) -> str:
 
 def _carried_status(task: Any) -> str | None:
     """The status header of the message being run (None: none, or not text)."""
+    return _header(task, _STATUS_HEADER)
+
+
+def _header(task: Any, name: str) -> str | None:
+    """The message's header ``name`` (None: none, or not text)."""
     headers = getattr(task.request, "headers", None)
-    value = headers.get(_STATUS_HEADER) if isinstance(headers, dict) else None
+    value = headers.get(name) if isinstance(headers, dict) else None
     if value is None:  # a worker's request also holds its custom headers as attributes
-        value = getattr(task.request, _STATUS_HEADER, None)
+        value = getattr(task.request, name, None)
     return value if isinstance(value, str) else None
 
 
-@shared_task(name="reconcile.poll_due", ignore_result=True, acks_late=True)
-def poll_due() -> str:
+# the header of a poll_due sent to share a full claim's due rows (a helper sends no helper of
+# its own: at most one per tick); a header, so that a worker of an earlier release runs it as
+# a tick
+_HELPER_HEADER = "reconcile_poll_due_helper"
+
+
+def _send_helper(rt: Runtime) -> None:
+    send("reconcile.poll_due", [], headers={_HELPER_HEADER: "1"},
+         expires=rt.settings.poll_due_tick[1])
+
+
+@shared_task(name="reconcile.poll_due", bind=True, ignore_result=True, acks_late=True)
+def poll_due(self: Any) -> str:
     """RECONCILE_POLL_MODE=batch: claim, read and write batches of due rows (beat, every
     POLL_BATCH_INTERVAL s); re-enqueues itself once when its time budget ran out with rows
-    still due. Chain mode: nothing."""
+    still due. When its first claim is full it sends one helper ``poll_due`` (expiring as a
+    tick does), which an idle worker process runs beside it. Chain mode: nothing."""
     from .lifecycle.batch import poll_due as run
 
     rt = get_runtime()
     if rt.settings.poll_mode != "batch":
         return "off"
-    report = run(rt)
+    helper = None if _header(self, _HELPER_HEADER) else partial(_send_helper, rt)
+    report = run(rt, helper=helper)
     if report.more:
         send("reconcile.poll_due", [])
     return report.line()

@@ -34,7 +34,9 @@ rows stay due past its time budget) runs :func:`poll_due`:
    overlap); each job's claim check, CAS and ledger commit are its own transactions, so one
    job's failure never rolls back another's completion.
 
-The loop claims again while rows are due and its time budget is left.
+The loop claims again while rows are due and its time budget is left. When its first claim
+comes back full, the task sends one more ``reconcile.poll_due`` (expiring as a tick does), so
+an idle worker process shares the rest of the due rows.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
@@ -143,9 +146,15 @@ def claim(rt: Runtime, *, limit: int | None = None, now: datetime | None = None)
             for job, was_due in rows]
 
 
-def poll_due(rt: Runtime, *, budget: float | None = None, limit: int | None = None) -> BatchReport:
+def poll_due(rt: Runtime, *, budget: float | None = None, limit: int | None = None,
+             helper: Callable[[], None] | None = None) -> BatchReport:
     """Claim, read and write batches while rows are due and ``budget`` (seconds of real time;
-    default ``POLL_BATCH_TIME_BUDGET`` scaled) is left."""
+    default ``POLL_BATCH_TIME_BUDGET`` scaled) is left.
+
+    ``helper``: called once, when the run's first claim comes back full (more rows may be due
+    than one batch): the Celery task sends another ``poll_due`` there, so that an idle worker
+    process claims the next batch while this one reads and finalizes its own (a burst of
+    completions is finalized on every process, not on the one that drew the tick)."""
     report = BatchReport()
     if budget is None:
         budget = rt.settings.poll_batch_time_budget * rt.settings.time_scale
@@ -155,6 +164,11 @@ def poll_due(rt: Runtime, *, budget: float | None = None, limit: int | None = No
         claims = claim(rt, limit=limit)
         if not claims:
             break
+        if helper is not None and not report.batches and len(claims) >= limit:
+            try:
+                helper()
+            except Exception:  # the help is an optimisation: the claimed rows go on
+                log.warning("poll_due_helper_not_sent", exc_info=True)
         report.batches += 1
         report.claimed += len(claims)
         run_claims(rt, claims, report)

@@ -455,3 +455,32 @@ def test_stalled_says_a_row_waits_unclaimed_past_two_ticks_and_a_claim_ends_it(w
     with w.db.begin() as s:  # a kind no process here can read is never this process's nudge
         s.execute(update(Job).values(provider_kind="nobody-knows-it"))
     assert batch_poll.stalled(w.rt) is None
+
+
+def test_a_full_first_claim_calls_the_helper_once_and_a_short_one_never(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper (the task sends another poll_due there) is called once, when the run's first
+    claim comes back full: more rows may be due than one batch. A short first claim, or a full
+    claim after the first, calls nothing; a helper that raises loses none of the claimed rows."""
+    w = world
+    _accepted(w, n=5)
+    client = w.rt.client(w.rt.kind(KIND))
+    monkeypatch.setattr(client, "poll", lambda task_id, model=None:
+                        PollResult(PollStatus.RUNNING, progress=1, raw_status="processing"))
+    w.clock.now += INTERVAL
+    calls: list[int] = []
+    report = batch_poll.poll_due(w.rt, budget=60, limit=2, helper=lambda: calls.append(1))
+    assert (report.batches, report.claimed, report.running) == (3, 5, 5)  # full, full, short
+    assert calls == [1]
+
+    w.clock.now += INTERVAL  # the five are due again: a first claim of six is short
+    report = batch_poll.poll_due(w.rt, budget=60, limit=6, helper=lambda: calls.append(2))
+    assert (report.batches, report.claimed) == (1, 5)
+    assert calls == [1]
+
+    def broken() -> None:
+        raise ConnectionError("broker down")
+
+    w.clock.now += INTERVAL
+    report = batch_poll.poll_due(w.rt, budget=60, limit=5, helper=broken)
+    assert (report.claimed, report.running) == (5, 5)

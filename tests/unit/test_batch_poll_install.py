@@ -31,7 +31,7 @@ for name, app in (("platform", platform), ("other", other)):
 from reconcile.settings import Settings
 rt = SimpleNamespace(settings=SimpleNamespace(poll_mode=Settings().poll_mode))
 tasks.get_runtime = lambda: rt
-batch_poll.poll_due = lambda rt: batch_poll.BatchReport(claimed=1, batches=1, more=True)
+batch_poll.poll_due = lambda rt, **kw: batch_poll.BatchReport(claimed=1, batches=1, more=True)
 ran = tasks.poll_due.run()
 entry = platform.conf.beat_schedule.get("reconcile-poll-due")
 print(json.dumps({"entry": entry and entry["task"], "sent": sent, "ran": ran.split()[0],
