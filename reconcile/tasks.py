@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any
 
@@ -196,23 +198,59 @@ def _header(task: Any, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-# the header of a poll_due sent to share a full claim's due rows (a helper sends no helper of
-# its own: at most one per tick); a header, so that a worker of an earlier release runs it as
-# a tick
+# the header of a poll_due that sends no helper: a helper (sent to share a full claim's due
+# rows) and the re-send of a run whose budget ran out; so each beat tick sends at most one. A
+# header, so that a worker of an earlier release runs such a message as a tick
 _HELPER_HEADER = "reconcile_poll_due_helper"
 
 
-def _send_helper(rt: Runtime) -> None:
-    send("reconcile.poll_due", [], headers={_HELPER_HEADER: "1"},
-         expires=rt.settings.poll_due_tick[1])
+class _HelperSender:
+    """Sends the helper ``poll_due`` on a thread of its own, one at a time per process: the
+    run goes on to read the rows it claimed at once, whatever the broker does (a broker that
+    accepts the connection and never answers would block the publish, and the claimed rows
+    with it, until their lease ends). While a send is still pending, another is dropped, not
+    queued: the helper is an optimisation, and the beat's ticks go on."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._pending: Future[None] | None = None
+
+    def __call__(self, rt: Runtime) -> None:
+        with self._lock:
+            if self._pending is not None and not self._pending.done():
+                log.warning("poll_due_helper_skipped: the previous one is not sent yet")
+                return
+            if self._pool is None or self._pool[0] != os.getpid():  # a forked child: its own
+                self._pool = (os.getpid(), ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="reconcile-poll-due-helper"))
+            self._pending = self._pool[1].submit(self._send, rt)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the pending send (if any) is done (tests; a worker never waits)."""
+        pending = self._pending
+        if pending is not None:
+            wait([pending], timeout)
+
+    @staticmethod
+    def _send(rt: Runtime) -> None:
+        try:
+            send("reconcile.poll_due", [], headers={_HELPER_HEADER: "1"},
+                 expires=rt.settings.poll_due_tick[1])
+        except Exception:
+            log.warning("poll_due_helper_not_sent", exc_info=True)
+
+
+_send_helper = _HelperSender()
 
 
 @shared_task(name="reconcile.poll_due", bind=True, ignore_result=True, acks_late=True)
 def poll_due(self: Any) -> str:
     """RECONCILE_POLL_MODE=batch: claim, read and write batches of due rows (beat, every
     POLL_BATCH_INTERVAL s); re-enqueues itself once when its time budget ran out with rows
-    still due. When its first claim is full it sends one helper ``poll_due`` (expiring as a
-    tick does), which an idle worker process runs beside it. Chain mode: nothing."""
+    still due. A tick whose first claim is full sends one helper ``poll_due`` (expiring as a
+    tick does, sent on a thread of its own), which an idle worker process runs beside it.
+    Chain mode: nothing."""
     from .lifecycle.batch import poll_due as run
 
     rt = get_runtime()
@@ -221,7 +259,7 @@ def poll_due(self: Any) -> str:
     helper = None if _header(self, _HELPER_HEADER) else partial(_send_helper, rt)
     report = run(rt, helper=helper)
     if report.more:
-        send("reconcile.poll_due", [])
+        send("reconcile.poll_due", [], headers={_HELPER_HEADER: "1"})
     return report.line()
 
 
