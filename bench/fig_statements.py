@@ -5,7 +5,8 @@ against PostgreSQL and the simulator, exactly the code a Celery task calls. A SQ
 ``before_cursor_execute`` listener counts every statement, bucketed by step; the ``begin``
 connection event counts transactions, and the pool's ``checkout`` event counts
 connection checkouts (one more than ``db.session.PING_AFTER_IDLE`` after the connection's
-previous checkout costs a ping round trip, which the cursor listener does not see). The simulator's clock is stepped, so each poll sees the state the script says.
+previous checkout costs a ping round trip, which the cursor listener does not see). The
+simulator's clock is stepped, so each poll sees the state the script says.
 Chain mode steps one job's turns per kind; batch mode (the default) polls a batch of jobs
 together, whose shared claim and set-based write are divided among them.
 (The counter is ``reconcile.testing.counting.Counting``, shared with

@@ -11,7 +11,6 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any
 
@@ -205,32 +204,32 @@ _HELPER_HEADER = "reconcile_poll_due_helper"
 
 
 class _HelperSender:
-    """Sends the helper ``poll_due`` on a thread of its own, one at a time per process: the
-    run goes on to read the rows it claimed at once, whatever the broker does (a broker that
+    """Sends the helper ``poll_due`` on a daemon thread, one at a time per process: the run
+    goes on to read the rows it claimed at once, whatever the broker does (a broker that
     accepts the connection and never answers would block the publish, and the claimed rows
-    with it, until their lease ends). While a send is still pending, another is dropped, not
-    queued: the helper is an optimisation, and the beat's ticks go on."""
+    with it, until their lease ends; a daemon thread never holds the process's exit either).
+    While a send is still pending, another is dropped, not queued: the helper is an
+    optimisation, and the beat's ticks go on. A forked child sees the parent's thread as not
+    alive, so it sends its own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None
-        self._pending: Future[None] | None = None
+        self._pending: threading.Thread | None = None
 
     def __call__(self, rt: Runtime) -> None:
         with self._lock:
-            if self._pending is not None and not self._pending.done():
+            if self._pending is not None and self._pending.is_alive():
                 log.warning("poll_due_helper_skipped: the previous one is not sent yet")
                 return
-            if self._pool is None or self._pool[0] != os.getpid():  # a forked child: its own
-                self._pool = (os.getpid(), ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="reconcile-poll-due-helper"))
-            self._pending = self._pool[1].submit(self._send, rt)
+            self._pending = threading.Thread(target=self._send, args=(rt,), daemon=True,
+                                             name="reconcile-poll-due-helper")
+            self._pending.start()
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the pending send (if any) is done (tests; a worker never waits)."""
         pending = self._pending
         if pending is not None:
-            wait([pending], timeout)
+            pending.join(timeout)
 
     @staticmethod
     def _send(rt: Runtime) -> None:
