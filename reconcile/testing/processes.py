@@ -29,6 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from ..celery_install import QUEUE, QUEUES, routes
 from ..settings import Settings
+from .sim_http import BACKLOG
 
 __all__ = ["CeleryWorker", "ScratchRedis", "WebhookReceiver", "celery_sender",
            "close_rabbitmq_connections", "enqueuers", "free_port"]
@@ -208,6 +209,7 @@ class _HookHandler(BaseHTTPRequestHandler):
 
 class _HookServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = BACKLOG
 
     def __init__(self, rt: Any) -> None:
         super().__init__(("127.0.0.1", 0), _HookHandler)
