@@ -1,7 +1,8 @@
 """The testing kit's loopback servers (the simulator, the chaos run's webhook receiver) take a
-burst of connects the way a provider's front end does: a batch round opens a connection per media fetch and dozens of status reads at once, and
-with socketserver's default backlog of 5 every connect past the sixth had its SYN dropped and
-waited out TCP's 1-s retransmit (the bench then measured the simulator, not the library).
+burst of connects the way a provider's front end does: a batch round opens a connection per
+media fetch and dozens of status reads at once, and with socketserver's default backlog of 5
+every connect past the sixth had its SYN dropped and waited out TCP's 1-s retransmit (the bench
+then measured the simulator, not the library).
 
 The kernel is the judge: nothing accepts on the server below, so the connects that complete are
 exactly those its accept queue holds."""
