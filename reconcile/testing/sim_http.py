@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 # the listen backlog of the loopback servers the testing kit runs (the simulator, the chaos
 # run's webhook receiver). socketserver's default is 5: a burst of concurrent connects (a batch
 # round's status reads and media fetches, each fetch on a connection of its own; a burst of
-# webhook deliveries) overflowed it, and every dropped SYN waited out TCP's 1-s retransmit, so
-# the server, not the client, set the burst's pace. A provider's front end accepts far more;
+# webhook deliveries) overflowed it, and every dropped SYN (or final ACK) waited at least TCP's
+# 1-s retransmit, so the server, not the client, set the burst's pace. A provider's front end accepts far more;
 # the kernel caps this at net.core.somaxconn
 BACKLOG = 1024
 
