@@ -22,14 +22,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from ..celery_install import QUEUE, QUEUES, routes
 from ..settings import Settings
-from .sim_http import BACKLOG
+from .sim_http import LoopbackHTTPServer
 
 __all__ = ["CeleryWorker", "ScratchRedis", "WebhookReceiver", "celery_sender",
            "close_rabbitmq_connections", "enqueuers", "free_port"]
@@ -207,9 +207,7 @@ class _HookHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-class _HookServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = BACKLOG
+class _HookServer(LoopbackHTTPServer):
 
     def __init__(self, rt: Any) -> None:
         super().__init__(("127.0.0.1", 0), _HookHandler)

@@ -25,15 +25,21 @@ if TYPE_CHECKING:
 # run's webhook receiver). socketserver's default is 5: a burst of concurrent connects (a batch
 # round's status reads and media fetches, each fetch on a connection of its own; a burst of
 # webhook deliveries) overflowed it, and every dropped SYN (or final ACK) waited at least TCP's
-# 1-s retransmit, so the server, not the client, set the burst's pace. A provider's front end accepts far more;
-# the kernel caps this at net.core.somaxconn
+# 1-s retransmit, so the server, not the client, set the burst's pace. A provider's front end
+# accepts far more; the kernel caps this at net.core.somaxconn
 BACKLOG = 1024
 
 
-class SimServer(ThreadingHTTPServer):
+class LoopbackHTTPServer(ThreadingHTTPServer):
+    """The testing kit's HTTP server: a thread per connection (daemon: never holds the
+    process's exit) and a listen backlog of :data:`BACKLOG`."""
+
     daemon_threads = True
-    allow_reuse_address = True
     request_queue_size = BACKLOG
+
+
+class SimServer(LoopbackHTTPServer):
+    allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], sim: Simulator) -> None:
         self.sim = sim

@@ -12,13 +12,13 @@ import json
 import queue
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from standardwebhooks import Webhook
 
-from reconcile.testing.sim_http import BACKLOG
+from reconcile.testing.sim_http import LoopbackHTTPServer
 from reconcile.testing.simulator import Script
 from tests.integration._sim_helpers import (
     ELEVEN,
@@ -50,10 +50,8 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        class Server(ThreadingHTTPServer):
-            request_queue_size = BACKLOG  # the simulator delivers each webhook on a thread
-
-        self.server = Server(("127.0.0.1", 0), Handler)
+        # the simulator delivers each webhook on a thread of its own: a burst connects at once
+        self.server = LoopbackHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
