@@ -611,20 +611,7 @@ def _fig4(r: dict[str, Any]) -> str:
                  f"{v['errors']} | {v.get('max_open_lots_per_user', '1')} | "
                  f"{' '.join(str(x) for x in v['per_second'])} |")
     s.append("")
-    cpu = [v.get("client_cpu_ms_per_cycle") for v in r["runs"].values()
-           if v.get("client_cpu_ms_per_cycle")]
-    if cpu:
-        best = min(cpu)
-        s.append(
-            f"Reading: the ledger is bound by its Python client, not by PostgreSQL: a cycle costs "
-            f"{best}–{max(cpu)} ms of client CPU (SQLAlchemy ORM + psycopg over ≈ 13 "
-            f"statements in 2 transactions), so {r['clients']} clients on {r['clients']} cores "
-            f"could not exceed ≈ {r['clients'] * 1000 / best:.0f} cycles/s even with a free "
-            "database, ≈ " + f"{r['clients'] * 1000 / best / r['pgbench_tps_mean']:.0%}"
-            + " of pgbench's tps (its C client costs next to nothing). The hot user's "
-            "reserve+refund run sinks second by second as REFUND lots pile up: `reserve` "
-            "selects every open lot of the pool `FOR UPDATE` and loads them all as ORM objects, "
-            "though FIFO needs only the first few (the table below).\n")
+    s += _fig4_ceiling(r)
     lots = r.get("reserve_vs_open_lots")
     if lots:
         s.append("`reserve` latency against the open lots one user holds (every refund adds a "
@@ -638,6 +625,45 @@ def _fig4(r: dict[str, Any]) -> str:
                                   log_x=True, height=10, x_label="open lots of the user",
                                   y_label="reserve p50 ms")))
     return "\n".join(s)
+
+
+def _fig4_ceiling(r: dict[str, Any]) -> list[str]:
+    """The ledger functions under pgbench (no Python client): the server side's ceiling, and
+    what the Python runs reach of it."""
+    fn = r.get("functions_under_pgbench") or {}
+    if not fn:
+        return []
+    s = ["The same two functions (`reconcile_ledger_reserve`, then `reconcile_ledger_commit`, "
+         "each in its own transaction, with the library's arguments) driven by pgbench's C "
+         "client instead of Python (`" + next(iter(fn.values()))["command"] + "`):\n",
+         "| run | cycles/s, no Python | transactions ÷ pgbench | the Python run reaches |",
+         "|---|---|---|---|"]
+    for name, v in fn.items():
+        python = r["runs"].get(name, {})
+        share = python.get("share_of_functions_ceiling")
+        s.append(f"| {name} | {v['cycles_per_s']} | {v['txn_ratio_to_pgbench']:.1%} | "
+                 + (f"{share:.0%} ({python['cycles_per_s']} cycles/s)" if share else "—") + " |")
+    cpu = [v["client_cpu_ms_per_cycle"] for v in r["runs"].values()
+           if v.get("client_cpu_ms_per_cycle")]
+    hot, many = fn.get("reserve+commit/hot_user"), fn.get("reserve+commit/1000_users")
+    s.append("")
+    reading = ("Reading: with no Python at all, the functions reach the ratios in the third "
+               "column: that is the ceiling of this figure on this server, and what is left "
+               "between it and the Python runs is the client's share")
+    if cpu:
+        reading += (f" ({min(cpu)}–{max(cpu)} ms of client CPU per cycle: SQLAlchemy's session "
+                    f"and result handling and psycopg, 3 round trips per transaction — BEGIN, "
+                    f"the function, COMMIT —, on the {r['clients']} cores the backends use too)")
+    reading += (". A cycle does more than pgbench's transaction: the reserve writes the USAGE "
+                "row, the lot, the balance and the usage log; the commit the log, the COMMIT "
+                "row (and a release's rows)")
+    if hot and many:
+        reading += (f". The hot user's cycles queue on one balance row, whose lock is held "
+                    f"until the commit is flushed, so they run one at a time "
+                    f"({hot['cycles_per_s']} cycles/s against {many['cycles_per_s']} for 1,000 "
+                    f"users, both without Python)")
+    s.append(reading + ".\n")
+    return s
 
 
 def _fig5(r: dict[str, Any]) -> str:

@@ -108,3 +108,34 @@ def test_the_report_opens_with_the_aims_table() -> None:
     summary = text.split("## Summary\n", 1)[1]
     assert summary.lstrip().startswith("The performance aims, every row from this one run:")
     assert "| figure | measured | aim | verdict |" in summary.split("Every figure", 1)[0]
+
+
+def _ledger_result(with_functions: bool) -> dict[str, Any]:
+    run = {"cycles_per_s": 300.0, "ratio_to_pgbench": 0.3, "txn_ratio_to_pgbench": 0.6,
+           "client_cpu_ms_per_cycle": 1.2, "errors": 0, "per_second": [300, 300]}
+    result: dict[str, Any] = {
+        "clients": 2, "seconds_per_run": 2.0, "pgbench": [{"tps": 1000.0}],
+        "pgbench_tps_mean": 1000.0,
+        "runs": {"reserve+commit/hot_user": dict(run), "reserve+commit/1000_users": dict(run)}}
+    if with_functions:
+        result["runs"]["reserve+commit/hot_user"]["share_of_functions_ceiling"] = 0.75
+        result["runs"]["reserve+commit/1000_users"]["share_of_functions_ceiling"] = 0.5
+        result["functions_under_pgbench"] = {
+            "reserve+commit/hot_user": {"cycles_per_s": 400.0, "txn_ratio_to_pgbench": 0.8,
+                                        "command": "pgbench -n -f <cycle.sql>"},
+            "reserve+commit/1000_users": {"cycles_per_s": 600.0, "txn_ratio_to_pgbench": 1.2,
+                                          "command": "pgbench -n -f <cycle.sql>"}}
+    return result
+
+
+def test_the_ledger_section_reports_the_functions_ceiling_and_the_python_share() -> None:
+    """Figure 4 shows the ledger functions under pgbench (no Python client) beside the Python
+    runs: each ceiling, its ratio to pgbench, and the share of it the Python run reached; a
+    result without that measurement renders without the section."""
+    text = report._fig4(_ledger_result(True))
+    assert "| reserve+commit/hot_user | 400.0 | 80.0% | 75% (300.0 cycles/s) |" in text
+    assert "| reserve+commit/1000_users | 600.0 | 120.0% | 50% (300.0 cycles/s) |" in text
+    assert "(400.0 cycles/s against 600.0 for 1,000 users, both without Python)" in text
+    assert "1.2–1.2 ms of client CPU per cycle" in text
+    bare = report._fig4(_ledger_result(False))
+    assert "no Python" not in bare and "| reserve+commit/hot_user | 300.0 |" in bare
