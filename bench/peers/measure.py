@@ -127,6 +127,18 @@ def _delays(rows: list[Any], tasks: dict[str, dict[str, Any]], end: datetime
     return done_delays, open_delays, completions
 
 
+def _creates(tasks: dict[str, dict[str, Any]], first: datetime) -> dict[str, Any]:
+    """When the upstream creates happened, in seconds after the first submit (the simulator's
+    create times): every job's 30 s starts there, so the last create bounds the window."""
+    at = sorted((datetime.fromisoformat(t["created_at"].replace("Z", "+00:00")) - first)
+                .total_seconds() for t in tasks.values())
+    if not at:
+        return {"n": 0}
+    span = at[-1] - at[0]
+    return {"n": len(at), "first_s": round(at[0], 2), "p50_s": round(pct(at, 50), 2),
+            "last_s": round(at[-1], 2), "per_s": round((len(at) - 1) / span, 1) if span else None}
+
+
 def _intervals(done: list[float], still_open: list[float]) -> dict[str, Any]:
     """p50/p99 of the delay in poll intervals over every job (a job still open counts its delay
     so far; ``lower_bound`` when it decides the percentile)."""
@@ -240,6 +252,7 @@ def run(system: System, n: int, sim: SimulatorProcess, *, recovery: bool = False
                    "submits_per_s": round(n / submitted["wall_s"], 1),
                    "web_cpu_ms_per_submit": round(1000 * submitted["cpu_s"] / n, 2)},
         "window_s": round(window, 1) if window else None,
+        "creates": _creates(tasks, first),
         "jobs_per_s": round(len(done) / window, 2) if window else None,
         "delay_intervals": _intervals(done, still_open),
         "delay_s": summary(done, 2),

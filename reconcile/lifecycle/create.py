@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from .. import jobstore
 from ..core.limits import storable_text
 from ..db.models import Job
+from ..db.session import one_statement
 from ..errors import (
     CreateRateLimited,
     CreateRejected,
@@ -68,7 +69,7 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
     now = rt.now()
     token = uuid.uuid4().hex
     rt.crash_point("before_claim")
-    with rt.sessions.begin() as session:
+    with one_statement(rt.sessions) as session:  # the claim is its one UPDATE … RETURNING
         claimed = jobstore.claim_create(session, job_id, token, now,
                                         rt.settings.scaled(CREATE_CLAIM_LEASE),
                                         kinds=_async_kinds(),  # sync kinds: the platform's request
@@ -185,25 +186,25 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str, *,
     """
     now = rt.now()
     job: Job | None = None
-    with rt.sessions.begin() as session:
-        if kind is None:
+    if kind is None:
+        with rt.sessions() as session:  # the kind, from the row (read only)
             job = jobstore.load(session, job_id)
             kind = rt.kind(job.provider_kind) if job else None
             if job is None or kind is None:
                 return False
-        batch = _batch_mode(rt)
-        # the outbox event is written by the same statement when the save wins
-        running = new_event(Job(id=job_id), "running", now, {"provider_task_id": task_id}, rt=rt)
+    batch = _batch_mode(rt)
+    # the outbox event is written by the same statement when the save wins
+    running = new_event(Job(id=job_id), "running", now, {"provider_task_id": task_id}, rt=rt)
+    with one_statement(rt.sessions) as session:
         saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind),
                                       poll_due_at=first_due(rt, kind, now) if batch else None,
                                       event=running)
-        if saved is None:
-            job = job or jobstore.load(session, job_id)
+    if saved is None:  # lost: what the late answer means, decided under the row's lock
+        with rt.sessions.begin() as session:
+            job = jobstore.load(session, job_id)
             if job is None:
                 return False
             verdict = _late_answer(session, job, task_id, now)
-    if saved is None:
-        assert job is not None
         if verdict == "cancel":
             log.warning("task_created_after_terminal job_id=%s task_id=%s", job_id, task_id)
             client = rt.client(kind)

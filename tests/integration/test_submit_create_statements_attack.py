@@ -35,6 +35,7 @@ from reconcile.db.session import make_engine, make_sessionmaker
 from reconcile.errors import InsufficientCredits
 from reconcile.jobstore import cas, create as jobstore_create
 from reconcile.jobstore.events import new_event
+from reconcile.lifecycle import create as lifecycle_create
 from reconcile.lifecycle.cancel import cancel_job
 from reconcile.lifecycle.poll import first_due, poll_lease
 from reconcile.states import CREATE_CLAIM_LEASE
@@ -53,6 +54,7 @@ class Pauser:
 
     def __init__(self, engine: Engine) -> None:
         self.marker: str | None = None
+        self.autocommit = False  # A's statement committed itself (db.session.one_statement)
         self.paused = threading.Event()
         self.go = threading.Event()
         self.engine = engine
@@ -63,11 +65,12 @@ class Pauser:
         self.paused.clear()
         self.go.clear()
 
-    def _after(self, _conn: Any, _cursor: Any, statement: str, *args: Any) -> None:
+    def _after(self, conn: Any, _cursor: Any, statement: str, *args: Any) -> None:
         if threading.current_thread().name != "A" or self.marker is None:
             return
         if self.marker in statement:
             self.marker = None
+            self.autocommit = bool(conn.connection.dbapi_connection.autocommit)
             self.paused.set()
             assert self.go.wait(60)
 
@@ -212,14 +215,20 @@ def _wait_for_lock_waiter(engine: Engine) -> None:
 
 def _interleave(w: W, first: Callable[[], Any], marker: str, second: Callable[[], Any]) -> dict[str, Any]:
     """``first`` (thread A) paused after its statement holding ``marker``; ``second`` run until
-    it waits on the row lock; then both finish."""
+    it waits on the row lock; then both finish. A statement that committed itself (a
+    one-statement transaction in autocommit) holds no lock while A is paused: ``second`` then
+    runs to its end first, against the committed write."""
     out: dict[str, Any] = {}
     w.pauser.arm(marker)
     a = _run("A", first, out)
     while not w.pauser.paused.wait(0.05):
         assert a.is_alive(), out  # A ended (or raised) without reaching its statement
     b = _run("B", second, out)
-    _wait_for_lock_waiter(w.engine)
+    if w.pauser.autocommit:
+        b.join(30)
+        assert not b.is_alive(), "B waited on a write that was already committed"
+    else:
+        _wait_for_lock_waiter(w.engine)
     w.pauser.go.set()
     a.join(30)
     b.join(30)
@@ -476,6 +485,8 @@ def test_submit_and_save_write_the_rows_the_orm_path_wrote(
     fund(w.db, w.user, 1000)
     monkeypatch.setattr(jobstore, "insert_job_with_event", _orm_insert)
     monkeypatch.setattr(jobstore_create, "_cas_with_event_prepared", _orm_save_prepared)
+    # two statements are no one-statement transaction: an ordinary one, as before autocommit
+    monkeypatch.setattr(lifecycle_create, "one_statement", lambda factory: factory.begin())
     two_statements = _one_job(w, task_id, odd)
     assert one_statement == two_statements
     row, events, extra, _published = one_statement
