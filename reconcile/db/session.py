@@ -190,20 +190,30 @@ def one_statement(factory: sessionmaker[Session]) -> Iterator[Session]:
     """``factory.begin()`` for a transaction of exactly ONE statement: on PostgreSQL its
     connection runs in autocommit, so the statement commits itself and the transaction costs
     one round trip instead of three (no ``BEGIN``, no ``COMMIT``); a statement that raises has
-    written nothing, as before. Elsewhere (SQLite) an ordinary transaction.
+    written nothing, as before. It runs at the server's default isolation level (READ
+    COMMITTED unless the database sets another), not an isolation level set on the engine.
 
-    In autocommit the block must leave nothing for the session to flush (checked, before
-    anything is flushed: a flush would commit each of its statements on its own). SQLAlchemy
-    puts the connection back in the engine's isolation level when it returns to the pool, so
-    the next transaction on it is an ordinary one (``tests/integration/test_one_statement.py``)."""
+    Only for a sessionmaker bound to an :class:`~sqlalchemy.Engine`: SQLAlchemy puts the
+    connection back in the engine's isolation level when it returns to the pool, so the next
+    transaction on it is an ordinary one (``tests/integration/test_one_statement.py``). A
+    sessionmaker bound to a ``Connection`` (whose connection never returns to a pool, and may be
+    inside the caller's transaction) and SQLite get an ordinary transaction.
+
+    In autocommit the block must leave nothing for the session to write: it runs without
+    autoflush, and raises, before anything is flushed, when changes are left (a flush would
+    commit each of its statements on its own)."""
     with factory.begin() as session:
-        autocommit = session.get_bind().dialect.name == "postgresql"
-        if autocommit:
-            session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-        yield session
-        if autocommit and (session.new or session.dirty or session.deleted):
+        bind = session.get_bind()
+        autocommit = isinstance(bind, Engine) and bind.dialect.name == "postgresql"
+        if not autocommit:
+            yield session
+            return
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        with session.no_autoflush:
+            yield session
+        if session.new or session.dirty or session.deleted:
             raise RuntimeError("a one-statement transaction left changes for the session to "
-                               "flush (each would commit on its own): nothing was flushed")
+                               "write (each would commit on its own): nothing was flushed")
 
 
 from ..core.facade import names_moved as _names_moved  # noqa: E402

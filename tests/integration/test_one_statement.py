@@ -125,7 +125,7 @@ def test_changes_left_for_the_flush_are_refused_and_nothing_is_written(
         one_connection: Engine) -> None:
     factory = make_sessionmaker(one_connection)
     job_id = uuid.uuid4()
-    with pytest.raises(RuntimeError, match="left changes for the session to flush"):
+    with pytest.raises(RuntimeError, match="left changes for the session to write"):
         with one_statement(factory) as session:
             session.execute(text("SELECT 1"))
             session.add(JobEvent(event_id=uuid.uuid4(), job_id=job_id, user_id=uuid.uuid4(),
@@ -166,3 +166,43 @@ def test_the_create_step_claims_and_saves_in_one_round_trip_each(
             assert lifecycle.create_step(rt, creates.pop()).action == "accepted"
     assert (trace.queries("BEGIN"), trace.queries("COMMIT")) == (0, 0), trace.lines()
     assert trace.round_trips() == 2, trace.lines()
+
+
+def test_a_pending_object_is_not_autoflushed_by_the_statement(one_connection: Engine) -> None:
+    """An object added before the block's statement is not written by it (no autoflush in
+    autocommit): the block is refused and nothing at all is written."""
+    factory = make_sessionmaker(one_connection)
+    job_id = uuid.uuid4()
+    with pytest.raises(RuntimeError, match="left changes for the session to write"):
+        with one_statement(factory) as session:
+            session.add(JobEvent(event_id=uuid.uuid4(), job_id=job_id, user_id=uuid.uuid4(),
+                                 type="queued", payload={}))
+            session.execute(text("SELECT count(*) FROM reconcile_job_events"))
+    assert _events(one_connection, job_id) == 0
+
+
+@pytest.mark.parametrize("outer", [False, True], ids=["connection", "inside_its_transaction"])
+def test_a_sessionmaker_bound_to_a_connection_gets_an_ordinary_transaction(
+        one_connection: Engine, outer: bool) -> None:
+    """A connection never goes back to a pool, so nothing would restore its isolation level:
+    ``one_statement`` runs an ordinary transaction on it (BEGIN and COMMIT, or the caller's
+    transaction), and the connection's next transaction still rolls back as a whole."""
+    job_id = uuid.uuid4()
+    with one_connection.connect() as conn:
+        if outer:
+            conn.begin()
+        factory = sessionmaker(bind=conn, expire_on_commit=False,
+                               join_transaction_mode="create_savepoint")
+        with one_statement(factory) as session:
+            assert session.connection().connection.dbapi_connection.autocommit is False
+            session.execute(text("SELECT 1"))
+        with pytest.raises(RuntimeError, match="after the insert"):
+            with factory.begin() as session:
+                session.execute(text(
+                    "INSERT INTO reconcile_job_events (event_id, job_id, user_id, type, payload, "
+                    "created_at) VALUES (:e, :j, :u, 'queued', '{}', now())"),
+                    {"e": uuid.uuid4(), "j": job_id, "u": uuid.uuid4()})
+                raise RuntimeError("after the insert")
+        if outer:
+            conn.rollback()
+    assert _events(one_connection, job_id) == 0
