@@ -49,13 +49,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import JSON, TypeEngine
 
-from .functions import differing
+from .functions import OTHER_BODY, differing
 from .models import Base, UsageLogId
 from .types import UTCDateTime
 
 __all__ = [
     "BREAKS", "DIFFERS", "FAMILIES", "LIBRARY_TABLES", "NOTE", "PLATFORM_COLUMNS", "PLATFORM_TABLES",
-    "Finding", "SchemaMismatch", "at_head", "check", "contract_markdown", "require", "usage_log_ids_assigned",
+    "Finding", "SchemaMismatch", "at_head", "check", "contract_markdown", "newer_revision", "require", "usage_log_ids_assigned",
 ]
 
 log = logging.getLogger("reconcile.contract")
@@ -426,10 +426,39 @@ def check(bind: Engine | Connection) -> list[Finding]:
                                "reconcile db upgrade"))
     if at_head_now:  # `db upgrade` has nothing left to run: what is gone was removed after it
         out = [replace(f, fix=_REPAIR_FIX) if f.fix == "reconcile db upgrade" else f for f in out]
+    newer = newer_revision(bind)
     for name, found in differing(bind).items():  # the ledger's (PostgreSQL): never run others
+        if newer is not None and found == OTHER_BODY:
+            # a rolling upgrade: the migrations ran ahead of this code, and a newer revision
+            # replaced the function (with the same arguments and results, as revisions must)
+            out.append(Finding(f"{name}()", f"as revision {newer} defines it, a revision this "
+                               "code does not know (the database was upgraded ahead of it)",
+                               DIFFERS, "deploy the code of that revision"))
+            continue
         out.append(Finding(f"{name}()", found, BREAKS, _FUNCTION_FIX if at_head_now
                            else "reconcile db upgrade"))
     return out
+
+
+def newer_revision(conn: Connection) -> str | None:
+    """The database's revision when this code does not know it (a later release's migrations
+    ran ahead of this code), else None."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    from ..migrations import LOCATION
+
+    if _live_columns(conn, "reconcile_alembic_version") is None:
+        return None
+    current = conn.execute(text("SELECT version_num FROM reconcile_alembic_version")).scalars().all()
+    scripts = ScriptDirectory(str(LOCATION))
+    for revision in current:
+        try:
+            if scripts.get_revision(revision) is None:
+                return str(revision)
+        except CommandError:
+            return str(revision)
+    return None
 
 
 _CHECKED: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()

@@ -18,6 +18,8 @@ from functools import cache
 from sqlalchemy import Connection, text
 
 Functions = Mapping[str, tuple[str, str]]  # name → (arguments, body)
+# what :func:`differing` says of a function whose body is not the declared one
+OTHER_BODY = "not the body the library's revisions define (replaced by hand, or older)"
 
 
 def function_ddl(name: str, arguments: str, body: str) -> str:
@@ -84,5 +86,5 @@ def differing(conn: Connection, functions: Functions | None = None) -> dict[str,
         elif len(bodies) > 1:
             out[name] = f"defined {len(bodies)} times (overloads the library did not create)"
         elif bodies[0] != body:
-            out[name] = "not the body the library's revisions define (replaced by hand, or older)"
+            out[name] = OTHER_BODY
     return out

@@ -237,8 +237,8 @@ def repair(url: str) -> list[str]:
     built again."""
     from sqlalchemy.schema import CreateColumn, CreateIndex
 
-    from .contract import LIBRARY_TABLES, PLATFORM_COLUMNS, PLATFORM_TABLES
-    from .functions import declared, differing, install
+    from .contract import LIBRARY_TABLES, PLATFORM_COLUMNS, PLATFORM_TABLES, newer_revision
+    from .functions import OTHER_BODY, declared, differing, install
     from .models import Base
     from .session import make_engine
 
@@ -280,7 +280,10 @@ def repair(url: str) -> list[str]:
                     Base.metadata.tables[name].create(conn, checkfirst=True)
                     done.append(f"CREATE TABLE {name} (with its indexes)")
             functions = declared() if pg else {}
-            for name in differing(conn, functions):  # the ledger's, as the head defines them
+            newer = newer_revision(conn) if pg else None
+            for name, found in differing(conn, functions).items():  # as the head defines them
+                if newer is not None and found == OTHER_BODY:
+                    continue  # a later release's revision replaced it: never put an older back
                 install(conn, name, *functions[name])
                 done.append(f"CREATE OR REPLACE FUNCTION {name}")
         indexes = []

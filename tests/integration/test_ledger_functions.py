@@ -26,7 +26,7 @@ from reconcile.credits._pg_functions import FUNCTIONS
 from reconcile.db import functions
 from reconcile.db.contract import SchemaMismatch
 from reconcile.db.migrate import downgrade, upgrade
-from reconcile.db.session import make_engine, make_sessionmaker
+from reconcile.db.session import dispose_engines, make_engine, make_sessionmaker
 from tests.conftest import PgDatabases
 
 NAMES = (_pg.RESERVE_FN, _pg.COMMIT_FN, _pg.REFUND_FN)
@@ -43,15 +43,37 @@ def _check(url: str) -> tuple[int, str]:
 
 
 def _below_the_functions() -> str:
-    """The revision before the one that installs the functions the code builds."""
+    """The revision before the FIRST one that installs functions (none below it)."""
     from alembic.script import ScriptDirectory
 
     from reconcile.migrations import LOCATION
 
-    for script in ScriptDirectory(str(LOCATION)).walk_revisions():
+    below = None
+    for script in ScriptDirectory(str(LOCATION)).walk_revisions():  # the head first
+        if getattr(script.module, "FUNCTIONS", None) is not None:
+            assert isinstance(script.down_revision, str)
+            below = script.down_revision
+    assert below is not None, "no revision installs functions"
+    return below
+
+
+def _below_the_code() -> tuple[str, dict[str, tuple[str, str]]]:
+    """The revision before the one that installs the functions the code builds, and the
+    functions installed there (an earlier revision's)."""
+    from alembic.script import ScriptDirectory
+
+    from reconcile.migrations import LOCATION
+
+    scripts = ScriptDirectory(str(LOCATION))
+    for script in scripts.walk_revisions():
         if getattr(script.module, "FUNCTIONS", None) == FUNCTIONS:
             assert isinstance(script.down_revision, str)
-            return script.down_revision
+            older = {}
+            for earlier in scripts.iterate_revisions(script.down_revision, "base"):
+                if getattr(earlier.module, "FUNCTIONS", None) is not None:
+                    older = dict(earlier.module.FUNCTIONS)
+                    break
+            return script.down_revision, older
     raise AssertionError("no revision installs the functions the code builds")
 
 
@@ -170,3 +192,119 @@ def test_downgrade_drops_them_and_upgrade_installs_them(migrated: str) -> None:
         assert dict(conn.execute("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)",
                                  (list(NAMES),)).fetchall()) == {
             name: body for name, (_, body) in FUNCTIONS.items()}
+
+
+def test_downgrade_below_the_codes_functions_puts_the_earlier_ones_back(migrated: str) -> None:
+    """One revision below the functions the code builds, the database holds the earlier
+    revision's (a deploy rolled back runs the code of that revision); `db check` names each one
+    that differs from the code's, and the upgrade replaces them."""
+    below, older = _below_the_code()
+    assert older, "no earlier revision installs functions"
+    downgrade(migrated, below)
+    with _psql(migrated) as conn:
+        assert dict(conn.execute("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)",
+                                 (list(NAMES),)).fetchall()) == {
+            name: body for name, (_, body) in older.items()}
+    changed = [name for name in NAMES if older[name] != FUNCTIONS[name]]
+    assert changed, "the newest revision changes no function"
+    code, out = _check(migrated)
+    assert code == 1, out
+    for name in changed:
+        assert f"BREAKS   {name}()" in out, out
+    upgrade(migrated)
+    assert _check(migrated)[0] == 0
+
+
+def _reserve_plans(url: str, user: uuid.UUID) -> list[str]:
+    """The plans PostgreSQL ran for one reserve (auto_explain, statements inside the function
+    included), as the server sent them to this session."""
+    from sqlalchemy import text
+
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    notes: list[str] = []
+    try:
+        with make_sessionmaker(engine).begin() as s:
+            raw = s.connection().connection.dbapi_connection
+            raw.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+            s.execute(text("LOAD 'auto_explain'"))
+            for setting in ("auto_explain.log_min_duration = 0",
+                            "auto_explain.log_nested_statements = on",
+                            "auto_explain.log_analyze = on", "client_min_messages = log"):
+                s.execute(text(f"SET LOCAL {setting}"))
+            credits.reserve(s, user, uuid.uuid4(), 10)
+    finally:
+        engine.dispose()
+    return notes
+
+
+def test_a_reserve_writes_the_lots_it_takes_through_the_primary_key(
+        pg_databases: PgDatabases) -> None:
+    """A user with thousands of open lots (each refund adds one), the table analysed: the
+    reserve's update of the lots its walk took probes the primary key, PostgreSQL's own plan
+    says (auto_explain); it never reads the whole lots table. Revision 0029's statement was
+    planned as a hash join over a sequential scan of every lot here, and each reserve slowed
+    with each refund."""
+    from sqlalchemy import text
+
+    url = pg_databases.create("rtplan")
+    upgrade(url)
+    engine = make_engine(url)
+    user = uuid.uuid4()
+    try:
+        with make_sessionmaker(engine).begin() as s:
+            credits.grant(s, user, "sub", 10**9, f"g-{user}")
+        with engine.begin() as conn:  # 5,000 refunds' lots and what they gave back
+            conn.execute(text(
+                "INSERT INTO reconcile_credit_lots (user_id, pool, kind, source_txn_id, amount, "
+                "remaining_amount, created_at) SELECT :u, 'sub', 'REFUND', 'plan-' || g, 10, 10, "
+                "now() FROM generate_series(1, 5000) g"), {"u": user})
+            conn.execute(text("UPDATE reconcile_credit_balances SET sub = sub + 50000 "
+                              "WHERE user_id = :u"), {"u": user})
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("ANALYZE reconcile_credit_lots"))
+    finally:
+        engine.dispose()
+    plans = _reserve_plans(url, user)
+    lot_update = [p for p in plans if "Update on reconcile_credit_lots" in p]
+    assert len(lot_update) == 1, plans
+    assert "Seq Scan on reconcile_credit_lots" not in lot_update[0], lot_update[0]
+    assert re.search(r"Index (Only )?Scan using \w+ on reconcile_credit_lots l", lot_update[0]), \
+        lot_update[0]
+
+
+def test_a_database_upgraded_ahead_of_the_code_lets_it_start(pg_databases: PgDatabases) -> None:
+    """A rolling upgrade: the migrations of a later release ran (the database is at a revision
+    this code does not know) and that revision replaced a function's body. `db check` reports
+    it (DIFFERS, not BREAKS: nothing that refuses a start), a runtime starts and `db repair`
+    leaves it; a function that is missing still breaks, and
+    a replaced body at this code's own head still breaks."""
+    url = pg_databases.create("rtahead")
+    upgrade(url)
+    reserve_args, reserve_body = FUNCTIONS[_pg.RESERVE_FN]
+    newer_body = reserve_body.replace("BEGIN\n", "BEGIN\n-- a later revision's body\n", 1)
+    assert newer_body != reserve_body
+    with _psql(url) as conn:
+        conn.execute(functions.function_ddl(_pg.RESERVE_FN, reserve_args, newer_body))
+    code, out = _check(url)  # at this code's head: a body it does not define breaks
+    assert code == 1 and "BREAKS   reconcile_ledger_reserve(): not the body" in out, out
+    with _psql(url) as conn:
+        conn.execute("UPDATE reconcile_alembic_version SET version_num = '9999_later'")
+    _, out = _check(url)  # mismatches all the same (the version too), none that breaks
+    assert ("DIFFERS  reconcile_ledger_reserve(): as revision 9999_later defines it, a revision "
+            "this code does not know") in out, out
+    assert "BREAKS" not in out, out
+    Runtime.from_settings(Settings(database_url=url))  # starts
+    repaired = CliRunner().invoke(main, ["--database-url", url, "db", "repair"])
+    assert repaired.exit_code == 0 and "reconcile_ledger_reserve" not in repaired.stdout, \
+        repaired.output  # the later revision's body is never replaced by this code's
+    with _psql(url) as conn:
+        assert conn.execute("SELECT prosrc FROM pg_proc WHERE proname = %s",
+                            (_pg.RESERVE_FN,)).fetchone() == (newer_body,)
+    with _psql(url) as conn:
+        conn.execute(functions.drop_ddl(_pg.COMMIT_FN, FUNCTIONS[_pg.COMMIT_FN][0]))
+    code, out = _check(url)
+    assert code == 1 and "BREAKS   reconcile_ledger_commit(): missing" in out, out
+    dispose_engines(close=True)  # a process checks its database once per engine
+    with pytest.raises(SchemaMismatch, match="reconcile_ledger_commit"):
+        Runtime.from_settings(Settings(database_url=url))
+    dispose_engines(close=True)
