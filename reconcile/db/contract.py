@@ -441,24 +441,21 @@ def check(bind: Engine | Connection) -> list[Finding]:
 
 
 def newer_revision(conn: Connection) -> str | None:
-    """The database's revision when this code does not know it (a later release's migrations
-    ran ahead of this code), else None."""
-    from alembic.script import ScriptDirectory
-    from alembic.util import CommandError
-
-    from ..migrations import LOCATION
-
+    """The database's revision when it is a later release's (its migrations ran ahead of this
+    code), else None. Strict: one row, holding a revision number greater than this code's head
+    (the library numbers its revisions: ``0033``, ``0034``, …); a blank, odd or second row, an
+    older or unknown name is no later release's, and the check stays as strict as at head."""
     if _live_columns(conn, "reconcile_alembic_version") is None:
         return None
     current = conn.execute(text("SELECT version_num FROM reconcile_alembic_version")).scalars().all()
-    scripts = ScriptDirectory(str(LOCATION))
-    for revision in current:
-        try:
-            if scripts.get_revision(revision) is None:
-                return str(revision)
-        except CommandError:
-            return str(revision)
-    return None
+    head = head_revision()
+    if len(current) != 1 or not _NUMBERED.fullmatch(str(current[0])) \
+            or not _NUMBERED.fullmatch(head):
+        return None
+    return str(current[0]) if int(current[0]) > int(head) else None
+
+
+_NUMBERED = re.compile(r"[0-9]{1,9}")
 
 
 _CHECKED: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()

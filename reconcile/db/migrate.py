@@ -238,7 +238,7 @@ def repair(url: str) -> list[str]:
     from sqlalchemy.schema import CreateColumn, CreateIndex
 
     from .contract import LIBRARY_TABLES, PLATFORM_COLUMNS, PLATFORM_TABLES, newer_revision
-    from .functions import OTHER_BODY, declared, differing, install
+    from .functions import declared, differing, install
     from .models import Base
     from .session import make_engine
 
@@ -279,11 +279,10 @@ def repair(url: str) -> list[str]:
                 if not inspector.has_table(name):
                     Base.metadata.tables[name].create(conn, checkfirst=True)
                     done.append(f"CREATE TABLE {name} (with its indexes)")
-            functions = declared() if pg else {}
-            newer = newer_revision(conn) if pg else None
-            for name, found in differing(conn, functions).items():  # as the head defines them
-                if newer is not None and found == OTHER_BODY:
-                    continue  # a later release's revision replaced it: never put an older back
+            # the ledger's, as the head defines them; none in a database a later release's
+            # migrations upgraded (its functions are that release's to repair)
+            functions = declared() if pg and newer_revision(conn) is None else {}
+            for name in differing(conn, functions):
                 install(conn, name, *functions[name])
                 done.append(f"CREATE OR REPLACE FUNCTION {name}")
         indexes = []

@@ -288,9 +288,9 @@ def test_a_database_upgraded_ahead_of_the_code_lets_it_start(pg_databases: PgDat
     code, out = _check(url)  # at this code's head: a body it does not define breaks
     assert code == 1 and "BREAKS   reconcile_ledger_reserve(): not the body" in out, out
     with _psql(url) as conn:
-        conn.execute("UPDATE reconcile_alembic_version SET version_num = '9999_later'")
+        conn.execute("UPDATE reconcile_alembic_version SET version_num = '9999'")
     _, out = _check(url)  # mismatches all the same (the version too), none that breaks
-    assert ("DIFFERS  reconcile_ledger_reserve(): as revision 9999_later defines it, a revision "
+    assert ("DIFFERS  reconcile_ledger_reserve(): as revision 9999 defines it, a revision "
             "this code does not know") in out, out
     assert "BREAKS" not in out, out
     Runtime.from_settings(Settings(database_url=url))  # starts
@@ -308,3 +308,26 @@ def test_a_database_upgraded_ahead_of_the_code_lets_it_start(pg_databases: PgDat
     with pytest.raises(SchemaMismatch, match="reconcile_ledger_commit"):
         Runtime.from_settings(Settings(database_url=url))
     dispose_engines(close=True)
+    repaired = CliRunner().invoke(main, ["--database-url", url, "db", "repair"])
+    assert repaired.exit_code == 0 and "reconcile_ledger" not in repaired.stdout, \
+        repaired.output  # not even a missing one: the later release's body is its to install
+
+
+@pytest.mark.parametrize("versions", [[""], ["base"], ["0033 "], ["003"], ["0001"],
+                                      ["9999", "9998"], ["0033", "9999"]],
+                         ids=["blank", "base", "space", "prefix", "older", "two", "head_and_more"])
+def test_no_odd_version_row_passes_for_a_later_release(pg_databases: PgDatabases,
+                                                       versions: list[str]) -> None:
+    """Only one row holding a revision number above this code's head is a later release's:
+    with anything else in the version table, a function replaced by hand still breaks."""
+    url = pg_databases.create("rtodd")
+    upgrade(url)
+    reserve_args, reserve_body = FUNCTIONS[_pg.RESERVE_FN]
+    with _psql(url) as conn:
+        conn.execute(functions.function_ddl(_pg.RESERVE_FN, reserve_args,
+                                            reserve_body.replace("BEGIN\n", "BEGIN\n-- x\n", 1)))
+        conn.execute("DELETE FROM reconcile_alembic_version")
+        for version in versions:
+            conn.execute("INSERT INTO reconcile_alembic_version VALUES (%s)", (version,))
+    code, out = _check(url)
+    assert code == 1 and "BREAKS   reconcile_ledger_reserve(): not the body" in out, out

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -54,28 +53,36 @@ def _blip(*_: Any) -> None:
     raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
 
 
-def test_a_database_blip_saving_the_task_id_answers_uncertain_with_the_job_id(
-        env, db, simulator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The provider accepted the create; the commit of its task id fails. The row still holds
-    the create's claim with no id (the claim expires into ``uncertain``): 502 UNCERTAIN naming
-    the job, and the same key's retry answers it again — one job, one charge, one create."""
+@pytest.mark.parametrize("saved", [False, True], ids=["statement_lost", "answer_lost"])
+def test_a_database_blip_saving_the_task_id_answers_with_the_job_id(
+        env, db, simulator, monkeypatch: pytest.MonkeyPatch, saved: bool) -> None:
+    """The provider accepted the create; the connection fails as its task id is saved. The save
+    is one statement that commits itself, so either it never ran — the row still holds the
+    create's claim with no id (the claim expires into ``uncertain``): 502 UNCERTAIN naming the
+    job — or it ran and only its answer was lost — the row holds the id: 202 with the job id.
+    Either way the same key's retry answers it again: one job, one charge, one create."""
     rt, queues, _ = env
     user = uuid.uuid4()
     fund(db, user)
     real = jobstore.save_task_id
 
     def save_then_blip(session: Session, *args: Any, **kwargs: Any) -> Any:
-        saved = real(session, *args, **kwargs)
-        event.listen(session, "before_commit", _blip, once=True)
-        return saved
+        if saved:
+            real(session, *args, **kwargs)
+        _blip()
 
     monkeypatch.setattr(jobstore, "save_task_id", save_then_blip)
     status, body = submit(rt, user)
-    assert (status, body) == (502, UNCERTAIN)
-    job_id = body["error"]["job_id"]
+    job_id = _job_id(body)
     job = load(db, job_id)
-    assert (job.status, job.submission_state, job.provider_task_id) == \
-        ("pending", "submitting", None)
+    if saved:
+        assert (status, body) == (202, {"job_id": TEXT, "state": "queued"})
+        assert (job.status, job.submission_state) == ("processing", "accepted")
+        assert job.provider_task_id
+    else:
+        assert (status, body) == (502, UNCERTAIN)
+        assert (job.status, job.submission_state, job.provider_task_id) == \
+            ("pending", "submitting", None)
     assert simulator.creates(job_id) == 1 and not queues.polls
 
     monkeypatch.setattr(jobstore, "save_task_id", real)  # the database is back
