@@ -416,7 +416,8 @@ def check(bind: Engine | Connection) -> list[Finding]:
     if isinstance(bind, Engine):
         with bind.connect() as conn:
             return check(conn)
-    out = _version_findings(bind, head_revision())
+    head = head_revision()
+    out = _version_findings(bind, head)
     at_head_now = not out
     for table in PLATFORM_TABLES:
         out += _table_findings(bind, table)
@@ -426,8 +427,10 @@ def check(bind: Engine | Connection) -> list[Finding]:
                                "reconcile db upgrade"))
     if at_head_now:  # `db upgrade` has nothing left to run: what is gone was removed after it
         out = [replace(f, fix=_REPAIR_FIX) if f.fix == "reconcile db upgrade" else f for f in out]
-    newer = newer_revision(bind)
-    for name, found in differing(bind).items():  # the ledger's (PostgreSQL): never run others
+    functions = differing(bind)  # the ledger's (PostgreSQL): never run others
+    # read only when a body differs: the usual start-up finds none
+    newer = newer_revision(bind, head) if OTHER_BODY in functions.values() else None
+    for name, found in functions.items():
         if newer is not None and found == OTHER_BODY:
             # a rolling upgrade: the migrations ran ahead of this code, and a newer revision
             # replaced the function (with the same arguments and results, as revisions must)
@@ -440,15 +443,16 @@ def check(bind: Engine | Connection) -> list[Finding]:
     return out
 
 
-def newer_revision(conn: Connection) -> str | None:
+def newer_revision(conn: Connection, head: str | None = None) -> str | None:
     """The database's revision when it is a later release's (its migrations ran ahead of this
     code), else None. Strict: one row, holding a revision number greater than this code's head
     (the library numbers its revisions: ``0033``, ``0034``, …); a blank, odd or second row, an
-    older or unknown name is no later release's, and the check stays as strict as at head."""
+    older or unknown name is no later release's, and the check stays as strict as at head.
+    ``head``: :func:`head_revision`, when the caller has it already."""
     if _live_columns(conn, "reconcile_alembic_version") is None:
         return None
     current = conn.execute(text("SELECT version_num FROM reconcile_alembic_version")).scalars().all()
-    head = head_revision()
+    head = head if head is not None else head_revision()
     if len(current) != 1 or not _NUMBERED.fullmatch(str(current[0])) \
             or not _NUMBERED.fullmatch(head):
         return None

@@ -281,8 +281,11 @@ def repair(url: str) -> list[str]:
                     done.append(f"CREATE TABLE {name} (with its indexes)")
             # the ledger's, as the head defines them; none in a database a later release's
             # migrations upgraded (its functions are that release's to repair)
-            functions = declared() if pg and newer_revision(conn) is None else {}
-            for name in differing(conn, functions):
+            functions = declared() if pg else {}
+            wrong = differing(conn, functions)
+            if wrong and newer_revision(conn) is not None:
+                wrong = {}  # read only when a function differs: the usual repair finds none
+            for name in wrong:
                 install(conn, name, *functions[name])
                 done.append(f"CREATE OR REPLACE FUNCTION {name}")
         indexes = []
