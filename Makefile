@@ -5,7 +5,7 @@ BIN      = $(VENV)/bin
 STAMP    = $(VENV)/.installed
 PG_ADMIN ?= postgresql://postgres@127.0.0.1:5432/postgres
 
-.PHONY: setup services test test-fast lint demo bench bench-full bench-profile bench-peers chaos explore clean
+.PHONY: setup services test test-fast lint demo bench bench-full bench-profile bench-peers bench-peers-profile chaos explore clean
 
 setup: $(STAMP)
 
@@ -84,6 +84,12 @@ bench-full: setup services
 bench-peers: setup services
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.peers.run --jobs 500,2000 --saturated
+
+# where each peer's worker CPU goes (py-spy, GIL samples, the whole run) at 2,000 jobs, by
+# layer and by phase: bench/results/profiles/peers_workers.{json,md} (≈ 4 min)
+bench-peers-profile: setup services
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python -m bench.peers.profile
 
 # cProfile of each missed aim's hot process: bench/results/profiles/*.txt + profiles.json,
 # which latest.md links (≈ 3 min; run it before `make bench` so the report includes it)
