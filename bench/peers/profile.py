@@ -182,11 +182,12 @@ def profile(system: str, jobs: int, keep_raw: Path | None = None) -> dict[str, A
         pid = _worker_pid(run.pid, app)
         raw_path = Path(tmp) / f"peers_{system}.raw"
         sampler = None
-        if pid is not None:
-            sampler = subprocess.Popen(
-                [spy, "record", "--pid", str(pid), "--subprocesses", "--gil", "--nonblocking",
-                 "-r", str(RATE), "-d", "3600", "-f", "raw", "-o", str(raw_path)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if pid is not None:  # its own output to a file: a pipe nobody reads could fill
+            with open(Path(tmp) / "py-spy.log", "w") as spy_log:
+                sampler = subprocess.Popen(
+                    [spy, "record", "--pid", str(pid), "--subprocesses", "--gil",
+                     "--nonblocking", "-r", str(RATE), "-d", "3600", "-f", "raw",
+                     "-o", str(raw_path)], stdout=spy_log, stderr=subprocess.STDOUT)
         output, _ = run.communicate(timeout=1800)
         if sampler is not None:
             try:
@@ -194,12 +195,18 @@ def profile(system: str, jobs: int, keep_raw: Path | None = None) -> dict[str, A
             except subprocess.TimeoutExpired:
                 sampler.send_signal(signal.SIGINT)
                 sampler.wait(timeout=30)
-        measured = json.loads((Path(tmp) / "peers.json").read_text())
+        written = Path(tmp) / "peers.json"
+        if not written.exists():
+            return {"error": f"the run wrote no results (exit {run.returncode})",
+                    "log_tail": output[-2000:]}
+        measured = json.loads(written.read_text())
         raw = raw_path.read_text(errors="replace") if raw_path.exists() else None
     if keep_raw is not None and raw is not None:
         keep_raw.mkdir(parents=True, exist_ok=True)
         (keep_raw / f"peers_{system}.raw").write_text(raw)
     result = measured["passes"]["quiet"]["runs"][str(jobs)][system]
+    if "error" in result or not result.get("completed"):
+        return {"error": "the run failed: " + str(result.get("error", "no job completed"))[-500:]}
     summary = {k: result.get(k) for k in ("completed", "jobs_per_s", "cpu_ms_per_job")}
     if pid is None or raw is None:
         return {"error": "the worker was not found or py-spy could not attach (ptrace)",
