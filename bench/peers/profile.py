@@ -118,7 +118,7 @@ def phase_of(frames: list[str], family: str) -> str:
 
 def breakdown(raw: str, family: str, jobs: int, rate: float = RATE) -> dict[str, Any]:
     """A py-spy raw (collapsed) profile's samples by layer and by phase: each ``{name:
-    {"samples", "share", "ms_per_job"}}``, largest first."""
+    {"samples", "share", "ms_per_job"}}``, largest first. ``jobs``: more than none."""
     layers: Counter[str] = Counter()
     phases: Counter[str] = Counter()
     total = 0
@@ -140,7 +140,7 @@ def breakdown(raw: str, family: str, jobs: int, rate: float = RATE) -> dict[str,
                 for name, n in counter.most_common()}
 
     return {"samples": total, "rate_hz": rate, "jobs": jobs,
-            "ms_per_job": round(total / rate / jobs * 1000, 2) if jobs else None,
+            "ms_per_job": round(total / rate / jobs * 1000, 2),
             "layers": table(layers), "phases": table(phases)}
 
 
@@ -153,10 +153,11 @@ def _worker_pid(parent: int, app: str, timeout: float = 120.0) -> int | None:
         try:
             for child in psutil.Process(parent).children(recursive=True):
                 cmd = " ".join(child.cmdline())
+                parent_of = child.parent()
                 # the worker's main process: its pool processes have its command line and it
                 # as their parent
-                if (f"-A {app}" in cmd and " worker" in cmd
-                        and f"-A {app}" not in " ".join(child.parent().cmdline())):
+                if (f"-A {app}" in cmd and " worker" in cmd and parent_of is not None
+                        and f"-A {app}" not in " ".join(parent_of.cmdline())):
                     return int(child.pid)
         except psutil.Error:
             pass
@@ -211,7 +212,7 @@ def profile(system: str, jobs: int, keep_raw: Path | None = None) -> dict[str, A
     if pid is None or raw is None:
         return {"error": "the worker was not found or py-spy could not attach (ptrace)",
                 "run": summary, "log_tail": output[-2000:]}
-    return {"run": summary, **breakdown(raw, family, int(result.get("completed") or jobs))}
+    return {"run": summary, **breakdown(raw, family, int(result["completed"]))}
 
 
 def report(res: dict[str, Any]) -> str:
@@ -242,7 +243,6 @@ def report(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .harness import loadavg
     from .run import environment
 
     ap = argparse.ArgumentParser(prog="python -m bench.peers.profile")
@@ -252,14 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-raw", type=Path, default=None,
                     help="a folder for py-spy's raw (collapsed) stacks, one file per system")
     args = ap.parse_args(argv)
+    systems = args.systems.split(",")
+    unknown = [name for name in systems if name not in APPS]
+    if unknown:  # before any run, not after the first ones
+        raise SystemExit(f"unknown system(s) {unknown}: one of {', '.join(APPS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment()
     res: dict[str, Any] = {"jobs": args.jobs, "git_head": env["git_head"],
-                           "date_utc": env["date_utc"], "loadavg_start": loadavg(),
+                           "date_utc": env["date_utc"], "loadavg_start": env["loadavg_start"],
                            "systems": {}}
-    for system in args.systems.split(","):
-        if system not in APPS:
-            raise SystemExit(f"unknown system {system!r}: one of {', '.join(APPS)}")
+    for system in systems:
         log(f"peers profile: {system}, {args.jobs} jobs")
         res["systems"][system] = profile(system, args.jobs, args.keep_raw)
     (args.out / "peers_workers.json").write_text(json.dumps(res, indent=1) + "\n")
