@@ -19,19 +19,25 @@ What the fetch guarantees, hop by hop (redirects are followed by hand):
   certificate check keep using the name;
 * the caller's headers (provider auth) go only to the original scheme, host and port;
 * the whole exchange — connect, status line, headers, body — is bounded by ``timeout``: a
-  watchdog shuts the socket at the deadline, so a trickling server cannot stretch it.
+  watchdog shuts the socket at the deadline, so a trickling server cannot stretch it;
+* a connection is kept alive for the next fetch on the same thread (a download per completion
+  otherwise pays a new TCP, and TLS, handshake): it is reused only for a hop approved to the
+  very address and port it is connected to, under that hop's own deadline, and never across a
+  fork.
 
 Egress rules on the workers are still advised (README "Security model").
 """
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 from urllib.parse import urljoin
 
 import requests
@@ -42,7 +48,14 @@ import urllib3.util.connection
 
 from ..core.limits import declared_over
 from ..errors import MediaExpired, MediaFetchFailed, MediaTooLarge
-from ..providers.deadline import DeadlineExceeded, bounded, resolve, track
+from ..providers.deadline import (
+    DeadlineExceeded,
+    _KeptAlive,
+    _Pooled,
+    bounded,
+    resolve,
+    track,
+)
 from .guard import (  # noqa: F401  (DEFAULT_PORTS, _normalise_host: read by the tests)
     DEFAULT_PORTS,
     Resolver,
@@ -70,9 +83,12 @@ class FetchedMedia:
 
 
 class _Hop(threading.local):
-    """The hop being fetched on this thread: its approved target."""
+    """The hop being fetched on this thread: its approved target, and its deadline (a
+    ``time.monotonic()``)."""
 
     target: Target | None = None
+    deadline: float = 0.0
+    reused: bool = False  # the hop's last attempt went out on a kept-alive connection
 
 
 _HOP = _Hop()
@@ -80,52 +96,127 @@ _connect = urllib3.util.connection.create_connection  # module-level: tests watc
 
 
 def _pinned_socket(conn: Any) -> socket.socket:
-    """Connect to the checked address of the approved hop, or refuse: never resolve again."""
+    """Connect to the checked address of the approved hop, or refuse: never resolve again. The
+    connection keeps the address it is pinned to (:meth:`_PinnedPool._get_conn` reuses it for
+    that address only)."""
     target = _HOP.target
     if target is None or (_normalise_host(conn.host), conn.port) != (target.host, target.port):
         raise urllib3.exceptions.NewConnectionError(
             conn, "refused: not the host and port the media guard approved")
+    # the watchdog shuts only a connected socket: the connect itself is cut to the hop's time
+    # left (a retry after a kept connection failed comes late in the hop)
+    left = _HOP.deadline - time.monotonic()
+    if left <= 0:
+        raise urllib3.exceptions.ConnectTimeoutError(conn, "the hop's time bound has passed")
+    timeout = min(conn.timeout, left) if isinstance(conn.timeout, int | float) else left
     try:
-        sock = _connect((target.address, target.port), conn.timeout,
+        sock = _connect((target.address, target.port), timeout,
                         source_address=conn.source_address, socket_options=conn.socket_options)
     except TimeoutError as exc:
         raise urllib3.exceptions.ConnectTimeoutError(conn, f"connect timed out: {exc}") from exc
     except OSError as exc:
         raise urllib3.exceptions.NewConnectionError(conn, f"connect failed: {exc}") from exc
-    track(sock)  # the hop's total deadline shuts it (providers.deadline's watchdog)
+    conn._pinned_to = (target.address, target.port)
+    track(sock, conn)  # the hop's total deadline shuts it (providers.deadline's watchdog)
     return sock
 
 
-class _PinnedHTTPConnection(urllib3.connection.HTTPConnection):
+# _KeptAlive: a reused connection's socket joins the reusing hop's deadline
+class _PinnedHTTPConnection(_KeptAlive, urllib3.connection.HTTPConnection):
+    _pinned_to: tuple[str, int] | None = None
+
     def _new_conn(self) -> socket.socket:
         return _pinned_socket(self)
 
 
-class _PinnedHTTPSConnection(urllib3.connection.HTTPSConnection):
+class _PinnedHTTPSConnection(_KeptAlive, urllib3.connection.HTTPSConnection):
+    _pinned_to: tuple[str, int] | None = None
+
     def _new_conn(self) -> socket.socket:
         return _pinned_socket(self)
 
 
-class _PinnedHTTPPool(urllib3.HTTPConnectionPool):
+class _PinnedPool(_Pooled):
+    """Pool mixin: a kept-alive connection is handed out only to a hop approved to the address
+    and port it is connected to; any other is closed first, so the hop connects afresh through
+    :func:`_pinned_socket` (a name that now resolves elsewhere, or an address approved under
+    another call's allow-list, never rides an old connection). ``_Pooled``: a connection put
+    back leaves the hop's deadline."""
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)  # type: ignore[misc]
+        target = _HOP.target
+        pinned = None if target is None else (target.address, target.port)
+        if getattr(conn, "sock", None) is not None and conn._pinned_to != pinned:
+            conn.close()
+        _HOP.reused = getattr(conn, "sock", None) is not None
+        return conn
+
+
+class _PinnedHTTPPool(_PinnedPool, urllib3.HTTPConnectionPool):
     ConnectionCls = _PinnedHTTPConnection
 
 
-class _PinnedHTTPSPool(urllib3.HTTPSConnectionPool):
+class _PinnedHTTPSPool(_PinnedPool, urllib3.HTTPSConnectionPool):
     ConnectionCls = _PinnedHTTPSConnection
 
 
+class _StaleConnectionRetry(urllib3.util.Retry):
+    """A kept-alive connection the server closed while idle fails as the request goes out: that
+    GET is sent once more, on a new (pinned) connection, within the same deadline. Nothing else
+    is ever sent twice: not an attempt on a new connection (a one-time URL the server consumed
+    before the connection dropped stays a retryable failure, not a 410 on a second GET), not a
+    refused or failed connect, a redirect or a status."""
+
+    def increment(self, method: str | None = None, url: str | None = None, response: Any = None,
+                  error: Exception | None = None, _pool: Any = None,
+                  _stacktrace: TracebackType | None = None) -> Self:
+        spent = self if _HOP.reused else self.new(total=0)  # a new connection's attempt: no more
+        return super(_StaleConnectionRetry, spent).increment(method, url, response, error, _pool,
+                                                             _stacktrace)
+
+
+_STALE_CONNECTION_RETRY = _StaleConnectionRetry(total=1, connect=0, read=1, redirect=0,
+                                                status=0, other=0, raise_on_redirect=False,
+                                                raise_on_status=False)
+
+
 class _PinnedAdapter(requests.adapters.HTTPAdapter):
+    def __init__(self) -> None:
+        super().__init__(pool_connections=4, pool_maxsize=1,
+                         max_retries=_STALE_CONNECTION_RETRY)
+
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = {"http": _PinnedHTTPPool,
                                                    "https": _PinnedHTTPSPool}
 
 
-def _media_session() -> requests.Session:
+def _new_media_session() -> requests.Session:
     session = requests.Session()
     session.trust_env = False  # an environment proxy would connect somewhere else
     for prefix in ("http://", "https://"):
         session.mount(prefix, _PinnedAdapter())
+    return session
+
+
+class _Sessions(threading.local):
+    """This thread's media session (its connections are kept alive between fetches)."""
+
+    session: requests.Session | None = None
+
+
+_SESSIONS = _Sessions()
+# a forked child (a prefork worker) must never share its parent's connections
+os.register_at_fork(after_in_child=lambda: setattr(_SESSIONS, "session", None))
+
+
+def _media_session() -> requests.Session:
+    """This thread's media session: one per thread (a ``requests.Session`` is not shared
+    between threads), made at first use, and again in a forked child."""
+    session = _SESSIONS.session
+    if session is None:
+        session = _SESSIONS.session = _new_media_session()
     return session
 
 
@@ -135,7 +226,7 @@ def _bounded_hop(target: Target, deadline_at: float) -> Iterator[None]:
     :mod:`reconcile.providers.deadline` (the one every outbound exchange uses) shuts every
     socket it opened, so a status line or headers trickled a byte at a time cannot outlive the
     bound."""
-    _HOP.target = target
+    _HOP.target, _HOP.deadline = target, deadline_at
     try:
         with bounded(max(0.0, deadline_at - time.monotonic())):
             yield
@@ -163,28 +254,39 @@ def safe_fetch(
     """
     allowed = tuple(allowed_hosts)
     deadline = time.monotonic() + timeout
+    http = _media_session()
+    http.cookies.clear()  # a cookie lives for one call at most, as on a session of its own
+    try:
+        return _hops(http, url, allowed, headers, resolver, deadline, max_bytes, max_redirects)
+    finally:
+        http.cookies.clear()
+
+
+def _hops(http: requests.Session, url: str, allowed: tuple[str, ...],
+          headers: Mapping[str, str] | None, resolver: Resolver, deadline: float,
+          max_bytes: int, max_redirects: int) -> FetchedMedia:
+    """:func:`safe_fetch`'s hops, on this thread's session ``http``."""
     origin: tuple[str, str, int] | None = None
-    with _media_session() as http:
-        for _hop in range(max_redirects + 1):
-            _remaining(deadline)
-            # the name is resolved within the deadline too (the watchdog has no socket to shut)
-            target = check_url(url, allowed, lambda host, port, **_: resolve(
-                host, port, deadline - time.monotonic(), resolver=resolver))
-            origin = origin or target.origin
-            # Caller headers (auth) go only to the original scheme, host and port.
-            hop_headers = dict(headers or {}) if target.origin == origin else {}
-            with _bounded_hop(target, deadline):
-                response = _get(http, target.url, hop_headers, deadline)
-                with response:
-                    if response.status_code in REDIRECT_STATUSES:
-                        location = response.headers.get("Location")
-                        if not location:
-                            raise MediaFetchFailed(
-                                f"redirect {response.status_code} without Location")
-                        url = urljoin(target.url, location)
-                        continue
-                    return _read(response, target.url, max_bytes, deadline)
-        raise MediaFetchFailed(f"more than {max_redirects} redirects fetching media")
+    for _hop in range(max_redirects + 1):
+        _remaining(deadline)
+        # the name is resolved within the deadline too (the watchdog has no socket to shut)
+        target = check_url(url, allowed, lambda host, port, **_: resolve(
+            host, port, deadline - time.monotonic(), resolver=resolver))
+        origin = origin or target.origin
+        # Caller headers (auth) go only to the original scheme, host and port.
+        hop_headers = dict(headers or {}) if target.origin == origin else {}
+        with _bounded_hop(target, deadline):
+            response = _get(http, target.url, hop_headers, deadline)
+            with response:
+                if response.status_code in REDIRECT_STATUSES:
+                    location = response.headers.get("Location")
+                    if not location:
+                        raise MediaFetchFailed(
+                            f"redirect {response.status_code} without Location")
+                    url = urljoin(target.url, location)
+                    continue
+                return _read(response, target.url, max_bytes, deadline)
+    raise MediaFetchFailed(f"more than {max_redirects} redirects fetching media")
 
 
 def _remaining(deadline: float) -> float:
@@ -198,8 +300,9 @@ def _get(http: requests.Session, url: str, headers: dict[str, str], deadline: fl
     try:
         response = http.get(
             url,
-            # Connection: close — every hop opens its own (pinned, watched) connection
-            headers={"Accept-Encoding": "identity", **headers, "Connection": "close"},
+            # kept alive: the connection is reused by this thread's next hop to the very
+            # address and port it is pinned to (_PinnedPool), under that hop's deadline
+            headers={"Accept-Encoding": "identity", **headers},
             stream=True,
             allow_redirects=False,  # each hop is re-checked by check_url
             timeout=_remaining(deadline),

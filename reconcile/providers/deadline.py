@@ -188,7 +188,18 @@ else:
     _ConnectionBase = object
 
 
-class _Tracked(_ConnectionBase):
+class _KeptAlive(_ConnectionBase):
+    """Connection mixin: a pooled connection's socket joins the watch of the exchange that
+    reuses it (its pool, :class:`_Pooled`, takes it out again when the connection goes back)."""
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        sock = getattr(self, "sock", None)
+        if _CURRENT.watch is not None and sock is not None:  # a kept-alive connection
+            _CURRENT.watch.add(sock)
+        return super().request(*args, **kwargs)
+
+
+class _Tracked(_KeptAlive):
     """Connection mixin: a new socket, or a pooled connection's socket, joins the watch.
 
     Under a deadline the connect is bounded too: the name is resolved within what is left
@@ -198,10 +209,7 @@ class _Tracked(_ConnectionBase):
     def _new_conn(self) -> socket.socket:
         watch = _CURRENT.watch
         sock = super()._new_conn() if watch is None else self._bounded_conn(watch)
-        if _CURRENT.watch is not None:
-            # a dup shuts the same connection, TLS-wrapped or not
-            self._watch_dup = sock.dup()
-            _CURRENT.watch.add(self._watch_dup, owned=True)
+        track(sock, self)
         return sock
 
     def _bounded_conn(self, watch: _Watch) -> socket.socket:
@@ -229,12 +237,6 @@ class _Tracked(_ConnectionBase):
             self._dns_host, self.timeout = host, timeout
         raise failure or urllib3.exceptions.ConnectTimeoutError(
             self, f"Connection to {host} timed out (total deadline)")
-
-    def request(self, *args: Any, **kwargs: Any) -> Any:
-        sock = getattr(self, "sock", None)
-        if _CURRENT.watch is not None and sock is not None:  # a kept-alive connection
-            _CURRENT.watch.add(sock)
-        return super().request(*args, **kwargs)
 
 
 class _HTTPConnection(_Tracked, urllib3.connection.HTTPConnection):
@@ -268,12 +270,18 @@ class _Adapter(requests.adapters.HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
 
 
-def track(sock: socket.socket) -> None:
-    """Put a socket a transport of its own just connected (the media fetch's pinned one) under
-    the current :func:`bounded` deadline: a dup of it is shut at the deadline and closed when
-    the outermost deadline ends. Nothing happens outside :func:`bounded`."""
+def track(sock: socket.socket, conn: Any = None) -> None:
+    """Put a socket just connected (by :class:`_Tracked`, or by a transport of its own: the
+    media fetch's pinned one) under the current :func:`bounded` deadline: a dup of it is shut
+    at the deadline and closed when the outermost deadline ends. ``conn``: the connection that
+    owns the socket; the dup is kept on it, so that a pool of :class:`_Pooled` takes it out of
+    the watch when the connection goes back (kept alive). Nothing happens outside
+    :func:`bounded`."""
     if _CURRENT.watch is not None:
-        _CURRENT.watch.add(sock.dup(), owned=True)  # a dup shuts the same socket, TLS or not
+        dup = sock.dup()  # a dup shuts the same socket, TLS-wrapped or not
+        if conn is not None:
+            conn._watch_dup = dup
+        _CURRENT.watch.add(dup, owned=True)
 
 
 def sync_seconds(settings: Any) -> float:
