@@ -38,6 +38,7 @@ from reconcile.testing import sim_signing
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.webhook_ingest import BodyRefused, handle_webhook, read_capped
 from tests.integration._sweep_helpers import FOREVER, World
+from tests.unit.test_media_ssrf import read_head
 
 # ----------------------------------------------------------------------------- webhooks
 
@@ -228,13 +229,7 @@ class _Recorder:
                 return
             with conn:
                 try:
-                    head = b""
-                    while b"\r\n\r\n" not in head:
-                        chunk = conn.recv(65536)
-                        if not chunk:
-                            break
-                        head += chunk
-                    self.heads.append(head)
+                    self.heads.append(read_head(conn))
                     conn.sendall(self.answer)
                 except OSError:
                     pass

@@ -22,6 +22,7 @@ from reconcile.errors import ReadFailed
 from reconcile.providers import deadline
 from reconcile.providers.fal.webhook import JwksCache
 from reconcile.providers.http import HttpClient, ProviderSession
+from tests.unit.test_media_ssrf import read_head
 
 LINES = 40  # one header line per GAP: 20 s of headers in all
 GAP = 0.5
@@ -51,12 +52,8 @@ class Trickler:
     def _trickle(self, conn: socket.socket) -> None:
         with conn:
             try:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
+                if b"\r\n\r\n" not in read_head(conn):
+                    return
                 conn.sendall(b"HTTP/1.1 200 OK\r\n")
                 if self.body:
                     conn.sendall(f"Content-Length: {LINES}\r\n\r\n".encode())

@@ -20,6 +20,7 @@ import pytest
 from reconcile.errors import MediaExpired, MediaFetchFailed, MediaTooLarge
 from reconcile.media import fetch as media
 from reconcile.media.fetch import safe_fetch
+from tests.unit.test_media_ssrf import RawServer
 
 # request (its number ``n`` over all connections, its ``headers``) → what to send back: pieces
 # of bytes with a delay after each, or None (the connection is dropped without an answer)
@@ -31,78 +32,38 @@ def ok(body: bytes = b"inside", extra: str = "") -> list[tuple[bytes, float]]:
              f"{extra}\r\n".encode() + body, 0.0)]
 
 
-class KeepAliveServer:
+class KeepAliveServer(RawServer):
     """A loopback HTTP/1.1 server that answers every request on a connection in turn (kept
-    alive) with ``answer(request)``, and records each request (``n``, ``headers``); it counts
-    the connections it accepted. ``close_idle``: it closes each connection after one answer,
-    the way a server closes an idle kept-alive connection (without saying so in the answer).
-    ``backlog``/``accept_max``: a listen backlog, and a number of connections after which it
-    accepts no more (a full accept queue: later connects hang, as to a silent address)."""
+    alive) with ``answer(request)``, and keeps each request (``n``, ``line``, ``headers``).
+    ``close_idle``: it closes each connection after one answer, the way a server closes an idle
+    kept-alive connection (without saying so in the answer). ``backlog``/``accept_max``: as
+    :class:`RawServer`'s."""
 
     def __init__(self, answer: Answer | None = None, *, close_idle: bool = False,
                  backlog: int = 16, accept_max: int | None = None) -> None:
         self.answer: Answer = answer or (lambda request: ok())
         self.close_idle = close_idle
-        self.accept_max = accept_max
-        self.connections = 0
-        self.requests: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(backlog)
-        self.sock.settimeout(0.1)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__(backlog=backlog, accept_max=accept_max)
 
-    def _serve(self) -> None:
+    def _exchange(self, conn: socket.socket) -> None:
+        conn.settimeout(10)
+        data = b""
         while not self.stop.is_set():
-            if self.accept_max is not None and self.connections >= self.accept_max:
-                self.stop.wait(0.05)
-                continue
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                data += chunk
+            head, data = data.split(b"\r\n\r\n", 1)
+            lines = head.decode("latin-1").split("\r\n")
+            headers = {name.strip().lower(): value.strip() for name, _, value in
+                       (line.partition(":") for line in lines[1:])}
             with self.lock:
-                self.connections += 1
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(10)
-            data = b""
-            try:
-                while not self.stop.is_set():
-                    while b"\r\n\r\n" not in data:
-                        chunk = conn.recv(4096)
-                        if not chunk:
-                            return
-                        data += chunk
-                    head, data = data.split(b"\r\n\r\n", 1)
-                    lines = head.decode("latin-1").split("\r\n")
-                    headers = {name.strip().lower(): value.strip() for name, _, value in
-                               (line.partition(":") for line in lines[1:])}
-                    with self.lock:
-                        request = {"n": len(self.requests), "line": lines[0], "headers": headers}
-                        self.requests.append(request)
-                    pieces = self.answer(request)
-                    if pieces is None:
-                        return
-                    for piece, delay in pieces:
-                        conn.sendall(piece)
-                        if self.stop.wait(delay):
-                            return
-                    if self.close_idle:
-                        return
-            except OSError:
+                request = {"n": len(self.requests), "line": lines[0], "headers": headers}
+                self.requests.append(request)
+            pieces = self.answer(request)
+            if pieces is None or not self.send(conn, pieces) or self.close_idle:
                 return
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
-        self.sock.close()
 
 
 @pytest.fixture

@@ -25,17 +25,35 @@ from reconcile.media.fetch import is_public_address, safe_fetch
 from tests.unit.test_media import PUBLIC, PUBLIC_IP
 
 
+def read_head(conn: socket.socket) -> bytes:
+    """A request's head, read up to its blank line (what arrived, if the peer closed first)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 class RawServer:
     """A loopback HTTP server answering every connection with ``script`` (a list of
-    ``(bytes, delay_after)``); it counts connections so a test can say "never reached"."""
+    ``(bytes, delay_after)``); it keeps each request and counts connections, so a test can say
+    "never reached". ``backlog``/``accept_max``: a listen backlog, and a number of connections
+    after which it accepts no more (a full accept queue: a later connect hangs, as to a silent
+    address). A subclass answers otherwise by overriding :meth:`_exchange`."""
 
-    def __init__(self, script: list[tuple[bytes, float]] | None = None) -> None:
+    def __init__(self, script: list[tuple[bytes, float]] | None = None, *, backlog: int = 16,
+                 accept_max: int | None = None) -> None:
         self.script = script or [(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n"
                                   b"Connection: close\r\n\r\ninside", 0.0)]
-        self.requests: list[bytes] = []
+        self.requests: list[Any] = []
+        self.connections = 0
+        self.accept_max = accept_max
+        self.lock = threading.Lock()
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
+        self.sock.listen(backlog)
         self.sock.settimeout(0.1)  # before the thread starts: a quick close() cannot race it
         self.port = self.sock.getsockname()[1]
         self.stop = threading.Event()
@@ -44,29 +62,39 @@ class RawServer:
 
     def _serve(self) -> None:
         while not self.stop.is_set():
+            if self.accept_max is not None and self.connections >= self.accept_max:
+                self.stop.wait(0.05)
+                continue
             try:
                 conn, _ = self.sock.accept()
             except OSError:
                 continue
+            with self.lock:
+                self.connections += 1
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(5)
-            data = b""
             try:
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        return
-                    data += chunk
-                self.requests.append(data)
-                for piece, delay in self.script:
-                    conn.sendall(piece)
-                    if self.stop.wait(delay):
-                        return
+                self._exchange(conn)
             except OSError:
                 return
+
+    def _exchange(self, conn: socket.socket) -> None:
+        """One request, answered with the script; the connection is then closed."""
+        head = read_head(conn)
+        if b"\r\n\r\n" in head:
+            self.requests.append(head)
+            self.send(conn, self.script)
+
+    def send(self, conn: socket.socket, pieces: list[tuple[bytes, float]]) -> bool:
+        """Send ``pieces``, each followed by its delay; False: the server is stopping."""
+        for piece, delay in pieces:
+            conn.sendall(piece)
+            if self.stop.wait(delay):
+                return False
+        return True
 
     def close(self) -> None:
         self.stop.set()
