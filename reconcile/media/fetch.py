@@ -50,8 +50,8 @@ from ..core.limits import declared_over
 from ..errors import MediaExpired, MediaFetchFailed, MediaTooLarge
 from ..providers.deadline import (
     DeadlineExceeded,
-    _KeptAlive,
-    _Pooled,
+    KeptAlive,
+    Pooled,
     bounded,
     resolve,
     track,
@@ -121,26 +121,26 @@ def _pinned_socket(conn: Any) -> socket.socket:
     return sock
 
 
-# _KeptAlive: a reused connection's socket joins the reusing hop's deadline
-class _PinnedHTTPConnection(_KeptAlive, urllib3.connection.HTTPConnection):
+# KeptAlive: a reused connection's socket joins the reusing hop's deadline
+class _PinnedHTTPConnection(KeptAlive, urllib3.connection.HTTPConnection):
     _pinned_to: tuple[str, int] | None = None
 
     def _new_conn(self) -> socket.socket:
         return _pinned_socket(self)
 
 
-class _PinnedHTTPSConnection(_KeptAlive, urllib3.connection.HTTPSConnection):
+class _PinnedHTTPSConnection(KeptAlive, urllib3.connection.HTTPSConnection):
     _pinned_to: tuple[str, int] | None = None
 
     def _new_conn(self) -> socket.socket:
         return _pinned_socket(self)
 
 
-class _PinnedPool(_Pooled):
+class _PinnedPool(Pooled):
     """Pool mixin: a kept-alive connection is handed out only to a hop approved to the address
     and port it is connected to; any other is closed first, so the hop connects afresh through
     :func:`_pinned_socket` (a name that now resolves elsewhere, or an address approved under
-    another call's allow-list, never rides an old connection). ``_Pooled``: a connection put
+    another call's allow-list, never rides an old connection). ``Pooled``: a connection put
     back leaves the hop's deadline."""
 
     def _get_conn(self, timeout: float | None = None) -> Any:

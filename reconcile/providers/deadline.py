@@ -188,9 +188,9 @@ else:
     _ConnectionBase = object
 
 
-class _KeptAlive(_ConnectionBase):
+class KeptAlive(_ConnectionBase):
     """Connection mixin: a pooled connection's socket joins the watch of the exchange that
-    reuses it (its pool, :class:`_Pooled`, takes it out again when the connection goes back)."""
+    reuses it (its pool, :class:`Pooled`, takes it out again when the connection goes back)."""
 
     def request(self, *args: Any, **kwargs: Any) -> Any:
         sock = getattr(self, "sock", None)
@@ -199,7 +199,7 @@ class _KeptAlive(_ConnectionBase):
         return super().request(*args, **kwargs)
 
 
-class _Tracked(_KeptAlive):
+class _Tracked(KeptAlive):
     """Connection mixin: a new socket, or a pooled connection's socket, joins the watch.
 
     Under a deadline the connect is bounded too: the name is resolved within what is left
@@ -247,7 +247,7 @@ class _HTTPSConnection(_Tracked, urllib3.connection.HTTPSConnection):
     pass
 
 
-class _Pooled:
+class Pooled:
     """Pool mixin: a connection put back (in the releasing exchange's thread) leaves its watch."""
 
     def _put_conn(self, conn: Any) -> None:
@@ -256,11 +256,11 @@ class _Pooled:
         super()._put_conn(conn)  # type: ignore[misc]
 
 
-class _HTTPPool(_Pooled, urllib3.HTTPConnectionPool):
+class _HTTPPool(Pooled, urllib3.HTTPConnectionPool):
     ConnectionCls = _HTTPConnection
 
 
-class _HTTPSPool(_Pooled, urllib3.HTTPSConnectionPool):
+class _HTTPSPool(Pooled, urllib3.HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection
 
 
@@ -274,7 +274,7 @@ def track(sock: socket.socket, conn: Any = None) -> None:
     """Put a socket just connected (by :class:`_Tracked`, or by a transport of its own: the
     media fetch's pinned one) under the current :func:`bounded` deadline: a dup of it is shut
     at the deadline and closed when the outermost deadline ends. ``conn``: the connection that
-    owns the socket; the dup is kept on it, so that a pool of :class:`_Pooled` takes it out of
+    owns the socket; the dup is kept on it, so that a pool of :class:`Pooled` takes it out of
     the watch when the connection goes back (kept alive). Nothing happens outside
     :func:`bounded`."""
     if _CURRENT.watch is not None:
