@@ -183,6 +183,10 @@ class System:
     module = ""  # bench.peers.<module>.web_submitter() runs in the web tier's process
     migrated = False  # the fresh database is a copy of the library's migrated template
     table, task_column = "peer_jobs", "task_id"  # where the driver reads the jobs' progress
+    # a Celery system's app (``celery -A``; None: not Celery) and the family of its phase
+    # markers in the worker profile (bench.peers.profile.PHASES)
+    celery_app: str | None = None
+    family = ""
 
     def env(self, s: Setup) -> dict[str, str]:
         return {"BENCH_DB_URL": s.sa_url, "BENCH_BROKER_URL": s.broker,

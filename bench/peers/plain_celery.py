@@ -103,9 +103,10 @@ def web_submitter() -> Any:
 class PlainCelery(System):
     name = "plain-celery"
     module = "plain_celery"
+    celery_app, family = "bench.peers.plain_celery", "plain"
 
     def start_workers(self, s: Setup, tag: str) -> list[Proc]:
-        worker = celery_worker("bench.peers.plain_celery", QUEUE, self.env(s),
+        worker = celery_worker(self.celery_app, QUEUE, self.env(s),
                                s.logs / f"{tag}-worker.log")
         worker.wait_for("ready.")
         return [worker]

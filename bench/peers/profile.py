@@ -165,13 +165,28 @@ def _worker_pid(parent: int, app: str, timeout: float = 120.0) -> int | None:
     return None
 
 
-APPS = {"plain-celery": ("bench.peers.plain_celery", "plain"),
-        "reconcile-batch": ("reconcile.celery_app", "reconcile"),
-        "reconcile-chain": ("reconcile.celery_app", "reconcile")}
+def profiled_systems() -> list[str]:
+    """The peers this profiler can sample: the Celery ones (their worker is found by its
+    ``celery -A`` app; DBOS has none)."""
+    from .run import ALL, systems
+
+    known = []
+    for name in ALL:
+        try:
+            (peer,) = systems([name])
+        except ImportError:  # a peer whose package is not installed (the bench extra)
+            continue
+        if peer.celery_app is not None:
+            known.append(name)
+    return known
 
 
 def profile(system: str, jobs: int, keep_raw: Path | None = None) -> dict[str, Any]:
-    app, family = APPS[system]
+    from .run import systems
+
+    (peer,) = systems([system])
+    app, family = peer.celery_app, peer.family
+    assert app is not None, f"{system} is not a Celery system"
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if spy is None:
         return {"error": "py-spy is not installed (pip install -e '.[bench]')"}
@@ -253,9 +268,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="a folder for py-spy's raw (collapsed) stacks, one file per system")
     args = ap.parse_args(argv)
     systems = args.systems.split(",")
-    unknown = [name for name in systems if name not in APPS]
+    known = profiled_systems()
+    unknown = [name for name in systems if name not in known]
     if unknown:  # before any run, not after the first ones
-        raise SystemExit(f"unknown system(s) {unknown}: one of {', '.join(APPS)}")
+        raise SystemExit(f"unknown system(s) {unknown}: one of {', '.join(known)}")
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment()
     res: dict[str, Any] = {"jobs": args.jobs, "git_head": env["git_head"],

@@ -27,6 +27,7 @@ class Reconcile(System):
     module = "reconcile_app"
     migrated = True  # a copy of the library's migrated template database
     table, task_column = "jobs", "provider_task_id"
+    celery_app, family = "reconcile.celery_app", "reconcile"
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -53,7 +54,7 @@ class Reconcile(System):
         engine.dispose()
 
     def start_workers(self, s: Setup, tag: str) -> list[Proc]:
-        worker = celery_worker("reconcile.celery_app", QUEUES, self.env(s),
+        worker = celery_worker(self.celery_app, QUEUES, self.env(s),
                                s.logs / f"{tag}-worker.log")
         worker.wait_for("ready.")
         return [worker]

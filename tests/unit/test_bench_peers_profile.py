@@ -5,7 +5,7 @@ py-spy's ``raw`` format; nothing is sampled or timed here."""
 
 from __future__ import annotations
 
-from bench.peers.profile import breakdown, layer_of, phase_of
+from bench.peers.profile import PHASES, breakdown, layer_of, phase_of, profiled_systems
 
 HEAD = 'process 10:"celery -A reconcile.celery_app worker --without-heartbeat"'
 POOL = f"{HEAD};process 11:\"celery worker\";<module> (celery:6);Worker.workloop (billiard/pool.py:369)"
@@ -85,3 +85,18 @@ def test_every_phase_marker_names_a_function_that_exists() -> None:
                     continue
                 assert re.search(rf"^\s*def {re.escape(marker)}\(", text, re.M), (family, phase,
                                                                                   marker)
+
+
+def test_every_celery_peer_is_profiled_with_its_own_app_and_phases() -> None:
+    """The profiler finds a peer's worker by the app its system starts (``celery -A``) and
+    reads its stacks with the phase markers of the system's family: each Celery peer has both,
+    and the two reconcile modes share the library's app."""
+    from bench.peers.run import systems
+
+    names = profiled_systems()
+    assert {"plain-celery", "reconcile-batch", "reconcile-chain"} <= set(names)
+    assert "dbos" not in names  # not a Celery worker: nothing for py-spy to attach to by app
+    for peer in systems(names):
+        assert peer.celery_app and peer.family in PHASES, peer.name
+    apps = {peer.name: peer.celery_app for peer in systems(names)}
+    assert apps["reconcile-batch"] == apps["reconcile-chain"] != apps["plain-celery"]
