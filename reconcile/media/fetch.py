@@ -53,7 +53,9 @@ from ..providers.deadline import (
     KeptAlive,
     Pooled,
     bounded,
+    cut_to,
     resolve,
+    time_left,
     track,
 )
 from .guard import (  # noqa: F401  (DEFAULT_PORTS, _normalise_host: read by the tests)
@@ -83,11 +85,9 @@ class FetchedMedia:
 
 
 class _Hop(threading.local):
-    """The hop being fetched on this thread: its approved target, and its deadline (a
-    ``time.monotonic()``)."""
+    """The hop being fetched on this thread: its approved target."""
 
     target: Target | None = None
-    deadline: float = 0.0
     reused: bool = False  # the hop's last attempt went out on a kept-alive connection
 
 
@@ -105,10 +105,10 @@ def _pinned_socket(conn: Any) -> socket.socket:
             conn, "refused: not the host and port the media guard approved")
     # the watchdog shuts only a connected socket: the connect itself is cut to the hop's time
     # left (a retry after a kept connection failed comes late in the hop)
-    left = _HOP.deadline - time.monotonic()
-    if left <= 0:
+    left = time_left()
+    if left is not None and left <= 0:
         raise urllib3.exceptions.ConnectTimeoutError(conn, "the hop's time bound has passed")
-    timeout = min(conn.timeout, left) if isinstance(conn.timeout, int | float) else left
+    timeout = conn.timeout if left is None else cut_to(conn.timeout, left)
     try:
         sock = _connect((target.address, target.port), timeout,
                         source_address=conn.source_address, socket_options=conn.socket_options)
@@ -121,19 +121,22 @@ def _pinned_socket(conn: Any) -> socket.socket:
     return sock
 
 
-# KeptAlive: a reused connection's socket joins the reusing hop's deadline
-class _PinnedHTTPConnection(KeptAlive, urllib3.connection.HTTPConnection):
+class _Pinned(KeptAlive):
+    """Connection mixin: connects through :func:`_pinned_socket` (and keeps the address it is
+    pinned to); ``KeptAlive``: a reused connection's socket joins the reusing hop's deadline."""
+
     _pinned_to: tuple[str, int] | None = None
 
     def _new_conn(self) -> socket.socket:
         return _pinned_socket(self)
 
 
-class _PinnedHTTPSConnection(KeptAlive, urllib3.connection.HTTPSConnection):
-    _pinned_to: tuple[str, int] | None = None
+class _PinnedHTTPConnection(_Pinned, urllib3.connection.HTTPConnection):
+    pass
 
-    def _new_conn(self) -> socket.socket:
-        return _pinned_socket(self)
+
+class _PinnedHTTPSConnection(_Pinned, urllib3.connection.HTTPSConnection):
+    pass
 
 
 class _PinnedPool(Pooled):
@@ -211,13 +214,19 @@ _SESSIONS = _Sessions()
 os.register_at_fork(after_in_child=lambda: setattr(_SESSIONS, "session", None))
 
 
-def _media_session() -> requests.Session:
-    """This thread's media session: one per thread (a ``requests.Session`` is not shared
-    between threads), made at first use, and again in a forked child."""
+@contextmanager
+def _media_session() -> Iterator[requests.Session]:
+    """This thread's media session for one call: one per thread (a ``requests.Session`` is not
+    shared between threads), made at first use, and again in a forked child. Its connections
+    outlive the call; its cookies do not, as on a session of the call's own."""
     session = _SESSIONS.session
     if session is None:
         session = _SESSIONS.session = _new_media_session()
-    return session
+    session.cookies.clear()
+    try:
+        yield session
+    finally:
+        session.cookies.clear()
 
 
 @contextmanager
@@ -226,7 +235,7 @@ def _bounded_hop(target: Target, deadline_at: float) -> Iterator[None]:
     :mod:`reconcile.providers.deadline` (the one every outbound exchange uses) shuts every
     socket it opened, so a status line or headers trickled a byte at a time cannot outlive the
     bound."""
-    _HOP.target, _HOP.deadline = target, deadline_at
+    _HOP.target = target
     try:
         with bounded(max(0.0, deadline_at - time.monotonic())):
             yield
@@ -254,39 +263,28 @@ def safe_fetch(
     """
     allowed = tuple(allowed_hosts)
     deadline = time.monotonic() + timeout
-    http = _media_session()
-    http.cookies.clear()  # a cookie lives for one call at most, as on a session of its own
-    try:
-        return _hops(http, url, allowed, headers, resolver, deadline, max_bytes, max_redirects)
-    finally:
-        http.cookies.clear()
-
-
-def _hops(http: requests.Session, url: str, allowed: tuple[str, ...],
-          headers: Mapping[str, str] | None, resolver: Resolver, deadline: float,
-          max_bytes: int, max_redirects: int) -> FetchedMedia:
-    """:func:`safe_fetch`'s hops, on this thread's session ``http``."""
     origin: tuple[str, str, int] | None = None
-    for _hop in range(max_redirects + 1):
-        _remaining(deadline)
-        # the name is resolved within the deadline too (the watchdog has no socket to shut)
-        target = check_url(url, allowed, lambda host, port, **_: resolve(
-            host, port, deadline - time.monotonic(), resolver=resolver))
-        origin = origin or target.origin
-        # Caller headers (auth) go only to the original scheme, host and port.
-        hop_headers = dict(headers or {}) if target.origin == origin else {}
-        with _bounded_hop(target, deadline):
-            response = _get(http, target.url, hop_headers, deadline)
-            with response:
-                if response.status_code in REDIRECT_STATUSES:
-                    location = response.headers.get("Location")
-                    if not location:
-                        raise MediaFetchFailed(
-                            f"redirect {response.status_code} without Location")
-                    url = urljoin(target.url, location)
-                    continue
-                return _read(response, target.url, max_bytes, deadline)
-    raise MediaFetchFailed(f"more than {max_redirects} redirects fetching media")
+    with _media_session() as http:
+        for _hop in range(max_redirects + 1):
+            _remaining(deadline)
+            # the name is resolved within the deadline too (the watchdog has no socket to shut)
+            target = check_url(url, allowed, lambda host, port, **_: resolve(
+                host, port, deadline - time.monotonic(), resolver=resolver))
+            origin = origin or target.origin
+            # Caller headers (auth) go only to the original scheme, host and port.
+            hop_headers = dict(headers or {}) if target.origin == origin else {}
+            with _bounded_hop(target, deadline):
+                response = _get(http, target.url, hop_headers, deadline)
+                with response:
+                    if response.status_code in REDIRECT_STATUSES:
+                        location = response.headers.get("Location")
+                        if not location:
+                            raise MediaFetchFailed(
+                                f"redirect {response.status_code} without Location")
+                        url = urljoin(target.url, location)
+                        continue
+                    return _read(response, target.url, max_bytes, deadline)
+        raise MediaFetchFailed(f"more than {max_redirects} redirects fetching media")
 
 
 def _remaining(deadline: float) -> float:

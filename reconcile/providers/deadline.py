@@ -227,7 +227,7 @@ class _Tracked(KeptAlive):
                 if left <= 0:
                     break
                 self._dns_host = info[4][0]
-                self.timeout = left if not isinstance(timeout, int | float) else min(timeout, left)
+                self.timeout = cut_to(timeout, left)
                 try:
                     return super()._new_conn()
                 except (urllib3.exceptions.ConnectTimeoutError,
@@ -270,7 +270,21 @@ class _Adapter(requests.adapters.HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
 
 
-def track(sock: socket.socket, conn: Any = None) -> None:
+def cut_to(timeout: Any, left: float) -> Any:
+    """A connect timeout cut to the ``left`` seconds of the current deadline (urllib3's
+    timeout may be a sentinel for "the default": then ``left`` itself)."""
+    return left if not isinstance(timeout, int | float) else min(timeout, left)
+
+
+def time_left() -> float | None:
+    """Seconds left before the current :func:`bounded` deadline or an enclosing one (0 once
+    either passed); None outside :func:`bounded`. The watchdog shuts only connected sockets, so
+    a transport of its own cuts its connect to this (the media fetch's pinned one)."""
+    watch = _CURRENT.watch
+    return None if watch is None else watch.remaining()
+
+
+def track(sock: socket.socket, conn: Any) -> None:
     """Put a socket just connected (by :class:`_Tracked`, or by a transport of its own: the
     media fetch's pinned one) under the current :func:`bounded` deadline: a dup of it is shut
     at the deadline and closed when the outermost deadline ends. ``conn``: the connection that
@@ -278,10 +292,8 @@ def track(sock: socket.socket, conn: Any = None) -> None:
     the watch when the connection goes back (kept alive). Nothing happens outside
     :func:`bounded`."""
     if _CURRENT.watch is not None:
-        dup = sock.dup()  # a dup shuts the same socket, TLS-wrapped or not
-        if conn is not None:
-            conn._watch_dup = dup
-        _CURRENT.watch.add(dup, owned=True)
+        conn._watch_dup = sock.dup()  # a dup shuts the same socket, TLS-wrapped or not
+        _CURRENT.watch.add(conn._watch_dup, owned=True)
 
 
 def sync_seconds(settings: Any) -> float:
