@@ -29,10 +29,7 @@ Contract (every backend; ``tests/integration/test_ledger_contract.py`` checks it
   caller's are untouched): e.g. :class:`~reconcile.errors.InsufficientCredits` from ``reserve``,
   :class:`~reconcile.errors.LedgerError` from an over-commit.
 * **Lock order: the balance, then the log.** An operation that moves credits locks the user's
-  balance row first and only then the usage log, so concurrent settlements never deadlock. The
-  built-in ledger's commit of everything held (no amount) moves nothing back to the user: it
-  locks the log alone, so it does not queue behind the user's other transactions on the balance
-  row; each writer of what it reads (a refund, a legacy refund's import) locks the log as well.
+  balance row first and only then the usage log, so concurrent settlements never deadlock.
 
 Optional: ``commit_settled(session, job_id, amount=None, *, now=None) -> int | None``, a commit
 that returns what the job finally cost (what :meth:`Ledger.settled_amount` would say), so

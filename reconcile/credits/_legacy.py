@@ -70,9 +70,7 @@ def import_legacy_refund(session: Session, job_id: uuid.UUID, amount: int, txn_i
     if conn.execute(_LOT_IDS_TAKEN, {"ids": lot_ids, "kind": ""}).first() is not None:
         raise _refuse_legacy(job_id, "legacy_refund_lot_id_taken",
                              f"another transaction's lot is named {' or '.join(lot_ids)}")
-    # re-read under the balance lock, and locked: a commit of everything held locks only the
-    # log, and must not read what is held before this refund counts (or commit after it)
-    log = _reserved_log(session, job_id, lock=True)
+    log = _reserved_log(session, job_id)  # re-read under the balance lock
     if log is None:
         statuses = set(session.execute(select(UsageLog.status)
                                        .where(UsageLog.job_id == job_id)).scalars())

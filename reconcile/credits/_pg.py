@@ -134,13 +134,6 @@ SELECT l.id, l.user_id, l.credits, l.metadata FROM {_U.name} l
 JOIN {_B.name} b ON b.user_id = l.user_id
 WHERE l.job_id = %(j)s AND l.status = 'reserved' ORDER BY l.created_at LIMIT 1 FOR UPDATE OF b
 """
-# a commit of everything held (no amount) moves no credits back to the user: it writes the log
-# and its COMMIT row, never the balance or a lot. It locks the log alone, so it does not queue
-# behind the user's other jobs on the balance row (a busy user's submits and settlements hold it
-# while their transactions commit). Every writer of what it reads, the job's transactions, locks
-# the log too, after the balance (refund: its CAS; a legacy refund's import: its re-read), so the
-# lock order stays the balance, then the log, and no cycle can form: this lock waits for no other.
-_PG_LOCK_LOG_ONLY = _PG_LOCK_LOG.replace("FOR UPDATE OF b", "FOR UPDATE OF l")
 
 # what the reservation holds, from one read of the job's transactions (its USAGE row and the
 # legacy refunds: _legacy_refund_filter), and whether the library's refund exists

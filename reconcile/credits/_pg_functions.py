@@ -27,7 +27,6 @@ from ._pg import (
     _PG_COMMIT_RECORDED,
     _PG_LOCK,
     _PG_LOCK_LOG,
-    _PG_LOCK_LOG_ONLY,
     _PG_REFUND,
     _PG_RESERVE,
     _PG_RESERVE_GIVEN_ID,
@@ -89,9 +88,8 @@ END IF;
 END;
 """
 
-# commit and refund: the job's reserved log with its user's balance row locked (a commit of
-# everything held: the log itself, _PG_LOCK_LOG_ONLY), then the statement (None of it found:
-# whether the job has a reserved log at all)
+# commit and refund: the job's reserved log with its user's balance row locked, then the
+# statement (None of it found: whether the job has a reserved log at all)
 _SETTLE_OUT: Params = (("log_id", "text"), ("user_id", "uuid"), ("credits", "bigint"),
                        ("meta", "jsonb"), ("reserved", "boolean"), ("has_usage", "bigint"))
 # the commit's result columns, in the order :func:`._pg.commit_outcome` reads them
@@ -101,18 +99,14 @@ _LOCKED = {"u": "r_user_id", "log_id": "v_log.id"}  # the locked log's (v_log: _
 
 def _settle_body(statement: str, recorded: str | None, targets: str) -> str:
     run = _into(statement, targets, _LOCKED)
-    lock = _into(_PG_LOCK_LOG, "v_log")
     if recorded is not None:  # the commit: with a settlement record, or without
         run = (f"IF p_rec_status IS NULL THEN\n{run}\nELSE\n"
                f"{_into(recorded, targets, _LOCKED)}\nEND IF;")
-        # everything held (no amount) releases nothing: the log's lock alone (_PG_LOCK_LOG_ONLY)
-        lock = (f"IF p_amount IS NULL THEN\n{_into(_PG_LOCK_LOG_ONLY, 'v_log')}\nELSE\n"
-                f"{lock}\nEND IF;")
     return f"""
 DECLARE
   v_log record;
 BEGIN
-{lock}
+{_into(_PG_LOCK_LOG, "v_log")}
 IF NOT FOUND THEN  -- no reserved log with its user's balance row
 {_into(_PG_RESERVED_EXISTS, "r_reserved")}
   RETURN;

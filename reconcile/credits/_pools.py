@@ -140,13 +140,12 @@ def repair_usage_metadata(session: Session, job_id: uuid.UUID, from_sub: int, fr
     return True
 
 
-def _reserved_log(session: Session, job_id: uuid.UUID, *, lock: bool = False) -> UsageLog | None:
-    """The job's reserved usage log (the oldest), read afresh; ``lock``: ``FOR UPDATE`` (under
-    the balance lock: the lock order), for a writer of what a commit of everything held reads
-    under the log's lock alone (``credits._pg``)."""
-    query = (select(UsageLog).where(UsageLog.job_id == job_id, UsageLog.status == "reserved")
-             .order_by(UsageLog.created_at).limit(1).execution_options(populate_existing=True))
-    return session.execute(query.with_for_update() if lock else query).scalar_one_or_none()
+def _reserved_log(session: Session, job_id: uuid.UUID) -> UsageLog | None:
+    return session.execute(
+        select(UsageLog).where(UsageLog.job_id == job_id, UsageLog.status == "reserved")
+        .order_by(UsageLog.created_at).limit(1)
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
 
 
 def _pools_of(log: UsageLog) -> tuple[int, int]:

@@ -8,9 +8,8 @@ one statement of CTEs, in the order the two-statement path takes its locks:
    below runs: the ledger is never called for a lost race.
 2. ``led``: the ledger's commit, the installed ``reconcile_ledger_commit`` function joined
    ``LATERAL`` to ``j`` (:mod:`reconcile.credits.inline`), so it runs only once the job's row is
-   locked: it locks the job's usage log (for an amount, which may release a rest, the user's
-   balance row first), then commits what the settlement policy decided (``amount``; None:
-   everything held) under that lock.
+   locked: it takes the user's balance lock, then commits what the settlement policy decided
+   (``amount``; None: everything held) under it.
 3. ``done``: the compare-and-set itself, from ``led``: ``credits_actual`` is the decided amount,
    or what the commit took when the policy left it to the ledger. A row is written once in the
    statement, so the cost is not a second write.
@@ -20,7 +19,7 @@ one statement of CTEs, in the order the two-statement path takes its locks:
    steps in the same transaction: :func:`reconcile.ledger.commit_settled`, then the rows.
 
 The amount is decided in Python (:func:`reconcile.settlement.decide`); a completion's amount
-does not depend on what is held, and the commit reads what is held under its lock
+does not depend on what is held, and the commit reads what is held under the balance lock
 inside the statement, so there is no stale read to compare against. A commit above what is held
 writes nothing and raises (:class:`~reconcile.errors.LedgerError`), rolling the statement back
 with the transaction, as before.
