@@ -128,7 +128,12 @@ SELECT tot.s, tot.tp, (SELECT count(*) FROM ins), (SELECT array_agg(id) FROM lot
 _PG_RESERVE_GIVEN_ID = _PG_RESERVE.replace("/*id*/", "id, ").replace("/*log_id*/", "%(log_id)s, ")
 _PG_RESERVE = _PG_RESERVE.replace("/*id*/", "").replace("/*log_id*/", "")
 
-# the job's reserved log with its user's balance row locked (the balance only: lock order)
+# the job's reserved log with its user's balance row locked (the balance only: lock order).
+# A commit of everything held takes it too, although it writes no balance: locking only the
+# log would let a writer of the same job take the balance first and then wait on the log
+# (its statement's snapshot older than the commit it waited for), and a transaction that
+# calls the ledger again after the commit would deadlock against it
+# (tests/integration/test_ledger_interleavings.py: the commit_j1_all pairs)
 _PG_LOCK_LOG = f"""
 SELECT l.id, l.user_id, l.credits, l.metadata FROM {_U.name} l
 JOIN {_B.name} b ON b.user_id = l.user_id

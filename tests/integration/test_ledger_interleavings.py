@@ -58,6 +58,9 @@ OPS: dict[str, Callable[[Session], Any]] = {
     "refund_j1": _outcome(lambda s: LEDGER.refund(s, J1, now=T0)),
     "legacy_j1_4": _outcome(lambda s: credits.import_legacy_refund(s, J1, 4, "legacy-a", now=T0)),
     "grant_topup": _outcome(lambda s: credits.grant(s, USER, "topup", 4, "g-late", now=T0)),
+    # a platform's transaction of two calls for one user: the commit, then a bonus
+    "commit_j1_all_then_grant": _outcome(lambda s: (
+        LEDGER.commit(s, J1, now=T0), credits.grant(s, USER, "topup", 4, "g-bonus", now=T0))),
 }
 PAIRS = [
     ("reserve_j2_6", "reserve_j3_5"),  # the balance (7) covers one of them only
@@ -68,6 +71,14 @@ PAIRS = [
     ("refund_j1", "legacy_j1_4"),
     ("grant_topup", "reserve_j2_6"),
     ("reserve_j2_6", "refund_j1"),
+    # every operation takes the user's balance row first, a commit of everything held included:
+    # one that took only the job's log would let a writer of the same job take the balance and
+    # then wait on the log, reading a stale status (a refund raising instead of returning
+    # False), and a transaction calling the ledger again after it would deadlock
+    ("commit_j1_all", "refund_j1"),
+    ("commit_j1_all", "commit_j1_3"),
+    ("commit_j1_all_then_grant", "refund_j1"),
+    ("commit_j1_all_then_grant", "legacy_j1_4"),
 ]
 
 
