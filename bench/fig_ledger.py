@@ -13,7 +13,10 @@ cycle gets slower as the ledger grows.
 The ledger's server side alone: the same two functions (``reconcile_ledger_reserve``, then
 ``reconcile_ledger_commit``, each in its own transaction, with the arguments the library passes)
 driven by pgbench's C client instead of Python, same clients and seconds. Its cycles/s is the
-ceiling a free client would reach; the Python runs' distance to it is the client's share.
+ceiling a free client would reach; the Python runs' distance to it is the client's share. Between
+the two, the same statements from a lean Python client (psycopg alone, ``conn.transaction()``, no
+SQLAlchemy): what is left between it and the library's runs is the Session and execution
+machinery a platform's caller goes through.
 
 A further direct measurement: ``reserve`` latency for one user holding L open lots
 (``remaining_amount > 0``; every refund adds one, and FIFO consumes the oldest first, so a user
@@ -132,15 +135,25 @@ _FUNCTIONS_SCRIPT = """\\set k random(1, {users})
 \\set a random(1, 4611686018427387903)
 \\set b random(1, 4611686018427387903)
 BEGIN;
-SELECT r_inserted FROM reconcile_ledger_reserve({user}, {job}, {amount}::bigint,
-  'job-usage:' || {job}, now(), {log_id});
+{reserve};
 COMMIT;
 BEGIN;
-SELECT r_committed FROM reconcile_ledger_commit({job}, now(), 'job-usage:' || {job},
-  'job-refund:' || {job}, NULL::bigint, 'job-commit:' || {job}, 'job-release:' || {job},
-  'job-release:' || {job} || ':sub', 'job-release:' || {job} || ':topup', NULL, NULL);
+{commit};
 COMMIT;
 """
+# the cycle's two calls, with the library's arguments: {user} and {job} are SQL expressions (the
+# pgbench variables, or the lean client's parameters)
+_RESERVE_CALL = """SELECT r_inserted FROM reconcile_ledger_reserve({user}, {job}, {amount}::bigint,
+  'job-usage:' || {job}, now(), {log_id})"""
+_COMMIT_CALL = """SELECT r_committed FROM reconcile_ledger_commit({job}, now(), 'job-usage:' || {job},
+  'job-refund:' || {job}, NULL::bigint, 'job-commit:' || {job}, 'job-release:' || {job},
+  'job-release:' || {job} || ':sub', 'job-release:' || {job} || ':topup', NULL, NULL)"""
+
+
+def _calls(user: str, job: str, log_id: str) -> tuple[str, str]:
+    """The reserve and the commit of one cycle, as pgbench's script and the lean client run them."""
+    return (_RESERVE_CALL.format(user=user, job=job, amount=AMOUNT, log_id=log_id),
+            _COMMIT_CALL.format(job=job))
 _USER_PREFIX = "b1ed6e70-0000-4000-8{run:03x}-"  # a run's users: fresh, as the Python runs'
 
 
@@ -165,9 +178,9 @@ def _functions_under_pgbench(url: str, libpq: str, n_users: int, seconds: float,
         assigned = usage_log_ids_assigned(conn)
     engine.dispose()
     job = "(lpad(to_hex(:a), 16, '0') || lpad(to_hex(:b), 16, '0'))::uuid"
-    script = _FUNCTIONS_SCRIPT.format(
-        users=n_users, user=f"('{prefix}' || lpad(to_hex(:k), 12, '0'))::uuid", job=job,
-        amount=AMOUNT, log_id="NULL::uuid" if assigned else "gen_random_uuid()")
+    reserve, commit = _calls(f"('{prefix}' || lpad(to_hex(:k), 12, '0'))::uuid", job,
+                             "NULL::uuid" if assigned else "gen_random_uuid()")
+    script = _FUNCTIONS_SCRIPT.format(users=n_users, reserve=reserve, commit=commit)
     with tempfile.NamedTemporaryFile("w", suffix=".sql") as f:
         f.write(script)
         f.flush()
@@ -191,6 +204,65 @@ def _functions_under_pgbench(url: str, libpq: str, n_users: int, seconds: float,
                            "commits (expected as many, more than none)")
     return {"cycles_per_s": round(tps, 1), "users": n_users, "reserves_checked": int(usage),
             "command": " ".join(cmd[:-1]).replace(f.name, "<cycle.sql>") + " <db>"}
+
+
+def _lean_client(libpq: str, users: list[str], assigned: bool, start_at: float, seconds: float,
+                 queue: Any) -> None:
+    """pgbench's cycle from Python with psycopg alone: the same two calls, each in its own
+    transaction (BEGIN, the call, COMMIT), the arguments bound as parameters."""
+    import psycopg
+
+    reserve, commit = _calls("%(u)s::uuid", "%(j)s::uuid",
+                             "NULL::uuid" if assigned else "gen_random_uuid()")
+    rng = random.Random(os.getpid())
+    done, errors = 0, 0
+    with psycopg.connect(libpq) as conn:
+        while time.time() < start_at:
+            time.sleep(0.005)
+        end = start_at + seconds
+        cpu0 = time.process_time()
+        while time.time() < end:
+            params = {"u": uuid.UUID(rng.choice(users)), "j": uuid.uuid4()}
+            try:
+                with conn.transaction():
+                    inserted = conn.execute(reserve, params).fetchone()
+                with conn.transaction():
+                    committed = conn.execute(commit, params).fetchone()
+            except psycopg.OperationalError:
+                errors += 1
+                continue
+            if not (inserted and inserted[0] and committed and committed[0] == AMOUNT):
+                raise RuntimeError(f"the lean client's cycle wrote nothing: {inserted} {committed}")
+            done += 1
+        cpu = time.process_time() - cpu0
+    queue.put((done, errors, cpu))
+
+
+def _lean_python(url: str, libpq: str, n_users: int, seconds: float,
+                 clients: int) -> dict[str, Any]:
+    """reserve + commit cycles/s through the functions from ``clients`` lean Python clients."""
+    from reconcile.db.contract import usage_log_ids_assigned
+    from reconcile.db.session import make_engine
+
+    users = _fresh_users(url, n_users)
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assigned = usage_log_ids_assigned(conn)
+    engine.dispose()
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    start_at = time.time() + 2.0
+    procs = [ctx.Process(target=_lean_client, args=(libpq, users, assigned, start_at, seconds,
+                                                    queue)) for _ in range(clients)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=seconds + 120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    done = sum(d for d, _, _ in results)
+    return {"cycles_per_s": round(done / seconds, 1), "errors": sum(e for _, e, _ in results),
+            "client_cpu_ms_per_cycle": round(sum(c for _, _, c in results) / done * 1000, 2)
+            if done else None, "client": "psycopg alone, conn.transaction() per call"}
 
 
 def _open_lots(url: str, users: list[str]) -> dict[str, int]:
@@ -292,6 +364,12 @@ def run(quick: bool = False) -> dict[str, Any]:
             result["functions_under_pgbench"][f"reserve+commit/{users_label}"] = entry
             log(f"fig4: reserve+commit/{users_label} through pgbench (no Python): "
                 f"{entry['cycles_per_s']} cycles/s")
+        result["functions_lean_python"] = {}
+        for users_label, n in (("hot_user", 1), ("1000_users", USERS)):
+            entry = _lean_python(url, libpq, n, seconds, clients)
+            result["functions_lean_python"][f"reserve+commit/{users_label}"] = entry
+            log(f"fig4: reserve+commit/{users_label} from psycopg alone: "
+                f"{entry['cycles_per_s']} cycles/s")
         result["pgbench"].append(_pgbench(pgb, seconds, clients))
         result["reserve_vs_open_lots"] = _reserve_vs_lots(
             url, (1, 100, 1000) if quick else (1, 10, 100, 1000, 10000), 10 if quick else 30)
@@ -300,6 +378,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     result["pgbench_tps_mean"] = round(baseline, 1)
     for entry in result["runs"].values():
         entry["ratio_to_pgbench"] = round(entry["cycles_per_s"] / baseline, 3)
+        entry["txn_ratio_to_pgbench"] = round(2 * entry["cycles_per_s"] / baseline, 3)
+    for entry in result["functions_lean_python"].values():
         entry["txn_ratio_to_pgbench"] = round(2 * entry["cycles_per_s"] / baseline, 3)
     for name, entry in result["functions_under_pgbench"].items():
         entry["txn_ratio_to_pgbench"] = round(2 * entry["cycles_per_s"] / baseline, 3)

@@ -633,15 +633,22 @@ def _fig4_ceiling(r: dict[str, Any]) -> list[str]:
     fn = r.get("functions_under_pgbench") or {}
     if not fn:
         return []
+    lean = r.get("functions_lean_python") or {}
     s = ["The same two functions (`reconcile_ledger_reserve`, then `reconcile_ledger_commit`, "
          "each in its own transaction, with the library's arguments) driven by pgbench's C "
-         "client instead of Python (`" + next(iter(fn.values()))["command"] + "`):\n",
-         "| run | cycles/s, no Python | transactions ÷ pgbench | the Python run reaches |",
-         "|---|---|---|---|"]
+         "client instead of Python (`" + next(iter(fn.values()))["command"] + "`), and by the "
+         "same number of lean Python clients (psycopg alone, `conn.transaction()` around each "
+         "call, no SQLAlchemy):\n",
+         "| run | cycles/s, no Python | transactions ÷ pgbench | psycopg alone: cycles/s, ÷ "
+         "pgbench, client CPU ms/cycle | the library's run reaches |",
+         "|---|---|---|---|---|"]
     for name, v in fn.items():
         python = r["runs"].get(name, {})
         share = python.get("share_of_functions_ceiling")
+        alone = lean.get(name)
         s.append(f"| {name} | {v['cycles_per_s']} | {v['txn_ratio_to_pgbench']:.1%} | "
+                 + (f"{alone['cycles_per_s']}, {alone['txn_ratio_to_pgbench']:.1%}, "
+                    f"{alone['client_cpu_ms_per_cycle']}" if alone else "—") + " | "
                  + (f"{share:.0%} ({python['cycles_per_s']} cycles/s)" if share else "—") + " |")
     cpu = [v["client_cpu_ms_per_cycle"] for v in r["runs"].values()
            if v.get("client_cpu_ms_per_cycle")]
@@ -649,9 +656,12 @@ def _fig4_ceiling(r: dict[str, Any]) -> list[str]:
     s.append("")
     reading = ("Reading: with no Python at all, the functions reach the ratios in the third "
                "column: that is the ceiling of this figure on this server, and what is left "
-               "between it and the Python runs is the client's share")
+               "between it and the Python runs is the client's share; the fourth column is a "
+               "lean Python client's share, and what is left between it and the library's run "
+               "is SQLAlchemy's Session and execution machinery around each call")
     if cpu:
-        reading += (f" ({min(cpu)}–{max(cpu)} ms of client CPU per cycle: SQLAlchemy's session "
+        reading += (f" (the library's runs: {min(cpu)}–{max(cpu)} ms of client CPU per cycle: "
+                    f"SQLAlchemy's session "
                     f"and result handling and psycopg, 3 round trips per transaction — BEGIN, "
                     f"the function, COMMIT —, on the {r['clients']} cores the backends use too)")
     reading += (". A cycle does more than pgbench's transaction: the reserve writes the USAGE "
