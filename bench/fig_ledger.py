@@ -104,18 +104,25 @@ def _client(url: str, users: list[str], settle: str, start_at: float, seconds: f
     queue.put((stamps, errors, cpu))
 
 
-def _ledger_run(url: str, users: list[str], settle: str, seconds: float,
-                clients: int) -> dict[str, Any]:
+def _run_clients(target: Any, args: tuple[Any, ...], seconds: float, clients: int) -> list[Any]:
+    """``clients`` forked processes of ``target(*args, start_at, seconds, queue)``, started
+    together 2 s from now; what each put on the queue."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     start_at = time.time() + 2.0
-    procs = [ctx.Process(target=_client, args=(url, users, settle, start_at, seconds, queue))
+    procs = [ctx.Process(target=target, args=(*args, start_at, seconds, queue))
              for _ in range(clients)]
     for p in procs:
         p.start()
     results = [queue.get(timeout=seconds + 120) for _ in procs]
     for p in procs:
         p.join(timeout=30)
+    return results
+
+
+def _ledger_run(url: str, users: list[str], settle: str, seconds: float,
+                clients: int) -> dict[str, Any]:
+    results = _run_clients(_client, (url, users, settle), seconds, clients)
     stamps = sorted(t for r, _, _ in results for t in r)
     errors = sum(e for _, e, _ in results)
     cpu = sum(c for _, _, c in results)
@@ -154,6 +161,8 @@ def _calls(user: str, job: str, log_id: str) -> tuple[str, str]:
     """The reserve and the commit of one cycle, as pgbench's script and the lean client run them."""
     return (_RESERVE_CALL.format(user=user, job=job, amount=AMOUNT, log_id=log_id),
             _COMMIT_CALL.format(job=job))
+
+
 _USER_PREFIX = "b1ed6e70-0000-4000-8{run:03x}-"  # a run's users: fresh, as the Python runs'
 
 
@@ -249,16 +258,7 @@ def _lean_python(url: str, libpq: str, n_users: int, seconds: float,
     with engine.connect() as conn:
         assigned = usage_log_ids_assigned(conn)
     engine.dispose()
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    start_at = time.time() + 2.0
-    procs = [ctx.Process(target=_lean_client, args=(libpq, users, assigned, start_at, seconds,
-                                                    queue)) for _ in range(clients)]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=seconds + 120) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
+    results = _run_clients(_lean_client, (libpq, users, assigned), seconds, clients)
     done = sum(d for d, _, _ in results)
     return {"cycles_per_s": round(done / seconds, 1), "errors": sum(e for _, e, _ in results),
             "client_cpu_ms_per_cycle": round(sum(c for _, _, c in results) / done * 1000, 2)
