@@ -157,10 +157,24 @@ _COMMIT_CALL = """SELECT r_committed FROM reconcile_ledger_commit({job}, now(), 
   'job-release:' || {job} || ':sub', 'job-release:' || {job} || ':topup', NULL, NULL)"""
 
 
-def _calls(user: str, job: str, log_id: str) -> tuple[str, str]:
-    """The reserve and the commit of one cycle, as pgbench's script and the lean client run them."""
+def _calls(user: str, job: str, assigned: bool) -> tuple[str, str]:
+    """The reserve and the commit of one cycle, as pgbench's script and the lean client run them
+    (``assigned``: the database assigns ``usage_logs.id``, :func:`_log_ids_assigned`)."""
+    log_id = "NULL::uuid" if assigned else "gen_random_uuid()"
     return (_RESERVE_CALL.format(user=user, job=job, amount=AMOUNT, log_id=log_id),
             _COMMIT_CALL.format(job=job))
+
+
+def _log_ids_assigned(url: str) -> bool:
+    """Whether the database assigns ``usage_logs.id`` (the reserve function is then given no id)."""
+    from reconcile.db.contract import usage_log_ids_assigned
+    from reconcile.db.session import make_engine
+
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assigned = usage_log_ids_assigned(conn)
+    engine.dispose()
+    return assigned
 
 
 _USER_PREFIX = "b1ed6e70-0000-4000-8{run:03x}-"  # a run's users: fresh, as the Python runs'
@@ -171,11 +185,10 @@ def _pgbench_user(prefix: str, k: int) -> uuid.UUID:
 
 
 def _functions_under_pgbench(url: str, libpq: str, n_users: int, seconds: float,
-                             clients: int, run: int) -> dict[str, Any]:
+                             clients: int, run: int, assigned: bool) -> dict[str, Any]:
     """reserve + commit cycles/s through the ledger's functions with pgbench as the client."""
     import tempfile
 
-    from reconcile.db.contract import usage_log_ids_assigned
     from reconcile.db.session import make_engine
 
     from .seed import add_users
@@ -184,11 +197,9 @@ def _functions_under_pgbench(url: str, libpq: str, n_users: int, seconds: float,
     engine = make_engine(url)
     with engine.begin() as conn:
         add_users(conn, [_pgbench_user(prefix, k) for k in range(1, n_users + 1)])
-        assigned = usage_log_ids_assigned(conn)
     engine.dispose()
     job = "(lpad(to_hex(:a), 16, '0') || lpad(to_hex(:b), 16, '0'))::uuid"
-    reserve, commit = _calls(f"('{prefix}' || lpad(to_hex(:k), 12, '0'))::uuid", job,
-                             "NULL::uuid" if assigned else "gen_random_uuid()")
+    reserve, commit = _calls(f"('{prefix}' || lpad(to_hex(:k), 12, '0'))::uuid", job, assigned)
     script = _FUNCTIONS_SCRIPT.format(users=n_users, reserve=reserve, commit=commit)
     with tempfile.NamedTemporaryFile("w", suffix=".sql") as f:
         f.write(script)
@@ -221,8 +232,7 @@ def _lean_client(libpq: str, users: list[str], assigned: bool, start_at: float, 
     transaction (BEGIN, the call, COMMIT), the arguments bound as parameters."""
     import psycopg
 
-    reserve, commit = _calls("%(u)s::uuid", "%(j)s::uuid",
-                             "NULL::uuid" if assigned else "gen_random_uuid()")
+    reserve, commit = _calls("%(u)s::uuid", "%(j)s::uuid", assigned)
     rng = random.Random(os.getpid())
     done, errors = 0, 0
     with psycopg.connect(libpq) as conn:
@@ -247,17 +257,10 @@ def _lean_client(libpq: str, users: list[str], assigned: bool, start_at: float, 
     queue.put((done, errors, cpu))
 
 
-def _lean_python(url: str, libpq: str, n_users: int, seconds: float,
-                 clients: int) -> dict[str, Any]:
+def _lean_python(url: str, libpq: str, n_users: int, seconds: float, clients: int,
+                 assigned: bool) -> dict[str, Any]:
     """reserve + commit cycles/s through the functions from ``clients`` lean Python clients."""
-    from reconcile.db.contract import usage_log_ids_assigned
-    from reconcile.db.session import make_engine
-
     users = _fresh_users(url, n_users)
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        assigned = usage_log_ids_assigned(conn)
-    engine.dispose()
     results = _run_clients(_lean_client, (libpq, users, assigned), seconds, clients)
     done = sum(d for d, _, _ in results)
     return {"cycles_per_s": round(done / seconds, 1), "errors": sum(e for _, e, _ in results),
@@ -359,14 +362,15 @@ def run(quick: bool = False) -> dict[str, Any]:
                 log(f"fig4: {name}: {entry['cycles_per_s']} cycles/s "
                     f"(last/first second {entry['first_s_vs_last_s']})")
         result["functions_under_pgbench"] = {}
+        assigned = _log_ids_assigned(url)
         for run, (users_label, n) in enumerate((("hot_user", 1), ("1000_users", USERS))):
-            entry = _functions_under_pgbench(url, libpq, n, seconds, clients, run)
+            entry = _functions_under_pgbench(url, libpq, n, seconds, clients, run, assigned)
             result["functions_under_pgbench"][f"reserve+commit/{users_label}"] = entry
             log(f"fig4: reserve+commit/{users_label} through pgbench (no Python): "
                 f"{entry['cycles_per_s']} cycles/s")
         result["functions_lean_python"] = {}
         for users_label, n in (("hot_user", 1), ("1000_users", USERS)):
-            entry = _lean_python(url, libpq, n, seconds, clients)
+            entry = _lean_python(url, libpq, n, seconds, clients, assigned)
             result["functions_lean_python"][f"reserve+commit/{users_label}"] = entry
             log(f"fig4: reserve+commit/{users_label} from psycopg alone: "
                 f"{entry['cycles_per_s']} cycles/s")
@@ -378,11 +382,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     result["pgbench_tps_mean"] = round(baseline, 1)
     for entry in result["runs"].values():
         entry["ratio_to_pgbench"] = round(entry["cycles_per_s"] / baseline, 3)
-        entry["txn_ratio_to_pgbench"] = round(2 * entry["cycles_per_s"] / baseline, 3)
-    for entry in result["functions_lean_python"].values():
+    for entry in (*result["runs"].values(), *result["functions_lean_python"].values(),
+                  *result["functions_under_pgbench"].values()):  # a cycle is 2 transactions
         entry["txn_ratio_to_pgbench"] = round(2 * entry["cycles_per_s"] / baseline, 3)
     for name, entry in result["functions_under_pgbench"].items():
-        entry["txn_ratio_to_pgbench"] = round(2 * entry["cycles_per_s"] / baseline, 3)
         python = result["runs"].get(name)
         if python and entry["cycles_per_s"]:  # the Python runs' share of this ceiling
             python["share_of_functions_ceiling"] = round(
