@@ -11,6 +11,7 @@ import os
 import threading
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -248,18 +249,60 @@ def poll_due(self: Any) -> str:
     """RECONCILE_POLL_MODE=batch: claim, read and write batches of due rows (beat, every
     POLL_BATCH_INTERVAL s); re-enqueues itself once when its time budget ran out with rows
     still due. A tick whose first claim is full sends one helper ``poll_due`` (expiring as a
-    tick does, sent on a thread of its own), which an idle worker process runs beside it.
-    Chain mode: nothing."""
+    tick does, sent on a thread of its own), which an idle worker process runs beside it. A
+    run that finds a row falling due before the next tick sends a wake, due then
+    (:func:`_wake`). Chain mode: nothing."""
     from .lifecycle.batch import poll_due as run
 
     rt = get_runtime()
     if rt.settings.poll_mode != "batch":
         return "off"
+    until = _wake_until(self, rt)
     helper = None if _header(self, _HELPER_HEADER) else partial(_send_helper, rt)
     report = run(rt, helper=helper)
     if report.more:
         send("reconcile.poll_due", [], headers={_HELPER_HEADER: "1"})
+    elif until is not None:
+        _wake(rt, until)
     return report.line()
+
+
+# the header of a wake: the ``poll_due`` a run sends to arrive when the next row falls due
+# before the next beat tick (``reconcile.lifecycle.batch.wake_in``); its value is that tick's
+# time (POSIX seconds), which no wake of the chain passes. A wake also carries the helper
+# header, so it sends no helper, here and on a worker of an earlier release
+_WAKE_HEADER = "reconcile_poll_due_wake_until"
+
+
+def _wake_until(task: Any, rt: Runtime) -> datetime | None:
+    """Until when this run may send a wake: a beat tick (or a worker's fallback nudge) until
+    the next tick is due, a wake until its own header's time; None for a helper or a re-send
+    (or a wake header that is no time)."""
+    until = _header(task, _WAKE_HEADER)
+    if until is not None:
+        try:
+            return datetime.fromtimestamp(float(until), UTC)
+        except (ValueError, OverflowError, OSError):
+            return None
+    if _header(task, _HELPER_HEADER):
+        return None
+    every, _ = rt.settings.poll_due_tick
+    return rt.now() + timedelta(seconds=every)
+
+
+def _wake(rt: Runtime, until: datetime) -> None:
+    """Send the wake (an optimisation: the beat's ticks go on, so a failed lookup or send is
+    logged and dropped). It expires as a tick does, counted from when it is due."""
+    from .lifecycle.batch import wake_in
+
+    try:
+        countdown = wake_in(rt, until)
+        if countdown is not None:
+            send("reconcile.poll_due", [], countdown,
+                 headers={_HELPER_HEADER: "1", _WAKE_HEADER: repr(until.timestamp())},
+                 expires=countdown + rt.settings.poll_due_tick[1])
+    except Exception:
+        log.warning("poll_due_wake_not_sent", exc_info=True)
 
 
 @shared_task(name="reconcile.settle", ignore_result=True, acks_late=True)

@@ -36,7 +36,8 @@ rows stay due past its time budget) runs :func:`poll_due`:
 
 The loop claims again while rows are due and its time budget is left. When its first claim
 comes back full, the task sends one more ``reconcile.poll_due`` (expiring as a tick does), so
-an idle worker process shares the rest of the due rows.
+an idle worker process shares the rest of the due rows. When a row falls due before the next
+tick, the task sends a wake: one more ``reconcile.poll_due`` due then (:func:`wake_in`).
 """
 
 from __future__ import annotations
@@ -180,6 +181,33 @@ def poll_due(rt: Runtime, *, budget: float | None = None, limit: int | None = No
     if report.claimed:
         log.info(report.line())
     return report
+
+
+# a wake comes at least this share of a tick after the run that sent it: at most
+# WAKES_PER_TICK - 1 wakes follow a tick, however densely rows fall due
+WAKES_PER_TICK = 4
+
+
+def wake_in(rt: Runtime, until: datetime) -> float | None:
+    """When a ``poll_due`` run should wake again before ``until`` (the next beat tick): seconds
+    from now to the earliest due time of an unclaimed row this process could claim, or to one
+    ``1/WAKES_PER_TICK`` of a tick from now if that is later (a row due already: then); None
+    when no row falls due before ``until`` (the tick claims it) or the wake would come at or
+    after it.
+
+    Rows are claimed only when a run comes; a run each tick made every read wait for the tick,
+    up to one tick (0.5 s on average at the default 1 s) past its due time. A wake is the same
+    claim sent to arrive when the next row falls due: idle (nothing due before the next tick)
+    it costs this one indexed read per run, and at most ``WAKES_PER_TICK - 1`` runs follow a
+    tick."""
+    now = rt.now()
+    with rt.sessions() as session:  # a row due already (it fell due during the run) counts
+        upcoming = jobstore.oldest_unclaimed_due(session, until, kinds=_async_kinds())
+    if upcoming is None or upcoming >= until:
+        return None
+    every, _ = rt.settings.poll_due_tick
+    at = max(upcoming, now + timedelta(seconds=every / WAKES_PER_TICK))
+    return (at - now).total_seconds() if at < until else None
 
 
 def run_claims(rt: Runtime, claims: list[Claim], report: BatchReport | None = None) -> BatchReport:

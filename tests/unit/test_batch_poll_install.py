@@ -28,8 +28,9 @@ sent = {"platform": 0, "other": 0}
 for name, app in (("platform", platform), ("other", other)):
     task = app.tasks["reconcile.poll_due"]
     task.apply_async = (lambda n: lambda *a, **k: sent.__setitem__(n, sent[n] + 1))(name)
+from datetime import UTC, datetime
 from reconcile.settings import Settings
-rt = SimpleNamespace(settings=SimpleNamespace(poll_mode=Settings().poll_mode))
+rt = SimpleNamespace(settings=Settings(), now=lambda: datetime.now(UTC))
 tasks.get_runtime = lambda: rt
 batch_poll.poll_due = lambda rt, **kw: batch_poll.BatchReport(claimed=1, batches=1, more=True)
 ran = tasks.poll_due.run()
