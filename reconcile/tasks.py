@@ -11,6 +11,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -204,26 +205,27 @@ def _header(task: Any, name: str) -> str | None:
 _HELPER_HEADER = "reconcile_poll_due_helper"
 
 
-class _HelperSender:
-    """Sends the helper ``poll_due`` on a daemon thread, one at a time per process: the run
-    goes on to read the rows it claimed at once, whatever the broker does (a broker that
-    accepts the connection and never answers would block the publish, and the claimed rows
-    with it, until their lease ends; a daemon thread never holds the process's exit either).
-    While a send is still pending, another is dropped, not queued: the helper is an
-    optimisation, and the beat's ticks go on. A forked child sees the parent's thread as not
-    alive, so it sends its own."""
+class _OffThread:
+    """Sends one ``poll_due`` (``message(*args)``) on a daemon thread, one at a time per process:
+    the run goes on at once, whatever the broker does (a broker that accepts the connection and
+    never answers would block the publish, and with it the helper's claimed rows until their
+    lease ends, or the tick's worker process; a daemon thread never holds the process's exit
+    either). While a send is still pending, another is dropped, not queued: a helper and a wake
+    are optimisations, and the beat's ticks go on. A forked child sees the parent's thread as
+    not alive, so it sends its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, what: str, message: Callable[..., None]) -> None:
+        self._what, self._message = what, message
         self._lock = threading.Lock()
         self._pending: threading.Thread | None = None
 
-    def __call__(self, rt: Runtime) -> None:
+    def __call__(self, *args: Any) -> None:
         with self._lock:
             if self._pending is not None and self._pending.is_alive():
-                log.warning("poll_due_helper_skipped: the previous one is not sent yet")
+                log.warning("poll_due_%s_skipped: the previous one is not sent yet", self._what)
                 return
-            self._pending = threading.Thread(target=self._send, args=(rt,), daemon=True,
-                                             name="reconcile-poll-due-helper")
+            self._pending = threading.Thread(target=self._send, args=args, daemon=True,
+                                             name=f"reconcile-poll-due-{self._what}")
             self._pending.start()
 
     def wait(self, timeout: float | None = None) -> None:
@@ -232,16 +234,27 @@ class _HelperSender:
         if pending is not None:
             pending.join(timeout)
 
-    @staticmethod
-    def _send(rt: Runtime) -> None:
+    def _send(self, *args: Any) -> None:
         try:
-            send("reconcile.poll_due", [], headers={_HELPER_HEADER: "1"},
-                 expires=rt.settings.poll_due_tick[1])
+            self._message(*args)
         except Exception:
-            log.warning("poll_due_helper_not_sent", exc_info=True)
+            log.warning("poll_due_%s_not_sent", self._what, exc_info=True)
 
 
-_send_helper = _HelperSender()
+def _helper_message(rt: Runtime) -> None:
+    send("reconcile.poll_due", [], headers={_HELPER_HEADER: "1"},
+         expires=rt.settings.poll_due_tick[1])
+
+
+def _wake_message(rt: Runtime, countdown: float, until: datetime, hop: int) -> None:
+    send("reconcile.poll_due", [], countdown,
+         headers={_HELPER_HEADER: "1", _WAKE_HEADER: repr(until.timestamp()),
+                  _WAKE_HOP_HEADER: str(hop)},
+         expires=countdown + rt.settings.poll_due_tick[1])
+
+
+_send_helper = _OffThread("helper", _helper_message)
+_send_wake = _OffThread("wake", _wake_message)
 
 
 @shared_task(name="reconcile.poll_due", bind=True, ignore_result=True, acks_late=True)
@@ -257,52 +270,62 @@ def poll_due(self: Any) -> str:
     rt = get_runtime()
     if rt.settings.poll_mode != "batch":
         return "off"
-    until = _wake_until(self, rt)
+    wake = _wake_plan(self, rt)
     helper = None if _header(self, _HELPER_HEADER) else partial(_send_helper, rt)
     report = run(rt, helper=helper)
     if report.more:
         send("reconcile.poll_due", [], headers={_HELPER_HEADER: "1"})
-    elif until is not None:
-        _wake(rt, until)
+    elif wake is not None:
+        _wake(rt, *wake)
     return report.line()
 
 
-# the header of a wake: the ``poll_due`` a run sends to arrive when the next row falls due
-# before the next beat tick (``reconcile.lifecycle.batch.wake_in``); its value is that tick's
-# time (POSIX seconds), which no wake of the chain passes. A wake also carries the helper
-# header, so it sends no helper, here and on a worker of an earlier release
+# the headers of a wake: the ``poll_due`` a run sends to arrive when the next row falls due
+# before the next beat tick (``reconcile.lifecycle.batch.wake_in``). Its tick's time (POSIX
+# seconds), which no wake of the chain passes, and its place in the chain (1 for a tick's
+# wake). A wake also carries the helper header, so it sends no helper, here and on a worker of
+# an earlier release
 _WAKE_HEADER = "reconcile_poll_due_wake_until"
+_WAKE_HOP_HEADER = "reconcile_poll_due_wake_hop"
 
 
-def _wake_until(task: Any, rt: Runtime) -> datetime | None:
-    """Until when this run may send a wake: a beat tick (or a worker's fallback nudge) until
-    the next tick is due, a wake until its own header's time; None for a helper or a re-send
-    (or a wake header that is no time)."""
-    until = _header(task, _WAKE_HEADER)
-    if until is not None:
-        try:
-            return datetime.fromtimestamp(float(until), UTC)
-        except (ValueError, OverflowError, OSError):
-            return None
-    if _header(task, _HELPER_HEADER):
-        return None
+def _wake_plan(task: Any, rt: Runtime) -> tuple[datetime, int] | None:
+    """Until when this run may send a wake, and that wake's place in its chain: a beat tick
+    (or a worker's fallback nudge) until its next tick, as the first; a wake until its header's
+    time but never past this process's own next tick (a header from a worker with a longer
+    interval, or forged, ends its chain within one tick here), as the next, while fewer than
+    ``WAKES_PER_TICK - 1`` came before it (a clock that does not move, or Celery's eager mode
+    running each wake at once, ends its chain there). None: no wake (a helper, a re-send, the
+    chain's last, or headers that are no time or no place)."""
+    from .lifecycle.batch import WAKES_PER_TICK
+
     every, _ = rt.settings.poll_due_tick
-    return rt.now() + timedelta(seconds=every)
+    own = rt.now() + timedelta(seconds=every)
+    until = _header(task, _WAKE_HEADER)
+    if until is None:
+        return None if _header(task, _HELPER_HEADER) else (own, 1)
+    try:
+        hop = int(_header(task, _WAKE_HOP_HEADER) or "")
+        return (min(datetime.fromtimestamp(float(until), UTC), own), hop + 1) \
+            if 0 < hop < WAKES_PER_TICK - 1 else None
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
-def _wake(rt: Runtime, until: datetime) -> None:
-    """Send the wake (an optimisation: the beat's ticks go on, so a failed lookup or send is
-    logged and dropped). It expires as a tick does, counted from when it is due."""
+def _wake(rt: Runtime, until: datetime, hop: int) -> None:
+    """Send the wake on a thread of its own (an optimisation: the beat's ticks go on, so a
+    failed lookup or send is logged and dropped). It expires as a tick does, counted from
+    when it is due. A countdown past ``MAX_COUNTDOWN`` (the broker's bound,
+    ``broker.cap_countdown``; a tick that long) sends none: the tick claims the row."""
     from .lifecycle.batch import wake_in
 
     try:
         countdown = wake_in(rt, until)
-        if countdown is not None:
-            send("reconcile.poll_due", [], countdown,
-                 headers={_HELPER_HEADER: "1", _WAKE_HEADER: repr(until.timestamp())},
-                 expires=countdown + rt.settings.poll_due_tick[1])
     except Exception:
         log.warning("poll_due_wake_not_sent", exc_info=True)
+        return
+    if countdown is not None and broker.cap_countdown(countdown, rt.settings) == countdown:
+        _send_wake(rt, countdown, until, hop)
 
 
 @shared_task(name="reconcile.settle", ignore_result=True, acks_late=True)

@@ -25,10 +25,13 @@ from tests.integration.workers import Worker, make_sender, wait_for
 
 KIND = "replicate-prediction"
 FAILS = ((0.0, "queued"), (0.0, "failed"))
-# a tick interval long enough that the worker's fallback ticker never nudges during a test,
-# and a budget long enough that no run ends with ``more`` (no plain re-send to confuse counts)
+# a tick interval long enough that the worker's fallback ticker never nudges during a test
+# (10 s at the time scale of 0.05: rows due for 20 s), yet shorter than a claim's lease
+# (12.25 s), so that no run finds a claimed row falling due before its next tick and sends a
+# wake; and a budget long enough that no run ends with ``more`` (no plain re-send to confuse
+# counts)
 QUIET = {"RECONCILE_POLL_MODE": "batch", "RECONCILE_POLL_BATCH_SIZE": "2",
-         "RECONCILE_POLL_BATCH_INTERVAL": "1000", "RECONCILE_POLL_BATCH_TIME_BUDGET": "1000"}
+         "RECONCILE_POLL_BATCH_INTERVAL": "200", "RECONCILE_POLL_BATCH_TIME_BUDGET": "1000"}
 
 
 def _due_rows(w: World, n: int) -> list[uuid.UUID]:

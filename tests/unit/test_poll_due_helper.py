@@ -130,19 +130,29 @@ def _wakes_at(monkeypatch: pytest.MonkeyPatch, seconds: float | None) -> list[An
     return asked
 
 
-def _wake(countdown: float, until: datetime) -> tuple[str, dict[str, Any]]:
+def _wake(countdown: float, until: datetime, hop: int = 1) -> tuple[str, dict[str, Any]]:
     return ("reconcile.poll_due", {
-        "headers": {tasks._HELPER_HEADER: "1", tasks._WAKE_HEADER: repr(until.timestamp())},
+        "headers": {tasks._HELPER_HEADER: "1", tasks._WAKE_HEADER: repr(until.timestamp()),
+                    tasks._WAKE_HOP_HEADER: str(hop)},
         "expires": countdown + 2.0, "countdown": countdown})
+
+
+def _apply(**options: Any) -> str:
+    """Run the task (eagerly, as the tests' broker-less app does); return its report once its
+    wake (sent on a thread of its own) is sent."""
+    out = tasks.poll_due.apply(**options).get()
+    tasks._send_wake.wait(10)
+    return str(out)
 
 
 def test_a_tick_sends_a_wake_for_a_row_due_before_the_next_tick(
         sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tick's wake is marked (a helper, so it sends no helper; and its tick's time, the
-    next tick's, two seconds on), is due when the row is and expires as a tick does after it."""
+    """The tick's wake is marked (a helper, so it sends no helper; its tick's time, the next
+    tick's, two seconds on; the first of its chain), is due when the row is and expires as a
+    tick does after it."""
     _runs(monkeypatch, more=False, full=False)
     asked = _wakes_at(monkeypatch, 0.7)
-    tasks.poll_due.apply()
+    _apply()
     until = START + timedelta(seconds=2)
     assert asked == [until]
     assert sent == [_wake(0.7, until)]
@@ -150,22 +160,52 @@ def test_a_tick_sends_a_wake_for_a_row_due_before_the_next_tick(
 
 def test_a_wake_keeps_its_ticks_time_and_a_helper_or_a_resend_sends_none(
         sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A wake's own run wakes again only before its header's time (never the time of a tick
-    of its own: a chain of wakes ends at the next tick); a helper and a re-send wake nothing;
-    a run whose budget ran out re-sends and wakes nothing."""
+    """A wake's own run wakes again only before its header's time (a chain of wakes ends at
+    the next tick); a helper and a re-send wake nothing; a run whose budget ran out re-sends
+    and wakes nothing."""
     _runs(monkeypatch, more=False, full=False)
     asked = _wakes_at(monkeypatch, 0.5)
     until = START + timedelta(seconds=1.3)
-    tasks.poll_due.apply(headers=_wake(0.5, until)[1]["headers"])
-    assert asked == [until] and sent == [_wake(0.5, until)]
+    _apply(headers=_wake(0.5, until)[1]["headers"])
+    assert asked == [until] and sent == [_wake(0.5, until, 2)]
 
     sent.clear()
-    tasks.poll_due.apply(headers={tasks._HELPER_HEADER: "1"})
+    _apply(headers={tasks._HELPER_HEADER: "1"})
     assert sent == [] and len(asked) == 1
 
     _runs(monkeypatch, more=True, full=False)
-    tasks.poll_due.apply()
+    _apply()
     assert sent == [RESEND] and len(asked) == 1
+
+
+def test_a_wake_never_reaches_past_this_process_s_own_next_tick(
+        sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A header time past this process's next tick (a worker with a longer interval sent it,
+    or it is forged: a year on) is cut to that tick, and the cut time is what the next wake
+    carries: the chain ends within one tick here."""
+    _runs(monkeypatch, more=False, full=False)
+    asked = _wakes_at(monkeypatch, 0.5)
+    far = START + timedelta(days=365)
+    _apply(headers=_wake(0.5, far)[1]["headers"])
+    own = START + timedelta(seconds=2)
+    assert asked == [own] and sent == [_wake(0.5, own, 2)]
+
+
+def test_a_chain_ends_after_three_wakes_even_on_a_clock_that_does_not_move(
+        sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime's clock stands still (a test clock; Celery's eager mode runs each wake at
+    once): a tick and each wake it leads to run in turn, rows always falling due; the chain
+    stops at its third wake."""
+    _runs(monkeypatch, more=False, full=False)
+    _wakes_at(monkeypatch, 0.5)
+    _apply()
+    runs = 1
+    while sent:
+        name, options = sent.pop()
+        assert name == "reconcile.poll_due" and runs < 10
+        _apply(headers=options["headers"])
+        runs += 1
+    assert runs == 1 + 3
 
 
 @pytest.mark.parametrize("until", ["soon", "nan", "inf", "1e300", ""])
@@ -173,8 +213,38 @@ def test_a_wake_header_that_is_no_time_sends_no_wake(
         sent: Sent, monkeypatch: pytest.MonkeyPatch, until: str) -> None:
     _runs(monkeypatch, more=False, full=False)
     asked = _wakes_at(monkeypatch, 0.5)
-    tasks.poll_due.apply(headers={tasks._HELPER_HEADER: "1", tasks._WAKE_HEADER: until})
+    _apply(headers={tasks._HELPER_HEADER: "1", tasks._WAKE_HEADER: until,
+                    tasks._WAKE_HOP_HEADER: "1"})
     assert sent == [] and asked == []
+
+
+@pytest.mark.parametrize("hop", [None, "", "x", "0", "-1", "3", "99"])
+def test_a_wake_hop_that_is_no_place_in_a_chain_sends_no_wake(
+        sent: Sent, monkeypatch: pytest.MonkeyPatch, hop: str | None) -> None:
+    _runs(monkeypatch, more=False, full=False)
+    asked = _wakes_at(monkeypatch, 0.5)
+    headers = {tasks._HELPER_HEADER: "1",
+               tasks._WAKE_HEADER: repr((START + timedelta(seconds=1)).timestamp())}
+    if hop is not None:
+        headers[tasks._WAKE_HOP_HEADER] = hop
+    _apply(headers=headers)
+    assert sent == [] and asked == []
+
+
+def test_a_wake_past_the_broker_s_countdown_bound_is_not_sent(
+        sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick longer than ``MAX_COUNTDOWN`` (nothing refuses one): a wake would wait past the
+    broker's bound, so none is sent; the tick claims the row."""
+    _runs(monkeypatch, more=False, full=False)
+    settings = Settings(poll_mode="batch", poll_batch_interval=900.0, max_countdown=300)
+    monkeypatch.setattr(tasks, "get_runtime",
+                        lambda: SimpleNamespace(settings=settings, now=lambda: START))
+    _wakes_at(monkeypatch, 600.0)
+    _apply()
+    assert sent == []
+    _wakes_at(monkeypatch, 300.0)
+    _apply()
+    assert [options["countdown"] for _, options in sent] == [300.0]
 
 
 def test_a_failed_lookup_or_send_loses_nothing_but_the_wake(
@@ -187,7 +257,7 @@ def test_a_failed_lookup_or_send_loses_nothing_but_the_wake(
         raise RuntimeError("database down")
 
     monkeypatch.setattr(batch_poll, "wake_in", broken)
-    assert "claimed=32" in tasks.poll_due.apply().get()
+    assert "claimed=32" in _apply()
     assert sent == []
 
     _wakes_at(monkeypatch, 0.5)
@@ -196,12 +266,38 @@ def test_a_failed_lookup_or_send_loses_nothing_but_the_wake(
         raise ConnectionError("broker down")
 
     monkeypatch.setattr(tasks, "send", refused)
-    assert "claimed=32" in tasks.poll_due.apply().get()
+    assert "claimed=32" in _apply()
+
+
+def test_a_hung_broker_holds_neither_the_tick_nor_the_next_wake(
+        sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that never answers: the wake's publish blocks on its own thread and the tick's
+    run returns at once; while it is pending, the next run's wake is dropped, not queued."""
+    _runs(monkeypatch, more=False, full=False)
+    _wakes_at(monkeypatch, 0.5)
+    release = threading.Event()
+    attempts: list[int] = []
+
+    def hung(name: str, args: list[Any], countdown: float | None = None, **kw: Any) -> None:
+        attempts.append(1)
+        release.wait(30)
+
+    monkeypatch.setattr(tasks, "send", hung)
+    try:
+        finished = threading.Event()
+        threading.Thread(target=lambda: (tasks.poll_due.apply(), finished.set()),
+                         daemon=True).start()
+        assert finished.wait(5), "the wake's send held the tick"
+        tasks.poll_due.apply()
+    finally:
+        release.set()
+        tasks._send_wake.wait(10)
+    assert attempts == [1]
 
 
 def test_chain_mode_wakes_nothing(sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
     asked = _wakes_at(monkeypatch, 0.5)
     monkeypatch.setattr(tasks, "get_runtime", lambda: SimpleNamespace(
         settings=Settings(poll_mode="chain"), now=lambda: START))
-    assert tasks.poll_due.apply().get() == "off"
+    assert _apply() == "off"
     assert sent == [] and asked == []
