@@ -110,7 +110,8 @@ def reaped_by(log_path: Path, workers: set[str]) -> dict[str, str]:
 
 
 def discarded_ticks(log_path: Path) -> int:
-    """The ``reconcile.poll_due`` ticks a worker dropped unrun: expired before it took them."""
+    """The ``reconcile.poll_due`` messages a worker dropped unrun (ticks, helpers, wakes):
+    expired before it took them."""
     try:
         text = log_path.read_text("utf-8", "replace")
     except OSError:

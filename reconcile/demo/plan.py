@@ -109,7 +109,7 @@ class Story:
     a_reaped_at: dict[str, datetime] = field(default_factory=dict)
     reaped_by: dict[str, str] = field(default_factory=dict)
     poll_due_ticks: int = 0
-    poll_due_discarded: int = 0  # expired ticks the workers dropped unrun (their logs)
+    poll_due_discarded: int = 0  # expired poll_due messages the workers dropped unrun (logs)
 
     @property
     def crash_point(self) -> str:

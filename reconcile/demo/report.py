@@ -210,9 +210,10 @@ def show_claims(story: Story, jobs: dict[uuid.UUID, Any], came_back: Mapping[uui
             if reaped is not None else "never reaped")
             + (f"; it held {len(leases)} claim(s), lease ending {after(max(leases))} after"
                if worker in holders else "; it held no claim"), stamp=False)
-    say(f"poll_due ticks sent by this process: {story.poll_due_ticks}; dropped unrun by the "
-        f"workers as expired: {story.poll_due_discarded} (the filesystem broker keeps an "
-        f"expired message; the worker that receives it discards it)", stamp=False)
+    say(f"poll_due ticks sent by this process: {story.poll_due_ticks}; poll_due messages "
+        f"dropped unrun by the workers as expired (ticks, and the helpers and wakes the "
+        f"workers sent): {story.poll_due_discarded} (the filesystem broker keeps an expired "
+        f"message; the worker that receives it discards it)", stamp=False)
 
 
 def print_table(rows: list[Row], say: Printer) -> None:
