@@ -82,10 +82,9 @@ def test_under_overload_a_tick_and_its_chain_of_resends_send_one_helper(
     assert sent.count(HELPER) == 1 and sent.count(RESEND) == 1
 
 
-def test_the_send_does_not_hold_the_run_and_a_second_waits_for_none(
-        sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A broker that never answers: the send blocks on its own thread, the run goes on at once;
-    while it is pending, the next run's helper is dropped, not queued behind it."""
+def _hung_broker(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:
+    """``send`` as a broker that accepts and never answers, until the event is set; each
+    attempt is counted."""
     release = threading.Event()
     attempts: list[int] = []
 
@@ -94,6 +93,14 @@ def test_the_send_does_not_hold_the_run_and_a_second_waits_for_none(
         release.wait(30)
 
     monkeypatch.setattr(tasks, "send", hung)
+    return release, attempts
+
+
+def test_the_send_does_not_hold_the_run_and_a_second_waits_for_none(
+        sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that never answers: the send blocks on its own thread, the run goes on at once;
+    while it is pending, the next run's helper is dropped, not queued behind it."""
+    release, attempts = _hung_broker(monkeypatch)
     rt = tasks.get_runtime()
     try:
         finished = threading.Event()
@@ -275,14 +282,7 @@ def test_a_hung_broker_holds_neither_the_tick_nor_the_next_wake(
     run returns at once; while it is pending, the next run's wake is dropped, not queued."""
     _runs(monkeypatch, more=False, full=False)
     _wakes_at(monkeypatch, 0.5)
-    release = threading.Event()
-    attempts: list[int] = []
-
-    def hung(name: str, args: list[Any], countdown: float | None = None, **kw: Any) -> None:
-        attempts.append(1)
-        release.wait(30)
-
-    monkeypatch.setattr(tasks, "send", hung)
+    release, attempts = _hung_broker(monkeypatch)
     try:
         finished = threading.Event()
         threading.Thread(target=lambda: (tasks.poll_due.apply(), finished.set()),
