@@ -12,25 +12,28 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile.db.models import Job
 from reconcile.lifecycle import batch as batch_poll
 from reconcile.testing.simulator import Script, Simulator
 from reconcile.worker import installed
 from tests.integration._sweep_helpers import World
 from tests.integration.test_worker_crash import _env
-from tests.integration.test_worker_poll_due_helper import FAILS, KIND, _received, sender  # noqa: F401
+from tests.integration.test_worker_poll_due_helper import (  # noqa: F401 - fixtures
+    FAILS,
+    KIND,
+    _received,
+    sender,
+    world,
+)
 from tests.integration.workers import Worker, wait_for
 
 RUNNING = ((0.0, "queued"), (3600.0, "succeeded"))
 
 
 def _due_in(w: World, job_id: uuid.UUID, seconds: float) -> None:
-    with w.db.begin() as s:
-        s.execute(update(Job).where(Job.id == job_id)
-                  .values(poll_due_at=w.clock.now + timedelta(seconds=seconds)))
+    w.set(job_id, poll_due_at=w.clock.now + timedelta(seconds=seconds))
 
 
 def test_wake_in_is_the_next_due_time_before_the_tick_or_none(
@@ -60,8 +63,7 @@ def test_wake_in_is_the_next_due_time_before_the_tick_or_none(
 
     other = w.accept(KIND, Script(timeline=FAILS))
     _due_in(w, other, 1.0)
-    with w.db.begin() as s:
-        s.execute(update(Job).where(Job.id == other).values(status="failed"))
+    w.set(other, status="failed")
     assert batch_poll.wake_in(w.rt, until) is None
 
 
@@ -72,8 +74,7 @@ def test_wake_in_skips_kinds_this_process_cannot_read(
     w = World(pg_and_sqlite, simulator, tmp_path, poll_mode="batch", poll_batch_interval=2.0)
     job = w.accept(KIND, Script(timeline=RUNNING))
     _due_in(w, job, 1.0)
-    with w.db.begin() as s:
-        s.execute(update(Job).where(Job.id == job).values(provider_kind="nobody-knows-this"))
+    w.set(job, provider_kind="nobody-knows-this")
     assert batch_poll.wake_in(w.rt, w.clock.now + timedelta(seconds=2)) is None
 
 
@@ -82,7 +83,7 @@ def _nudges(worker: Worker) -> int:
 
 
 def test_real_worker_a_tick_wakes_for_a_row_due_after_it(
-        world: World, pg_url: str, simulator: Simulator, tmp_path: Path, redis_url: str,
+        world: World, pg_url: str, simulator: Simulator, tmp_path: Path, redis_url: str,  # noqa: F811 - the fixtures
         sender: object) -> None:  # noqa: F811
     """Ticks every 8 s (160 s at the tests' time scale of 0.05; no beat runs: one tick sent by
     hand), so the fallback ticker nudges only for a row due for more than 16 s, and a wake
@@ -95,25 +96,13 @@ def test_real_worker_a_tick_wakes_for_a_row_due_after_it(
     try:
         worker.wait_ready()
         job = w.accept(KIND, Script(timeline=FAILS))
-        with w.db.begin() as s:
-            s.execute(update(Job).where(Job.id == job)
-                      .values(poll_due_at=text("now() + interval '1.5 seconds'")))
+        w.set(job, poll_due_at=text("now() + interval '1.5 seconds'"))
         installed.send("reconcile.poll_due", [])  # the tick
         log = worker.log_path
-        assert wait_for(lambda: _status(w, job) == "failed", 12), log.read_text()[-3000:]
+        assert wait_for(lambda: w.job(job).status == "failed", 12), log.read_text()[-3000:]
         assert _received(worker) == 2, log.read_text()[-3000:]
         assert _nudges(worker) == 0, log.read_text()[-3000:]
         time.sleep(2.5)  # the wake's run found nothing more due: it sent no wake of its own
         assert _received(worker) == 2, log.read_text()[-3000:]
     finally:
         worker.stop()
-
-
-def _status(w: World, job: uuid.UUID) -> str | None:
-    with w.db() as s:
-        return s.execute(select(Job.status).where(Job.id == job)).scalar()
-
-
-@pytest.fixture
-def world(db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> World:
-    return World(db, simulator, tmp_path, poll_mode="batch")
