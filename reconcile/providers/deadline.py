@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import ipaddress
 import itertools
+import math
 import os
 import socket
 import threading
@@ -108,34 +109,53 @@ def _shut(sock: Any) -> None:
 
 class _Watchdog:
     """ONE daemon thread per process that expires every watch at its deadline (a heap of
-    deadlines; a thread per exchange would be started and stopped for every poll). An ended
-    watch stays in the heap until its time and is then skipped. Started lazily, and again in a
-    forked child (a prefork worker does not inherit the parent's thread)."""
+    deadlines; a thread per exchange would be started and stopped for every poll). Started
+    lazily, and again in a forked child (a prefork worker does not inherit the parent's thread).
+
+    The thread sleeps until the earliest deadline in the heap and is woken early only by a
+    deadline earlier than the one it sleeps for. An exchange that ended in time leaves its watch
+    in the heap; ended watches at the head are dropped unexpired, by the next exchange's
+    :meth:`schedule` or by the thread when it wakes. So exchanges that end in time, all with the
+    same timeout, wake the thread about once per timeout, not once per exchange (a wake per
+    exchange was a context switch and most of a status read's deadline cost)."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.heap: list[tuple[float, int, _Watch]] = []
         self.order = itertools.count()
         self.pid: int | None = None
+        self.waking_at = math.inf  # when the thread wakes by itself (inf: it waits for notify)
 
     def schedule(self, seconds: float, watch: _Watch) -> None:
+        at = time.monotonic() + max(0.0, seconds)
         with self.cond:
             if self.pid != os.getpid():
-                self.pid, self.heap = os.getpid(), []
+                self.pid, self.heap, self.waking_at = os.getpid(), [], math.inf
                 threading.Thread(target=self._run, name="reconcile-deadline", daemon=True).start()
-            heapq.heappush(self.heap, (time.monotonic() + max(0.0, seconds), next(self.order), watch))
-            self.cond.notify()
+            self._drop_ended()
+            heapq.heappush(self.heap, (at, next(self.order), watch))
+            if at < self.waking_at:  # otherwise the thread wakes in time and sees it then
+                self.waking_at = at
+                self.cond.notify()
+
+    def _drop_ended(self) -> None:
+        """Drop the ended watches at the head of the heap (under the condition's lock)."""
+        heap = self.heap
+        while heap and heap[0][2].ended:
+            heapq.heappop(heap)
 
     def _run(self) -> None:
         while True:
             with self.cond:
                 while True:
+                    self._drop_ended()
                     now = time.monotonic()
                     if self.heap and self.heap[0][0] <= now:
                         watch = heapq.heappop(self.heap)[2]
                         break
-                    self.cond.wait(self.heap[0][0] - now if self.heap else None)
-            watch.expire()  # a no-op for an exchange that ended in time
+                    self.waking_at = self.heap[0][0] if self.heap else math.inf
+                    self.cond.wait(self.waking_at - now if self.heap else None)
+            watch.expire()  # a no-op for an exchange that ended just in time
 
 
 _WATCHDOG = _Watchdog()

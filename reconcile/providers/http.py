@@ -127,6 +127,23 @@ class ProviderSession(requests.Session):
     def __init__(self) -> None:
         super().__init__()
         self._environment: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._netrc: dict[str | None, Any] = {}
+
+    def prepare_request(self, request: requests.Request) -> requests.PreparedRequest:
+        """requests looks the host up in the netrc file (a stat of ``~/.netrc`` and
+        ``~/_netrc`` at least) on every request with no auth of its own: that answer is kept per
+        host too, with the same lifetime as the environment's."""
+        parts = urlsplit(request.url)
+        # a URL with credentials of its own is left to requests (they apply when netrc has none)
+        if self.trust_env and not request.auth and not self.auth and "@" not in parts.netloc:
+            host = parts.hostname
+            auth = self._netrc.get(host)
+            if auth is None:
+                if len(self._netrc) >= self.MAX_ORIGINS:
+                    self._netrc.clear()
+                auth = self._netrc[host] = requests.utils.get_netrc_auth(request.url) or _NO_AUTH
+            request.auth = auth
+        return super().prepare_request(request)
 
     def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any,
                                    cert: Any) -> dict[str, Any]:
@@ -145,6 +162,14 @@ class ProviderSession(requests.Session):
             settings = self._environment[key] = _copied(super().merge_environment_settings(
                 url, proxies, stream, verify, cert))
         return _copied(settings)
+
+
+def _no_auth(request: requests.PreparedRequest) -> requests.PreparedRequest:
+    """The auth of a host the netrc file has no entry for: the request as it is."""
+    return request
+
+
+_NO_AUTH = _no_auth
 
 
 def _frozen(value: Any) -> Any:

@@ -77,3 +77,64 @@ def test_a_client_without_an_injected_session_uses_one_and_keeps_an_injected_one
     assert isinstance(HttpClient("https://api.example").session, ProviderSession)
     mine = requests.Session()
     assert HttpClient("https://api.example", session=mine).session is mine
+
+
+def _netrc(tmp_path, monkeypatch) -> list[str]:
+    """A netrc file with one entry (``127.0.0.2``), and a log of requests' netrc lookups."""
+    path = tmp_path / "netrc"
+    path.write_text("machine 127.0.0.2 login alice password s3cret\n")
+    monkeypatch.setenv("NETRC", str(path))
+    seen: list[str] = []
+    real = requests.utils.get_netrc_auth
+
+    def counted(url, raise_errors=False):
+        seen.append(url)
+        return real(url, raise_errors=raise_errors)
+
+    monkeypatch.setattr(requests.utils, "get_netrc_auth", counted)
+    monkeypatch.setattr(requests.sessions, "get_netrc_auth", counted)
+    return seen
+
+
+URLS = ["http://127.0.0.2/v1/a", "http://127.0.0.2:81/b?x=1", "http://127.0.0.3/v1/a",
+        "https://api.example/v1", "http://user:pw@127.0.0.2/x", "http://user:pw@127.0.0.3/x",
+        "http://127.0.0.3/v1/b"]
+
+
+def test_netrc_credentials_are_what_a_plain_session_sends_and_read_once_per_host(
+        tmp_path, monkeypatch) -> None:
+    seen = _netrc(tmp_path, monkeypatch)
+    session = ProviderSession()
+    for _ in range(3):  # the second and third passes are served from the cache
+        for url in URLS:
+            request = requests.Request("GET", url, headers={"X-Key": "k"})
+            got = session.prepare_request(request).headers
+            want = requests.Session().prepare_request(
+                requests.Request("GET", url, headers={"X-Key": "k"})).headers
+            assert dict(got) == dict(want), url
+    assert session.prepare_request(requests.Request("GET", URLS[0])).headers[
+        "Authorization"] == requests.auth._basic_auth_str("alice", "s3cret")
+    # the oracle looks up every URL; ours once per host (127.0.0.2, .3, api.example), and
+    # every time for a URL with credentials of its own (left to requests)
+    ours = len(seen) - 3 * len(URLS)
+    assert ours == 3 + 3 * 2
+
+
+def test_a_request_with_its_own_auth_or_without_trust_env_never_reads_netrc(
+        tmp_path, monkeypatch) -> None:
+    seen = _netrc(tmp_path, monkeypatch)
+    session = ProviderSession()
+    own = session.prepare_request(requests.Request("GET", URLS[0], auth=("bob", "pw")))
+    assert own.headers["Authorization"] == requests.auth._basic_auth_str("bob", "pw")
+    session.trust_env = False
+    plain = session.prepare_request(requests.Request("GET", URLS[0]))
+    assert "Authorization" not in plain.headers
+    assert seen == []
+
+
+def test_the_netrc_cache_is_bounded(tmp_path, monkeypatch) -> None:
+    _netrc(tmp_path, monkeypatch)
+    session = ProviderSession()
+    for i in range(ProviderSession.MAX_ORIGINS * 2 + 3):
+        session.prepare_request(requests.Request("GET", f"http://h{i}.example/"))
+        assert len(session._netrc) <= ProviderSession.MAX_ORIGINS
