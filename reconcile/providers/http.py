@@ -133,15 +133,17 @@ class ProviderSession(requests.Session):
         """requests looks the host up in the netrc file (a stat of ``~/.netrc`` and
         ``~/_netrc`` at least) on every request with no auth of its own: that answer is kept per
         host too, with the same lifetime as the environment's."""
-        parts = urlsplit(request.url)
-        # a URL with credentials of its own is left to requests (they apply when netrc has none)
-        if self.trust_env and not request.auth and not self.auth and "@" not in parts.netloc:
+        url = request.url
+        # a URL with credentials of its own is left to requests (they apply when netrc has
+        # none), as is a URL given as bytes
+        if (self.trust_env and not request.auth and not self.auth and isinstance(url, str)
+                and "@" not in (parts := urlsplit(url)).netloc):
             host = parts.hostname
             auth = self._netrc.get(host)
             if auth is None:
                 if len(self._netrc) >= self.MAX_ORIGINS:
                     self._netrc.clear()
-                auth = self._netrc[host] = requests.utils.get_netrc_auth(request.url) or _NO_AUTH
+                auth = self._netrc[host] = requests.utils.get_netrc_auth(url) or _NO_AUTH
             request.auth = auth
         return super().prepare_request(request)
 
