@@ -8,16 +8,24 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, overload
 
-from sqlalchemy import bindparam, func, insert, or_, select, update
+from sqlalchemy import Row, bindparam, func, insert, or_, update
 from sqlalchemy.orm import Session
 
 from ..core import redact
 from ..db.models import Job, JobEvent, table_of
 from ..db.session import rowcount
 from ..states import IN_FLIGHT, Status, Submission
-from .cas import _cas, _cas_prepared, _cas_with_event_prepared, bound
+from .cas import (
+    _cas,
+    _cas_columns,
+    _cas_columns_with_event,
+    _cas_prepared,
+    _cas_with_event_prepared,
+    bound,
+    event_insert,
+)
 from .predicates import platform_row_uncalled, uncertain_expired
 
 
@@ -59,18 +67,11 @@ def insert_job_with_event(session: Session, values: dict[str, Any], event: JobEv
 @lru_cache(maxsize=32)  # the optional columns given or not
 def _job_with_event(names: tuple[str, ...]) -> Any:
     """:func:`insert_job_with_event`'s statement for a job written with these columns."""
-    jobs, events = table_of(Job), table_of(JobEvent)
+    jobs = table_of(Job)
     row = (insert(jobs).values({name: bindparam(f"j_{name}", type_=jobs.c[name].type)
                                 for name in names})
            .returning(jobs.c.id, jobs.c.user_id).cte("job"))
-    chosen = select(bindparam("e_event_id", type_=events.c.event_id.type), row.c.id,
-                    row.c.user_id, bindparam("e_type", type_=events.c.type.type),
-                    bindparam("e_payload", type_=events.c.payload.type),
-                    bindparam("e_created_at", type_=events.c.created_at.type),
-                    bindparam("e_published_at", type_=events.c.published_at.type))
-    return (insert(events).from_select(["event_id", "job_id", "user_id", "type", "payload",
-                                        "created_at", "published_at"], chosen)
-            .returning(events.c.id).add_cte(row))
+    return event_insert(row).add_cte(row)
 
 
 def mark_platform_call(session: Session, job_id: uuid.UUID, kind_name: str, now: datetime,
@@ -121,20 +122,37 @@ def claim_reenqueue(session: Session, job_id: uuid.UUID, now: datetime,
     )
 
 
+@overload
 def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
                  lease: timedelta, *, kinds: Sequence[str] | None = None,
-                 worker: str | None = None) -> Job | None:
+                 worker: str | None = None, columns: None = None) -> Job | None: ...
+
+
+@overload
+def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
+                 lease: timedelta, *, kinds: Sequence[str] | None = None,
+                 worker: str | None = None, columns: tuple[str, ...]) -> Row[Any] | None: ...
+
+
+def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
+                 lease: timedelta, *, kinds: Sequence[str] | None = None,
+                 worker: str | None = None,
+                 columns: tuple[str, ...] | None = None) -> Job | Row[Any] | None:
     """not_started → submitting, only for a pending row past its not-before time (and, with
     ``kinds``, only for a row of one of those provider kinds): the claim and the load in one.
     ``worker``: the live worker process claiming (recorded as ``claimed_by``: if its heartbeat
-    lapses the claim ends then, not at its lease)."""
+    lapses the claim ends then, not at its lease). ``columns``: return only those columns of
+    the claimed row, as a Core row (:func:`.cas._cas_columns`), instead of the mapped ``Job``."""
     # "now" once per column it meets: each binds as its own column does (a platform's naive
     # column beside the library's timestamptz one)
     params = {"c_job_id": job_id, "c_token": token, "c_started": now, "c_not_before": now,
               "c_call_started": now, "c_until": now + lease, "c_worker": worker}
-    if kinds is None:
-        return _cas_prepared(session, _claim_shape, params)
-    return _cas_prepared(session, _claim_kinds_shape, {**params, "c_kinds": list(kinds)})
+    shape = _claim_shape
+    if kinds is not None:
+        shape, params = _claim_kinds_shape, {**params, "c_kinds": list(kinds)}
+    if columns is not None:
+        return _cas_columns(session, shape, params, columns)
+    return _cas_prepared(session, shape, params)
 
 
 def _claim_shape(*where: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -173,18 +191,37 @@ def _owner(job_id: Any, token: Any) -> tuple[Any, ...]:
     )
 
 
+@overload
 def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, now: datetime,
                  poll_lease: timedelta, *, poll_due_at: datetime | None = None,
-                 event: JobEvent | None = None) -> Job | None:
+                 event: JobEvent | None = None, columns: None = None) -> Job | None: ...
+
+
+@overload
+def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, now: datetime,
+                 poll_lease: timedelta, *, poll_due_at: datetime | None = None,
+                 event: JobEvent | None = None,
+                 columns: tuple[str, ...]) -> Row[Any] | None: ...
+
+
+def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, now: datetime,
+                 poll_lease: timedelta, *, poll_due_at: datetime | None = None,
+                 event: JobEvent | None = None,
+                 columns: tuple[str, ...] | None = None) -> Job | Row[Any] | None:
     """``on_task_created``: persist the upstream id, accepted, processing, a new poll chain.
 
     Works after the claim lease expired (even from ``uncertain``) as long as the token matches,
     but never revives a job completed, failed or cancelled meanwhile. ``event``: the outbox row
     written with it when it wins (one statement on PostgreSQL:
     :func:`.cas._cas_with_event_prepared`). The statement is built once (:func:`_save_shape`).
+    ``columns``: as :func:`claim_create`'s (with an event, ``id`` and ``user_id`` come too).
     """
     params = {"s_job_id": job_id, "s_token": token, "s_task_id": task_id,
               "s_lease_until": now + poll_lease, "s_due_at": poll_due_at}
+    if columns is not None:
+        if event is None:
+            return _cas_columns(session, _save_shape, params, columns)
+        return _cas_columns_with_event(session, event, _save_shape, params, columns)
     if event is None:
         return _cas_prepared(session, _save_shape, params)
     return _cas_with_event_prepared(session, event, _save_shape, params)

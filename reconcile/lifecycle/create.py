@@ -59,6 +59,12 @@ def _async_kinds() -> list[str]:
     return [kind.name for kind in all_kinds() if not kind.sync]
 
 
+# what the create step reads of the row it claimed (the request to send), and of the row its
+# save wrote (the poll chain's start): only these come back, not the whole row
+_CLAIMED = ("provider_kind", "provider_model", "input_data", "provider_options")
+_SAVED = ("poll_generation", "provider_call_started_at")
+
+
 def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
     """Run the create for one job, at most once upstream whatever the number of messages.
 
@@ -73,7 +79,7 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
         claimed = jobstore.claim_create(session, job_id, token, now,
                                         rt.settings.scaled(CREATE_CLAIM_LEASE),
                                         kinds=_async_kinds(),  # sync kinds: the platform's request
-                                        worker=rt.worker_id)
+                                        worker=rt.worker_id, columns=_CLAIMED)
     if claimed is None:
         return _not_claimed(rt, job_id, now)
     kind = rt.kind(claimed.provider_kind)
@@ -98,7 +104,7 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
                  submission_state=Submission.REJECTED, where=_owner_where(token))
         return CreateOutcome("rejected", job_id, exc)
     except CreateRateLimited as exc:
-        return _rate_limited(rt, claimed, token, exc)
+        return _rate_limited(rt, job_id, token, exc)
     except CreateUncertain as exc:
         with rt.sessions.begin() as session:
             jobstore.mark_uncertain(session, job_id, token=token, now=rt.now(),
@@ -198,7 +204,7 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str, *,
     with one_statement(rt.sessions) as session:
         saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind),
                                       poll_due_at=first_due(rt, kind, now) if batch else None,
-                                      event=running)
+                                      event=running, columns=_SAVED)
     if saved is None:  # lost: what the late answer means, decided under the row's lock
         with rt.sessions.begin() as session:
             job = jobstore.load(session, job_id)
@@ -250,10 +256,17 @@ def _late_answer(session: Session, job: Job, task_id: str, now: datetime) -> str
 # --- issue 11 hole 1 (end) -------------------------------------------------------------------
 
 
-def _rate_limited(rt: Runtime, job: Job, token: str, exc: CreateRateLimited) -> CreateOutcome:
+def _rate_limited(rt: Runtime, job_id: uuid.UUID, token: str,
+                  exc: CreateRateLimited) -> CreateOutcome:
     """A 429 (documented as not created): the claim is released with a not-before time, or,
     after ``MAX_RATE_LIMITED_CREATES`` tries or with no room left before the job's horizon, the
-    job is rejected (refunded). Never uncertain: whatever ``Retry-After`` said."""
+    job is rejected (refunded). Never uncertain: whatever ``Retry-After`` said. The row is
+    read here (the claim returned only the request's columns); every write below is the claim
+    owner's compare-and-set."""
+    with rt.sessions() as session:
+        job = jobstore.load(session, job_id)
+    if job is None:
+        return CreateOutcome("lost", job_id)
     now = rt.now()
     count = job.create_rate_limit_count + 1
     wait = exc.retry_after if exc.retry_after is not None and math.isfinite(exc.retry_after) \

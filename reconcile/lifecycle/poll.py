@@ -12,6 +12,8 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
+from sqlalchemy import Row
+
 from .. import jobstore
 from ..db.models import Job
 from ..errors import (
@@ -138,7 +140,9 @@ def _store(rt: Runtime, job: Job, result: PollResult, via: str,
         raise
 
 
-def poll_countdown(rt: Runtime, kind: Kind, job: Job, now: datetime) -> float:
+def poll_countdown(rt: Runtime, kind: Kind, job: Job | Row[Any], now: datetime) -> float:
+    """Seconds to the job's next read: the kind's interval at the job's age (from the call's
+    start; ``job`` needs only ``provider_call_started_at``)."""
     started = job.provider_call_started_at or now
     return rt.settings.scaled(kind.interval_at(now - started)).total_seconds()
 

@@ -253,6 +253,87 @@ def test_save_task_id(sessions: sessionmaker[Session], now: datetime, due: Any, 
                               else 0)
 
 
+# --- the create step's narrow forms (``columns=``): the same write, only those columns back ---
+
+CLAIM_COLUMNS = ("provider_kind", "provider_model", "input_data", "provider_options",
+                 "provider_call_started_at", "claim_token", "started_at")
+SAVE_COLUMNS = ("poll_generation", "provider_call_started_at", "poll_due_at",
+                "poll_lease_expires_at")
+
+
+def _columns_of(got: Any, columns: tuple[str, ...]) -> dict[str, Any] | None:
+    """A mapped Job's or a Core row's ``columns`` (a row has its columns as attributes)."""
+    return None if got is None else {c: getattr(got, c) for c in columns}
+
+
+@pytest.mark.parametrize("now", NOWS, ids=["utc", "plus5"])
+@pytest.mark.parametrize("kinds", [None, ["a"], ["b"]], ids=str)
+@pytest.mark.parametrize("setup", [
+    {},
+    {"create_not_before": T0 + timedelta(microseconds=1)},
+    {"provider_call_started_at": T0 - timedelta(hours=3)},
+    {"submission_state": Submission.SUBMITTING},
+], ids=["plain", "nb-future", "call-started", "submitting"])
+def test_claim_create_columns_writes_the_same_row_and_returns_those_columns(
+        sessions: sessionmaker[Session], now: datetime, kinds: Any,
+        setup: dict[str, Any]) -> None:
+    def full(s: Session, job_id: uuid.UUID) -> Any:
+        return _columns_of(jobstore.claim_create(s, job_id, "tok", now, timedelta(minutes=5),
+                                                 kinds=kinds, worker="w"), CLAIM_COLUMNS)
+
+    def narrow(s: Session, job_id: uuid.UUID) -> Any:
+        row = jobstore.claim_create(s, job_id, "tok", now, timedelta(minutes=5), kinds=kinds,
+                                    worker="w", columns=CLAIM_COLUMNS)
+        assert row is None or not isinstance(row, Job)
+        return _columns_of(row, CLAIM_COLUMNS)
+
+    row, got = _twin(sessions, full, narrow, setup)
+    claimable = "create_not_before" not in setup and "submission_state" not in setup \
+        and kinds != ["b"]
+    assert (got is not None) == claimable
+    if got is not None:
+        assert got["claim_token"] == row["claim_token"] == "tok"
+
+
+@pytest.mark.parametrize("now", NOWS, ids=["utc", "plus5"])
+@pytest.mark.parametrize("due", [None, T0 + timedelta(seconds=30)], ids=["chain", "batch"])
+@pytest.mark.parametrize("token", ["tok", "other"])
+@pytest.mark.parametrize("state", [Submission.SUBMITTING, Submission.UNCERTAIN])
+@pytest.mark.parametrize("with_event", [True, False])
+def test_save_task_id_columns_writes_the_same_row_and_event_and_returns_those_columns(
+        sessions: sessionmaker[Session], now: datetime, due: Any, token: str, state: str,
+        with_event: bool) -> None:
+    setup = {"submission_state": state, "claim_token": "tok", "poll_generation": 3,
+             "poll_seq": 4, "provider_call_started_at": T0 - timedelta(minutes=1)}
+
+    def call(columns: tuple[str, ...] | None) -> Callable[..., Any]:
+        def run(s: Session, job_id: uuid.UUID) -> Any:
+            event = None
+            if with_event:
+                event = JobEvent(event_id=str(uuid.uuid4()), job_id=job_id,
+                                 user_id=uuid.UUID(int=7), type="running", payload={"k": 1},
+                                 created_at=now, published_at=None)
+            got = jobstore.save_task_id(s, job_id, token, "task-1", now, timedelta(minutes=2),
+                                        poll_due_at=due, event=event, columns=columns)
+            s.flush()
+            if event is not None:
+                assert (event.id is not None) == (got is not None)
+                assert (event.job_id, event.user_id) == (job_id, uuid.UUID(int=7))
+            return _columns_of(got, SAVE_COLUMNS)
+        return run
+
+    _, got = _twin(sessions, call(None), call(SAVE_COLUMNS), setup)
+    assert (got is not None) == (token == "tok")
+    if got is not None:
+        assert got["poll_generation"] == 4
+    with sessions() as s:
+        events = [s.execute(select(JobEvent.type, JobEvent.payload, JobEvent.created_at,
+                                   JobEvent.published_at, JobEvent.user_id, JobEvent.job_id)
+                            .where(JobEvent.job_id == j)).all() for j in LAST]
+    assert [e[:5] for e in events[0]] == [e[:5] for e in events[1]]
+    assert len(events[1]) == (1 if with_event and token == "tok" else 0)
+
+
 @pytest.mark.parametrize("now", NOWS, ids=["utc", "plus5"])
 @pytest.mark.parametrize("last", [None, T0 - timedelta(seconds=30), T0 - timedelta(seconds=10),
                                   T0 - timedelta(seconds=9, microseconds=999999), T0],
