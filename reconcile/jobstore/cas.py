@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Row, bindparam, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import Job, JobEvent, table_of
@@ -73,8 +73,11 @@ def _cas_columns(session: Session, shape: Shape, params: Mapping[str, Any],
                  columns: tuple[str, ...]) -> Row[Any] | None:
     """:func:`_cas_prepared` returning only ``columns`` of the row it wrote (a Core row whose
     attributes are those columns; None: lost). The session's objects are not refreshed: for a
-    caller that holds none of the row's."""
-    return session.execute(_prepared(_returning_columns(columns), shape), dict(params)).first()
+    caller that holds none of the row's. It runs on the session's connection: through the
+    session, an update whose conditions name the mapped class takes the ORM's bulk-update path
+    (its pre- and post-execution steps), though it returns no object."""
+    return session.connection().execute(_prepared(_returning_columns(columns), shape),
+                                        dict(params)).first()
 
 
 def _plain(where: tuple[Any, ...], values: Mapping[str, Any]) -> Any:
@@ -125,7 +128,7 @@ def _cas_columns_with_event(session: Session, event: JobEvent, shape: Shape,
             _add_event(session, event, row)
         return row
     found: Row[Any] | None = _execute_with_event(
-        session, _prepared(_with_event_columns(columns), shape), params, event, {})
+        session.connection(), _prepared(_with_event_columns(columns), shape), params, event, {})
     if found is None:
         return None
     event.id = found.event_row_id
@@ -199,10 +202,11 @@ def _run_with_event(session: Session, event: JobEvent, statement: Any,
     return row  # type: ignore[no-any-return]
 
 
-def _execute_with_event(session: Session, statement: Any, params: Mapping[str, Any],
+def _execute_with_event(on: Session | Connection, statement: Any, params: Mapping[str, Any],
                         event: JobEvent, options: Mapping[str, Any]) -> Any:
-    """Run a CAS-with-event statement; its first row (None: the CAS lost)."""
-    return session.execute(
+    """Run a CAS-with-event statement ``on`` a session or its connection; its first row (None:
+    the CAS lost)."""
+    return on.execute(
         statement,
         {**params, "e_event_id": event.event_id, "e_type": event.type,
          "e_payload": event.payload, "e_created_at": event.created_at,

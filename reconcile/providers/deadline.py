@@ -126,36 +126,50 @@ class _Watchdog:
         self.pid: int | None = None
         self.waking_at = math.inf  # when the thread wakes by itself (inf: it waits for notify)
 
+    # ended watches dropped per schedule, and per turn of the thread between two takes of the
+    # lock: a long run of them (behind a long live exchange) is dropped a slice at a time, so no
+    # exchange's schedule, nor a deadline due meanwhile, waits for all of it
+    DROP_SLICE = 64
+    # the longest the thread sleeps at once: an infinite or huge total (a read timeout of
+    # ``inf``) would overflow the condition's wait and end the thread
+    MAX_SLEEP = 3600.0
+
     def schedule(self, seconds: float, watch: _Watch) -> None:
         at = time.monotonic() + max(0.0, seconds)
         with self.cond:
             if self.pid != os.getpid():
                 self.pid, self.heap, self.waking_at = os.getpid(), [], math.inf
                 threading.Thread(target=self._run, name="reconcile-deadline", daemon=True).start()
-            self._drop_ended()
+            self._drop_ended(self.DROP_SLICE)
             heapq.heappush(self.heap, (at, next(self.order), watch))
             if at < self.waking_at:  # otherwise the thread wakes in time and sees it then
                 self.waking_at = at
                 self.cond.notify()
 
-    def _drop_ended(self) -> None:
-        """Drop the ended watches at the head of the heap (under the condition's lock)."""
+    def _drop_ended(self, limit: int) -> bool:
+        """Drop up to ``limit`` ended watches at the head of the heap (under the condition's
+        lock). True: it stopped at the limit with an ended watch still at the head."""
         heap = self.heap
-        while heap and heap[0][2].ended:
+        for _ in range(limit):
+            if not heap or not heap[0][2].ended:
+                return False
             heapq.heappop(heap)
+        return bool(heap) and heap[0][2].ended
 
     def _run(self) -> None:
         while True:
+            watch = None
             with self.cond:
-                while True:
-                    self._drop_ended()
+                if not self._drop_ended(self.DROP_SLICE):  # else: the next slice, lock let go
                     now = time.monotonic()
                     if self.heap and self.heap[0][0] <= now:
                         watch = heapq.heappop(self.heap)[2]
-                        break
-                    self.waking_at = self.heap[0][0] if self.heap else math.inf
-                    self.cond.wait(self.waking_at - now if self.heap else None)
-            watch.expire()  # a no-op for an exchange that ended just in time
+                    else:
+                        self.waking_at = self.heap[0][0] if self.heap else math.inf
+                        self.cond.wait(min(self.waking_at - now, self.MAX_SLEEP)
+                                       if self.heap else None)
+            if watch is not None:
+                watch.expire()  # a no-op for an exchange that ended just in time
 
 
 _WATCHDOG = _Watchdog()

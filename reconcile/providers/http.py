@@ -18,6 +18,7 @@ HTTP discipline shared by every provider client.
 
 from __future__ import annotations
 
+import copy
 import email.utils
 import json
 import math
@@ -132,20 +133,35 @@ class ProviderSession(requests.Session):
     def prepare_request(self, request: requests.Request) -> requests.PreparedRequest:
         """requests looks the host up in the netrc file (a stat of ``~/.netrc`` and
         ``~/_netrc`` at least) on every request with no auth of its own: that answer is kept per
-        host too, with the same lifetime as the environment's."""
-        url = request.url
-        # a URL with credentials of its own is left to requests (they apply when netrc has
-        # none), as is a URL given as bytes
-        if (self.trust_env and not request.auth and not self.auth and isinstance(url, str)
-                and "@" not in (parts := urlsplit(url)).netloc):
-            host = parts.hostname
+        host too, with the same lifetime as the environment's. The caller's ``request`` is not
+        changed (a copy carries the answer). Any URL this does not read as requests does (one
+        with credentials of its own, leading whitespace, a host that does not parse, bytes) is
+        left to requests."""
+        host = self._plain_host(request.url) if self.trust_env and not request.auth \
+            and not self.auth else None
+        if host is not None:
             auth = self._netrc.get(host)
             if auth is None:
                 if len(self._netrc) >= self.MAX_ORIGINS:
                     self._netrc.clear()
-                auth = self._netrc[host] = requests.utils.get_netrc_auth(url) or _NO_AUTH
+                auth = self._netrc[host] = \
+                    requests.utils.get_netrc_auth(str(request.url)) or _NO_AUTH
+            request = copy.copy(request)
             request.auth = auth
         return super().prepare_request(request)
+
+    @staticmethod
+    def _plain_host(url: Any) -> str | None:
+        """The host of a URL whose netrc lookup may be kept: a str with no whitespace before
+        its scheme, no credentials, and a host that parses. None: any other."""
+        if not isinstance(url, str) or url[:1].isspace():
+            return None
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname
+        except ValueError:
+            return None
+        return host if host and "@" not in parts.netloc else None
 
     def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any,
                                    cert: Any) -> dict[str, Any]:

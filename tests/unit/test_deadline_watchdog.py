@@ -92,3 +92,38 @@ def test_a_watch_whose_exchange_runs_on_is_expired_while_others_end_in_time() ->
         watch.end()
     assert _until(lambda: head.expired, 2.0)
     assert time.monotonic() - started < 1.5
+
+
+def test_a_long_run_of_ended_watches_is_dropped_a_slice_at_a_time() -> None:
+    """Behind a long live exchange, ended watches pile up; once it ends, no single schedule
+    drops them all under the lock (every other exchange's schedule would wait for it)."""
+    watchdog = _watchdog()
+    head = deadline._Watch(60.0)
+    watchdog.schedule(60.0, head)
+    for _ in range(1000):
+        watch = deadline._Watch(60.0)
+        watchdog.schedule(60.0, watch)
+        watch.end()
+    head.end()
+    before = len(watchdog.heap)
+    watch = deadline._Watch(60.0)
+    watchdog.schedule(60.0, watch)
+    watch.end()
+    assert before - len(watchdog.heap) + 1 <= deadline._Watchdog.DROP_SLICE
+    for _ in range(1000 // deadline._Watchdog.DROP_SLICE + 1):  # the next exchanges drain it
+        watch = deadline._Watch(60.0)
+        watchdog.schedule(60.0, watch)
+        watch.end()
+    assert len(watchdog.heap) <= 2
+
+
+def test_an_infinite_total_does_not_end_the_thread() -> None:
+    """A wait of ``inf`` overflowed the condition's wait and ended the thread: after that no
+    deadline in the process was enforced."""
+    watchdog = _watchdog()
+    watchdog.schedule(float("inf"), deadline._Watch(float("inf")))
+    watchdog.schedule(1e12, deadline._Watch(1e12))
+    time.sleep(0.2)
+    short = deadline._Watch(0.1)
+    watchdog.schedule(0.1, short)
+    assert _until(lambda: short.expired, 3.0)

@@ -6,6 +6,7 @@ before it sends, so the tests call it directly.
 
 from __future__ import annotations
 
+import pytest
 import requests
 import requests.sessions
 
@@ -138,3 +139,31 @@ def test_the_netrc_cache_is_bounded(tmp_path, monkeypatch) -> None:
     for i in range(ProviderSession.MAX_ORIGINS * 2 + 3):
         session.prepare_request(requests.Request("GET", f"http://h{i}.example/"))
         assert len(session._netrc) <= ProviderSession.MAX_ORIGINS
+
+
+def test_prepare_request_leaves_the_callers_request_as_it_was(tmp_path, monkeypatch) -> None:
+    _netrc(tmp_path, monkeypatch)
+    session = ProviderSession()
+    request = requests.Request("GET", URLS[0])
+    session.prepare_request(request)
+    assert request.auth is None
+    session.trust_env = False  # the same request, prepared again: no netrc credentials now
+    assert "Authorization" not in session.prepare_request(request).headers
+
+
+@pytest.mark.parametrize("url", ["\u00a0http://u:p@127.0.0.3/x", "\u3000http://u:p@127.0.0.3/x",
+                                 " http://127.0.0.2/x", "http://[::1/bad", "http://a\uff20b/"])
+def test_an_odd_url_prepares_or_fails_as_with_a_plain_session(tmp_path, monkeypatch,
+                                                              url) -> None:
+    """Leading Unicode whitespace (requests strips it, ``urlsplit`` does not), a host that does
+    not parse: left to requests, whose answer or error ours must be."""
+    def prepared(session: requests.Session) -> object:
+        try:
+            return dict(session.prepare_request(requests.Request("GET", url)).headers)
+        except Exception as exc:  # noqa: BLE001 - the error is what is compared
+            return type(exc)
+
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))  # no netrc file, the usual case
+    assert prepared(ProviderSession()) == prepared(requests.Session())
+    _netrc(tmp_path, monkeypatch)
+    assert prepared(ProviderSession()) == prepared(requests.Session())
