@@ -75,7 +75,9 @@ def _cas_columns(session: Session, shape: Shape, params: Mapping[str, Any],
     attributes are those columns; None: lost). The session's objects are not refreshed: for a
     caller that holds none of the row's. It runs on the session's connection: through the
     session, an update whose conditions name the mapped class takes the ORM's bulk-update path
-    (its pre- and post-execution steps), though it returns no object."""
+    (its pre- and post-execution steps), though it returns no object. So the session is not
+    flushed first: changes the session holds unflushed (a row added, a column set) are not seen
+    by the CAS (flush them before, as the create step's fresh sessions need not)."""
     return session.connection().execute(_prepared(_returning_columns(columns), shape),
                                         dict(params)).first()
 

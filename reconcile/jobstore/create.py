@@ -142,7 +142,8 @@ def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
     ``kinds``, only for a row of one of those provider kinds): the claim and the load in one.
     ``worker``: the live worker process claiming (recorded as ``claimed_by``: if its heartbeat
     lapses the claim ends then, not at its lease). ``columns``: return only those columns of
-    the claimed row, as a Core row (:func:`.cas._cas_columns`), instead of the mapped ``Job``."""
+    the claimed row, as a Core row (:func:`.cas._cas_columns`: the session's unflushed changes
+    are not flushed first), instead of the mapped ``Job``."""
     # "now" once per column it meets: each binds as its own column does (a platform's naive
     # column beside the library's timestamptz one)
     params = {"c_job_id": job_id, "c_token": token, "c_started": now, "c_not_before": now,

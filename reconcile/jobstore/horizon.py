@@ -43,6 +43,14 @@ def kind_horizon(kind: Kind) -> timedelta:
     return kind.stale_threshold + MAX_ATTEMPTS * ATTEMPT_SPACING
 
 
+# every column of a job that exhaustion_deadline reads (with call_deadline, attempts_from and
+# job_start): a caller holding only some of a row's columns (the create step's claim) holds these
+DEADLINE_COLUMNS = ("provider_kind", "submission_state", "provider_call_started_at", "started_at",
+                    "created_at", "claim_expires_at", "reconcile_last_attempt_at",
+                    "poll_lease_expires_at", "reconcile_attempts", "storing_until",
+                    "storing_count")
+
+
 def job_start(job: Any) -> datetime:
     """Where a job's threshold counts from: its provider call, else its start, else its creation."""
     start: datetime = job.provider_call_started_at or job.started_at or job.created_at

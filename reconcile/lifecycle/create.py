@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
 from .. import jobstore
@@ -59,9 +60,12 @@ def _async_kinds() -> list[str]:
     return [kind.name for kind in all_kinds() if not kind.sync]
 
 
-# what the create step reads of the row it claimed (the request to send), and of the row its
-# save wrote (the poll chain's start): only these come back, not the whole row
-_CLAIMED = ("provider_kind", "provider_model", "input_data", "provider_options")
+# what the create step reads of the row it claimed (the request to send; a 429's retry count and
+# the job's horizon, from the claimed row itself), and of the row its save wrote (the poll
+# chain's start): only these come back, not the whole row
+_CLAIMED = tuple(dict.fromkeys(("id", "provider_kind", "provider_model", "input_data",
+                                "provider_options", "create_rate_limit_count",
+                                *horizon.DEADLINE_COLUMNS)))
 _SAVED = ("poll_generation", "provider_call_started_at")
 
 
@@ -104,7 +108,7 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
                  submission_state=Submission.REJECTED, where=_owner_where(token))
         return CreateOutcome("rejected", job_id, exc)
     except CreateRateLimited as exc:
-        return _rate_limited(rt, job_id, token, exc)
+        return _rate_limited(rt, claimed, token, exc)
     except CreateUncertain as exc:
         with rt.sessions.begin() as session:
             jobstore.mark_uncertain(session, job_id, token=token, now=rt.now(),
@@ -256,17 +260,13 @@ def _late_answer(session: Session, job: Job, task_id: str, now: datetime) -> str
 # --- issue 11 hole 1 (end) -------------------------------------------------------------------
 
 
-def _rate_limited(rt: Runtime, job_id: uuid.UUID, token: str,
+def _rate_limited(rt: Runtime, job: Row[Any], token: str,
                   exc: CreateRateLimited) -> CreateOutcome:
     """A 429 (documented as not created): the claim is released with a not-before time, or,
     after ``MAX_RATE_LIMITED_CREATES`` tries or with no room left before the job's horizon, the
-    job is rejected (refunded). Never uncertain: whatever ``Retry-After`` said. The row is
-    read here (the claim returned only the request's columns); every write below is the claim
-    owner's compare-and-set."""
-    with rt.sessions() as session:
-        job = jobstore.load(session, job_id)
-    if job is None:
-        return CreateOutcome("lost", job_id)
+    job is rejected (refunded). Never uncertain: whatever ``Retry-After`` said. ``job``: the
+    row as the claim wrote it (``_CLAIMED``), not as it is now: a claim that ended during the
+    call (its row marked uncertain by the sweep) still has its horizon ahead."""
     now = rt.now()
     count = job.create_rate_limit_count + 1
     wait = exc.retry_after if exc.retry_after is not None and math.isfinite(exc.retry_after) \
@@ -289,7 +289,8 @@ def _rate_limited(rt: Runtime, job_id: uuid.UUID, token: str,
     return CreateOutcome("rate_limited", job.id, exc)
 
 
-def _retry_not_before(rt: Runtime, job: Job, now: datetime, wait: float) -> datetime | None:
+def _retry_not_before(rt: Runtime, job: Row[Any], now: datetime,
+                      wait: float) -> datetime | None:
     """When a rate-limited create may run again: ``wait`` seconds (at least 1, scaled), but no
     later than one attempt spacing before the job's exhaustion deadline
     (:func:`reconcile.jobstore.horizon.exhaustion_deadline`), so the sweep's not-started row

@@ -54,12 +54,12 @@ def test_a_shorter_deadline_after_a_longer_one_is_expired_on_time() -> None:
     watchdog = _watchdog()
     long = deadline._Watch(60.0)
     watchdog.schedule(60.0, long)
-    assert _until(lambda: watchdog.waking_at < float("inf"), 2.0)  # the thread sleeps for it
+    assert _until(lambda: watchdog.waking_at < float("inf"), 20.0)  # the thread sleeps for it
     short = deadline._Watch(0.2)
     started = time.monotonic()
     watchdog.schedule(0.2, short)
-    assert _until(lambda: short.expired, 3.0)
-    assert time.monotonic() - started < 2.0
+    assert _until(lambda: short.expired, 30.0)
+    assert time.monotonic() - started < 30.0  # not at the long one's 60 s
     assert not long.expired
 
 
@@ -74,9 +74,9 @@ def test_a_live_watch_behind_ended_ones_is_expired_and_the_ended_ones_are_not() 
         watch.end()
     live = deadline._Watch(0.3)
     watchdog.schedule(0.3, live)
-    assert _until(lambda: live.expired, 3.0)
+    assert _until(lambda: live.expired, 20.0)
     assert not any(watch.expired for watch in ended)
-    assert _until(lambda: not watchdog.heap, 1.0)
+    assert _until(lambda: not watchdog.heap, 20.0)
 
 
 def test_a_watch_whose_exchange_runs_on_is_expired_while_others_end_in_time() -> None:
@@ -90,8 +90,9 @@ def test_a_watch_whose_exchange_runs_on_is_expired_while_others_end_in_time() ->
         watch = deadline._Watch(5.0)
         watchdog.schedule(5.0, watch)
         watch.end()
-    assert _until(lambda: head.expired, 2.0)
-    assert time.monotonic() - started < 1.5
+    assert _until(lambda: head.expired, 4.0)
+    # at its own 0.3 s, give or take a loaded host; never at the others' 5 s
+    assert time.monotonic() - started < 4.0
 
 
 def test_a_long_run_of_ended_watches_is_dropped_a_slice_at_a_time() -> None:
@@ -126,4 +127,4 @@ def test_an_infinite_total_does_not_end_the_thread() -> None:
     time.sleep(0.2)
     short = deadline._Watch(0.1)
     watchdog.schedule(0.1, short)
-    assert _until(lambda: short.expired, 3.0)
+    assert _until(lambda: short.expired, 20.0)

@@ -95,3 +95,36 @@ def test_a_success_still_being_stored_moves_the_deadline_to_its_mark_and_the_aud
     for at, reported in ((plain + timedelta(minutes=11), False), (later + timedelta(minutes=11), True)):
         a = SimpleNamespace(settings=settings, grace=grace, now=at)
         assert (_past_horizon(a, marked) is not None) is reported, at
+
+
+class _Only:
+    """A row holding only ``names`` of ``row``: reading any other column raises."""
+
+    def __init__(self, row: Any, names: tuple[str, ...]) -> None:
+        self._values = {name: getattr(row, name) for name in names}
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(f"the deadline read {name!r}, not in DEADLINE_COLUMNS") from None
+
+
+def test_the_exhaustion_deadline_reads_only_its_declared_columns() -> None:
+    """The create step's claim returns only ``DEADLINE_COLUMNS`` (with the request's columns),
+    and a 429 computes the job's horizon from that row: a column the deadline reads beyond them
+    would fail that path only."""
+    settings = Settings()
+    rows = [_row(provider_kind=kind.name, submission_state=state, claim_expires_at=claim,
+                 reconcile_attempts=attempts, reconcile_last_attempt_at=last,
+                 poll_lease_expires_at=lease, storing_until=storing, storing_count=count)
+            for kind in all_kinds()[:40]
+            for state in ("submitting", "uncertain", "accepted")
+            for claim, attempts, last, lease, storing, count in [
+                (None, 0, None, None, None, None),
+                (T + timedelta(minutes=9), 2, T + timedelta(minutes=1), None, None, None),
+                (None, 0, None, T + timedelta(minutes=3), T + timedelta(days=2), 1)]]
+    rows.append(_row(provider_kind="no-such-kind"))
+    for row in rows:
+        assert horizon.exhaustion_deadline(settings, _Only(row, horizon.DEADLINE_COLUMNS)) == \
+            horizon.exhaustion_deadline(settings, row)
