@@ -179,6 +179,12 @@ def _twin(sessions: sessionmaker[Session], old: Callable[..., Any], new: Callabl
     return row_a, got_new
 
 
+def _running(job_id: uuid.UUID, now: datetime) -> JobEvent:
+    """The ``running`` event a save writes (user 7, as the inserted rows have)."""
+    return JobEvent(event_id=str(uuid.uuid4()), job_id=job_id, user_id=uuid.UUID(int=7),
+                    type="running", payload={"k": 1}, created_at=now, published_at=None)
+
+
 LAST: list[uuid.UUID] = []
 NOWS = [T0, T0.astimezone(PLUS5)]
 
@@ -229,11 +235,7 @@ def test_save_task_id(sessions: sessionmaker[Session], now: datetime, due: Any, 
 
     def call(fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(s: Session, job_id: uuid.UUID) -> Any:
-            event = None
-            if with_event:
-                event = JobEvent(event_id=str(uuid.uuid4()), job_id=job_id,
-                                 user_id=uuid.UUID(int=7), type="running", payload={"k": 1},
-                                 created_at=now, published_at=None)
+            event = _running(job_id, now) if with_event else None
             got = fn(s, job_id, token, "task-1", now, timedelta(minutes=2), poll_due_at=due,
                      event=event)
             s.flush()
@@ -308,11 +310,7 @@ def test_save_task_id_columns_writes_the_same_row_and_event_and_returns_those_co
 
     def call(columns: tuple[str, ...] | None) -> Callable[..., Any]:
         def run(s: Session, job_id: uuid.UUID) -> Any:
-            event = None
-            if with_event:
-                event = JobEvent(event_id=str(uuid.uuid4()), job_id=job_id,
-                                 user_id=uuid.UUID(int=7), type="running", payload={"k": 1},
-                                 created_at=now, published_at=None)
+            event = _running(job_id, now) if with_event else None
             got = jobstore.save_task_id(s, job_id, token, "task-1", now, timedelta(minutes=2),
                                         poll_due_at=due, event=event, columns=columns)
             s.flush()

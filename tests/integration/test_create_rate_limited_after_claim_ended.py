@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -64,7 +65,38 @@ def _row(db: sessionmaker[Session], job_id: uuid.UUID) -> Job:
         return job
 
 
-def _put_back(db: sessionmaker[Session], rt: Any, job_id: uuid.UUID) -> None:
+def _lease_passes_and_the_sweep_runs(rt: Any, clock: Clock, job_id: uuid.UUID) -> None:
+    clock.advance(minutes=3)  # past the create claim's lease
+    sweep(rt)
+
+
+def _a_redelivered_create(rt: Any, clock: Clock, job_id: uuid.UUID) -> None:
+    clock.advance(minutes=3)
+    assert lifecycle.create_step(rt, job_id).action == "uncertain"
+
+
+def _the_workers_heartbeat_lapses(rt: Any, clock: Clock, job_id: uuid.UUID) -> None:
+    clock.advance(seconds=31)  # past the worker's 30-s heartbeat timeout
+    reap(rt)
+
+
+@pytest.mark.parametrize("meanwhile", [_lease_passes_and_the_sweep_runs, _a_redelivered_create,
+                                       _the_workers_heartbeat_lapses],
+                         ids=["sweep", "redelivered", "reaped"])
+def test_a_429_after_the_claim_ended_and_the_row_was_marked_uncertain_is_tried_again(
+        pg_and_sqlite: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        meanwhile: Callable[[Any, Clock, uuid.UUID], None]) -> None:
+    db = pg_and_sqlite
+    rt, clock, job_id = _rate_limited_once(db, simulator, tmp_path)
+    with db.begin() as s:  # the claiming worker, whose heartbeat may lapse
+        register_worker(s, "w-1", "host", 1, clock.now, timedelta(seconds=30))
+    rt.worker_id = "w-1"
+
+    def during_the_call() -> None:
+        meanwhile(rt, clock, job_id)
+        assert _row(db, job_id).submission_state == "uncertain"
+
+    _after_the_create(rt, during_the_call)
     outcome = lifecycle.create_step(rt, job_id)
     job = _row(db, job_id)
     assert (outcome.action, job.status, job.submission_state, job.create_rate_limit_count) == \
@@ -74,47 +106,3 @@ def _put_back(db: sessionmaker[Session], rt: Any, job_id: uuid.UUID) -> None:
         kinds = [t.type for t in s.execute(select(CreditTransaction)
                                            .where(CreditTransaction.job_id == job_id)).scalars()]
     assert "REFUND" not in kinds
-
-
-def test_a_429_after_the_sweep_marked_the_expired_claim_uncertain_is_tried_again(
-        pg_and_sqlite: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
-    db = pg_and_sqlite
-    rt, clock, job_id = _rate_limited_once(db, simulator, tmp_path)
-
-    def lease_passes_and_the_sweep_runs() -> None:
-        clock.advance(minutes=3)  # past the create claim's lease
-        sweep(rt)
-        assert _row(db, job_id).submission_state == "uncertain"
-
-    _after_the_create(rt, lease_passes_and_the_sweep_runs)
-    _put_back(db, rt, job_id)
-
-
-def test_a_429_after_a_redelivered_create_marked_the_expired_claim_uncertain_is_tried_again(
-        pg_and_sqlite: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
-    db = pg_and_sqlite
-    rt, clock, job_id = _rate_limited_once(db, simulator, tmp_path)
-
-    def redelivered() -> None:
-        clock.advance(minutes=3)
-        assert lifecycle.create_step(rt, job_id).action == "uncertain"
-
-    _after_the_create(rt, redelivered)
-    _put_back(db, rt, job_id)
-
-
-def test_a_429_after_the_workers_heartbeat_lapsed_and_was_reaped_is_tried_again(
-        pg_and_sqlite: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
-    db = pg_and_sqlite
-    rt, clock, job_id = _rate_limited_once(db, simulator, tmp_path)
-    with db.begin() as s:
-        register_worker(s, "w-1", "host", 1, clock.now, timedelta(seconds=30))
-    rt.worker_id = "w-1"
-
-    def heartbeat_lapses() -> None:
-        clock.advance(seconds=31)
-        reap(rt)
-        assert _row(db, job_id).submission_state == "uncertain"
-
-    _after_the_create(rt, heartbeat_lapses)
-    _put_back(db, rt, job_id)

@@ -13,16 +13,22 @@ import requests.sessions
 from reconcile.providers.http import HttpClient, ProviderSession
 
 
-def _counting(monkeypatch) -> list[str]:
+def _counted(monkeypatch, name: str, *modules) -> list[str]:
+    """Log each call of requests' function ``name`` (its URL) in each of ``modules``."""
     seen: list[str] = []
-    real = requests.sessions.get_environ_proxies
+    real = getattr(modules[0], name)
 
-    def counted(url, no_proxy=None):
+    def counted(url, *args, **kwargs):
         seen.append(url)
-        return real(url, no_proxy=no_proxy)
+        return real(url, *args, **kwargs)
 
-    monkeypatch.setattr(requests.sessions, "get_environ_proxies", counted)
+    for module in modules:
+        monkeypatch.setattr(module, name, counted)
     return seen
+
+
+def _counting(monkeypatch) -> list[str]:
+    return _counted(monkeypatch, "get_environ_proxies", requests.sessions)
 
 
 def test_environment_proxies_are_honoured_and_read_once_per_origin(monkeypatch) -> None:
@@ -85,16 +91,7 @@ def _netrc(tmp_path, monkeypatch) -> list[str]:
     path = tmp_path / "netrc"
     path.write_text("machine 127.0.0.2 login alice password s3cret\n")
     monkeypatch.setenv("NETRC", str(path))
-    seen: list[str] = []
-    real = requests.utils.get_netrc_auth
-
-    def counted(url, raise_errors=False):
-        seen.append(url)
-        return real(url, raise_errors=raise_errors)
-
-    monkeypatch.setattr(requests.utils, "get_netrc_auth", counted)
-    monkeypatch.setattr(requests.sessions, "get_netrc_auth", counted)
-    return seen
+    return _counted(monkeypatch, "get_netrc_auth", requests.utils, requests.sessions)
 
 
 URLS = ["http://127.0.0.2/v1/a", "http://127.0.0.2:81/b?x=1", "http://127.0.0.3/v1/a",
