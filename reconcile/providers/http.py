@@ -140,15 +140,21 @@ class ProviderSession(requests.Session):
         host = self._plain_host(request.url) if self.trust_env and not request.auth \
             and not self.auth else None
         if host is not None:
-            auth = self._netrc.get(host)
-            if auth is None:
-                if len(self._netrc) >= self.MAX_ORIGINS:
-                    self._netrc.clear()
-                auth = self._netrc[host] = \
-                    requests.utils.get_netrc_auth(str(request.url)) or _NO_AUTH
+            url = str(request.url)
             request = copy.copy(request)
-            request.auth = auth
+            request.auth = self._kept(self._netrc, host,
+                                      lambda: requests.utils.get_netrc_auth(url) or _no_auth)
         return super().prepare_request(request)
+
+    def _kept(self, cache: dict[Any, Any], key: Any, compute: Callable[[], Any]) -> Any:
+        """``cache[key]``, from ``compute()`` the first time (never None); a cache holding
+        :attr:`MAX_ORIGINS` answers is emptied first. Both per-origin caches keep theirs so."""
+        value = cache.get(key)
+        if value is None:
+            if len(cache) >= self.MAX_ORIGINS:
+                cache.clear()
+            value = cache[key] = compute()
+        return value
 
     @staticmethod
     def _plain_host(url: Any) -> str | None:
@@ -173,21 +179,15 @@ class ProviderSession(requests.Session):
         key = (parts.scheme, parts.hostname, parts.port, _frozen(proxies), _frozen(stream),
                _frozen(verify), _frozen(cert), _frozen(self.proxies), _frozen(self.stream),
                _frozen(self.verify), _frozen(self.cert))
-        settings = self._environment.get(key)
-        if settings is None:
-            if len(self._environment) >= self.MAX_ORIGINS:
-                self._environment.clear()
-            settings = self._environment[key] = _copied(super().merge_environment_settings(
-                url, proxies, stream, verify, cert))
+        settings = self._kept(self._environment, key, lambda: _copied(
+            super(ProviderSession, self).merge_environment_settings(url, proxies, stream,
+                                                                    verify, cert)))
         return _copied(settings)
 
 
 def _no_auth(request: requests.PreparedRequest) -> requests.PreparedRequest:
     """The auth of a host the netrc file has no entry for: the request as it is."""
     return request
-
-
-_NO_AUTH = _no_auth
 
 
 def _frozen(value: Any) -> Any:
