@@ -37,7 +37,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import BigInteger, bindparam, func, select, text, update
+from sqlalchemy import BigInteger, bindparam, column, func, null, select, text, update
 from sqlalchemy.orm import Session
 
 from .. import jobstore
@@ -74,8 +74,8 @@ def _statement() -> tuple[Any, tuple[str, ...]]:
     for name, value in written.items():
         if name in _COLUMNS:
             values[name] = bindparam(f"v_{name}", type_=jobs.c[name].type)
-        else:  # the guard's fixed values (status, the cleared leases)
-            values[name] = value
+        else:  # the guard's fixed values (status, the cleared leases: NULL, not a bind)
+            values[name] = null() if value is None else value
     values.update(credits_actual=cost, display_cost=cost)
     done = (update(jobs).where(jobs.c.id == led.c.locked_id, *guard).values(values)
             .returning(*jobs.c).cte("done"))
@@ -85,10 +85,16 @@ def _statement() -> tuple[Any, tuple[str, ...]]:
         credits_actual=done.c.credits_actual)
     assets = asset_rows.cte("assets")
     event = event_row.cte("event")
-    event_id = select(event.c.id).scalar_subquery().label("event_row_id")
+    event_id = column("event_row_id", event.c.id.type)
     extra = [*list(led.c)[1:], event_id]
-    main = (select(*[c.label(c.name) for c in done.c], *extra)
-            .select_from(led.join(done, text("true"))).add_cte(assets, event))
+    # the final select names no column: ``done.*`` is the job's row in RETURNING's order (its
+    # mapped columns), ``led.*`` the lock's id and the ledger's columns, mapped by position.
+    # Spelled out (``done.id AS id, …``) the statement was 6,016 bytes, over psycopg's
+    # 4,096-byte limit for caching a statement's parsing: it was parsed again on every
+    # completion (:func:`statement_bytes`)
+    main = (text("SELECT done.*, led.*, (SELECT event.id FROM event) AS event_row_id "
+                 "FROM led JOIN done ON true")
+            .columns(*jobs.c, *led.c, event_id).add_cte(j, led, done, assets, event))
     # the completed row mapped onto Job (as the poll turn's), the ledger's columns beside it
     return select(Job, *extra).from_statement(main), tuple(c.name for c in extra)
 

@@ -200,3 +200,38 @@ def test_the_one_statement_is_what_finalize_runs_on_postgresql(
     with side.factory() as s:
         row = s.get(Job, job)
         assert row is not None and (row.status, row.credits_actual) == ("completed", 30)
+
+
+def test_the_one_statement_fits_psycopgs_statement_cache(
+        two_pg: list[sessionmaker[Session]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg keeps a statement's parsing (its placeholders turned into ``$n``) only for
+    statements of at most ``MAX_CACHED_STATEMENT_LENGTH`` bytes: a longer one is parsed again on
+    every execution. The completion runs once per job, so its statement, as the driver receives
+    it (the in-flight statuses expanded), stays within that length."""
+    from psycopg import _queries
+    from sqlalchemy import event
+
+    side = Ledgerside("one-statement", two_pg[0], True, tmp_path / "d")
+    sent: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if "reconcile_ledger_commit" in statement and statement.lstrip().startswith("WITH"):
+            sent.append(statement)
+
+    engine = side.factory.kw["bind"]
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        users, jobs = [uuid.uuid4()], [uuid.uuid4(), uuid.uuid4()]
+        _fresh(side.factory, users, jobs)
+        with side.factory.begin() as s:
+            credits.grant(s, users[0], "sub", 50, "g", now=T0)
+            for job in jobs:
+                credits.reserve(s, users[0], job, 10, now=T0)
+        for job in jobs:
+            assert side.complete(job, None, 1, T0, monkeypatch) == ("ok", True)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert len(sent) == 2 and sent[0] == sent[1]
+    size = len(sent[0].encode())
+    assert size <= _queries.MAX_CACHED_STATEMENT_LENGTH, size
