@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, Engine, Result, create_engine, event, exc
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event, exc
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = [
@@ -214,24 +214,6 @@ def one_statement(factory: sessionmaker[Session]) -> Iterator[Session]:
         if session.new or session.dirty or session.deleted:
             raise RuntimeError("a one-statement transaction left changes for the session to "
                                "write (each would commit on its own): nothing was flushed")
-
-
-@contextmanager
-def one_statement_on(factory: sessionmaker[Session]) -> Iterator[Session | Connection]:
-    """:func:`one_statement` for a block of ONE Core statement that needs no ``Session``: on
-    PostgreSQL through a sessionmaker bound to an :class:`~sqlalchemy.Engine`, the engine's own
-    connection in autocommit (no session is built, begun, committed and closed around the
-    statement: about half the client's cost of a one-statement transaction); any other
-    sessionmaker gets :func:`one_statement`'s session. The block takes either (``.execute``
-    runs a Core statement on both)."""
-    kw = getattr(factory, "kw", None) or {}
-    bind = kw.get("bind")
-    if isinstance(bind, Engine) and bind.dialect.name == "postgresql" and not kw.get("binds"):
-        with bind.connect() as conn:
-            yield conn.execution_options(isolation_level="AUTOCOMMIT")
-        return
-    with one_statement(factory) as session:
-        yield session
 
 
 from ..core.facade import names_moved as _names_moved  # noqa: E402

@@ -69,7 +69,7 @@ def _returning_columns(columns: tuple[str, ...]) -> Build:
     return build
 
 
-def _cas_columns(session: Session | Connection, shape: Shape, params: Mapping[str, Any],
+def _cas_columns(session: Session, shape: Shape, params: Mapping[str, Any],
                  columns: tuple[str, ...]) -> Row[Any] | None:
     """:func:`_cas_prepared` returning only ``columns`` of the row it wrote (a Core row whose
     attributes are those columns; None: lost). The session's objects are not refreshed: for a
@@ -77,18 +77,9 @@ def _cas_columns(session: Session | Connection, shape: Shape, params: Mapping[st
     session, an update whose conditions name the mapped class takes the ORM's bulk-update path
     (its pre- and post-execution steps), though it returns no object. So the session is not
     flushed first: changes the session holds unflushed (a row added, a column set) are not seen
-    by the CAS (flush them before, as the create step's fresh sessions need not). ``session``
-    may be a connection (``db.session.one_statement_on``): the CAS runs on it."""
-    return _connection(session).execute(_prepared(_returning_columns(columns), shape),
+    by the CAS (flush them before, as the create step's fresh sessions need not)."""
+    return session.connection().execute(_prepared(_returning_columns(columns), shape),
                                         dict(params)).first()
-
-
-def _connection(on: Session | Connection) -> Connection:
-    return on if isinstance(on, Connection) else on.connection()
-
-
-def _dialect_name(on: Session | Connection) -> str:
-    return on.dialect.name if isinstance(on, Connection) else on.get_bind().dialect.name
 
 
 def _plain(where: tuple[Any, ...], values: Mapping[str, Any]) -> Any:
@@ -127,22 +118,19 @@ def _cas_with_event_prepared(session: Session, event: JobEvent, shape: Shape,
     return _run_with_event(session, event, _prepared(_with_event, shape), params)
 
 
-def _cas_columns_with_event(session: Session | Connection, event: JobEvent, shape: Shape,
+def _cas_columns_with_event(session: Session, event: JobEvent, shape: Shape,
                             params: Mapping[str, Any],
                             columns: tuple[str, ...]) -> Row[Any] | None:
     """:func:`_cas_with_event_prepared` returning only ``columns`` of the row (as
-    :func:`_cas_columns`, ``session`` a session or a PostgreSQL connection); ``id`` and
-    ``user_id`` are among them whatever ``columns`` says."""
+    :func:`_cas_columns`); ``id`` and ``user_id`` are among them whatever ``columns`` says."""
     columns = tuple(dict.fromkeys(("id", "user_id", *columns)))
-    if _dialect_name(session) != "postgresql":
-        if not isinstance(session, Session):  # the event is the session's row there
-            raise TypeError("outside PostgreSQL a CAS with its event runs in a session")
+    if session.get_bind().dialect.name != "postgresql":
         row = _cas_columns(session, shape, params, columns)
         if row is not None:
             _add_event(session, event, row)
         return row
     found: Row[Any] | None = _execute_with_event(
-        _connection(session), _prepared(_with_event_columns(columns), shape), params, event, {})
+        session.connection(), _prepared(_with_event_columns(columns), shape), params, event, {})
     if found is None:
         return None
     event.id = found.event_row_id

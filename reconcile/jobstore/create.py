@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any, overload
 
-from sqlalchemy import Connection, Row, bindparam, func, insert, or_, update
+from sqlalchemy import Row, bindparam, func, insert, or_, update
 from sqlalchemy.orm import Session
 
 from ..core import redact
@@ -129,12 +129,12 @@ def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
 
 
 @overload
-def claim_create(session: Session | Connection, job_id: uuid.UUID, token: str, now: datetime,
+def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
                  lease: timedelta, *, kinds: Sequence[str] | None = None,
                  worker: str | None = None, columns: tuple[str, ...]) -> Row[Any] | None: ...
 
 
-def claim_create(session: Session | Connection, job_id: uuid.UUID, token: str, now: datetime,
+def claim_create(session: Session, job_id: uuid.UUID, token: str, now: datetime,
                  lease: timedelta, *, kinds: Sequence[str] | None = None,
                  worker: str | None = None,
                  columns: tuple[str, ...] | None = None) -> Job | Row[Any] | None:
@@ -143,8 +143,7 @@ def claim_create(session: Session | Connection, job_id: uuid.UUID, token: str, n
     ``worker``: the live worker process claiming (recorded as ``claimed_by``: if its heartbeat
     lapses the claim ends then, not at its lease). ``columns``: return only those columns of
     the claimed row, as a Core row (:func:`.cas._cas_columns`: the session's unflushed changes
-    are not flushed first), instead of the mapped ``Job``; then ``session`` may be a connection
-    (``db.session.one_statement_on``)."""
+    are not flushed first), instead of the mapped ``Job``."""
     # "now" once per column it meets: each binds as its own column does (a platform's naive
     # column beside the library's timestamptz one)
     params = {"c_job_id": job_id, "c_token": token, "c_started": now, "c_not_before": now,
@@ -154,7 +153,6 @@ def claim_create(session: Session | Connection, job_id: uuid.UUID, token: str, n
         shape, params = _claim_kinds_shape, {**params, "c_kinds": list(kinds)}
     if columns is not None:
         return _cas_columns(session, shape, params, columns)
-    assert isinstance(session, Session), "the mapped row needs a session"
     return _cas_prepared(session, shape, params)
 
 
@@ -201,14 +199,14 @@ def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, 
 
 
 @overload
-def save_task_id(session: Session | Connection, job_id: uuid.UUID, token: str, task_id: str,
-                 now: datetime, poll_lease: timedelta, *, poll_due_at: datetime | None = None,
+def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, now: datetime,
+                 poll_lease: timedelta, *, poll_due_at: datetime | None = None,
                  event: JobEvent | None = None,
                  columns: tuple[str, ...]) -> Row[Any] | None: ...
 
 
-def save_task_id(session: Session | Connection, job_id: uuid.UUID, token: str, task_id: str,
-                 now: datetime, poll_lease: timedelta, *, poll_due_at: datetime | None = None,
+def save_task_id(session: Session, job_id: uuid.UUID, token: str, task_id: str, now: datetime,
+                 poll_lease: timedelta, *, poll_due_at: datetime | None = None,
                  event: JobEvent | None = None,
                  columns: tuple[str, ...] | None = None) -> Job | Row[Any] | None:
     """``on_task_created``: persist the upstream id, accepted, processing, a new poll chain.
@@ -225,7 +223,6 @@ def save_task_id(session: Session | Connection, job_id: uuid.UUID, token: str, t
         if event is None:
             return _cas_columns(session, _save_shape, params, columns)
         return _cas_columns_with_event(session, event, _save_shape, params, columns)
-    assert isinstance(session, Session), "the mapped row needs a session"
     if event is None:
         return _cas_prepared(session, _save_shape, params)
     return _cas_with_event_prepared(session, event, _save_shape, params)

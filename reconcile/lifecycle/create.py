@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from .. import jobstore
 from ..core.limits import storable_text
 from ..db.models import Job
-from ..db.session import one_statement_on
+from ..db.session import one_statement
 from ..errors import (
     CreateRateLimited,
     CreateRejected,
@@ -79,8 +79,8 @@ def create_step(rt: Runtime, job_id: uuid.UUID) -> CreateOutcome:
     now = rt.now()
     token = uuid.uuid4().hex
     rt.crash_point("before_claim")
-    with one_statement_on(rt.sessions) as on:  # the claim is its one UPDATE … RETURNING
-        claimed = jobstore.claim_create(on, job_id, token, now,
+    with one_statement(rt.sessions) as session:  # the claim is its one UPDATE … RETURNING
+        claimed = jobstore.claim_create(session, job_id, token, now,
                                         rt.settings.scaled(CREATE_CLAIM_LEASE),
                                         kinds=_async_kinds(),  # sync kinds: the platform's request
                                         worker=rt.worker_id, columns=_CLAIMED)
@@ -205,8 +205,8 @@ def on_task_created(rt: Runtime, job_id: uuid.UUID, token: str, task_id: str, *,
     batch = _batch_mode(rt)
     # the outbox event is written by the same statement when the save wins
     running = new_event(Job(id=job_id), "running", now, {"provider_task_id": task_id}, rt=rt)
-    with one_statement_on(rt.sessions) as on:
-        saved = jobstore.save_task_id(on, job_id, token, task_id, now, poll_lease(rt, kind),
+    with one_statement(rt.sessions) as session:
+        saved = jobstore.save_task_id(session, job_id, token, task_id, now, poll_lease(rt, kind),
                                       poll_due_at=first_due(rt, kind, now) if batch else None,
                                       event=running, columns=_SAVED)
     if saved is None:  # lost: what the late answer means, decided under the row's lock

@@ -1,5 +1,4 @@
-"""One-statement transactions (``reconcile.db.session.one_statement`` and ``one_statement_on``,
-the create step's): on PostgreSQL the
+"""One-statement transactions (``reconcile.db.session.one_statement``): on PostgreSQL the
 statement commits itself (autocommit), one round trip instead of three, and the connection goes
 back to the pool as an ordinary one.
 
@@ -19,12 +18,12 @@ from typing import Any
 
 import pytest
 from psycopg import pq
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from reconcile import Runtime, lifecycle
 from reconcile.db.models import JobEvent
-from reconcile.db.session import make_engine, make_sessionmaker, one_statement, one_statement_on
+from reconcile.db.session import make_engine, make_sessionmaker, one_statement
 from reconcile.storage import LocalStorage
 from reconcile.testing.simulator import Simulator
 from tests.integration.harness import fund
@@ -207,61 +206,3 @@ def test_a_sessionmaker_bound_to_a_connection_gets_an_ordinary_transaction(
         if outer:
             conn.rollback()
     assert _events(one_connection, job_id) == 0
-
-
-_INSERT_THEN_FAIL = ("INSERT INTO reconcile_job_events (event_id, job_id, user_id, type, payload, "
-                     "created_at) SELECT :e, :j, :u, 'queued', '{}', now() WHERE 1 / 0 = 1")
-
-
-def test_on_the_engine_the_block_gets_its_connection_in_autocommit(one_connection: Engine) -> None:
-    """``one_statement_on`` through a sessionmaker bound to an engine: the engine's connection
-    itself (no session), in autocommit: one round trip, no BEGIN or COMMIT; the connection
-    then goes back to the pool as an ordinary one (the next transaction rolls back whole)."""
-    factory = make_sessionmaker(one_connection)
-    with factory() as warm:
-        warm.execute(text("SELECT 1"))
-    with traced(one_connection) as trace, one_statement_on(factory) as on:
-        assert isinstance(on, Connection)
-        assert on.connection.dbapi_connection.autocommit is True
-        on.execute(text("SELECT 1"))
-    assert (trace.queries("BEGIN"), trace.queries("COMMIT")) == (0, 0), trace.lines()
-    assert trace.round_trips() == 1, trace.lines()
-    job_id = uuid.uuid4()
-    with pytest.raises(RuntimeError, match="after the insert"):
-        with factory.begin() as session:
-            assert session.connection().connection.dbapi_connection.autocommit is False
-            session.execute(text(
-                "INSERT INTO reconcile_job_events (event_id, job_id, user_id, type, payload, "
-                "created_at) VALUES (:e, :j, :u, 'queued', '{}', now())"),
-                {"e": uuid.uuid4(), "j": job_id, "u": uuid.uuid4()})
-            raise RuntimeError("after the insert")
-    assert _events(one_connection, job_id) == 0
-
-
-def test_on_the_engine_a_failing_statement_writes_nothing(one_connection: Engine) -> None:
-    factory = make_sessionmaker(one_connection)
-    job_id = uuid.uuid4()
-    with pytest.raises(Exception, match="division by zero"):
-        with one_statement_on(factory) as on:
-            on.execute(text(_INSERT_THEN_FAIL), {"e": uuid.uuid4(), "j": job_id,
-                                                 "u": uuid.uuid4()})
-    assert _events(one_connection, job_id) == 0
-    with factory.begin() as session:
-        assert session.connection().connection.dbapi_connection.autocommit is False
-
-
-def test_elsewhere_the_block_gets_one_statements_session(one_connection: Engine,
-                                                        tmp_path: Path) -> None:
-    """A sessionmaker bound to a connection, and SQLite: a session in an ordinary transaction
-    (``one_statement``'s), never a connection switched to autocommit."""
-    with one_connection.connect() as conn:
-        factory = sessionmaker(bind=conn, expire_on_commit=False,
-                               join_transaction_mode="create_savepoint")
-        with one_statement_on(factory) as on:
-            assert isinstance(on, Session)
-            assert on.connection().connection.dbapi_connection.autocommit is False
-    lite = create_engine(f"sqlite:///{tmp_path / 'x.db'}")
-    with one_statement_on(sessionmaker(bind=lite)) as on:
-        assert isinstance(on, Session)
-        on.execute(text("SELECT 1"))
-    lite.dispose()
