@@ -53,6 +53,7 @@ from typing import Any, Literal
 
 from .. import jobstore, lifecycle
 from ..db.models import Job
+from ..db.session import one_statement
 from ..errors import ErrorCode, ProviderError
 from ..kinds import Kind
 from ..providers.base import PollResult, PollStatus
@@ -136,7 +137,7 @@ def claim(rt: Runtime, *, limit: int | None = None, now: datetime | None = None)
     """Claim up to ``limit`` due rows (one transaction; see the module docstring)."""
     now = now or rt.now()
     limit = limit or rt.settings.poll_batch_size
-    with rt.sessions.begin() as session:
+    with one_statement(rt.sessions) as session:
         # only the kinds this process can read: a row of a kind it does not know (unregistered
         # here, or known only to another deployment's workers) stays due for a poller that
         # does, instead of being claimed and dropped every lease; the sweep reports it
@@ -233,7 +234,7 @@ def _read_rounds(rt: Runtime, claims: list[Claim], report: BatchReport
     results: list[Any] = []
     while len(results) < len(kept):
         if results:
-            with rt.sessions.begin() as session:
+            with one_statement(rt.sessions) as session:
                 held = jobstore.hold_claims(session, [(c.job.id, c.generation, c.seq)
                                                       for c in kept], rt.now() + claim_lease(rt))
             still = [n for n, c in enumerate(kept) if c.job.id in held]
@@ -305,7 +306,7 @@ def _reschedule_running(rt: Runtime, running: list[jobstore.Rescheduled],
     failure stays that row's (it stays claimed: due again after its lease) and the rest of the
     round — its other rows, its completions — goes on."""
     try:
-        with rt.sessions.begin() as session:
+        with one_statement(rt.sessions) as session:
             won, failed = jobstore.reschedule_claimed(session, running), 0
     except Exception:
         log.warning("batch_reschedule_failed rows=%d: each row is written alone", len(running),
@@ -313,7 +314,7 @@ def _reschedule_running(rt: Runtime, running: list[jobstore.Rescheduled],
         won = failed = 0
         for row in running:
             try:
-                with rt.sessions.begin() as session:
+                with one_statement(rt.sessions) as session:
                     won += jobstore.reschedule_claimed(session, [row])
             except Exception:
                 log.exception("batch_row_failed job_id=%s", row[0])
@@ -354,7 +355,7 @@ def _hold_all(rt: Runtime, others: list[tuple[Claim, Any]], outputs: list[int],
     try:
         now = rt.now()
         untils, storing = _holds(rt, now, others, outputs, bounds, queued, threads)
-        with rt.sessions.begin() as session:
+        with one_statement(rt.sessions) as session:
             return jobstore.hold_claims_with_status(session, rows, untils, storing=storing,
                                                     now=now)
     except Exception:
@@ -418,7 +419,7 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
     grouped = held is not _HOLD_EACH
     if held is _HOLD_EACH:
         status = result.raw_status if isinstance(result, PollResult) else None
-        with rt.sessions.begin() as session:  # the claim holds: the read's status stored with it
+        with one_statement(rt.sessions) as session:  # the claim holds: the read's status stored with it
             held = jobstore.hold_claim(session, c.job.id, c.generation, c.seq,
                                        rt.now() + claim_lease(rt), status=status)
     if held is None:
@@ -441,7 +442,7 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
             raised=ErrorCode.INTERNAL, fence=jobstore.under_claim(*claim))
         outcome = "error" if outcome == "in_flight" else outcome
     if outcome in ("in_flight", "error"):
-        with rt.sessions.begin() as session:
+        with one_statement(rt.sessions) as session:
             if not jobstore.reschedule_claimed(
                     session, [(c.job.id, c.generation, c.seq,
                                next_due(rt, c.kind, held, rt.now(), c.was_due), None)]):

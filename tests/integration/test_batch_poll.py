@@ -219,7 +219,7 @@ def test_still_running_rows_are_rescheduled_in_one_statement_with_progress(
     updates: list[str] = []
 
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("UPDATE JOBS"):
+        if statement.lstrip().upper().startswith(("UPDATE JOBS", "WITH D AS")):
             updates.append(statement)
 
     from sqlalchemy import event
@@ -231,9 +231,11 @@ def test_still_running_rows_are_rescheduled_in_one_statement_with_progress(
     finally:
         event.remove(engine, "before_cursor_execute", count)
     assert (report.claimed, report.running, report.fenced, report.batches) == (5, 5, 0, 1)
-    # the claim; five rows on four threads read in two rounds, the claims extended once
-    # between them (one statement); then one set-based write for all five
+    # the claim (one statement: its locking read is a CTE of its update); five rows on four
+    # threads read in two rounds, the claims extended once between them (one statement); then
+    # one set-based write for all five
     assert len(updates) == 3, updates
+    assert "FOR UPDATE SKIP LOCKED" in updates[0] and "UPDATE jobs SET" in updates[0]
     assert "poll_lease_expires_at" in updates[1] and "RETURNING jobs.id" in updates[1]
     assert "FROM unnest(" in updates[2] and "progress" in updates[2]
     for job_id in ids:
