@@ -723,8 +723,9 @@ def _fig5_batch(b: dict[str, Any]) -> str:
              f"them all). Per job: **{b['statements_per_job_outside_polls']} statements outside "
              f"the polls** in {b['transactions_per_job_outside_polls']} transactions, "
              f"{b['statements_per_job_per_poll']} per poll in "
-             f"{b['transactions_per_job_per_poll']}. A running round is the claim (`SELECT … FOR "
-             f"UPDATE SKIP LOCKED`, `UPDATE`) and one set-based reschedule for the whole batch; the "
+             f"{b['transactions_per_job_per_poll']}. A running round is the claim (one `UPDATE` whose "
+             f"locking read, `SELECT … FOR UPDATE SKIP LOCKED`, is its CTE) and one set-based "
+             f"reschedule for the whole batch; the "
              f"round that completes them holds all their claims in one `UPDATE … FROM "
              f"unnest(…)`, then each completion is one statement.\n"]
     texts = "\n".join(f"[{k}]\n" + "\n".join(f"  {t}" for t in v)

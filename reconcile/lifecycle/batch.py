@@ -7,17 +7,18 @@ message per read). In batch mode an accepted job carries ``jobs.poll_due_at`` in
 ``reconcile.poll_due`` (beat, every ``POLL_BATCH_INTERVAL`` s; it also re-enqueues itself while
 rows stay due past its time budget) runs :func:`poll_due`:
 
-1. **claim** up to ``POLL_BATCH_SIZE`` due rows in one transaction —
+1. **claim** up to ``POLL_BATCH_SIZE`` due rows in one statement on PostgreSQL —
    ``SELECT … WHERE poll_due_at <= now AND in flight ORDER BY poll_due_at LIMIT n FOR UPDATE
-   SKIP LOCKED`` then one ``UPDATE`` moving each ``poll_due_at`` one batch lease ahead with
-   ``poll_seq + 1``: the claim is ``(poll_generation, poll_seq)``. Two pollers never claim one
+   SKIP LOCKED`` as the CTE of one ``UPDATE`` moving each ``poll_due_at`` one batch lease ahead
+   with ``poll_seq + 1`` (:func:`reconcile.jobstore.claim_due_with_times`; SQLite: the read
+   then the update, in one transaction): the claim is ``(poll_generation, poll_seq)``. Two pollers never claim one
    row; a poller that dies leaves its rows due again after one lease (no chain to resume);
 2. **read** every claimed task's status, ``POLL_BATCH_THREADS`` at a time (a bounded thread
    pool for the HTTP reads only: no database work in those threads, the GIL is released on I/O);
    a batch larger than the pool reads in rounds, and before each round after the first the
    batch's claims are extended by one lease in one statement (:func:`run_claims`);
 3. **write** the outcomes: the rows still running short of their stale threshold (no error, the
-   common case) in ONE set-based ``UPDATE … FROM (VALUES …)`` (next due time — one interval
+   common case) in ONE set-based ``UPDATE … FROM unnest(…)`` (next due time — one interval
    after the due time claimed, see :func:`next_due` —, progress, the provider's status), each
    row guarded by its claim; every other outcome (succeeded, failed, an error, unknown / not
    found, past the threshold) goes per job through ``lifecycle.observe`` exactly as the chain
