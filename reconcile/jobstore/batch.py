@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache, partial
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select, text, update
+from sqlalchemy import and_, bindparam, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from ..db.models import Job, table_of
@@ -52,8 +52,7 @@ def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limi
              "d_lease_until": now + lease, "d_worker": worker,
              **({} if kinds is None else {"d_kinds": list(kinds)})},
             execution_options={"populate_existing": True}).all()
-        return sorted(((job, _aware(was)) for job, was in found),
-                      key=lambda row: (row[1], row[0].id))
+        return [(job, _aware(was)) for job, was, _ in sorted(found, key=lambda row: row[2])]
     due = (select(Job.id, Job.poll_due_at).where(*_due_by(now, kinds))
            .order_by(Job.poll_due_at).limit(limit).with_for_update(skip_locked=True))
     # poll_due_at IS NOT NULL in the query
@@ -74,18 +73,24 @@ def claim_due_with_times(session: Session, now: datetime, lease: timedelta, limi
 
 @cache
 def _claim_statement(by_kind: bool) -> Any:
-    """The claim as ONE statement: ``WITH d AS MATERIALIZED (SELECT id, poll_due_at … ORDER BY
-    poll_due_at LIMIT n FOR UPDATE SKIP LOCKED) UPDATE jobs … FROM d RETURNING jobs.*,
-    d.poll_due_at``, mapped onto ``Job`` with each row's due time before the claim. The locking
-    read is a materialized CTE, so it runs once (a subquery rescanned by the join could lock
-    and return other rows), and the update writes exactly the rows it locked."""
+    """The claim as ONE statement: ``WITH locked AS MATERIALIZED (SELECT id, poll_due_at … ORDER BY
+    poll_due_at LIMIT n FOR UPDATE SKIP LOCKED), due AS (… row_number() OVER () …) UPDATE jobs …
+    FROM due RETURNING jobs.*, due.was_due, due.place``, mapped onto ``Job`` with each row's due time
+    before the claim and its place in the read. The locking read is a materialized CTE, so it
+    runs once (a subquery rescanned by the join could lock and return other rows), and the
+    update writes exactly the rows it locked."""
     jobs = table_of(Job)
     when = bindparam("d_now", type_=jobs.c.poll_due_at.type)
     kinds = (Job.provider_kind.in_(bindparam("d_kinds", expanding=True)),) if by_kind else ()
-    due = (select(jobs.c.id, jobs.c.poll_due_at.label("was_due"))
-           .where(*_due_by(when, None), *kinds).order_by(jobs.c.poll_due_at)
-           .limit(bindparam("d_limit"))
-           .with_for_update(skip_locked=True).cte("d").prefix_with("MATERIALIZED"))
+    locked = (select(jobs.c.id, jobs.c.poll_due_at.label("was_due"))
+              .where(*_due_by(when, None), *kinds).order_by(jobs.c.poll_due_at)
+              .limit(bindparam("d_limit"))
+              .with_for_update(skip_locked=True).cte("locked").prefix_with("MATERIALIZED"))
+    # each row's place in the locking read's order (a window cannot sit beside FOR UPDATE, so
+    # it numbers the materialized read's rows): the claims come back in that order, rows due
+    # at the same time as the read found them, as the two-statement claim returns them
+    due = select(locked.c.id, locked.c.was_due,
+                 func.row_number().over().label("place")).cte("due")
     # the lease's end once per column it is written to: each binds as its own column does (a
     # platform's naive column beside the library's timestamptz one)
     claim = (update(jobs).where(jobs.c.id == due.c.id)
@@ -94,8 +99,8 @@ def _claim_statement(by_kind: bool) -> Any:
                      poll_lease_expires_at=bindparam("d_lease_until",
                                                      type_=jobs.c.poll_lease_expires_at.type),
                      claimed_by=bindparam("d_worker", type_=jobs.c.claimed_by.type))
-             .returning(*jobs.c, due.c.was_due))
-    return select(Job, due.c.was_due).from_statement(claim)
+             .returning(*jobs.c, due.c.was_due, due.c.place))
+    return select(Job, due.c.was_due, due.c.place).from_statement(claim)
 
 
 def _due_by(when: Any, kinds: Sequence[str] | None) -> tuple[Any, ...]:

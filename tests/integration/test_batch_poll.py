@@ -219,7 +219,7 @@ def test_still_running_rows_are_rescheduled_in_one_statement_with_progress(
     updates: list[str] = []
 
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith(("UPDATE JOBS", "WITH D AS")):
+        if statement.lstrip().upper().startswith(("UPDATE JOBS", "WITH LOCKED AS")):
             updates.append(statement)
 
     from sqlalchemy import event

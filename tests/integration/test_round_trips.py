@@ -343,7 +343,7 @@ def test_batch_mode_round_trips(db: sessionmaker[Session], pg_engine: Engine,
             if at < 10.0:
                 assert report.outcomes == {"in_flight": BATCH_JOBS}, report.line()
                 assert got == (2, 2), (n, got, c.texts(f"round{n}"))
-                assert c.texts(f"round{n}")[0].startswith("WITH d AS MATERIALIZED")
+                assert c.texts(f"round{n}")[0].startswith("WITH locked AS MATERIALIZED")
                 assert "FROM unnest(" in c.texts(f"round{n}")[1]
             else:
                 assert report.outcomes == {"completed": BATCH_JOBS}, report.line()
