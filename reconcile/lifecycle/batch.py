@@ -11,8 +11,9 @@ rows stay due past its time budget) runs :func:`poll_due`:
    ``SELECT … WHERE poll_due_at <= now AND in flight ORDER BY poll_due_at LIMIT n FOR UPDATE
    SKIP LOCKED`` as the CTE of one ``UPDATE`` moving each ``poll_due_at`` one batch lease ahead
    with ``poll_seq + 1`` (:func:`reconcile.jobstore.claim_due_with_times`; SQLite: the read
-   then the update, in one transaction): the claim is ``(poll_generation, poll_seq)``. Two pollers never claim one
-   row; a poller that dies leaves its rows due again after one lease (no chain to resume);
+   then the update, in one transaction): the claim is ``(poll_generation, poll_seq)``. Two
+   pollers never claim one row; a poller that dies leaves its rows due again after one lease
+   (no chain to resume);
 2. **read** every claimed task's status, ``POLL_BATCH_THREADS`` at a time (a bounded thread
    pool for the HTTP reads only: no database work in those threads, the GIL is released on I/O);
    a batch larger than the pool reads in rounds, and before each round after the first the
@@ -420,7 +421,8 @@ def _one(rt: Runtime, c: Claim, result: PollResult | ProviderError | BaseExcepti
     grouped = held is not _HOLD_EACH
     if held is _HOLD_EACH:
         status = result.raw_status if isinstance(result, PollResult) else None
-        with one_statement(rt.sessions) as session:  # the claim holds: the read's status stored with it
+        # the claim holds: the read's status stored with it
+        with one_statement(rt.sessions) as session:
             held = jobstore.hold_claim(session, c.job.id, c.generation, c.seq,
                                        rt.now() + claim_lease(rt), status=status)
     if held is None:

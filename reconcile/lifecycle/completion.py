@@ -91,7 +91,7 @@ def _statement() -> tuple[Any, tuple[str, ...]]:
     # mapped columns), ``led.*`` the lock's id and the ledger's columns, mapped by position.
     # Spelled out (``done.id AS id, …``) the statement was 6,016 bytes, over psycopg's
     # 4,096-byte limit for caching a statement's parsing: it was parsed again on every
-    # completion (:func:`statement_bytes`)
+    # completion (tests/integration/test_completion_statement.py holds it within the limit)
     main = (text("SELECT done.*, led.*, (SELECT event.id FROM event) AS event_row_id "
                  "FROM led JOIN done ON true")
             .columns(*jobs.c, *led.c, event_id).add_cte(j, led, done, assets, event))
