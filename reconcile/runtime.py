@@ -16,11 +16,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import requests
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.exc import UnboundExecutionError
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from .db.contract import require as require_contract
 from .db.session import engine_for, make_sessionmaker
-from .jobstore.adoption import check_observe_only, check_required_kinds
+from .jobstore.adoption import SettingsError, check_observe_only, check_required_kinds
 from .kinds import Kind, check_sync_deadline, get_kind
 from .ledger import DEFAULT as DEFAULT_LEDGER, Ledger
 from .settings import Settings
@@ -69,6 +70,40 @@ def _noop_create(job_id: uuid.UUID, countdown: float = 0.0) -> None:
     return None
 
 
+def check_sessions(factory: object) -> None:
+    """Start-up check of ``Runtime(sessions=...)``: raise :class:`SettingsError` for a factory
+    the library cannot open its own units of work from. Every step opens sessions with
+    ``factory()`` and ``factory.begin()`` (a ``scoped_session``'s ``begin()`` gives the
+    thread's transaction, not a session) and asks one for its bind without naming a mapper
+    (the dialect; a one-statement transaction's engine): a sessionmaker with only ``binds=``
+    and no default ``bind`` answers that with ``UnboundExecutionError``, which the default poll
+    mode would first meet at its first round, in a worker. A ``get_bind()`` that fails in another
+    way is not judged here (Flask-SQLAlchemy's needs an application context, which a Runtime
+    built at import time does not have). Nothing is connected here."""
+    if isinstance(factory, scoped_session):
+        raise SettingsError("Runtime(sessions=...) takes a sessionmaker, not a scoped_session: "
+                            "pass its session_factory (the library opens and closes its own "
+                            "sessions, never the thread's)")
+    if not isinstance(factory, sessionmaker):
+        raise SettingsError(f"Runtime(sessions=...) takes a sqlalchemy.orm.sessionmaker, not "
+                            f"{type(factory).__name__}")
+    try:
+        session = factory()
+    except Exception:  # a Session class that needs what only a request has: not judged here
+        return
+    try:
+        session.get_bind()
+    except UnboundExecutionError as exc:
+        raise SettingsError(
+            "Runtime(sessions=...): the sessionmaker has no default bind (only binds=, or a "
+            "get_bind() that needs a mapper); give it bind=<the engine of the jobs table>, "
+            f"or a Session class whose get_bind() answers without a mapper ({exc})") from exc
+    except Exception:  # noqa: S110 - another failure (no app context yet): not judged here
+        pass
+    finally:
+        session.close()
+
+
 def _noop_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float,
                status: str | None = None) -> None:
     return None
@@ -108,6 +143,7 @@ class Runtime:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
+        check_sessions(self.sessions)  # a factory every step can open its own sessions from
         # a name that protects nothing must stop the process, not be a silent no-op
         check_observe_only(self.settings.observe_only_kinds)
         # every process registers every kind its rows may carry (README, Design notes: Legacy

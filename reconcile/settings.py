@@ -26,6 +26,10 @@ __all__ = [
 ]
 
 DEFAULT_SQLITE_URL = "sqlite:///reconcile.db"
+# the shortest retention of job events and webhook deliveries (the settings' and the prune's
+# bound, reconcile.jobstore.retention): deliveries also dedupe replays, and a replay older than
+# a day fails the providers' timestamp checks anyway
+MIN_RETENTION = timedelta(days=1)
 LegacySweep = Literal["observe", "enforce", "off"]
 PollMode = Literal["chain", "batch"]
 QueueLayout = Literal["split", "single"]
@@ -91,7 +95,10 @@ class Settings(BaseSettings):
     ``Settings.with_families().model_fields`` every field.
     """
 
-    model_config = SettingsConfigDict(env_prefix="RECONCILE_", extra="ignore")
+    # every number setting is finite: a timeout, interval, budget or scale of NaN or infinity is
+    # refused at start-up (each also has its own lower bound below), never found at a call
+    model_config = SettingsConfigDict(env_prefix="RECONCILE_", extra="ignore",
+                                      allow_inf_nan=False)
 
     if TYPE_CHECKING:
         # a provider family's field (with_families): a str, or None where it is declared with
@@ -129,37 +136,37 @@ class Settings(BaseSettings):
     broker_url: str = "filesystem://"
     broker_folder: str = ".reconcile-broker"
     # must exceed the longest task (600 s) plus the longest poll countdown; tests shorten it
-    broker_visibility_timeout: int = 3600
+    broker_visibility_timeout: int = Field(default=3600, gt=0)
     # RabbitMQ's consumer_timeout as the server enforces it (server default 30 min): declare a
     # lower one here and workers refuse to start if a delivery could outlive it
-    broker_consumer_timeout: float = 1800.0
+    broker_consumer_timeout: float = Field(default=1800.0, gt=0)
     # the longest countdown any published message carries (seconds, never scaled); longer
     # waits ride on create_not_before + the sweep. max_countdown + task_time_limit must stay
     # below the visibility timeout / consumer_timeout (checked at worker start)
-    max_countdown: float = 300.0
-    task_time_limit: int = 600
+    max_countdown: float = Field(default=300.0, ge=0)
+    task_time_limit: int = Field(default=600, gt=0)
     # SIGQUIT (or SIGTERM with REMAP_SIGTERM=SIGQUIT): running tasks get this long, then held
     # messages are requeued at once; keep it below the supervisor's stop grace period
-    worker_soft_shutdown_timeout: float = 30.0
+    worker_soft_shutdown_timeout: float = Field(default=30.0, ge=0)
     storage_url: str = "file://./reconcile-media"
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"
     media_public_base_url: str | None = None
     media_allowed_hosts: list[str] = Field(default_factory=list)
-    media_max_bytes: int = 512 * 1024 * 1024
+    media_max_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
     # the whole exchange of one output fetch, redirects included (at most a day: a success's
     # storing mark, lifecycle.storing_hold, is this per output, times max_outputs_per_job)
     media_timeout: float = Field(default=120.0, gt=0, le=86_400)
     # more fails the job UPSTREAM_OUTPUT_LIMIT (refunded)
     max_outputs_per_job: int = Field(default=64, ge=1, le=10_000)
-    webhook_max_body_bytes: int = 1024 * 1024  # refused with 413 before parsing
-    max_input_bytes: int = 1024 * 1024  # a job's input, as compact JSON
-    max_job_type_length: int = 200
+    webhook_max_body_bytes: int = Field(default=1024 * 1024, gt=0)  # refused with 413 before parsing
+    max_input_bytes: int = Field(default=1024 * 1024, gt=0)  # a job's input, as compact JSON
+    max_job_type_length: int = Field(default=200, ge=1)
     webhook_base_url: str | None = None
     events_redis_url: str | None = None
 
     # Sweep
-    sweep_interval: float = 300.0  # seconds
+    sweep_interval: float = Field(default=300.0, gt=0)  # seconds
     # rows without provider_kind or submission_state (README, Design notes: Legacy rows): "observe"
     # logs and counts what it would fail; "enforce" fails + refunds; "off"
     legacy_sweep: LegacySweep = "observe"
@@ -176,7 +183,7 @@ class Settings(BaseSettings):
     # seconds of rows a tick carries out inline, on its one process; past it the rest fans out
     # to every worker process (a backlog is drained by all of them, not by the tick's alone:
     # bench figure 2, 10,000 rows on 2 cores, 20 s inline 128 jobs/s, 5 s 146)
-    sweep_time_budget: float = 5.0
+    sweep_time_budget: float = Field(default=5.0, ge=0)
     # rows the sweep task carries out at once per process (status reads, media, each row's own
     # transactions), inline and in each fanned-out chunk (reconcile.reconcile_jobs is sent
     # tasks.CHUNK_ROWS_PER_THREAD times this many and carries them out this many at a time).
@@ -222,20 +229,22 @@ class Settings(BaseSettings):
     # Wall-clock seconds, never scaled: worker hosts' clocks must agree (NTP), as leases need
     heartbeat_interval: float = Field(default=2.0, ge=0)
     heartbeat_timeout: float = Field(default=6.0, gt=0)
-    time_scale: float = 1.0
+    time_scale: float = Field(default=1.0, gt=0)
     # retention (`reconcile prune`, and the beat's prune entry when either is set); None: keep
-    job_events_retention_days: float | None = None
-    webhook_deliveries_retention_days: float | None = None
+    job_events_retention_days: float | None = Field(default=None,
+                                                    ge=MIN_RETENTION / timedelta(days=1))
+    webhook_deliveries_retention_days: float | None = Field(default=None,
+                                                            ge=MIN_RETENTION / timedelta(days=1))
 
     # Providers: each family's fields (<family>_base_url, <family>_api_key, …) are declared by
     # the family (its FAMILY's urls, secrets, settings: reconcile.providers.family) and added by
     # with_families(), the class every Settings(...) is; these are the ones they all share
-    connect_timeout: float = 5.0
-    read_timeout: float = 30.0
-    sync_read_timeout: float = 300.0
+    connect_timeout: float = Field(default=5.0, gt=0)
+    read_timeout: float = Field(default=30.0, gt=0)
+    sync_read_timeout: float = Field(default=300.0, gt=0)
     # a sync call's TOTAL deadline (connect + every read), ≤ each sync kind's threshold − 60 s:
     # checked at start-up (reconcile.sync.check_sync_deadline); scaled by TIME_SCALE
-    sync_deadline: float = 240.0
+    sync_deadline: float = Field(default=240.0, gt=0)
 
     @field_validator("legacy_sweep", mode="before")
     @classmethod
@@ -259,7 +268,7 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             try:
                 return timedelta(seconds=float(value))
-            except ValueError:
+            except (ValueError, OverflowError):  # not a number, or no duration: pydantic says
                 return value
         return value
 
@@ -267,6 +276,14 @@ class Settings(BaseSettings):
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
         return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+    @field_validator("legacy_age")
+    @classmethod
+    def _positive_age(cls, value: timedelta | None) -> timedelta | None:
+        # an age of zero or less would make every legacy row old enough to fail at once
+        if value is not None and value <= timedelta(0):
+            raise ValueError(f"must be a positive duration, not {value}")
+        return value
 
     @model_validator(mode="after")
     def _heartbeat(self) -> Settings:

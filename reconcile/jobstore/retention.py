@@ -25,12 +25,12 @@ from sqlalchemy import Select, and_, delete, exists, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..db.models import Job, JobEvent, WebhookDelivery
+from ..settings import MIN_RETENTION
 from ..settlement import CANCEL_REQUESTED_EVENT
 from ..states import IN_FLIGHT
 
 log = logging.getLogger("reconcile.retention")
 
-MIN_RETENTION = timedelta(days=1)
 BATCH = 1000
 
 

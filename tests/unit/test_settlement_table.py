@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy import create_engine
+from sqlalchemy.orm import sessionmaker
 
 from reconcile import Runtime, Settings
 from reconcile.kinds import get_kind
@@ -135,7 +137,9 @@ def test_a_share_that_is_not_an_exact_fraction_between_0_and_1_is_refused(bad: A
 
 
 def _runtime(settings: Settings, **kwargs: Any) -> Runtime:
-    return Runtime(settings=settings, sessions=None, storage=None, **kwargs)  # type: ignore[arg-type]
+    # a sessionmaker that never connects (the policy checks touch no database)
+    return Runtime(settings=settings, sessions=sessionmaker(create_engine("sqlite://")),
+                   storage=None, **kwargs)  # type: ignore[arg-type]
 
 
 def test_a_runtime_takes_its_settings_policy_and_refuses_another() -> None:

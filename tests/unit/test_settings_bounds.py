@@ -1,0 +1,101 @@
+"""Every number setting is bounded at start-up: NaN, infinity and negative values are refused
+with the setting's name, from the constructor and from the environment, never found later at a
+call (a read timeout of ``inf`` that never ends, a ``time_scale`` of 0 that makes every lease
+end at once, a negative retention that prunes what was written a second ago)."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from fractions import Fraction
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from reconcile import Settings
+
+
+def _number_fields() -> dict[str, Any]:
+    """Every field of the settings whose value is a number or a duration (read from the model,
+    so a setting added later is covered without editing this list)."""
+    fields = type(Settings()).model_fields
+    numeric = (int, float, timedelta, Fraction)
+    return {name: f.annotation for name, f in fields.items()
+            if any(t.__name__ in str(f.annotation) for t in numeric)}
+
+
+NUMBERS = sorted(_number_fields())
+FLOATS = sorted(n for n, a in _number_fields().items() if "float" in str(a))
+# settings where 0 means something (a budget of 0 fans every row out; no heartbeat; no
+# countdown; no soft shutdown; a refund share of 0)
+ZERO_OK = {"sweep_time_budget", "heartbeat_interval", "max_countdown",
+           "worker_soft_shutdown_timeout", "failure_refund", "cancel_refund"}
+
+
+def test_the_list_is_the_settings_numbers() -> None:
+    # the derivation finds the timing, size and share settings (a broken filter would pass
+    # every test below on an empty list)
+    assert {"read_timeout", "time_scale", "sweep_interval", "legacy_age", "media_max_bytes",
+            "failure_refund", "poll_batch_size"} <= set(NUMBERS)
+    assert {"read_timeout", "time_scale", "job_events_retention_days"} <= set(FLOATS)
+
+
+@pytest.mark.parametrize("name", FLOATS)
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, "inf", "nan", "1e400"])
+def test_a_float_setting_refuses_what_is_not_finite(name: str, value: Any) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{name: value})
+    assert name in str(refused.value)
+
+
+@pytest.mark.parametrize("name", NUMBERS)
+def test_a_number_setting_refuses_a_negative_value(name: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{name: -1})
+    assert name in str(refused.value)
+
+
+@pytest.mark.parametrize("name", sorted(set(NUMBERS) - ZERO_OK))
+def test_a_number_setting_refuses_zero_unless_zero_means_something(name: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{name: 0})
+    assert name in str(refused.value)
+
+
+@pytest.mark.parametrize("name", sorted(ZERO_OK))
+def test_zero_is_kept_where_it_means_something(name: str) -> None:
+    assert Settings(**{name: 0}) is not None
+
+
+@pytest.mark.parametrize(("env", "value"), [
+    ("RECONCILE_READ_TIMEOUT", "inf"), ("RECONCILE_CONNECT_TIMEOUT", "nan"),
+    ("RECONCILE_TIME_SCALE", "0"), ("RECONCILE_SWEEP_INTERVAL", "-300"),
+    ("RECONCILE_LEGACY_AGE", "inf"), ("RECONCILE_LEGACY_AGE", "-60"),
+    ("RECONCILE_JOB_EVENTS_RETENTION_DAYS", "-1"), ("RECONCILE_MEDIA_MAX_BYTES", "0"),
+])
+def test_the_environment_is_held_to_the_same_bounds(monkeypatch: pytest.MonkeyPatch, env: str,
+                                                    value: str) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert env.removeprefix("RECONCILE_").lower() in str(refused.value)
+
+
+@pytest.mark.parametrize("name", ["job_events_retention_days",
+                                  "webhook_deliveries_retention_days"])
+def test_a_retention_is_held_to_the_prunes_own_minimum_at_start_up(name: str) -> None:
+    # the bound reconcile prune applies (a day), refused when the settings load, not at the
+    # first prune the beat runs
+    with pytest.raises(ValidationError, match=name):
+        Settings(**{name: 0.5})
+    assert getattr(Settings(**{name: 1}), name) == 1
+
+
+def test_ordinary_values_still_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECONCILE_READ_TIMEOUT", "12.5")
+    monkeypatch.setenv("RECONCILE_LEGACY_AGE", "3600")
+    s = Settings(time_scale=0.01, sweep_time_budget=0, heartbeat_interval=0,
+                 job_events_retention_days=1.5)
+    assert (s.read_timeout, s.legacy_age, s.time_scale) == (12.5, timedelta(hours=1), 0.01)
+    assert Settings().sweep_interval == 300.0
