@@ -18,6 +18,7 @@ replay older than a day fails the providers' timestamp checks anyway.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -85,13 +86,31 @@ def prune(sessions: sessionmaker[Session], *, now: datetime, events: timedelta |
     """Delete what is past its retention (None: keep that table whole)."""
     _check(events)
     _check(deliveries)
-    n_events = _drain(sessions, JobEvent, _events(now - events), dry_run) if events else 0
-    n_deliveries = (_drain(sessions, WebhookDelivery, _deliveries(now - deliveries), dry_run)
-                    if deliveries else 0)
+    n_events = (_drain(sessions, JobEvent, _events(_cutoff(now, events)), dry_run)
+                if events else 0)
+    n_deliveries = (_drain(sessions, WebhookDelivery, _deliveries(_cutoff(now, deliveries)),
+                           dry_run) if deliveries else 0)
     report = PruneReport(n_events, n_deliveries, dry_run)
     log.info(report.line())
     return report
 
 
+def _cutoff(now: datetime, retention: timedelta) -> datetime:
+    """``now - retention``; a retention reaching past the calendar's start keeps everything."""
+    try:
+        return now - retention
+    except OverflowError:
+        return datetime.min.replace(tzinfo=now.tzinfo)
+
+
 def days(value: float | None) -> timedelta | None:
-    return timedelta(days=value) if value is not None else None
+    """A retention given in days (a setting, or the ``prune`` command's option), as a duration;
+    :class:`ValueError` for a number that is no duration (NaN, infinite, too large)."""
+    if value is None:
+        return None
+    if not math.isfinite(value):
+        raise ValueError(f"a retention of {value} days is no duration")
+    try:
+        return timedelta(days=value)
+    except OverflowError:
+        raise ValueError(f"a retention of {value} days is longer than a duration can be") from None

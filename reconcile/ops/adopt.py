@@ -152,8 +152,12 @@ def prune(cli: Cli, dry_run: bool, events_days: float | None, webhooks_days: flo
 
     rt = cli.runtime()
     s = rt.settings
-    events = days(events_days if events_days is not None else s.job_events_retention_days)
-    hooks = days(webhooks_days if webhooks_days is not None else s.webhook_deliveries_retention_days)
+    try:
+        events = days(events_days if events_days is not None else s.job_events_retention_days)
+        hooks = days(webhooks_days if webhooks_days is not None
+                     else s.webhook_deliveries_retention_days)
+    except ValueError as exc:
+        raise Refused(str(exc)) from exc
     if events is None and hooks is None:
         raise Refused("no retention set: give --events-days / --webhooks-days or set "
                       "RECONCILE_JOB_EVENTS_RETENTION_DAYS / RECONCILE_WEBHOOK_DELIVERIES_RETENTION_DAYS")

@@ -100,6 +100,23 @@ def test_prune_refuses_no_or_too_short_a_retention(db: sessionmaker[Session],
     assert cli_with(rt, "prune").exit_code == 2
     short = cli_with(rt, "prune", "--events-days", "0.5")
     assert short.exit_code == 2 and "refused" in short.stderr
+    for value in ("inf", "nan", "1e300"):  # no duration: refused as cleanly, no traceback
+        odd = cli_with(rt, "prune", "--events-days", value)
+        assert odd.exit_code == 2, (value, odd.stderr)
+        assert "is no duration" in odd.stderr or "longer than a duration" in odd.stderr, value
+
+
+def test_prune_with_a_retention_past_the_calendars_start_keeps_everything(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path,
+        history: dict[str, str]) -> None:
+    """999,999 days ("keep it all", as a number): nothing is that old, nothing is deleted (the
+    cutoff would be before year 1)."""
+    rt, _ = make_runtime(db, simulator, tmp_path)
+    before = _left(db)
+    done = cli_with(rt, "prune", "--events-days", "999999", "--webhooks-days", "999999")
+    assert done.exit_code == 0, done.stderr
+    assert "job_events=0 webhook_deliveries=0" in done.stdout
+    assert _left(db) == before
 
 
 def test_the_beat_prune_task_uses_the_retention_settings(
