@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
-from sqlalchemy import exc as sa_exc
+from pydantic import ValidationError
+from sqlalchemy import Engine, exc as sa_exc
 from sqlalchemy.orm import Session
 
 from .. import __version__
 from ..db.models import Job
+from ..jobstore.adoption import SettingsError
 from ..runtime import Runtime
 from ..settings import Settings
 
@@ -71,7 +73,11 @@ class Cli:
     def settings(self) -> Settings:
         if self.rt is not None:
             return self.rt.settings
-        return Settings(database_url=self._configured()[0])
+        url = self._configured()[0]
+        try:
+            return Settings(database_url=url)
+        except ValidationError as exc:
+            raise Failed(settings_refused(exc)) from None
 
     def _configured(self) -> tuple[str, str]:
         """(url, where it came from)."""
@@ -84,7 +90,7 @@ class Cli:
 
     def url(self) -> str:
         if self.rt is not None:
-            url: str = self.rt.sessions.kw["bind"].url.render_as_string(hide_password=False)
+            url: str = _engine_url(self.rt)
             self._announce(url, "the given runtime")
             return url
         url, source = self._configured()
@@ -105,7 +111,7 @@ class Cli:
             try:
                 self.rt = Runtime.from_settings(settings, enqueue_create=_enqueue_create,
                                                 enqueue_poll=_enqueue_poll)
-            except SchemaMismatch as exc:
+            except (SchemaMismatch, SettingsError) as exc:  # a stale schema, a kind missing
                 from ..core.redact import for_terminal
 
                 raise Failed(for_terminal(str(exc))) from exc
@@ -117,6 +123,25 @@ class Cli:
     def session(self) -> Iterator[Session]:
         with self.runtime().sessions() as session:
             yield session
+
+
+def settings_refused(exc: ValidationError) -> str:
+    """The message for settings that do not load: each refused variable by its name and why,
+    never its value (a secret's value is never echoed)."""
+    from ..core.redact import for_terminal
+
+    lines = [f"RECONCILE_{str(error['loc'][0]).upper()}: {error['msg']}"
+             if error.get("loc") else str(error["msg"]) for error in exc.errors()]
+    return "the settings do not load: " + "; ".join(for_terminal(line) for line in lines)
+
+
+def _engine_url(rt: Runtime) -> str:
+    """The URL of the engine a given runtime's sessions use (a sessionmaker bound to an engine or
+    a connection, or a Session class that picks its own bind)."""
+    with rt.sessions() as session:
+        bind = session.get_bind()
+    engine = bind if isinstance(bind, Engine) else bind.engine
+    return engine.url.render_as_string(hide_password=False)
 
 
 def _redacted(url: str) -> str:

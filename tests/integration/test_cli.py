@@ -12,11 +12,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reconcile import Runtime, credits
+from reconcile import Runtime, Settings, credits
 from reconcile.cli import main
 from reconcile.db.models import CreditBalance, CreditTransaction, Job, WebhookDelivery
 from reconcile.testing.simulator import Simulator
@@ -341,6 +342,44 @@ def test_unreachable_database_is_one_clear_line() -> None:
     assert result.exit_code == 1
     assert result.stderr.splitlines()[-1].startswith("Error: database error:")
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_settings_that_do_not_load_are_one_clear_message(db: sessionmaker[Session],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad variable (infinite, zero where zero means nothing) stops the command with exit 1 and
+    each variable named, not a traceback through pydantic; the value itself is not echoed."""
+    monkeypatch.setenv("RECONCILE_READ_TIMEOUT", "inf")
+    monkeypatch.setenv("RECONCILE_TIME_SCALE", "0")
+    result = cli(db, "sweep", "--dry-run")
+    assert result.exit_code == 1, result.output
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("Error: the settings do not load: "), result.stderr
+    assert "RECONCILE_READ_TIMEOUT: Input should be a finite number" in last
+    assert "RECONCILE_TIME_SCALE: Input should be greater than 0" in last
+    assert "Traceback" not in result.output and "inf" not in last.split("finite")[1]
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_given_runtime_whose_sessions_pick_their_own_bind_runs_the_command(
+        db: sessionmaker[Session]) -> None:
+    """``main(args, obj=runtime)`` with a platform's routing Session class (no ``bind=`` on the
+    sessionmaker) or a sessionmaker bound to a connection: the command says which database it
+    uses and runs (it read ``sessionmaker.kw["bind"].url``: an AttributeError)."""
+    engine = db.kw["bind"]
+    job_id = add_job(db, status="failed", next_poll_at=datetime.now(UTC))
+
+    class Routing(Session):
+        def get_bind(self, mapper: Any = None, **kw: Any) -> Any:
+            return engine
+
+    with engine.connect() as conn:
+        for sessions in (sessionmaker(class_=Routing), sessionmaker(bind=conn)):
+            rt = Runtime(settings=Settings(database_url=url_of(db)), sessions=sessions,
+                         storage=None)  # type: ignore[arg-type]
+            result = cli_with(rt, "unsettled", "--json")
+            assert result.exit_code == 0, result.output
+            assert f"database: {engine.url.render_as_string()}" in result.stderr
+            assert str(job_id) in {row["id"] for row in json.loads(result.stdout)}
 
 
 def test_python_dash_m_reconcile_runs_the_command(db: sessionmaker[Session]) -> None:
