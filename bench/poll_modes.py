@@ -106,13 +106,13 @@ def _batch(rt: Any, seconds: float) -> tuple[int, float, float, int]:
 
 
 def _drop_read_pools() -> None:
-    """Shut batch_poll's status-read thread pools (bench only: a profile of the reads' threads
-    needs them started inside it)."""
-    from reconcile.lifecycle import batch as batch_poll
+    """Shut the batch poller's thread pools (bench only: a profile of the reads' threads needs
+    them started inside it)."""
+    from reconcile.lifecycle import batch_reads
 
-    for _, pool in list(batch_poll._POOLS.values()):
+    for _, pool in list(batch_reads._POOLS.values()):
         pool.shutdown(wait=True)
-    batch_poll._POOLS.clear()
+    batch_reads._POOLS.clear()
 
 
 def run(jobs: int = 2000, seconds: float = 20.0, threads: int = 32, batch: int = 200,

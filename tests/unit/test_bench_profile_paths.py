@@ -39,3 +39,17 @@ def test_each_watched_library_function_exists_where_the_profile_looks(
     file = ROOT / path
     assert file.is_file(), f"{label}: {path} does not exist"
     assert _defines(file, func), f"{label}: {path} defines no {func}"
+
+
+def test_the_poll_profile_can_drop_the_batch_pollers_thread_pools() -> None:
+    """``make bench-profile`` shuts the batch poller's thread pools before it profiles the reads
+    (so their threads start inside the profile). It looked for them where they were before they
+    moved to ``reconcile.lifecycle.batch_reads`` and raised ``AttributeError``, so every
+    ``make bench-profile`` failed after its first figure, unnoticed."""
+    from bench import poll_modes
+    from reconcile.lifecycle import batch_reads
+
+    batch_reads.finalize_pool(2).submit(lambda: None).result()
+    assert batch_reads._POOLS
+    poll_modes._drop_read_pools()
+    assert not batch_reads._POOLS
