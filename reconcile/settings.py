@@ -26,6 +26,13 @@ __all__ = [
 ]
 
 DEFAULT_SQLITE_URL = "sqlite:///reconcile.db"
+# the longest duration any seconds setting may name (about 3 years), and the largest time
+# scale: a duration past them overflows once it is scaled or added to now (Python's timedelta
+# ends at 999,999,999 days), which a process would meet at start-up without the setting's name
+MAX_SECONDS = 1e8
+MAX_TIME_SCALE = 100.0
+# the longest retention a day count may name (about 2,700 years; None keeps everything)
+MAX_RETENTION_DAYS = 1_000_000
 # the shortest retention of job events and webhook deliveries (the settings' and the prune's
 # bound, reconcile.jobstore.retention): deliveries also dedupe replays, and a replay older than
 # a day fails the providers' timestamp checks anyway
@@ -136,18 +143,18 @@ class Settings(BaseSettings):
     broker_url: str = "filesystem://"
     broker_folder: str = ".reconcile-broker"
     # must exceed the longest task (600 s) plus the longest poll countdown; tests shorten it
-    broker_visibility_timeout: int = Field(default=3600, gt=0)
+    broker_visibility_timeout: int = Field(default=3600, gt=0, le=MAX_SECONDS)
     # RabbitMQ's consumer_timeout as the server enforces it (server default 30 min): declare a
     # lower one here and workers refuse to start if a delivery could outlive it
-    broker_consumer_timeout: float = Field(default=1800.0, gt=0)
+    broker_consumer_timeout: float = Field(default=1800.0, gt=0, le=MAX_SECONDS)
     # the longest countdown any published message carries (seconds, never scaled); longer
     # waits ride on create_not_before + the sweep. max_countdown + task_time_limit must stay
     # below the visibility timeout / consumer_timeout (checked at worker start)
-    max_countdown: float = Field(default=300.0, ge=0)
-    task_time_limit: int = Field(default=600, gt=0)
+    max_countdown: float = Field(default=300.0, ge=0, le=MAX_SECONDS)
+    task_time_limit: int = Field(default=600, gt=0, le=MAX_SECONDS)
     # SIGQUIT (or SIGTERM with REMAP_SIGTERM=SIGQUIT): running tasks get this long, then held
     # messages are requeued at once; keep it below the supervisor's stop grace period
-    worker_soft_shutdown_timeout: float = Field(default=30.0, ge=0)
+    worker_soft_shutdown_timeout: float = Field(default=30.0, ge=0, le=MAX_SECONDS)
     storage_url: str = "file://./reconcile-media"
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"
@@ -159,14 +166,15 @@ class Settings(BaseSettings):
     media_timeout: float = Field(default=120.0, gt=0, le=86_400)
     # more fails the job UPSTREAM_OUTPUT_LIMIT (refunded)
     max_outputs_per_job: int = Field(default=64, ge=1, le=10_000)
-    webhook_max_body_bytes: int = Field(default=1024 * 1024, gt=0)  # refused with 413 before parsing
+    # refused with 413 before parsing
+    webhook_max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     max_input_bytes: int = Field(default=1024 * 1024, gt=0)  # a job's input, as compact JSON
     max_job_type_length: int = Field(default=200, ge=1)
     webhook_base_url: str | None = None
     events_redis_url: str | None = None
 
     # Sweep
-    sweep_interval: float = Field(default=300.0, gt=0)  # seconds
+    sweep_interval: float = Field(default=300.0, gt=0, le=MAX_SECONDS)  # seconds
     # rows without provider_kind or submission_state (README, Design notes: Legacy rows): "observe"
     # logs and counts what it would fail; "enforce" fails + refunds; "off"
     legacy_sweep: LegacySweep = "observe"
@@ -183,7 +191,7 @@ class Settings(BaseSettings):
     # seconds of rows a tick carries out inline, on its one process; past it the rest fans out
     # to every worker process (a backlog is drained by all of them, not by the tick's alone:
     # bench figure 2, 10,000 rows on 2 cores, 20 s inline 128 jobs/s, 5 s 146)
-    sweep_time_budget: float = Field(default=5.0, ge=0)
+    sweep_time_budget: float = Field(default=5.0, ge=0, le=MAX_SECONDS)
     # rows the sweep task carries out at once per process (status reads, media, each row's own
     # transactions), inline and in each fanned-out chunk (reconcile.reconcile_jobs is sent
     # tasks.CHUNK_ROWS_PER_THREAD times this many and carries them out this many at a time).
@@ -212,11 +220,12 @@ class Settings(BaseSettings):
     # CAS and ledger commit; failures; errors) finalized at once per process, each in its own
     # transactions; bounded below the engine's pool (5 + 5 overflow connections)
     poll_batch_finalize_threads: int = Field(default=8, ge=1, le=64)
-    poll_batch_interval: float = Field(default=1.0, gt=0)  # s between beat's poll_due ticks (scaled)
+    # s between beat's poll_due ticks (scaled)
+    poll_batch_interval: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
     # seconds one poll_due run keeps claiming while rows are due (scaled); then it ends and
     # re-enqueues itself at the queue's tail, so create messages queued meanwhile wait at most
     # about this long for a pool process
-    poll_batch_time_budget: float = Field(default=5.0, gt=0)
+    poll_batch_time_budget: float = Field(default=5.0, gt=0, le=MAX_SECONDS)
     # "split": creates, polls and the sweep on queues of their own (reconcile.create,
     # reconcile.poll, reconcile.sweep; the rest on reconcile), so a burst of submissions never
     # delays the in-flight jobs' reads; "single": every task but the sweep on reconcile (the
@@ -227,24 +236,24 @@ class Settings(BaseSettings):
     # lease only); a row not renewed for heartbeat_timeout seconds is a dead process, whose
     # create claims become uncertain and whose poll turns and batch claims are released at once.
     # Wall-clock seconds, never scaled: worker hosts' clocks must agree (NTP), as leases need
-    heartbeat_interval: float = Field(default=2.0, ge=0)
-    heartbeat_timeout: float = Field(default=6.0, gt=0)
-    time_scale: float = Field(default=1.0, gt=0)
+    heartbeat_interval: float = Field(default=2.0, ge=0, le=MAX_SECONDS)
+    heartbeat_timeout: float = Field(default=6.0, gt=0, le=MAX_SECONDS)
+    time_scale: float = Field(default=1.0, gt=0, le=MAX_TIME_SCALE)
     # retention (`reconcile prune`, and the beat's prune entry when either is set); None: keep
-    job_events_retention_days: float | None = Field(default=None,
-                                                    ge=MIN_RETENTION / timedelta(days=1))
-    webhook_deliveries_retention_days: float | None = Field(default=None,
-                                                            ge=MIN_RETENTION / timedelta(days=1))
+    job_events_retention_days: float | None = Field(
+        default=None, ge=MIN_RETENTION / timedelta(days=1), le=MAX_RETENTION_DAYS)
+    webhook_deliveries_retention_days: float | None = Field(
+        default=None, ge=MIN_RETENTION / timedelta(days=1), le=MAX_RETENTION_DAYS)
 
     # Providers: each family's fields (<family>_base_url, <family>_api_key, …) are declared by
     # the family (its FAMILY's urls, secrets, settings: reconcile.providers.family) and added by
     # with_families(), the class every Settings(...) is; these are the ones they all share
-    connect_timeout: float = Field(default=5.0, gt=0)
-    read_timeout: float = Field(default=30.0, gt=0)
-    sync_read_timeout: float = Field(default=300.0, gt=0)
+    connect_timeout: float = Field(default=5.0, gt=0, le=MAX_SECONDS)
+    read_timeout: float = Field(default=30.0, gt=0, le=MAX_SECONDS)
+    sync_read_timeout: float = Field(default=300.0, gt=0, le=MAX_SECONDS)
     # a sync call's TOTAL deadline (connect + every read), ≤ each sync kind's threshold − 60 s:
     # checked at start-up (reconcile.sync.check_sync_deadline); scaled by TIME_SCALE
-    sync_deadline: float = Field(default=240.0, gt=0)
+    sync_deadline: float = Field(default=240.0, gt=0, le=MAX_SECONDS)
 
     @field_validator("legacy_sweep", mode="before")
     @classmethod

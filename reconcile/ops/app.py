@@ -18,7 +18,6 @@ from sqlalchemy.orm import Session
 
 from .. import __version__
 from ..db.models import Job
-from ..jobstore.adoption import SettingsError
 from ..runtime import Runtime
 from ..settings import Settings
 
@@ -111,7 +110,9 @@ class Cli:
             try:
                 self.rt = Runtime.from_settings(settings, enqueue_create=_enqueue_create,
                                                 enqueue_poll=_enqueue_poll)
-            except (SchemaMismatch, SettingsError) as exc:  # a stale schema, a kind missing
+            # a stale schema; a start-up check's refusal (a kind missing, a sync deadline
+            # that does not fit its timeouts): a configuration error, one message
+            except (SchemaMismatch, ValueError) as exc:
                 from ..core.redact import for_terminal
 
                 raise Failed(for_terminal(str(exc))) from exc

@@ -360,6 +360,20 @@ def test_settings_that_do_not_load_are_one_clear_message(db: sessionmaker[Sessio
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
+def test_a_start_up_check_that_refuses_is_one_clear_message(db: sessionmaker[Session],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings that load but a start-up check refuses (a sync call's deadline that its connect
+    timeout does not fit, a required kind not registered): exit 1 and the check's message."""
+    for env, value, said in (("RECONCILE_CONNECT_TIMEOUT", "1000", "RECONCILE_SYNC_DEADLINE="),
+                             ("RECONCILE_REQUIRED_KINDS", '["no-such-kind"]', "REQUIRED_KINDS")):
+        with monkeypatch.context() as patched:
+            patched.setenv(env, value)
+            result = cli(db, "sweep", "--dry-run")
+        assert result.exit_code == 1, result.output
+        assert result.stderr.splitlines()[-1].startswith(f"Error: {said}"), result.stderr
+        assert "Traceback" not in result.output
+
+
 def test_a_given_runtime_whose_sessions_pick_their_own_bind_runs_the_command(
         db: sessionmaker[Session]) -> None:
     """``main(args, obj=runtime)`` with a platform's routing Session class (no ``bind=`` on the

@@ -6,7 +6,7 @@ end at once, a negative retention that prunes what was written a second ago)."""
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from reconcile import Settings
+from reconcile.settings import MAX_RETENTION_DAYS, MAX_SECONDS, MAX_TIME_SCALE
 
 
 def _number_fields() -> dict[str, Any]:
@@ -66,6 +67,36 @@ def test_a_number_setting_refuses_zero_unless_zero_means_something(name: str) ->
 @pytest.mark.parametrize("name", sorted(ZERO_OK))
 def test_zero_is_kept_where_it_means_something(name: str) -> None:
     assert Settings(**{name: 0}) is not None
+
+
+# the settings in seconds: each must stay a duration once scaled and added to now
+SECONDS = sorted({"broker_visibility_timeout", "broker_consumer_timeout", "max_countdown",
+                  "task_time_limit", "worker_soft_shutdown_timeout", "sweep_interval",
+                  "sweep_time_budget", "poll_batch_interval", "poll_batch_time_budget",
+                  "heartbeat_interval", "heartbeat_timeout", "connect_timeout", "read_timeout",
+                  "sync_read_timeout", "sync_deadline"})
+
+
+@pytest.mark.parametrize("name", SECONDS)
+def test_a_seconds_setting_stops_where_a_scaled_duration_would_overflow(name: str) -> None:
+    # 1e15 s loaded, then overflowed at start-up in celery_settings (no setting named)
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{name: MAX_SECONDS * 10})
+    assert name in str(refused.value)
+    # (a heartbeat's timeout is at least twice its interval)
+    extra = {"heartbeat_timeout": MAX_SECONDS} if name == "heartbeat_interval" else {}
+    top = MAX_SECONDS / 2 if name == "heartbeat_interval" else MAX_SECONDS
+    longest = Settings(**{name: top, "time_scale": MAX_TIME_SCALE, **extra})
+    # the longest, at the largest scale, is still a date when added to now
+    assert datetime.now(UTC) + longest.scaled(timedelta(seconds=getattr(longest, name)))
+
+
+def test_the_time_scale_and_the_retentions_have_a_ceiling() -> None:
+    for name, value in (("time_scale", MAX_TIME_SCALE * 10),
+                        ("job_events_retention_days", MAX_RETENTION_DAYS * 10),
+                        ("webhook_deliveries_retention_days", MAX_RETENTION_DAYS * 10)):
+        with pytest.raises(ValidationError, match=name):
+            Settings(**{name: value})
 
 
 @pytest.mark.parametrize(("env", "value"), [
