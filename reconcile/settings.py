@@ -85,6 +85,9 @@ class _Redacted:
         return "REDACTED"
 
 
+# a retention in days, as both retention settings declare it (reconcile prune's own bound)
+_RetentionDays = Annotated[float, Field(ge=MIN_RETENTION / timedelta(days=1),
+                                        le=MAX_RETENTION_DAYS)]
 _REDACTED = _Redacted()
 _Secret = Annotated[str, _REDACTED]
 _OptionalSecret = Annotated[str | None, _REDACTED]
@@ -240,10 +243,8 @@ class Settings(BaseSettings):
     heartbeat_timeout: float = Field(default=6.0, gt=0, le=MAX_SECONDS)
     time_scale: float = Field(default=1.0, gt=0, le=MAX_TIME_SCALE)
     # retention (`reconcile prune`, and the beat's prune entry when either is set); None: keep
-    job_events_retention_days: float | None = Field(
-        default=None, ge=MIN_RETENTION / timedelta(days=1), le=MAX_RETENTION_DAYS)
-    webhook_deliveries_retention_days: float | None = Field(
-        default=None, ge=MIN_RETENTION / timedelta(days=1), le=MAX_RETENTION_DAYS)
+    job_events_retention_days: _RetentionDays | None = None
+    webhook_deliveries_retention_days: _RetentionDays | None = None
 
     # Providers: each family's fields (<family>_base_url, <family>_api_key, …) are declared by
     # the family (its FAMILY's urls, secrets, settings: reconcile.providers.family) and added by

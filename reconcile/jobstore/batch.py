@@ -76,9 +76,9 @@ def _claim_statement(by_kind: bool) -> Any:
     """The claim as ONE statement: ``WITH locked AS MATERIALIZED (SELECT id, poll_due_at …
     ORDER BY poll_due_at LIMIT n FOR UPDATE SKIP LOCKED), due AS (… row_number() OVER () …)
     UPDATE jobs … FROM due RETURNING <the mapped columns>, due.was_due, due.place``, mapped onto
-    ``Job`` with each row's due time before the claim and its place in the read. The locking read is a materialized CTE, so it
-    runs once (a subquery rescanned by the join could lock and return other rows), and the
-    update writes exactly the rows it locked."""
+    ``Job`` with each row's due time before the claim and its place in the read. The locking
+    read is a materialized CTE, so it runs once (a subquery rescanned by the join could lock
+    and return other rows), and the update writes exactly the rows it locked."""
     jobs = table_of(Job)
     when = bindparam("d_now", type_=jobs.c.poll_due_at.type)
     kinds = (Job.provider_kind.in_(bindparam("d_kinds", expanding=True)),) if by_kind else ()
