@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import requests
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
@@ -79,7 +80,9 @@ def check_sessions(factory: object) -> None:
     and no default ``bind`` answers that with ``UnboundExecutionError``, which the default poll
     mode would first meet at its first round, in a worker. A ``get_bind()`` that fails in another
     way is not judged here (Flask-SQLAlchemy's needs an application context, which a Runtime
-    built at import time does not have). Nothing is connected here."""
+    built at import time does not have). A bind that is no ``Engine`` or ``Connection`` (a URL
+    string, an ``AsyncEngine``, a ``get_bind()`` answering None) is refused. Nothing is
+    connected here."""
     if isinstance(factory, scoped_session):
         raise SettingsError("Runtime(sessions=...) takes a sessionmaker, not a scoped_session: "
                             "pass its session_factory (the library opens and closes its own "
@@ -92,16 +95,20 @@ def check_sessions(factory: object) -> None:
     except Exception:  # a Session class that needs what only a request has: not judged here
         return
     try:
-        session.get_bind()
+        bind = session.get_bind()
     except UnboundExecutionError as exc:
         raise SettingsError(
             "Runtime(sessions=...): the sessionmaker has no default bind (only binds=, or a "
             "get_bind() that needs a mapper); give it bind=<the engine of the jobs table>, "
             f"or a Session class whose get_bind() answers without a mapper ({exc})") from exc
-    except Exception:  # noqa: S110 - another failure (no app context yet): not judged here
-        pass
+    except Exception:  # another failure (no app context yet): not judged here
+        return
     finally:
         session.close()
+    if not isinstance(bind, (Engine, Connection)):
+        hint = " (an AsyncEngine: pass its .sync_engine)" if hasattr(bind, "sync_engine") else ""
+        raise SettingsError(f"Runtime(sessions=...): the sessionmaker's bind is "
+                            f"{type(bind).__name__}, not a SQLAlchemy Engine or Connection{hint}")
 
 
 def _noop_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float,

@@ -31,6 +31,12 @@ DEFAULT_SQLITE_URL = "sqlite:///reconcile.db"
 # ends at 999,999,999 days), which a process would meet at start-up without the setting's name
 MAX_SECONDS = 1e8
 MAX_TIME_SCALE = 100.0
+# the smallest time scale (the tests' fastest): below it a scaled lease or interval is a few
+# microseconds and rounds to zero (a timedelta's resolution), so every claim ends as it is taken
+MIN_TIME_SCALE = 1e-4
+# the shortest heartbeat (0 turns it off): each beat is a write per worker process, so an
+# interval of a microsecond is a renewal loop that spins one core against the database
+MIN_HEARTBEAT_INTERVAL = 0.1
 # the longest retention a day count may name (about 2,700 years; None keeps everything)
 MAX_RETENTION_DAYS = 1_000_000
 # the shortest retention of job events and webhook deliveries (the settings' and the prune's
@@ -241,7 +247,7 @@ class Settings(BaseSettings):
     # Wall-clock seconds, never scaled: worker hosts' clocks must agree (NTP), as leases need
     heartbeat_interval: float = Field(default=2.0, ge=0, le=MAX_SECONDS)
     heartbeat_timeout: float = Field(default=6.0, gt=0, le=MAX_SECONDS)
-    time_scale: float = Field(default=1.0, gt=0, le=MAX_TIME_SCALE)
+    time_scale: float = Field(default=1.0, ge=MIN_TIME_SCALE, le=MAX_TIME_SCALE)
     # retention (`reconcile prune`, and the beat's prune entry when either is set); None: keep
     job_events_retention_days: _RetentionDays | None = None
     webhook_deliveries_retention_days: _RetentionDays | None = None
@@ -293,6 +299,14 @@ class Settings(BaseSettings):
         # an age of zero or less would make every legacy row old enough to fail at once
         if value is not None and value <= timedelta(0):
             raise ValueError(f"must be a positive duration, not {value}")
+        return value
+
+    @field_validator("heartbeat_interval")
+    @classmethod
+    def _beat_floor(cls, value: float) -> float:
+        if 0 < value < MIN_HEARTBEAT_INTERVAL:
+            raise ValueError(f"must be 0 (no heartbeat) or at least {MIN_HEARTBEAT_INTERVAL} s, "
+                             f"not {value}")
         return value
 
     @model_validator(mode="after")

@@ -355,7 +355,7 @@ def test_settings_that_do_not_load_are_one_clear_message(db: sessionmaker[Sessio
     last = result.stderr.splitlines()[-1]
     assert last.startswith("Error: the settings do not load: "), result.stderr
     assert "RECONCILE_READ_TIMEOUT: Input should be a finite number" in last
-    assert "RECONCILE_TIME_SCALE: Input should be greater than 0" in last
+    assert "RECONCILE_TIME_SCALE: Input should be greater than or equal to 0.0001" in last
     assert "Traceback" not in result.output and "inf" not in last.split("finite")[1]
     assert result.exception is None or isinstance(result.exception, SystemExit)
 

@@ -1,6 +1,6 @@
 """``Runtime(sessions=...)`` is checked when the Runtime is built: a factory the library cannot
 open its own units of work from (a ``scoped_session``, a sessionmaker with only ``binds=``, not
-a sessionmaker at all) stops the process with a message that says what to pass, instead of an
+a sessionmaker at all, a bind that is no engine) stops the process with a message that says what to pass, instead of an
 ``AttributeError`` or ``UnboundExecutionError`` in a worker at the first poll round."""
 
 from __future__ import annotations
@@ -67,3 +67,34 @@ def test_a_session_that_needs_a_request_context_is_not_judged_at_import_time() -
             raise RuntimeError("Working outside of application context.")
 
     _runtime(sessionmaker(class_=NeedsAppContext))
+
+
+class _NoBind(Session):
+    def get_bind(self, *args: Any, **kwargs: Any) -> Any:  # a routing class that forgot a case
+        return None
+
+
+@pytest.mark.parametrize(("factory", "named"), [
+    (lambda: sessionmaker(bind="postgresql+psycopg://app@db/app"), "str"),  # a URL, not an engine
+    (lambda: sessionmaker(bind=42), "int"),
+    (lambda: sessionmaker(class_=_NoBind), "NoneType"),
+])
+def test_a_bind_that_is_no_engine_is_refused_at_construction(factory: Any, named: str) -> None:
+    # each of these passed the check and failed at the first statement, in a worker
+    with pytest.raises(SettingsError, match=f"bind is {named}, not a SQLAlchemy Engine"):
+        _runtime(factory())
+
+
+def test_an_async_engine_is_refused_with_its_sync_engine_as_the_fix() -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async_engine = create_async_engine(UNREACHABLE)  # connects to nothing until used
+    with pytest.raises(SettingsError, match=r"AsyncEngine.*\.sync_engine"):
+        _runtime(sessionmaker(bind=async_engine))
+    _runtime(sessionmaker(bind=async_engine.sync_engine))  # what the message asks for
+
+
+def test_a_sessionmaker_bound_to_a_connection_is_taken() -> None:
+    engine = create_engine("sqlite://")
+    with engine.connect() as conn:
+        assert _runtime(sessionmaker(bind=conn)).sessions().get_bind() is conn

@@ -14,7 +14,13 @@ import pytest
 from pydantic import ValidationError
 
 from reconcile import Settings
-from reconcile.settings import MAX_RETENTION_DAYS, MAX_SECONDS, MAX_TIME_SCALE
+from reconcile.settings import (
+    MAX_RETENTION_DAYS,
+    MAX_SECONDS,
+    MAX_TIME_SCALE,
+    MIN_HEARTBEAT_INTERVAL,
+    MIN_TIME_SCALE,
+)
 
 
 def _number_fields() -> dict[str, Any]:
@@ -99,7 +105,29 @@ def test_the_time_scale_and_the_retentions_have_a_ceiling() -> None:
             Settings(**{name: value})
 
 
+def test_the_time_scale_has_a_floor_where_leases_would_round_to_zero() -> None:
+    # at 1e-9 a 300 s lease is 0.3 microseconds: a timedelta of 0, every claim ends as taken
+    for value in (1e-9, MIN_TIME_SCALE / 2):
+        with pytest.raises(ValidationError, match="time_scale"):
+            Settings(time_scale=value)
+    smallest = Settings(time_scale=MIN_TIME_SCALE)
+    # the smallest scale keeps a one-second duration a duration (100 microseconds)
+    assert smallest.scaled(timedelta(seconds=1)) >= timedelta(microseconds=100)
+
+
+@pytest.mark.parametrize("value", [1e-300, 1e-6, MIN_HEARTBEAT_INTERVAL / 2])
+def test_a_heartbeat_is_off_or_no_faster_than_its_floor(value: float) -> None:
+    # a beat is a database write per worker process: 1e-300 s was a renewal loop on one core
+    with pytest.raises(ValidationError, match="heartbeat_interval") as refused:
+        Settings(heartbeat_interval=value, heartbeat_timeout=1)
+    assert f"at least {MIN_HEARTBEAT_INTERVAL} s" in str(refused.value)
+    assert Settings(heartbeat_interval=MIN_HEARTBEAT_INTERVAL,
+                    heartbeat_timeout=1).heartbeat_interval == MIN_HEARTBEAT_INTERVAL
+    assert Settings(heartbeat_interval=0).heartbeat_interval == 0
+
+
 @pytest.mark.parametrize(("env", "value"), [
+    ("RECONCILE_TIME_SCALE", "1e-9"), ("RECONCILE_HEARTBEAT_INTERVAL", "1e-300"),
     ("RECONCILE_READ_TIMEOUT", "inf"), ("RECONCILE_CONNECT_TIMEOUT", "nan"),
     ("RECONCILE_TIME_SCALE", "0"), ("RECONCILE_SWEEP_INTERVAL", "-300"),
     ("RECONCILE_LEGACY_AGE", "inf"), ("RECONCILE_LEGACY_AGE", "-60"),
