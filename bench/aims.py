@@ -249,6 +249,11 @@ def drain(r2: dict[str, Any] | None) -> Aim:
                 f"{r2['seconds']} s" + ("" if done else ", the budget") + ")"
                 + (f" = **{share:.0%}** of the no-op rate ({noop} tasks/s)" if share is not None
                    else "; no-op rate not measured"))
+    floor = _get(r2, "lean_floor", "jobs_per_s")
+    if floor and noop:  # the same per-job work with no library, no Celery (bench.drain_floor)
+        measured += (f"; a lean client doing the same per-job work with no library and no Celery: "
+                     f"{floor} jobs/s = {floor / noop:.0%} of the no-op rate, of which the "
+                     f"library reaches {rate / floor:.0%}")
     ok = all_of([at_least(rate, 150), at_least(share, 0.5)])
     if ok and not (done and jobs >= 10_000):
         ok = None  # the rate holds for a partial or smaller drain: not the aim's

@@ -11,6 +11,10 @@ the rest out in chunks (``reconcile.reconcile_jobs``), which the worker's two pr
 reconciliation is the full path: one status read, one media fetch, storage write, the completion
 transaction (commit of the reservation, asset row, event). The clock runs from the moment the
 sweep task is sent until the last job is ``completed``.
+
+``make bench`` also measures, beside it, the no-op rate of the same worker shape
+(:func:`noop_rate`) and the lean floor (:mod:`bench.drain_floor`: the same per-job work from
+psycopg and requests alone), so the drain is read against both.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ from .common import (
     wait_until,
     worker_env,
 )
-from .seed import add_inflight_jobs, add_users, sim_tasks
+from .seed import add_stale_jobs
 
 SEED_RATE = 50 / 300.0  # the seed's cron: 50 rows per 5-minute tick
 USERS = 100
@@ -62,18 +65,8 @@ def run(n: int = 10_000, quick: bool = False, timeout: float = BUDGET_S,
             Simulator() as sim:
         sim.script_default(Script(timeline=((0.0, "succeeded"),), outputs=1))
         engine = make_engine(url)
-        users = [uuid.uuid4() for _ in range(USERS)]
-        job_ids = [uuid.uuid4() for _ in range(n)]
         t0 = time.perf_counter()
-        tasks = sim_tasks(sim, job_ids)
-        now = datetime.now(UTC)
-        with engine.begin() as conn:
-            add_users(conn, users)
-            add_inflight_jobs(conn, [(j, users[i % USERS], t) for i, (j, t) in
-                                     enumerate(zip(job_ids, tasks, strict=True))],
-                              kind="kie-standard", model="m",
-                              started=now - timedelta(minutes=15),
-                              lease=now - timedelta(minutes=1))
+        add_stale_jobs(engine, sim, n, USERS)
         with engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
         log(f"fig2: {n} stale jobs seeded in {time.perf_counter() - t0:.1f}s")
@@ -188,16 +181,7 @@ def stale_rig(n: int, warm: int = 30) -> Iterator[tuple[Any, Any, list[uuid.UUID
             Simulator() as sim:
         sim.script_default(Script(timeline=((0.0, "succeeded"),), outputs=1))
         engine = make_engine(url)
-        users = [uuid.uuid4() for _ in range(10)]
-        ids = [uuid.uuid4() for _ in range(n + warm)]
-        tasks = sim_tasks(sim, ids)
-        now = datetime.now(UTC)
-        with engine.begin() as conn:
-            add_users(conn, users)
-            add_inflight_jobs(conn, [(j, users[i % 10], t) for i, (j, t) in
-                                     enumerate(zip(ids, tasks, strict=True))],
-                              kind="kie-standard", model="m", started=now - timedelta(minutes=15),
-                              lease=now - timedelta(minutes=1))
+        ids = add_stale_jobs(engine, sim, n + warm, 10)
         rt = Runtime(settings=sim.settings(), sessions=make_sessionmaker(engine),
                      storage=LocalStorage(Path(tmp) / "media"))
         for j in ids[:warm]:

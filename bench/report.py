@@ -424,6 +424,19 @@ def _fig2(r: dict[str, Any]) -> str:
                  f"tasks/s**: the reconciliation itself, not Celery, sets the drain rate "
                  f"({r['jobs_per_s']} jobs/s = {r['jobs_per_s'] / noop['tasks_per_s']:.0%} of "
                  "the no-op rate).\n")
+    floor = r.get("lean_floor")
+    if floor and noop:
+        s.append(f"The floor under it (`bench/drain_floor.py`): {floor['jobs']:,} stale jobs seeded "
+                 f"the same way, drained by {floor['processes']} processes × {floor['threads']} "
+                 "threads of psycopg and requests alone — the claim, the status read, the media "
+                 "read, the file written with fsync, and the completion as one statement (the "
+                 "ledger's commit function, the job's CAS, the asset, the event) —, no library "
+                 f"and no Celery: **{floor['jobs_per_s']} jobs/s** ({floor['seconds']} s; "
+                 f"{floor['client_cpu_ms_per_job']} ms of client CPU per job) = "
+                 f"**{floor['jobs_per_s'] / noop['tasks_per_s']:.0%}** of the no-op rate. The "
+                 f"library's drain reaches {r['jobs_per_s'] / floor['jobs_per_s']:.0%} of it; "
+                 "the rest is its decision table, guards and SQLAlchemy (the drain profile "
+                 "below and `profiles/drain.txt`).\n")
     s.append(_fence(charts.xy(r["curve"], x_label="seconds since the sweep was sent",
                               y_label="jobs completed")))
     p = r.get("profile")

@@ -115,6 +115,7 @@ BUDGETS = {"fig1": 80, "fig5": 5, "fig4": 95, "fig2": 160, "fig3": 270, "fig6": 
 
 def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict[str, Any]]]]:
     from . import (
+        drain_floor,
         fig_audit,
         fig_capacity,
         fig_console,
@@ -133,6 +134,8 @@ def _figures(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[], dict
         # the in-process shares (make bench-profile has the full per-function profile)
         result["profile"] = fig_drain.profile(60 if args.quick else 100)
         result["machine_limit_noop"] = fig_drain.noop_rate(1000 if args.quick else 2000)
+        # the same per-job work with no library and no Celery: the ceiling of a Python drain here
+        result["lean_floor"] = drain_floor.run(500 if args.quick else 2000)
         return result
 
     return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -87,3 +87,20 @@ def sim_tasks(sim: Any, job_ids: Sequence[uuid.UUID], model: str = "m") -> list[
                    job_id=str(job_id))
         out.append(task_id)
     return out
+
+
+def add_stale_jobs(engine: Any, sim: Any, n: int, users: int) -> list[uuid.UUID]:
+    """Figure 2's backlog: ``n`` in-flight kie-standard jobs over ``users`` fresh users, 15
+    minutes past their provider call, their poll lease expired a minute ago, each with its task
+    in the simulator (whose default script decides its timeline). Returns the job ids."""
+    owners = [uuid.uuid4() for _ in range(users)]
+    ids = [uuid.uuid4() for _ in range(n)]
+    tasks = sim_tasks(sim, ids)
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        add_users(conn, owners)
+        add_inflight_jobs(conn, [(j, owners[i % users], t) for i, (j, t) in
+                                 enumerate(zip(ids, tasks, strict=True))],
+                          kind="kie-standard", model="m", started=now - timedelta(minutes=15),
+                          lease=now - timedelta(minutes=1))
+    return ids

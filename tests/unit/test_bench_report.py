@@ -144,3 +144,25 @@ def test_the_ledger_section_reports_the_functions_ceiling_and_the_python_share()
     assert "the library's runs: 1.2–1.2 ms of client CPU per cycle" in text
     bare = report._fig4(_ledger_result(False))
     assert "no Python" not in bare and "| reserve+commit/hot_user | 300.0 |" in bare
+
+
+def test_the_drain_is_read_against_a_lean_floor_when_one_was_measured() -> None:
+    """Figure 2's aim and section show the lean client's drain (the same per-job work with no
+    library and no Celery) as a share of the no-op rate, and the library's share of it; a
+    result without that measurement renders without it."""
+    figs = _figures()
+    figs["fig2"]["result"]["lean_floor"] = {"jobs": 2000, "processes": 2, "threads": 4,
+                                            "seconds": 20.0, "jobs_per_s": 100.0,
+                                            "client_cpu_ms_per_job": 3.0}
+    row = _by_figure(aims.aims(figs, "batch"))["backlog drain"]
+    assert row.ok is False
+    assert "100.0 jobs/s = 33% of the no-op rate, of which the library reaches 50%" in row.measured
+    r2 = {**figs["fig2"]["result"], "worker": "1 worker", "seed_cron_seconds_for_n": 60_000,
+          "ratio_to_seed_cron": 300.0, "curve": [(0.0, 0), (200.0, 10_000)],
+          "machine_limit_noop": {"tasks": 2000, "tasks_per_s": 300.0}}
+    text = report._fig2(r2)
+    assert "**100.0 jobs/s** (20.0 s; 3.0 ms of client CPU per job) = **33%** of the no-op" in text
+    assert "The library's drain reaches 50% of it" in text
+    del r2["lean_floor"]
+    assert "floor" not in report._fig2(r2)
+    assert "lean client" not in _by_figure(aims.aims(_figures(), "batch"))["backlog drain"].measured
