@@ -90,6 +90,9 @@ def check_sessions(factory: object) -> None:
     if not isinstance(factory, sessionmaker):
         raise SettingsError(f"Runtime(sessions=...) takes a sqlalchemy.orm.sessionmaker, not "
                             f"{type(factory).__name__}")
+    if not (isinstance(factory.class_, type) and issubclass(factory.class_, Session)):
+        raise SettingsError(f"Runtime(sessions=...) takes a sessionmaker of (synchronous) "
+                            f"sqlalchemy.orm.Session, not of {getattr(factory.class_, '__name__', '?')}")
     try:
         session = factory()
     except Exception:  # a Session class that needs what only a request has: not judged here
@@ -106,7 +109,10 @@ def check_sessions(factory: object) -> None:
     finally:
         session.close()
     if not isinstance(bind, (Engine, Connection)):
-        hint = " (an AsyncEngine: pass its .sync_engine)" if hasattr(bind, "sync_engine") else ""
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+        hint = " (pass its .sync_engine)" if isinstance(bind, AsyncEngine) else \
+            " (pass its .sync_connection)" if isinstance(bind, AsyncConnection) else ""
         raise SettingsError(f"Runtime(sessions=...): the sessionmaker's bind is "
                             f"{type(bind).__name__}, not a SQLAlchemy Engine or Connection{hint}")
 

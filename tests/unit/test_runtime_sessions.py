@@ -89,9 +89,26 @@ def test_an_async_engine_is_refused_with_its_sync_engine_as_the_fix() -> None:
     from sqlalchemy.ext.asyncio import create_async_engine
 
     async_engine = create_async_engine(UNREACHABLE)  # connects to nothing until used
-    with pytest.raises(SettingsError, match=r"AsyncEngine.*\.sync_engine"):
+    with pytest.raises(SettingsError, match=r"bind is AsyncEngine.*pass its \.sync_engine"):
         _runtime(sessionmaker(bind=async_engine))
     _runtime(sessionmaker(bind=async_engine.sync_engine))  # what the message asks for
+
+
+def test_a_sessionmaker_of_async_sessions_is_refused() -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    # AsyncSession.get_bind() answers the sync engine: only the class shows it
+    factory = sessionmaker(class_=AsyncSession, bind=create_async_engine(UNREACHABLE))
+    with pytest.raises(SettingsError, match="not of AsyncSession"):
+        _runtime(factory)
+
+
+def test_a_mock_bind_gets_no_async_hint() -> None:
+    from unittest.mock import MagicMock
+
+    with pytest.raises(SettingsError) as refused:
+        _runtime(sessionmaker(bind=MagicMock()))
+    assert "bind is MagicMock" in str(refused.value) and "sync_" not in str(refused.value)
 
 
 def test_a_sessionmaker_bound_to_a_connection_is_taken() -> None:
