@@ -169,3 +169,30 @@ def test_eager_polls_the_chain_in_the_request_whatever_the_default_mode() -> Non
     with override_settings(RECONCILE={"eager": True, "poll_mode": "batch"}), \
             pytest.raises(ImproperlyConfigured, match="eager.*poll_mode"):
         contrib.settings()
+
+
+@pytest.mark.parametrize(("config", "named"), [
+    ({"time_scale": Fraction(1, 10)}, "time_scale"),  # exported as "1/10": no float
+    ({"heartbeat_interval": True}, "heartbeat_interval"),  # exported as "true"
+])
+def test_a_value_the_environment_cannot_carry_is_a_clear_error(config: dict[str, object],
+                                                              named: str) -> None:
+    # the dict loads (pydantic takes them), the workers' environment would not: it was a raw
+    # pydantic ValidationError from ready()
+    with override_settings(RECONCILE=config):
+        contrib.settings()
+        with pytest.raises(ImproperlyConfigured, match=f"RECONCILE: {named} does not read back"):
+            contrib.export_environment()
+
+
+def test_an_environment_variables_error_says_it_came_from_the_environment() -> None:
+    os.environ["RECONCILE_SWEEP_INTERVAL"] = "-300"
+    with override_settings(RECONCILE={"time_scale": 0.5}), pytest.raises(
+            ImproperlyConfigured, match=r"from the environment: RECONCILE_SWEEP_INTERVAL"):
+        contrib.settings()
+    # the dict's own error names no environment variable
+    del os.environ["RECONCILE_SWEEP_INTERVAL"]
+    with override_settings(RECONCILE={"sweep_interval": -300}), \
+            pytest.raises(ImproperlyConfigured) as refused:
+        contrib.settings()
+    assert "from the environment" not in str(refused.value) and "sweep_interval" in str(refused.value)

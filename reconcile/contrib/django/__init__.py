@@ -162,10 +162,16 @@ def settings() -> Settings:
     ``RECONCILE_*`` environment variables for the fields the dict leaves out."""
     from pydantic import ValidationError
 
+    values = _library_values()
     try:
-        return Settings(**_library_values(), database_url=database_url())
+        return Settings(**values, database_url=database_url())
     except ValidationError as exc:
-        raise ImproperlyConfigured(f"RECONCILE: {exc}") from exc
+        # a refused field the dict leaves out came from the environment: say which
+        from_env = sorted({f"RECONCILE_{e['loc'][0]}".upper() for e in exc.errors()
+                           if e["loc"] and e["loc"][0] not in values
+                           and e["loc"][0] != "database_url"})
+        where = f" (from the environment: {', '.join(from_env)})" if from_env else ""
+        raise ImproperlyConfigured(f"RECONCILE{where}: {exc}") from exc
 
 
 def _env_text(value: Any) -> str:
@@ -194,7 +200,17 @@ def export_environment() -> Settings:
             os.environ.pop(name, None)
         else:
             os.environ[name] = _env_text(value)
-    if Settings() != wanted:
+    from pydantic import ValidationError
+
+    try:
+        same = Settings() == wanted
+    except ValidationError as exc:  # a value the environment's text cannot carry (1/10 for a float)
+        named = ", ".join(sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]}))
+        raise ImproperlyConfigured(f"RECONCILE: {named or 'a setting'} does not read back from "
+                                   "the environment the workers use; give a plain value (a "
+                                   "number, a string, True or False where the setting takes "
+                                   "one)") from None
+    if not same:
         raise ImproperlyConfigured("RECONCILE: the settings do not read back the same from the "
                                    "environment the workers use; give plain values")
     return wanted
