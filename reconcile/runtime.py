@@ -109,12 +109,20 @@ def check_sessions(factory: object) -> None:
     finally:
         session.close()
     if not isinstance(bind, (Engine, Connection)):
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
-        hint = " (pass its .sync_engine)" if isinstance(bind, AsyncEngine) else \
-            " (pass its .sync_connection)" if isinstance(bind, AsyncConnection) else ""
         raise SettingsError(f"Runtime(sessions=...): the sessionmaker's bind is "
-                            f"{type(bind).__name__}, not a SQLAlchemy Engine or Connection{hint}")
+                            f"{type(bind).__name__}, not a SQLAlchemy Engine or Connection"
+                            f"{_async_hint(bind)}")
+
+
+def _async_hint(bind: object) -> str:
+    """What to pass instead of an asyncio engine or connection (none where SQLAlchemy's asyncio
+    extension cannot load: it needs greenlet, and no asyncio engine exists without it)."""
+    try:
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+    except ImportError:
+        return ""
+    return " (pass its .sync_engine)" if isinstance(bind, AsyncEngine) else \
+        " (pass its .sync_connection)" if isinstance(bind, AsyncConnection) else ""
 
 
 def _noop_poll(job_id: uuid.UUID, generation: int, seq: int, countdown: float,

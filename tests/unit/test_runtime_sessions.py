@@ -115,3 +115,14 @@ def test_a_sessionmaker_bound_to_a_connection_is_taken() -> None:
     engine = create_engine("sqlite://")
     with engine.connect() as conn:
         assert _runtime(sessionmaker(bind=conn)).sessions().get_bind() is conn
+
+
+def test_a_bind_that_is_no_engine_is_refused_where_the_asyncio_extension_cannot_load(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # without greenlet SQLAlchemy's asyncio extension raises ImportError: the refusal stays a
+    # SettingsError (the hint is only for an asyncio engine, which cannot exist there)
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sqlalchemy.ext.asyncio", None)
+    with pytest.raises(SettingsError, match=r"bind is str, not a SQLAlchemy Engine or Connection$"):
+        _runtime(sessionmaker(bind="postgresql+psycopg://app@db/app"))
