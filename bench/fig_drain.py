@@ -6,8 +6,9 @@ as a chain).
 Each job is ``accepted``/``processing`` with kind ``kie-standard``, 15 minutes past its
 provider call (threshold 10 min), its poll lease expired (the chain is dead) and its upstream
 task already ``succeeded`` in the simulator, which answers at once. One ``reconcile.sweep`` task
-is sent; the tick handles rows inline for its time budget (``sweep_time_budget``, 5 s) and fans
-the rest out in chunks (``reconcile.reconcile_jobs``), which the worker's two processes drain. Each
+is sent; the tick handles rows inline for its time budget (``sweep_time_budget``, 5 s); past it,
+in batch mode, it makes the rest due a page at a time and the batch poller (both worker
+processes) drains them; in chain mode it fans them out in chunks (``reconcile.reconcile_jobs``). Each
 reconciliation is the full path: one status read, one media fetch, storage write, the completion
 transaction (commit of the reservation, asset row, event). The clock runs from the moment the
 sweep task is sent until the last job is ``completed``.
@@ -115,6 +116,9 @@ def run(n: int = 10_000, quick: bool = False, timeout: float = BUDGET_S,
                             if "[reconcile] scanned=" in ln][-3:],
             "fanned_out_messages": sum(1 for ln in log_text.splitlines()
                                        if "reconcile.reconcile_jobs[" in ln and "received" in ln),
+            # batch mode: the rows past the tick's budget handed to the batch poller
+            "made_due_by_sweep": sum(1 for ln in log_text.splitlines()
+                                     if "poll_made_due" in ln and "via=sweep" in ln),
             "upstream_reads": _reads(sim),
         })
     # the steady rate once the tick fanned out (after the inline budget): the slope of the curve

@@ -414,9 +414,15 @@ def _fig2(r: dict[str, Any]) -> str:
                  "one of the two slots, and that part grows with N (`python -m bench.run --only fig2` "
                  "measures the full 10,000, the default).\n")
     tick = (r.get("sweep_lines") or [""])[0]
-    s.append(f"Tick log: `{tick}` — the rows past the inline budget went out in "
-             f"{r.get('fanned_out_messages')} `reconcile.reconcile_jobs` messages (chunks of "
-             "`4 × SWEEP_THREADS` rows), which both worker processes carried out.\n")
+    if r.get("made_due_by_sweep"):
+        s.append(f"Tick log: `{tick}` — past the inline budget the tick made "
+                 f"{r['made_due_by_sweep']:,} rows due for the batch poller (a page per "
+                 f"statement), which both worker processes drained; "
+                 f"{r.get('fanned_out_messages')} `reconcile.reconcile_jobs` messages.\n")
+    else:
+        s.append(f"Tick log: `{tick}` — the rows past the inline budget went out in "
+                 f"{r.get('fanned_out_messages')} `reconcile.reconcile_jobs` messages (chunks of "
+                 "`4 × SWEEP_THREADS` rows), which both worker processes carried out.\n")
     noop = r.get("machine_limit_noop")
     if noop:
         s.append(f"Machine limit for this worker shape: {noop['tasks']} no-op tasks (same "

@@ -441,11 +441,36 @@ def make_due(session: Session, job_id: uuid.UUID, now: datetime, lease: timedelt
 
 
 def _make_due_shape() -> tuple[tuple[Any, ...], dict[str, Any]]:
-    return ((Job.id == bound("d_job_id", "id"), Job.status.in_(IN_FLIGHT),
-             Job.provider_task_id.is_not(None), Job.poll_due_at.is_(None)),
+    return _make_due_terms(Job.id == bound("d_job_id", "id"))
+
+
+def _make_due_terms(which: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`make_due`'s write, for the rows ``which`` names (one id, or many)."""
+    return ((which, Job.status.in_(IN_FLIGHT), Job.provider_task_id.is_not(None),
+             Job.poll_due_at.is_(None)),
             dict(poll_generation=Job.poll_generation + 1, poll_seq=0,
                  poll_due_at=bound("d_due", "poll_due_at"),
                  poll_lease_expires_at=bound("d_until", "poll_lease_expires_at")))
+
+
+def make_due_all(session: Session, job_ids: Collection[uuid.UUID], now: datetime,
+                 lease: timedelta) -> dict[uuid.UUID, int]:
+    """:func:`make_due` for many rows in one statement (the sweep's hand-over to the batch
+    poller past its time budget): each row made due → its new generation. A row it does not
+    write (scheduled already, finished, no task id) is not in the answer."""
+    if not job_ids:
+        return {}
+    rows = session.connection().execute(_make_due_all_statement(), {
+        "d_job_ids": list(job_ids), "d_due": now, "d_until": now + lease}).all()
+    return {job_id: generation for job_id, generation in rows}
+
+
+@cache
+def _make_due_all_statement() -> Any:
+    jobs = table_of(Job)
+    where, values = _make_due_terms(Job.id.in_(bindparam("d_job_ids", expanding=True)))
+    return update(jobs).where(*where).values(**values).returning(jobs.c.id,
+                                                                 jobs.c.poll_generation)
 
 
 def make_due_at(session: Session, job_id: uuid.UUID, due: datetime) -> bool:

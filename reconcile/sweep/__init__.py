@@ -23,7 +23,9 @@ is terminal, its attempt or re-enqueue is not due, its lease is alive) and leave
 overlapping ticks never handle a row twice. Slow I/O (provider reads, media, listings) happens
 after the commit. Each row is isolated: an error is logged with the job id and counted, and the
 tick goes on. Past its time budget a tick hands the remaining actionable rows to ``fan_out``
-(the per-job task, which runs :func:`reconcile_job`) and counts them as still running.
+(the per-job task, which runs :func:`reconcile_job`) and counts them as still running; in batch
+mode the rows the batch poller can read now (dead chains, made due by the page in one statement,
+and rows due already) go to the poller instead (``claims.hand_over``).
 
 The package: the pure decision table (:mod:`.table`: rows, :class:`Decision`, :class:`Action`,
 no session and no I/O) apart from its executor — the claims (:mod:`.claims`, with the

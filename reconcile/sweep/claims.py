@@ -142,6 +142,37 @@ def _claim(rt: Runtime, session: Session, plan: _Plan, now: datetime) -> None:
             plan.job, plan.generation = fresh_chain, fresh_chain.poll_generation
 
 
+def hand_over(rt: Runtime, session: Session, plans: list[_Plan], now: datetime) -> None:
+    """Past the tick's time budget, in batch mode, a row the batch poller can read now goes to
+    it instead of a fanned-out task, which would read it one job at a time (and race the
+    poller for a due row). A dead chain's row (``RESUME``, or a ``POLL`` that resumes: in
+    batch mode only a row with no due time, ``table._Row.lease_expired``) is made due now, the
+    page's in one statement (:func:`jobstore.make_due_all`, :func:`jobstore.make_due`'s
+    write), as a ``RESUME`` claim makes one; a ``POLL`` of a row due already is the poller's
+    as it is. Either way its outcome is ``due``, and the poller's reads count its attempts
+    past the stale threshold and exhaust it (``lifecycle.observe``), as the sweep's poll
+    would. Any other row (another action, a due time still ahead, a row the write missed) is
+    left to the fan-out. Runs in the page's transaction, its rows locked."""
+    if rt.settings.poll_mode != "batch":
+        return
+    readable = [p for p in plans if p.outcome is None and p.kind is not None and not p.kind.sync
+                and p.job.provider_task_id
+                and p.decision.action in (Action.RESUME, Action.POLL)]
+    undated = [p for p in readable if p.job.poll_due_at is None
+               and (p.decision.action is Action.RESUME or p.decision.resume)]
+    for plan in readable:
+        due = plan.job.poll_due_at
+        if due is not None and due <= now:  # compared as the table compares the lease
+            plan.outcome = "due"
+    made = jobstore.make_due_all(session, [p.job.id for p in undated], now,
+                                 batch_poll.claim_lease(rt))
+    for plan in undated:
+        generation = made.get(plan.job.id)
+        if generation is not None:
+            log.info("poll_made_due job_id=%s generation=%s via=sweep", plan.job.id, generation)
+            plan.outcome, plan.generation = "due", generation
+
+
 # the SQL each guard of the table (table.Guard) adds to a decision's write
 _GUARDS: dict[table.Guard | None, tuple[Any, ...]] = {
     table.Guard.STILL_NOT_STARTED: (Job.submission_state == Submission.NOT_STARTED,),

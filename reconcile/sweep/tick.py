@@ -20,7 +20,14 @@ from ..db.models import COMPLETED_AFTER_FAILURE, Job
 from ..jobstore.events import publish
 from ..runtime import Runtime
 from .carry import _run
-from .claims import BATCH_SIZE as BATCH_SIZE, _anomaly_once, _Plan, _plan, _settle_cutoff
+from .claims import (
+    BATCH_SIZE as BATCH_SIZE,
+    _anomaly_once,
+    _Plan,
+    _plan,
+    _settle_cutoff,
+    hand_over,
+)
 from .liveness import reap
 from .report import SweepReport, _Tally, record
 from .table import _ERROR, Action
@@ -205,6 +212,8 @@ def _batch(rt: Runtime, phase: str, query: Callable[[_Cursor], Select[Job]],
             except Exception:
                 log.exception("sweep_row_failed job_id=%s", job.id)
                 errors.append(job.id)
+        if not claim and not dry_run:  # past the budget: dead chains to the batch poller
+            hand_over(rt, session, plans, now)
         last = _cursor_of(phase, jobs[-1]) if jobs else None
     return plans, errors, (last if len(jobs) == BATCH_SIZE else None)
 

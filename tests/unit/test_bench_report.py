@@ -163,6 +163,9 @@ def test_the_drain_is_read_against_a_lean_floor_when_one_was_measured() -> None:
     text = report._fig2(r2)
     assert "**100.0 jobs/s** (20.0 s; 3.0 ms of client CPU per job) = **33%** of the no-op" in text
     assert "The library's drain reaches 50% of it" in text
+    assert "`reconcile.reconcile_jobs` messages (chunks of" in text  # chain mode's fan-out
+    r2.update(made_due_by_sweep=9_000, fanned_out_messages=0)
+    assert "the tick made 9,000 rows due for the batch poller" in report._fig2(r2)
     del r2["lean_floor"]
     assert "floor" not in report._fig2(r2)
     assert "lean client" not in _by_figure(aims.aims(_figures(), "batch"))["backlog drain"].measured

@@ -13,7 +13,8 @@ What runs: a fresh PostgreSQL database, a ``redis-server`` this harness starts o
 broker and the events pub/sub; no persistence, so a restart loses every queued message), the
 provider simulator with random latency and failures, a webhook receiver, two ``celery worker``
 processes, the platform side in this process (submitting jobs, running the sync kinds' calls) and
-two sweepers ticking on overlapping schedules. At the end, with the faults over and the system
+two sweepers ticking on overlapping schedules (the second past its time budget at every tick, as
+on a backlog: its rows fanned out, or in batch mode handed to the batch poller). At the end, with the faults over and the system
 given time to settle, the invariants are checked:
 
 * no worker exited unless the schedule killed it, and no live worker stopped consuming (no task

@@ -158,8 +158,9 @@ def _chaos_window(state: _Run, rt: Any, sim: Any, redis_server: ScratchRedis,
     state.say("chaos window opens")
     beat = [threading.Thread(target=_poll_due_beat, args=(state, rt, sender), name="beat",
                              daemon=True)] if rt.settings.poll_mode == "batch" else []
+    # the second sweeper's ticks are past their budget (the fan-out and the hand-over run)
     threads = beat + [threading.Thread(target=_sweeper, args=(
-        state, rt, state.plan.sweep_intervals[i]), name=f"sweeper{i}", daemon=True)
+        state, rt, state.plan.sweep_intervals[i], i == 1), name=f"sweeper{i}", daemon=True)
         for i in range(2)] + [
         threading.Thread(target=_faults, args=(state, redis_server, env, db_name),
                          name="faults", daemon=True),
@@ -246,12 +247,18 @@ def _poll_due_beat(state: _Run, rt: Any, sender: Any) -> None:
         state.stop.wait(every)
 
 
-def _sweeper(state: _Run, rt: Any, interval: float) -> None:
-    from ...sweep import sweep
+def _sweeper(state: _Run, rt: Any, interval: float, over_budget: bool = False) -> None:
+    """One beat's sweep ticks. ``over_budget``: each tick is past its time budget from its first
+    page, as on a backlog: the rows go to the fan-out (here each per-job task runs at once)
+    or, in batch mode, to the batch poller (made due)."""
+    from ...sweep import reconcile_job, sweep
+
+    def fan_out(job_id: Any) -> None:
+        reconcile_job(rt, job_id)
 
     while not state.stop.is_set():
         try:
-            report = sweep(rt)
+            report = sweep(rt, budget=0.0, fan_out=fan_out) if over_budget else sweep(rt)
             state.bump("sweeps")
             state.bump("sweep_errors", report.errors)
             state.bump("sweep_resumes", sum(1 for a in report.actions if a.outcome == "resumed"))

@@ -42,6 +42,18 @@ def _sweep(rt: Any, ctx: Context) -> str:
     return ",".join(f"{a.row}:{a.outcome}" for a in report.actions) or "nothing"
 
 
+def _sweep_over_budget(rt: Any, ctx: Context) -> str:
+    """A beat tick past its time budget from its first page (a backlog): in batch mode a dead
+    chain's row goes to the batch poller (made due); any other actionable row is fanned out,
+    its per-job task run at once (``reconcile_job``)."""
+    from ...sweep import reconcile_job, sweep
+
+    fanned: list[str] = []
+    report = sweep(rt, budget=0.0, fan_out=lambda job_id: fanned.append(reconcile_job(rt, job_id)))
+    return (",".join(f"{a.row}:{a.outcome}" for a in report.actions) or "nothing") + \
+        (f" fanned={','.join(fanned)}" if fanned else "")
+
+
 def _sweep_twice(rt: Any, ctx: Context) -> str:
     """Two beat ticks, time passing in between (a sleep point)."""
     first = _sweep(rt, ctx)
@@ -190,6 +202,7 @@ POLL = Writer("poll", _poll)
 POLL_DUE = Writer("poll_due", _poll_due)
 SWEEP = Writer("sweep", _sweep)
 SWEEP2 = Writer("sweep×2", _sweep_twice)
+SWEEP_OVER = Writer("sweep(over budget)", _sweep_over_budget)
 WEBHOOK = Writer("webhook", _webhook)
 CANCEL = Writer("cancel", _cancel)
 FAIL = Writer("fail", _fail)

@@ -42,6 +42,9 @@ BOUNDED: dict[str, int | None] = {
     "batch_running:poll_due/poll_due": 40,
     "batch_running:poll_due/cancel": 40,
     "running:poll/cancel": 40,
+    # a tick past its budget making a dead chain due for the batch poller
+    "batch_dead_chain:sweep(over budget)/poll_due": 30,
+    "batch_dead_chain:sweep(over budget)/cancel": 30,
     # a partial settlement policy (issue 24: failures keep 1/2, cancels 1/3)
     "running_partial:poll/cancel": 30,  # finding 3 (145 in all; reverted, its violation is #27)
     "unsettled_partial:settle/legacy_import": 8,  # finding 6 (25 in all; reverted, #5)

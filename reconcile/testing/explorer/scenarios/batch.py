@@ -14,7 +14,7 @@ from .... import jobstore, lifecycle
 from ...simulator import Script
 from ..common import REPLICATE_THRESHOLD, SUCCEEDS, SUCCEEDS_LATER, _submit
 from ..model import Context, Scenario
-from ..writers import CANCEL, POLL_DUE, SWEEP, WEBHOOK
+from ..writers import CANCEL, POLL_DUE, SWEEP, SWEEP_OVER, WEBHOOK
 
 # RECONCILE_POLL_MODE=batch: reads inline (one thread) so the writer's steps stay its own
 BATCH = (("poll_mode", "batch"), ("poll_batch_threads", 1))
@@ -34,6 +34,23 @@ def batch_accepted(script: Script = SUCCEEDS) -> Callable[[Any, Context], None]:
     return setup
 
 
+def batch_dead_chain(script: Script = SUCCEEDS) -> Callable[[Any, Context], None]:
+    """processing / accepted with no due time and its poll lease ended: a chain that died
+    before the deployment moved to batch mode (the sweep resumes it by making it due)."""
+    def setup(rt: Any, ctx: Context) -> None:
+        from sqlalchemy import update
+
+        from ....db.models import Job
+
+        _submit(rt, ctx, script=script)
+        lifecycle.create_step(rt, ctx.job_id)
+        with rt.sessions.begin() as session:
+            session.execute(update(Job).where(Job.id == ctx.job_id).values(
+                poll_due_at=None, poll_lease_expires_at=ctx.clock.now))
+        ctx.explorer.queues.clear()
+    return setup
+
+
 BATCH_SCENARIOS: tuple[Scenario, ...] = (
     # batch polling (issue 16): the batch poller against everyone who touches a polled job
     *(Scenario(f"{state}:poll_due/{b.name}", setup, (POLL_DUE, b), marks, settings=BATCH,
@@ -47,5 +64,16 @@ BATCH_SCENARIOS: tuple[Scenario, ...] = (
           ("batch_running", batch_accepted(SUCCEEDS_LATER), POLL_DUE, (BATCH_LEASE,),
            "the set-based still-running write under two pollers"),
           ("batch_running", batch_accepted(SUCCEEDS_LATER), CANCEL, (BATCH_LEASE,), ""),
+      )),
+    # a tick past its budget hands dead chains to the batch poller (made due, set-based)
+    *(Scenario(f"{state}:{SWEEP_OVER.name}/{b.name}", setup, (SWEEP_OVER, b), marks,
+               settings=BATCH, note=note)
+      for state, setup, b, marks, note in (
+          ("batch_dead_chain", batch_dead_chain(), POLL_DUE, (REPLICATE_THRESHOLD, BATCH_LEASE),
+           "the row made due by the tick, read by the poller"),
+          ("batch_dead_chain", batch_dead_chain(), WEBHOOK, (REPLICATE_THRESHOLD,), ""),
+          ("batch_dead_chain", batch_dead_chain(), CANCEL, (REPLICATE_THRESHOLD,), ""),
+          ("batch_dead_chain", batch_dead_chain(), SWEEP_OVER, (REPLICATE_THRESHOLD,),
+           "two ticks past their budget: SKIP LOCKED pages, one make-due"),
       )),
 )
