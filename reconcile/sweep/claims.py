@@ -151,8 +151,9 @@ def hand_over(rt: Runtime, session: Session, plans: list[_Plan], now: datetime) 
     write), as a ``RESUME`` claim makes one; a ``POLL`` of a row due already is the poller's
     as it is. Either way its outcome is ``due``, and the poller's reads count its attempts
     past the stale threshold and exhaust it (``lifecycle.observe``), as the sweep's poll
-    would. Any other row (another action, a due time still ahead, a row the write missed) is
-    left to the fan-out. Runs in the page's transaction, its rows locked."""
+    would. Any other row (another action, a due time still ahead, a row the write missed, the
+    page's rows when its statement fails) is left to the fan-out. Runs in the page's
+    transaction, its rows locked."""
     if rt.settings.poll_mode != "batch":
         return
     readable = [p for p in plans if p.outcome is None and p.kind is not None and not p.kind.sync
@@ -164,8 +165,14 @@ def hand_over(rt: Runtime, session: Session, plans: list[_Plan], now: datetime) 
         due = plan.job.poll_due_at
         if due is not None and due <= now:  # compared as the table compares the lease
             plan.outcome = "due"
-    made = jobstore.make_due_all(session, [p.job.id for p in undated], now,
-                                 batch_poll.claim_lease(rt))
+    try:  # one statement for the page; a row it cannot write (a platform's trigger or check)
+        # fails it alone: the page's rows then fan out, as before this hand-over
+        with session.begin_nested():
+            made = jobstore.make_due_all(session, [p.job.id for p in undated], now,
+                                         batch_poll.claim_lease(rt))
+    except Exception:
+        log.exception("sweep_hand_over_failed rows=%d: fanned out instead", len(undated))
+        made = {}
     for plan in undated:
         generation = made.get(plan.job.id)
         if generation is not None:

@@ -87,3 +87,23 @@ def test_chain_mode_still_fans_dead_chains_out(
     report = sweep(w.rt, budget=0.0, fan_out=fanned.append)
     assert sorted(fanned) == sorted(jobs) and report.fanned_out == 3
     assert all(w.job(j).poll_due_at is None for j in jobs)
+
+
+def test_a_row_the_pages_statement_cannot_write_fails_alone(
+        db: sessionmaker[Session], simulator: Simulator, tmp_path: Path) -> None:
+    """One statement makes a page due: a row it cannot write (here a generation at the
+    column's limit; on a platform, its own trigger or check) sends that page's rows to the
+    fan-out, as before the hand-over, and the other pages are still made due, with no error
+    counted against the tick."""
+    w = World(db, simulator, tmp_path, poll_mode="batch")
+    jobs = _dead_chains(w, 60)  # three pages
+    poisoned = jobs[30]
+    with db.begin() as s:
+        s.execute(update(Job).where(Job.id == poisoned).values(poll_generation=2**31 - 1))
+    w.clock.advance(minutes=11)
+    fanned: list[uuid.UUID] = []
+    report = sweep(w.rt, budget=0.0, fan_out=fanned.append)
+    assert poisoned in fanned and report.errors == 0
+    due = [j for j in jobs if w.job(j).poll_due_at is not None]
+    assert sorted(due + fanned) == sorted(jobs)  # every row went one way or the other
+    assert len(due) >= 30 and len(fanned) <= 30  # only the poisoned row's page fanned out
