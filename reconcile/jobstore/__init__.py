@@ -51,6 +51,7 @@ from .batch import (
     oldest_unclaimed_due,
     reschedule_claimed,
     under_claim,
+    unschedule,
 )
 from .cas import load
 from .create import (
@@ -116,7 +117,7 @@ __all__ = [
     "count_attempt", "hold_claim", "hold_claims", "hold_claims_with_status", "end_storing", "hold_while_storing", "not_storing", "in_flight", "insert_job", "insert_job_with_event", "is_settlement_due",
     "is_settlement_pending", "is_verdict", "last_error_code", "legacy_error_code", "load",
     "completion_binds", "completion_cas", "completion_inserts",
-    "make_due", "make_due_all", "make_due_at", "oldest_unclaimed_due", "mark_completed", "mark_failed", "mark_platform_call",
+    "make_due", "make_due_all", "make_due_at", "unschedule", "oldest_unclaimed_due", "mark_completed", "mark_failed", "mark_platform_call",
     "mark_uncertain", "note_error", "platform_row_uncalled", "record_anomaly", "record_cost", "record_recharge",
     "release_rate_limited", "resolve_anomalies", "reschedule_claimed", "under_claim", "save_task_id", "set_progress", "settle_failed",
     "settled", "settlement_due", "settlement_pending", "start_new_chain", "stored_status", "take_poll_turn",

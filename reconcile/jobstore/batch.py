@@ -473,6 +473,15 @@ def _make_due_all_statement() -> Any:
                                                                  jobs.c.poll_generation)
 
 
+def unschedule(session: Session, job_id: uuid.UUID, lease_end: datetime) -> bool:
+    """An in-flight row with no due time, its poll lease ending at ``lease_end``: a chain that
+    died before the deployment moved to batch mode (the interleaving explorer's setup; the
+    sweep resumes such a row by making it due). False: not in flight."""
+    result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(IN_FLIGHT))
+                             .values(poll_due_at=None, poll_lease_expires_at=lease_end))
+    return rowcount(result) == 1
+
+
 def make_due_at(session: Session, job_id: uuid.UUID, due: datetime) -> bool:
     """Batch mode: an in-flight row's next read is due at ``due`` (the interleaving explorer's
     setup of a batch-polled row; library paths use :func:`make_due`). False: not in flight."""

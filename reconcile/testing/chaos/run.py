@@ -43,6 +43,7 @@ from .platform_rows import PLATFORM_JOB_TYPE, insert_platform_row
 from .policy import choose_policy, parse_policy, policy_env, policy_text
 from .report import ChaosReport
 from .shape import _database_shape, _shape_database
+from .sweepers import sweeper as _sweeper
 
 
 def run(config: ChaosConfig) -> ChaosReport:
@@ -158,7 +159,7 @@ def _chaos_window(state: _Run, rt: Any, sim: Any, redis_server: ScratchRedis,
     state.say("chaos window opens")
     beat = [threading.Thread(target=_poll_due_beat, args=(state, rt, sender), name="beat",
                              daemon=True)] if rt.settings.poll_mode == "batch" else []
-    # the second sweeper's ticks are past their budget (the fan-out and the hand-over run)
+    # the second sweeper's ticks are past their budget: the fan-out and the hand-over run
     threads = beat + [threading.Thread(target=_sweeper, args=(
         state, rt, state.plan.sweep_intervals[i], i == 1), name=f"sweeper{i}", daemon=True)
         for i in range(2)] + [
@@ -245,31 +246,6 @@ def _poll_due_beat(state: _Run, rt: Any, sender: Any) -> None:
             state.bump("poll_due_ticks_lost")
             log.info("chaos_poll_due_tick_lost error=%s", exc)
         state.stop.wait(every)
-
-
-def _sweeper(state: _Run, rt: Any, interval: float, over_budget: bool = False) -> None:
-    """One beat's sweep ticks. ``over_budget``: each tick is past its time budget from its first
-    page, as on a backlog: the rows go to the fan-out (here each per-job task runs at once)
-    or, in batch mode, to the batch poller (made due)."""
-    from ...sweep import reconcile_job, sweep
-
-    def fan_out(job_id: Any) -> None:
-        reconcile_job(rt, job_id)
-
-    while not state.stop.is_set():
-        try:
-            report = sweep(rt, budget=0.0, fan_out=fan_out) if over_budget else sweep(rt)
-            state.bump("sweeps")
-            state.bump("sweep_errors", report.errors)
-            state.bump("sweep_resumes", sum(1 for a in report.actions if a.outcome == "resumed"))
-            with state.lock:
-                for action in report.actions:
-                    if action.outcome not in ("left", "lost", "error", "not_found", "anomaly"):
-                        state.recovered_ids.add(action.job_id)
-        except Exception as exc:
-            state.bump("sweep_crashes")
-            log.info("chaos_sweep_failed error=%s", exc)
-        state.stop.wait(interval)
 
 
 def _settle(state: _Run, rt: Any, sim: Any) -> None:

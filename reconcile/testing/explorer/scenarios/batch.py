@@ -38,15 +38,10 @@ def batch_dead_chain(script: Script = SUCCEEDS) -> Callable[[Any, Context], None
     """processing / accepted with no due time and its poll lease ended: a chain that died
     before the deployment moved to batch mode (the sweep resumes it by making it due)."""
     def setup(rt: Any, ctx: Context) -> None:
-        from sqlalchemy import update
-
-        from ....db.models import Job
-
         _submit(rt, ctx, script=script)
         lifecycle.create_step(rt, ctx.job_id)
         with rt.sessions.begin() as session:
-            session.execute(update(Job).where(Job.id == ctx.job_id).values(
-                poll_due_at=None, poll_lease_expires_at=ctx.clock.now))
+            jobstore.unschedule(session, ctx.job_id, ctx.clock.now)
         ctx.explorer.queues.clear()
     return setup
 
