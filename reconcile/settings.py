@@ -323,6 +323,11 @@ class Settings(BaseSettings):
         remember_secrets(*(getattr(self, name) for name in self.secret_fields()))
 
     @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable that sets ``field`` (``RECONCILE_<FIELD>``)."""
+        return f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+
+    @classmethod
     def secret_fields(cls) -> tuple[str, ...]:
         """The fields whose values are redacted (credentials and webhook secrets)."""
         return tuple(name for name, info in cls.with_families().model_fields.items()

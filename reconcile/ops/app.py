@@ -131,7 +131,7 @@ def settings_refused(exc: ValidationError) -> str:
     never its value (a secret's value is never echoed)."""
     from ..core.redact import for_terminal
 
-    lines = [f"RECONCILE_{str(error['loc'][0]).upper()}: {error['msg']}"
+    lines = [f"{Settings.env_name(str(error['loc'][0]))}: {error['msg']}"
              if error.get("loc") else str(error["msg"]) for error in exc.errors()]
     return "the settings do not load: " + "; ".join(for_terminal(line) for line in lines)
 

@@ -167,7 +167,7 @@ def settings() -> Settings:
         return Settings(**values, database_url=database_url())
     except ValidationError as exc:
         # a refused field the dict leaves out came from the environment: say which
-        from_env = sorted({f"RECONCILE_{e['loc'][0]}".upper() for e in exc.errors()
+        from_env = sorted({Settings.env_name(str(e["loc"][0])) for e in exc.errors()
                            if e["loc"] and e["loc"][0] not in values
                            and e["loc"][0] != "database_url"})
         where = f" (from the environment: {', '.join(from_env)})" if from_env else ""
@@ -195,7 +195,7 @@ def export_environment() -> Settings:
     wanted = settings()
     values = {**_library_values(), "database_url": wanted.database_url}
     for key, value in values.items():
-        name = f"RECONCILE_{key.upper()}"
+        name = Settings.env_name(key)
         if value is None:
             os.environ.pop(name, None)
         else:
