@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy import text
 
 from .common import throwaway_db
+from .fig_ledger import _COMMIT_CALL
 from .seed import add_stale_jobs
 
 PROCESSES = 2
@@ -45,12 +46,9 @@ _CLAIM = """UPDATE jobs SET reconcile_attempts = reconcile_attempts + 1,
 WHERE id = %(j)s::uuid AND status IN ('accepted', 'processing')
 RETURNING provider_task_id, user_id, job_type"""
 
-# the ledger's commit (the arguments the library passes: bench.fig_ledger's cycle), the job's
+# the ledger's commit (bench.fig_ledger's call, with the library's arguments), the job's
 # CAS, the asset and the event in one statement, as the library's completion statement
-_COMPLETE = """WITH c AS (
-  SELECT r_committed FROM reconcile_ledger_commit(%(j)s::uuid, now(), 'job-usage:' || %(j)s::uuid,
-    'job-refund:' || %(j)s::uuid, NULL::bigint, 'job-commit:' || %(j)s::uuid, 'job-release:' || %(j)s::uuid,
-    'job-release:' || %(j)s::uuid || ':sub', 'job-release:' || %(j)s::uuid || ':topup', NULL, NULL))
+_COMPLETE = """WITH c AS (""" + _COMMIT_CALL.format(job="%(j)s::uuid") + """)
 , u AS (
   UPDATE jobs SET status = 'completed', completed_at = now(), progress = 100,
     output_data = %(out)s::jsonb, poll_lease_expires_at = NULL,
